@@ -1,0 +1,265 @@
+"""Loading algorithms and running them: :class:`Algorithm`, :func:`load`, :func:`load_file`.
+
+An :class:`Algorithm` is one ``.cll`` program specialised to concrete hyper-parameters, bound to a
+backend that executes it. Every backend computes what the reference interpreter computes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from hipress.compll import ast, interp, ir
+from hipress.compll.check import elaborate
+from hipress.compll.parse import parse
+from hipress.compll.payload import layout, pack, unpack
+from hipress.compll.source import CllError, SourceFile
+from hipress.compll.state import State
+from hipress.compll.types import ArrayType, DType, torch_compute_dtype, torch_storage_dtype
+
+log = logging.getLogger(__name__)
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class BackendError(CllError):
+    """A backend is unknown or cannot run here."""
+
+    kind = "backend error"
+
+
+class Backend(Protocol):
+    """Executes one program. Outputs are caller-provided buffers; nothing is returned."""
+
+    name: str
+
+    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None: ...
+
+    def decode(
+        self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool
+    ) -> None: ...
+
+
+class ReferenceBackend:
+    """Runs the IR with the reference interpreter (torch ops; any device)."""
+
+    name = "reference"
+
+    def __init__(self, program: ir.Program) -> None:
+        self.program = program
+
+    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
+        p = self.program
+        env = interp.Env(
+            scalars={ir.N: torch.tensor(state.n, dtype=torch.int64)},
+            arrays={p.encode.grad: grad.to(torch.float32)},
+            seed=state.seed,
+            step=state.step,
+            tensor_id=state.tensor_id,
+            device=grad.device,
+        )
+        for slot in p.state:
+            t = state.tensors[slot.name]
+            dt = slot.type if isinstance(slot.type, DType) else slot.type.dtype
+            v = t.to(torch_compute_dtype(dt))
+            if isinstance(slot.type, DType):
+                env.scalars[slot.name] = v.reshape(())
+            else:
+                env.arrays[slot.name] = v
+        new_state: dict[str, torch.Tensor] = {}
+        interp.run(p.encode.ops, env, new_state)
+        values = [
+            env.arrays[f] if isinstance(f, str) else interp._eval(f, env) for f in p.encode.fields
+        ]
+        pack(p, state.n, values, out)
+        for name, v in new_state.items():
+            state.tensors[name].copy_(v.reshape(state.tensors[name].shape))
+
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
+        p = self.program
+        env = interp.Env(scalars={ir.N: torch.tensor(n, dtype=torch.int64)}, device=payload.device)
+        for slot, v in zip(p.payload, unpack(p, n, payload), strict=True):
+            name = f"{p.decode.payload}.{slot.name}"
+            if isinstance(slot.type, DType):
+                env.scalars[name] = v
+            else:
+                env.arrays[name] = v
+        interp.run(p.decode.ops, env, {})
+        res = env.arrays[p.decode.result]
+        if accumulate:
+            out.add_(res.to(out.dtype))
+        else:
+            out.copy_(res)
+
+
+BackendFactory = Callable[[ir.Program], Backend]
+
+
+class Algorithm:
+    """A compression algorithm ready to run.
+
+    Attributes:
+        name: the algorithm's name (from its ``algorithm`` declaration).
+        doc: its one-line description.
+        params: every hyper-parameter with its value (defaults filled in).
+        program: the specialised IR.
+        digest: content hash of the IR (equal on every rank that loaded the same algorithm).
+        backend: the executing backend.
+    """
+
+    def __init__(self, program: ir.Program, backend: Backend, path: str = "") -> None:
+        self.program = program
+        self.backend = backend
+        self.path = path
+        self.name = program.name
+        self.doc = program.doc
+        self.params: dict[str, Any] = dict(program.params)
+        self.digest = program.digest()[:16]
+        self._sizes: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        ps = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"Algorithm({self.name}({ps}), backend={self.backend.name})"
+
+    @property
+    def stateful(self) -> bool:
+        return bool(self.program.state)
+
+    @property
+    def uses_random(self) -> bool:
+        return self.program.uses_random
+
+    def payload_nbytes(self, n: int) -> int:
+        """Bytes of the payload for ``n`` elements: a static function of n, a multiple of 8."""
+        if n < 0:
+            raise ValueError(f"element count must be >= 0, got {n}")
+        if n not in self._sizes:
+            self._sizes[n] = layout(self.program, n)[1]
+        return self._sizes[n]
+
+    def bits_per_element(self, n: int = 1 << 20) -> float:
+        return self.payload_nbytes(n) * 8 / max(1, n)
+
+    def init_state(
+        self, n: int, device: torch.device | str | None = None, seed: int = 0, tensor_id: int = 0
+    ) -> State:
+        """Zero-initialised declared state for a tensor of ``n`` elements."""
+        tensors = {}
+        for slot in self.program.state:
+            if isinstance(slot.type, ArrayType):
+                length = interp.eval_size(slot.type.length, n)
+                dt = torch_storage_dtype(slot.type.dtype)
+                tensors[slot.name] = torch.zeros(length, dtype=dt, device=device)
+            else:
+                tensors[slot.name] = torch.zeros((), dtype=torch_storage_dtype(slot.type), device=device)
+        return State(n=n, tensors=tensors, step=0, seed=seed, tensor_id=tensor_id)
+
+    def encode(
+        self, grad: torch.Tensor, state: State, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Compress ``grad`` (any shape, float32/16/bf16) into a uint8 payload.
+
+        Updates ``state`` (error feedback etc.) and advances ``state.step``. ``out``, if given,
+        must be a contiguous uint8 tensor of :meth:`payload_nbytes` bytes and is returned.
+        """
+        if not isinstance(grad, torch.Tensor) or grad.dtype not in _FLOATS:
+            got = grad.dtype if isinstance(grad, torch.Tensor) else type(grad).__name__
+            raise TypeError(f"{self.name}.encode needs a float32/float16/bfloat16 tensor, got {got}")
+        flat = grad.reshape(-1)
+        if flat.numel() != state.n:
+            raise ValueError(
+                f"{self.name}.encode: state is for {state.n} elements, gradient has {flat.numel()}"
+            )
+        nbytes = self.payload_nbytes(state.n)
+        if out is None:
+            out = torch.empty(nbytes, dtype=torch.uint8, device=grad.device)
+        elif out.dtype != torch.uint8 or out.shape != (nbytes,) or not out.is_contiguous():
+            raise ValueError(
+                f"{self.name}.encode: out must be a contiguous uint8 tensor of {nbytes} bytes"
+            )
+        self.backend.encode(flat, state, out)
+        state.step += 1
+        return out
+
+    def decode(
+        self,
+        payload: torch.Tensor,
+        n: int,
+        out: torch.Tensor | None = None,
+        accumulate: bool = False,
+    ) -> torch.Tensor:
+        """Decompress ``payload`` into ``n`` floats (``out += ...`` when ``accumulate``)."""
+        nbytes = self.payload_nbytes(n)
+        if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.shape[0] != nbytes:
+            raise ValueError(
+                f"{self.name}.decode: payload must be a 1-D uint8 tensor of {nbytes} bytes for "
+                f"n={n}, got {tuple(payload.shape)} {payload.dtype}"
+            )
+        if out is None:
+            if accumulate:
+                raise ValueError("accumulate=True needs an out tensor")
+            out = torch.empty(n, dtype=torch.float32, device=payload.device)
+        elif out.dtype not in _FLOATS or out.numel() != n:
+            raise ValueError(f"{self.name}.decode: out must be a float tensor of {n} elements")
+        self.backend.decode(payload, n, out.view(-1), accumulate)
+        return out
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _backends() -> dict[str, BackendFactory]:
+    return {"reference": ReferenceBackend}
+
+
+def _resolve_backend(name: str, program: ir.Program) -> Backend:
+    table = _backends()
+    if name == "auto":
+        name = "reference"
+    if name not in table:
+        known = ", ".join(["auto", *table])
+        raise BackendError(f"unknown or unavailable backend {name!r} (available: {known})")
+    return table[name](program)
+
+
+@lru_cache(maxsize=128)
+def _parsed(path: str, text: str) -> ast.Module:
+    return parse(SourceFile(path, text))
+
+
+def load_source(source: SourceFile, backend: str = "auto", **params: Any) -> Algorithm:
+    """Check ``source`` with ``params`` and bind it to ``backend``."""
+    module = _parsed(source.path, source.text)
+    program = elaborate(source, module, params)
+    return Algorithm(program, _resolve_backend(backend, program), source.path)
+
+
+def load_file(path: str | Path, backend: str = "auto", **params: Any) -> Algorithm:
+    """Load a ``.cll`` file; raises :class:`CllError` with ``path:line:col`` on any problem."""
+    return load_source(SourceFile.read(path), backend=backend, **params)
+
+
+def shipped_path(name: str) -> Path:
+    """Path of a shipped algorithm's ``.cll`` file."""
+    root = resources.files("hipress.algorithms")
+    p = root.joinpath(f"{name}.cll")
+    if not p.is_file():
+        raise CllError(f"unknown algorithm {name!r}; shipped: {', '.join(algorithms())}")
+    return Path(str(p))
+
+
+def algorithms() -> list[str]:
+    """Names of the shipped algorithms."""
+    root = resources.files("hipress.algorithms")
+    return sorted(p.name[:-4] for p in root.iterdir() if p.name.endswith(".cll"))
+
+
+def load(name: str, backend: str = "auto", **params: Any) -> Algorithm:
+    """Load a shipped algorithm by name, e.g. ``load("terngrad", bitwidth=4)``."""
+    return load_file(shipped_path(name), backend=backend, **params)

@@ -1,0 +1,244 @@
+"""Stage 1: ``.cll`` text -> :class:`hipress.compll.ast.Module`.
+
+The grammar (``cll.lark``) is data; the transformer below only builds nodes and spans. Lark's
+exceptions never escape: they become :class:`CllSyntaxError` with the position and what was
+expected there.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import lark
+from lark import Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from hipress.compll import ast
+from hipress.compll.source import CllSyntaxError, SourceFile, Span
+
+
+@lru_cache(maxsize=1)
+def _parser() -> lark.Lark:
+    grammar = resources.files("hipress.compll").joinpath("cll.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _span(meta: Any) -> Span:
+    if getattr(meta, "empty", True):
+        return Span(0, 0, 0, 0)
+    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _tspan(tok: Token) -> Span:
+    return Span(tok.line, tok.column, tok.end_line, tok.end_column)
+
+
+@v_args(meta=True)
+class _Build(Transformer):
+    """Parse tree -> AST. Builds nodes and spans only; no checking."""
+
+    def start(self, meta, items):
+        return ast.Module(tuple(items), _span(meta))
+
+    # declarations
+    def algorithm_decl(self, meta, c):
+        doc = str(c[1])[1:-1] if c[1] is not None else ""
+        return ast.AlgorithmDecl(str(c[0]), doc, _span(meta))
+
+    def param_decl(self, meta, c):
+        if len(c) == 3:
+            c = [c[0], c[1], None, c[2]]
+        return ast.ParamDecl(str(c[0]), c[1], c[2], c[3], _span(meta))
+
+    def range_constraint(self, meta, c):
+        return ast.RangeConstraint(c[0], c[1], _span(meta))
+
+    def set_constraint(self, meta, c):
+        return ast.SetConstraint(tuple(c), _span(meta))
+
+    def const_decl(self, meta, c):
+        return ast.ConstDecl(str(c[0]), c[1], c[2], _span(meta))
+
+    def state_decl(self, meta, c):
+        return ast.StateDecl(str(c[0]), c[1], _span(meta))
+
+    def payload_decl(self, meta, c):
+        return ast.PayloadDecl(tuple(c), _span(meta))
+
+    def field_decl(self, meta, c):
+        return ast.FieldDecl(str(c[0]), c[1], _span(meta))
+
+    def fn_decl(self, meta, c):
+        name, *rest = c
+        params = tuple(p for p in rest[:-2] if p is not None)
+        return ast.FnDecl(str(name), params, rest[-2], rest[-1], _span(meta))
+
+    def fn_param(self, meta, c):
+        return ast.FnParam(str(c[0]), c[1], _span(meta))
+
+    def encode_decl(self, meta, c):
+        return ast.EncodeDecl(str(c[0]), c[1], _span(meta))
+
+    def decode_decl(self, meta, c):
+        return ast.DecodeDecl(str(c[0]), c[1], _span(meta))
+
+    # types
+    def scalar_type(self, meta, c):
+        return ast.ScalarTypeAnn(str(c[0]), _span(meta))
+
+    def array_type(self, meta, c):
+        return ast.ArrayTypeAnn(str(c[0]), c[1], _span(meta))
+
+    def packed_type(self, meta, c):
+        return ast.PackedTypeAnn(c[0], c[1], _span(meta))
+
+    # statements
+    def block(self, meta, c):
+        return ast.Block(tuple(c), _span(meta))
+
+    def let_stmt(self, meta, c):
+        return ast.Let(str(c[0]), c[1], c[2], _span(meta))
+
+    def let_tuple(self, meta, c):
+        return ast.LetTuple(tuple(str(x) for x in c[:-1]), c[-1], _span(meta))
+
+    def var_stmt(self, meta, c):
+        return ast.VarDecl(str(c[0]), c[1], c[2], _span(meta))
+
+    def assign_stmt(self, meta, c):
+        return ast.Assign(str(c[0]), str(c[1]), c[2], _span(meta))
+
+    def if_stmt(self, meta, c):
+        return ast.If(c[0], c[1], c[2], _span(meta))
+
+    def else_if(self, meta, c):
+        return c[0]
+
+    def return_stmt(self, meta, c):
+        return ast.Return(c[0], _span(meta))
+
+    # expressions
+    def lambda_(self, meta, c):
+        return ast.Lambda(tuple(str(x) for x in c[:-1]), c[-1], _span(meta))
+
+    def cond(self, meta, c):
+        return ast.Cond(c[0], c[1], c[2], _span(meta))
+
+    def binop(self, meta, c):
+        return ast.Binary(str(c[1]), c[0], c[2], _span(meta))
+
+    def unary(self, meta, c):
+        return ast.Unary(str(c[0]), c[1], _span(meta))
+
+    def index(self, meta, c):
+        return ast.Index(c[0], c[1], _span(meta))
+
+    def field(self, meta, c):
+        return ast.Field(c[0], str(c[1]), _span(meta))
+
+    def call(self, meta, c):
+        name, *args = c
+        args = tuple(a for a in args if a is not None)
+        return ast.Call(str(name), args, _span(meta), _tspan(name))
+
+    def number(self, meta, c):
+        text = str(c[0])
+        is_float = not text.lower().startswith("0x") and any(ch in text for ch in ".eE")
+        return ast.Number(text, is_float, _span(meta))
+
+    def true(self, meta, c):
+        return ast.Bool(True, _span(meta))
+
+    def false(self, meta, c):
+        return ast.Bool(False, _span(meta))
+
+    def name(self, meta, c):
+        return ast.Name(str(c[0]), _span(meta))
+
+    def _collapse(self, meta, c):  # operator rules: keep the token text
+        return str(c[0])
+
+    or_op = and_op = bor_op = bxor_op = band_op = eq_op = cmp_op = _collapse
+    shift_op = add_op = mul_op = unary_op = assign_op = _collapse
+
+
+# "lambda" is a Python keyword; Lark looks the rule up by name.
+setattr(_Build, "lambda", _Build.lambda_)
+
+_READABLE = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "STRING": "a string",
+    "$END": "end of file",
+}
+
+
+def _describe(parser: lark.Lark, names: set[str]) -> str:
+    out = []
+    for name in sorted(names):
+        if name in _READABLE:
+            out.append(_READABLE[name])
+            continue
+        try:
+            pat = parser.get_terminal(name).pattern
+        except KeyError:
+            out.append(name.lower())
+            continue
+        if pat.type == "str":
+            out.append(f"'{pat.value}'")
+        else:
+            out.append(name.lower())
+    out = sorted(set(out))
+    if len(out) > 8:
+        out = [*out[:8], "..."]
+    return ", ".join(out)
+
+
+def parse(source: SourceFile) -> ast.Module:
+    """Parse ``source`` into an AST.
+
+    Returns the :class:`ast.Module`; raises :class:`CllSyntaxError` (with span and the expected
+    tokens) on any syntax error. No Lark exception escapes.
+    """
+    parser = _parser()
+    try:
+        tree = parser.parse(source.text)
+    except UnexpectedInput as exc:
+        raise _syntax_error(parser, source, exc) from None
+    except lark.exceptions.LarkError as exc:  # pragma: no cover - defensive
+        raise CllSyntaxError(f"cannot parse: {exc}", source, None) from None
+    return _Build().transform(tree)
+
+
+def _syntax_error(parser: lark.Lark, source: SourceFile, exc: UnexpectedInput) -> CllSyntaxError:
+    line = getattr(exc, "line", 0) or 0
+    col = getattr(exc, "column", 0) or 0
+    if isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        if tok.type == "$END":
+            lines = source.text.splitlines() or [""]
+            line, col = len(lines), len(lines[-1]) + 1
+            got, width = "end of file", 1
+        else:
+            got, width = f"'{tok}'", max(1, len(str(tok)))
+        expected = _describe(parser, set(exc.accepts or exc.expected))
+        msg = f"unexpected {got}; expected {expected}"
+    elif isinstance(exc, UnexpectedCharacters):
+        ch = source.text[exc.pos_in_stream] if exc.pos_in_stream < len(source.text) else "?"
+        width = 1
+        if ch == '"':
+            msg = "unterminated string"
+        else:
+            msg = f"unexpected character {ch!r}"
+    elif isinstance(exc, UnexpectedEOF):
+        lines = source.text.splitlines() or [""]
+        line, col, width = len(lines), len(lines[-1]) + 1, 1
+        msg = f"unexpected end of file; expected {_describe(parser, set(exc.expected))}"
+    else:  # pragma: no cover
+        width = 1
+        msg = str(exc)
+    if line <= 0:
+        line, col = 1, 1
+    return CllSyntaxError(msg, source, Span(line, col, line, col + width))

@@ -1,0 +1,188 @@
+"""Scalar semantics of every IR operation, as torch functions on tensors.
+
+This module is the executable definition of what each operation computes, shared by the
+reference interpreter and the checker's constant folding. Native backends must reproduce it
+bit for bit (the tests hold them to it). Rules that differ from plain C or torch:
+
+- Integers are computed in int64 and wrapped to their width after every operation.
+- Integer division and remainder truncate toward zero; by zero they give 0.
+- Shift counts are taken modulo the width of the left operand.
+- Float -> integer conversion truncates and saturates; NaN converts to 0.
+- min/max propagate NaN and order -0 below +0, so the result never depends on operand order.
+- sign(x) is -1, 0 or 1 (+0 for both zeros); NaN stays NaN.
+- round() rounds half to even.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hipress.compll.types import DType, torch_compute_dtype
+
+
+def wrap(t: torch.Tensor, dt: DType) -> torch.Tensor:
+    """Wrap int64 values to the range of integer type ``dt`` (no-op otherwise)."""
+    if not dt.is_int or dt.bits == 64:
+        return t
+    mask = (1 << dt.bits) - 1
+    if dt.is_signed:
+        half = 1 << (dt.bits - 1)
+        return ((t + half) & mask) - half
+    return t & mask
+
+
+def int_range(dt: DType) -> tuple[int, int]:
+    if dt.is_signed:
+        return -(1 << (dt.bits - 1)), (1 << (dt.bits - 1)) - 1
+    return 0, (1 << dt.bits) - 1
+
+
+def const(value: int | float | bool, dt: DType, device: torch.device | None = None) -> torch.Tensor:
+    """A 0-d tensor holding ``value`` as type ``dt`` (ints wrapped)."""
+    if dt.is_int:
+        return wrap(torch.tensor(int(value), dtype=torch.int64, device=device), dt)
+    return torch.tensor(value, dtype=torch_compute_dtype(dt), device=device)
+
+
+def cast(x: torch.Tensor, src: DType, dst: DType) -> torch.Tensor:
+    """Convert ``x`` of type ``src`` to ``dst`` (see module rules)."""
+    if src == dst:
+        return x
+    if dst.is_bool:
+        return x != 0
+    if src.is_bool:
+        return x.to(torch_compute_dtype(dst))
+    if dst.is_int:
+        if src.is_int:
+            return wrap(x, dst)
+        lo, hi = int_range(dst)
+        xd = x.to(torch.float64)
+        t = torch.trunc(xd)
+        t = torch.where(torch.isnan(t), torch.zeros_like(t), t)
+        over = t >= float(hi) + 1.0 if dst.bits < 64 else t >= 9223372036854775808.0
+        under = t < float(lo)
+        safe = torch.where(over | under, torch.zeros_like(t), t).to(torch.int64)
+        out = torch.where(over, torch.full_like(safe, hi), safe)
+        return torch.where(under, torch.full_like(safe, lo), out)
+    # dst is float
+    if src.is_int:
+        return x.to(torch_compute_dtype(dst))
+    return x.to(torch_compute_dtype(dst))
+
+
+def _signbit(x: torch.Tensor) -> torch.Tensor:
+    return torch.signbit(x)
+
+
+def fmin(a: torch.Tensor, b: torch.Tensor, dt: DType) -> torch.Tensor:
+    if not dt.is_float:
+        return torch.where(b < a, b, a)
+    pick_b = (b < a) | ((b == a) & _signbit(b)) | torch.isnan(b)
+    out = torch.where(pick_b, b, a)
+    return torch.where(torch.isnan(a), a, out)
+
+
+def fmax(a: torch.Tensor, b: torch.Tensor, dt: DType) -> torch.Tensor:
+    if not dt.is_float:
+        return torch.where(b > a, b, a)
+    pick_b = (b > a) | ((b == a) & ~_signbit(b)) | torch.isnan(b)
+    out = torch.where(pick_b, b, a)
+    return torch.where(torch.isnan(a), a, out)
+
+
+def unary(op: str, x: torch.Tensor, dt: DType) -> torch.Tensor:
+    """Apply unary ``op`` to ``x`` of type ``dt`` (the operand type)."""
+    if op == "neg":
+        return wrap(-x, dt) if dt.is_int else -x
+    if op == "not":
+        return ~x
+    if op == "bnot":
+        return wrap(~x, dt)
+    if op == "abs":
+        return wrap(torch.abs(x), dt) if dt.is_int else torch.abs(x)
+    if op in ("floor", "ceil", "round", "trunc"):
+        return getattr(torch, op)(x)
+    if op == "sqrt":
+        return torch.sqrt(x)
+    if op == "sign":
+        if dt.is_int:
+            return (x > 0).to(torch.int64) - (x < 0).to(torch.int64)
+        s = (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+        return torch.where(torch.isnan(x), x, s)
+    if op == "isnan":
+        return torch.isnan(x)
+    if op == "isinf":
+        return torch.isinf(x)
+    if op == "isfinite":
+        return torch.isfinite(x)
+    raise ValueError(f"unknown unary op {op}")
+
+
+_INT64_MIN = -(1 << 63)
+
+
+def binary(op: str, a: torch.Tensor, b: torch.Tensor, dt: DType) -> torch.Tensor:
+    """Apply binary ``op``; ``dt`` is the operand type (comparisons return bool)."""
+    if op == "add":
+        return wrap(a + b, dt) if dt.is_int else a + b
+    if op == "sub":
+        return wrap(a - b, dt) if dt.is_int else a - b
+    if op == "mul":
+        return wrap(a * b, dt) if dt.is_int else a * b
+    if op in ("div", "mod"):
+        if not dt.is_int:
+            return a / b if op == "div" else torch.fmod(a, b)
+        a, b = torch.broadcast_tensors(a, b)
+        zero = b == 0
+        ovf = (a == _INT64_MIN) & (b == -1)
+        bs = torch.where(zero | ovf, torch.ones_like(b), b)
+        r = torch.div(a, bs, rounding_mode="trunc") if op == "div" else torch.fmod(a, bs)
+        if op == "div":
+            r = torch.where(ovf, a, r)
+        else:
+            r = torch.where(ovf, torch.zeros_like(r), r)
+        return wrap(torch.where(zero, torch.zeros_like(r), r), dt)
+    if op in ("shl", "shr"):
+        s = b & (dt.bits - 1)
+        return wrap(a << s if op == "shl" else a >> s, dt)
+    if op == "band":
+        return wrap(a & b, dt) if dt.is_int else a & b
+    if op == "bor":
+        return wrap(a | b, dt) if dt.is_int else a | b
+    if op == "bxor":
+        return wrap(a ^ b, dt) if dt.is_int else a ^ b
+    if op == "and":
+        return a & b
+    if op == "or":
+        return a | b
+    if op == "eq":
+        return a == b
+    if op == "ne":
+        return a != b
+    if op == "lt":
+        return a < b
+    if op == "le":
+        return a <= b
+    if op == "gt":
+        return a > b
+    if op == "ge":
+        return a >= b
+    if op == "min":
+        return fmin(a, b, dt)
+    if op == "max":
+        return fmax(a, b, dt)
+    raise ValueError(f"unknown binary op {op}")
+
+
+def order_key(x: torch.Tensor, dt: DType) -> torch.Tensor:
+    """An int64 key giving the total order used by sort and topk.
+
+    Floats: -inf < ... < -0 < +0 < ... < +inf < NaN (every NaN equal). Integers: their value.
+    """
+    if not dt.is_float:
+        return x.to(torch.int64)
+    f = x.to(torch.float64)  # exact for f16/bf16/f32
+    bits = f.view(torch.int64)
+    # positive floats: bits increase with value; negative: key = -magnitude - 1 (-0 -> -1).
+    key = torch.where(bits < 0, -(bits & ((1 << 63) - 1)) - 1, bits)
+    return torch.where(torch.isnan(f), torch.full_like(key, (1 << 63) - 1), key)

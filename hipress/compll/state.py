@@ -1,0 +1,62 @@
+"""Per-tensor algorithm state: declared state arrays/scalars plus the RNG counters.
+
+A :class:`State` is created by :meth:`Algorithm.init_state` (all declared state zero), passed to
+every :meth:`Algorithm.encode` call for the same tensor, and advanced by it (``step`` += 1).
+It pickles and round-trips through :meth:`state_dict` / :meth:`load_state_dict`, so error
+feedback survives checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class State:
+    """Mutable per-tensor state of one algorithm instance.
+
+    Fields:
+        n: element count of the tensor this state belongs to.
+        tensors: declared state, name -> tensor (arrays are 1-D, scalars are 0-d), zero-initialised.
+        step: how many times encode has run with this state; part of the RNG counter.
+        seed: RNG key (64-bit); the runtime mixes the worker rank into it so workers draw
+            independent random numbers.
+        tensor_id: RNG stream of this tensor (32-bit), e.g. a hash of the parameter name.
+    """
+
+    n: int
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    step: int = 0
+    seed: int = 0
+    tensor_id: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return a checkpointable copy (tensors cloned to CPU)."""
+        return {
+            "n": self.n,
+            "step": self.step,
+            "seed": self.seed,
+            "tensor_id": self.tensor_id,
+            "tensors": {k: v.detach().cpu().clone() for k, v in self.tensors.items()},
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`, in place (tensors keep their device)."""
+        if int(sd["n"]) != self.n:
+            raise ValueError(f"state is for {sd['n']} elements, this tensor has {self.n}")
+        missing = set(self.tensors) ^ set(sd["tensors"])
+        if missing:
+            raise ValueError(f"state entries do not match: {sorted(missing)}")
+        for k, v in sd["tensors"].items():
+            self.tensors[k].copy_(v)
+        self.step = int(sd["step"])
+        self.seed = int(sd["seed"])
+        self.tensor_id = int(sd["tensor_id"])
+
+    def reset(self) -> None:
+        """Zero every declared state entry (keeps step, seed and tensor id)."""
+        for t in self.tensors.values():
+            t.zero_()
