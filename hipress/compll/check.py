@@ -27,6 +27,7 @@ from hipress.compll.check_body import (
     _Ctx,
     fold,
     refs,
+    same_type,
 )
 from hipress.compll.parse import parse
 from hipress.compll.source import CllParamError, CllTypeError, SourceFile, Span
@@ -330,7 +331,7 @@ class Elaborator(BodyChecker):
         ret = self._host_block(d.body, scope, ctx, "decode")
         v = self._value(ret.value, scope, ctx, name_hint="out")
         want = ArrayType(F32, N_REF)
-        if not isinstance(v, Array) or v.type != want:
+        if not isinstance(v, Array) or not same_type(v.type, want):
             got = v.type.describe() if isinstance(v, Array) else "a scalar"
             raise self.err(f"decode must return f32[n], got {got}", ret.value.span)
         return ir.Decode(d.arg, tuple(ctx.ops), v.name)
@@ -361,7 +362,7 @@ class Elaborator(BodyChecker):
                 continue
             hint_t = f.type
             v2 = self._value(a, scope, ctx, name_hint=f.name, expect=hint_t)
-            if not isinstance(v2, Array) or v2.type != f.type:
+            if not isinstance(v2, Array) or not same_type(v2.type, f.type):
                 got = v2.type.describe() if isinstance(v2, Array) else "a scalar"
                 hint = ""
                 if f.type.bits is not None:

@@ -21,7 +21,7 @@ from hipress.compll.types import BOOL, F32, I64, SCALAR_TYPES, ArrayType, DType
 REDUCE_OPS = ("sum", "min", "max", "absmax", "any", "all", "count")
 SCAN_OPS = ("sum", "min", "max")
 MATH1 = ("abs", "floor", "ceil", "round", "trunc", "sqrt", "sign", "isnan", "isinf", "isfinite")
-PARALLEL = ("map", "reduce", "filter", "topk", "sort", "scan", "scatter", "gather")
+PARALLEL = ("map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter", "gather")
 RANDOM = ("urand", "uniform", "randint")
 BUILTINS = (*MATH1, "min", "max", "clamp", *PARALLEL, *RANDOM, "concat", "extract")
 N_REF = ir.Ref(ir.N, I64)
@@ -133,6 +133,39 @@ def fold(e: ir.Expr) -> ir.Expr:
 
     t = eval_scalar(e, {})
     return ir.Const(_py(t, e.dtype), e.dtype)
+
+
+_PROBES = (*range(0, 70), 100, 127, 128, 129, 255, 256, 1000, 1023, 1024, 4097, 65535,
+           1 << 20, (1 << 20) + 3, 12345678, (1 << 31) - 1)
+
+
+def same_length(a: ir.Expr, b: ir.Expr) -> bool:
+    """Whether two length expressions agree (structurally, or at every probe size n)."""
+    if a == b:
+        return True
+    from hipress.compll.interp import eval_size
+
+    try:
+        return all(eval_size(a, n) == eval_size(b, n) for n in _PROBES)
+    except (RuntimeError, ValueError, OverflowError):  # pragma: no cover - defensive
+        return False
+
+
+def same_type(a: ArrayType, b: ArrayType) -> bool:
+    return a.dtype == b.dtype and a.bits == b.bits and same_length(a.length, b.length)
+
+
+def fold_deep(e: ir.Expr) -> ir.Expr:
+    """Fold bottom-up through a freshly built tree."""
+    if isinstance(e, ir.Unary):
+        return fold(ir.Unary(e.op, fold_deep(e.x), e.dtype))
+    if isinstance(e, ir.Cast):
+        return fold(ir.Cast(fold_deep(e.x), e.dtype))
+    if isinstance(e, ir.Binary):
+        return fold(ir.Binary(e.op, fold_deep(e.a), fold_deep(e.b), e.dtype))
+    if isinstance(e, ir.Select):
+        return fold(ir.Select(fold_deep(e.cond), fold_deep(e.a), fold_deep(e.b), e.dtype))
+    return e
 
 
 def _children(e: ir.Expr) -> list[ir.Expr]:
@@ -278,7 +311,7 @@ class BodyChecker(ExprChecker, ParallelChecker):
                 if kind == "var":
                     raise self.err("`var` holds scalars only; use `let` for arrays", s.span)
                 v = self._value(s.value, scope, ctx, s.name, want)
-                if not isinstance(v, Array) or v.type != want:
+                if not isinstance(v, Array) or not same_type(v.type, want):
                     got = v.type.describe() if isinstance(v, Array) else "a scalar"
                     raise self.err(
                         f"`{s.name}` is declared {want.describe()} but the value is {got}",
@@ -336,7 +369,7 @@ class BodyChecker(ExprChecker, ParallelChecker):
                 raise self.err("state arrays are assigned with `=` only", s.span)
             if isinstance(b.value, Array):
                 v = self._value(s.value, scope, ctx, s.name, b.value.type)
-                if not isinstance(v, Array) or v.type != b.value.type:
+                if not isinstance(v, Array) or not same_type(v.type, b.value.type):
                     got = v.type.describe() if isinstance(v, Array) else "a scalar"
                     raise self.err(
                         f"state `{s.name}` is {b.value.type.describe()}, the value is {got}",

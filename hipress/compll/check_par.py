@@ -15,6 +15,8 @@ _SIGS = {
     "map": "map(len, i => value)",
     "reduce": "reduce(op, array) or reduce(op, len, i => value), op one of sum, min, max, "
     "absmax, any, all, count; or reduce((a, b) => ..., init, array)",
+    "segreduce": "segreduce(op, seg, array) or segreduce(op, seg, len, i => value), op one of "
+    "sum, min, max, absmax, any, all, count",
     "filter": "filter(bound, array) or filter(bound, len, i => condition)",
     "topk": "topk(k, array) or topk(k, len, i => key)",
     "sort": "sort(array) or sort(len, i => key)",
@@ -22,6 +24,12 @@ _SIGS = {
     "scatter": "scatter(base_or_len, idx, vals) or scatter(base_or_len, idx, vals, count)",
     "gather": "gather(array, idx)",
 }
+
+
+def _same_length(a: ir.Expr, b: ir.Expr) -> bool:
+    from hipress.compll.check_body import same_length
+
+    return same_length(a, b)
 
 
 class ParallelChecker:
@@ -59,7 +67,7 @@ class ParallelChecker:
             rv = Scalar(fn.result)
             bits = None
             if expect is not None:
-                if expect.length != length:
+                if not _same_length(expect.length, length):
                     raise self.err(
                         f"map length {ir.show_expr(length)} does not match the declared "
                         f"{expect.describe()}",
@@ -83,6 +91,8 @@ class ParallelChecker:
             return Array(name, t)
         if f == "reduce":
             return self._reduce(e, scope, ctx, hint)
+        if f == "segreduce":
+            return self._segreduce(e, scope, ctx, hint)
         if f in ("filter", "topk"):
             if len(a) not in (2, 3):
                 raise self._usage(e)
@@ -188,19 +198,43 @@ class ParallelChecker:
         else:
             op = self._op_name(e, REDUCE_OPS)
             length, fn = self._source(e, a[1:], scope, ctx)
-            dt = fn.result.dtype
-            if op in ("any", "all", "count"):
-                if dt != BOOL:
-                    raise self.err(f"reduce({op}, ...) needs bool values, got {dt}", e.span)
-                dt = BOOL if op != "count" else I64
-            else:
-                self._numeric(dt, a[-1], f"reduce({op}, ...) values")
-                if op == "sum" and dt.is_int:
-                    fn = self._with_result(fn, ir.Cast(fn.result, I64) if dt != I64 else fn.result)
-                    dt = I64
+            fn, dt = self._reduce_type(e, op, fn)
         name = self.fresh(hint)
         ctx.ops.append(ir.Reduce(name, op, length, fn, dt, combine, init))
         return Scalar(ir.Ref(name, dt))
+
+    def _reduce_type(self, e: ast.Call, op: str, fn: ir.Lambda) -> tuple[ir.Lambda, DType]:
+        dt = fn.result.dtype
+        if op in ("any", "all", "count"):
+            if dt != BOOL:
+                raise self.err(f"{e.func}({op}, ...) needs bool values, got {dt}", e.span)
+            return fn, (BOOL if op != "count" else I64)
+        self._numeric(dt, e.args[-1], f"{e.func}({op}, ...) values")
+        if op == "sum" and dt.is_int:
+            fn = self._with_result(fn, ir.Cast(fn.result, I64) if dt != I64 else fn.result)
+            dt = I64
+        return fn, dt
+
+    def _segreduce(self, e: ast.Call, scope: Scope, ctx: _Ctx, hint: str) -> Value:
+        from hipress.compll.check_body import REDUCE_OPS, Array
+
+        if len(e.args) not in (3, 4):
+            raise self._usage(e)
+        op = self._op_name(e, REDUCE_OPS)
+        seg = self._size(e.args[1], scope, ctx)
+        if isinstance(seg, ir.Const) and int(seg.value) < 1:
+            raise self.err("segment length must be >= 1", e.args[1].span)
+        length, fn = self._source(e, e.args[2:], scope, ctx)
+        fn, dt = self._reduce_type(e, op, fn)
+        name = self.fresh(hint)
+        ctx.ops.append(ir.SegReduce(name, op, length, seg, fn, dt))
+        # ceil(length / seg) with seg >= 1
+        one = ir.Const(1, I64)
+        segs = ir.Binary("div", ir.Binary("sub", ir.Binary("add", length, seg, I64), one, I64),
+                         ir.Binary("max", seg, one, I64), I64)
+        from hipress.compll.check_body import fold_deep
+
+        return Array(name, ArrayType(dt, fold_deep(segs)))
 
     def _scatter(self, e: ast.Call, scope: Scope, ctx: _Ctx, hint: str) -> Value:
         from hipress.compll.check_body import Array
@@ -213,7 +247,7 @@ class ParallelChecker:
         vals = self._array(a[2], scope, ctx, "scatter")
         if not idx.type.dtype.is_int:
             raise self.err("scatter indices must be integers", a[1].span)
-        if idx.type.length != vals.type.length:
+        if not _same_length(idx.type.length, vals.type.length):
             raise self.err(
                 f"scatter indices ({idx.type.describe()}) and values ({vals.type.describe()}) "
                 "differ in length",

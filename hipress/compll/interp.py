@@ -139,6 +139,42 @@ def _reduce(op: ir.Reduce, env: Env) -> torch.Tensor:
     return v.min() if op.op == "min" else v.max()
 
 
+def _segreduce(op: ir.SegReduce, env: Env, n: int) -> torch.Tensor:
+    length = eval_size(op.length, n)
+    seg = max(1, eval_size(op.seg, n))
+    v = _apply(op.fn, [_index(length, env)], env, length)
+    dt = op.fn.result.dtype
+    nseg = (length + seg - 1) // seg
+    if nseg == 0:
+        return torch.zeros(0, dtype=torch_compute_dtype(op.dtype), device=env.device)
+    if op.op == "absmax":
+        v = semantics.unary("abs", v, dt)
+    if op.op in ("count", "sum") and not dt.is_float:
+        v = v.to(torch.int64)
+    pad = nseg * seg - length
+    fill = _identity(op.op if op.op != "count" else "sum", dt if op.op != "count" else I64, env.device)
+    if op.op == "absmax":
+        fill = semantics.const(0, dt, env.device)
+    rows = torch.cat([v, fill.to(v.dtype).expand(pad)]).reshape(nseg, seg)
+    if op.op == "sum":
+        if dt.is_float:
+            return rows.to(torch.float64).sum(1).to(torch_compute_dtype(op.dtype))
+        return rows.sum(1)
+    if op.op == "count":
+        return rows.sum(1)
+    if op.op == "any":
+        return rows.any(1)
+    if op.op == "all":
+        return rows.all(1)
+    if not dt.is_float:
+        return rows.min(1).values if op.op == "min" else rows.max(1).values
+    key = semantics.order_key(rows, dt)
+    pos = torch.argmin(key, 1) if op.op == "min" else torch.argmax(key, 1)
+    out = rows.gather(1, pos.reshape(-1, 1)).reshape(-1)
+    hasnan = torch.isnan(rows).any(1)
+    return torch.where(hasnan, torch.full_like(out, float("nan")), out)
+
+
 def _n(env: Env) -> int:
     return int(env.scalars[ir.N].item())
 
@@ -154,6 +190,8 @@ def run(ops: tuple[ir.Op, ...], env: Env, state_out: dict[str, torch.Tensor]) ->
             env.arrays[op.name] = _apply(op.fn, [_index(length, env)], env, length)
         elif isinstance(op, ir.Reduce):
             env.scalars[op.name] = _reduce(op, env)
+        elif isinstance(op, ir.SegReduce):
+            env.arrays[op.name] = _segreduce(op, env, n)
         elif isinstance(op, ir.Filter):
             length = eval_size(op.length, n)
             bound = eval_size(op.bound, n)

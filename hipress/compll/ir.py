@@ -138,6 +138,20 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class SegReduce:
+    """Reduce ``fn(i)`` over consecutive segments of ``seg`` elements of [0, length): element s
+    of the result reduces [s*seg, min((s+1)*seg, length)); ``ceil(length/seg)`` results. ops as
+    :class:`Reduce` except "custom"."""
+
+    name: str
+    op: str
+    length: Expr
+    seg: Expr
+    fn: Lambda
+    dtype: DType
+
+
+@dataclass(frozen=True)
 class Filter:
     """Indices i (ascending) with ``pred(i)``; first ``bound`` kept, rest of idx zero.
 
@@ -206,7 +220,7 @@ class StoreState:
     value: str | Expr
 
 
-Op = Union[Let, Map, Reduce, Filter, TopK, Sort, Scan, Scatter, StoreState]
+Op = Union[Let, Map, Reduce, SegReduce, Filter, TopK, Sort, Scan, Scatter, StoreState]
 
 
 @dataclass(frozen=True)
@@ -312,6 +326,11 @@ def show_op(op: Op) -> str:
         return (
             f"{op.name}: {op.dtype} = reduce_{op.op}({show_expr(op.length)}, "
             f"{_show_lambda(op.fn)}{extra})"
+        )
+    if isinstance(op, SegReduce):
+        return (
+            f"{op.name}: {op.dtype}[ceil({show_expr(op.length)}/{show_expr(op.seg)})] = "
+            f"segreduce_{op.op}({show_expr(op.seg)}, {_show_lambda(op.fn)})"
         )
     if isinstance(op, Filter):
         return (

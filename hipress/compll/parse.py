@@ -48,8 +48,6 @@ class _Build(Transformer):
         return ast.AlgorithmDecl(str(c[0]), doc, _span(meta))
 
     def param_decl(self, meta, c):
-        if len(c) == 3:
-            c = [c[0], c[1], None, c[2]]
         return ast.ParamDecl(str(c[0]), c[1], c[2], c[3], _span(meta))
 
     def range_constraint(self, meta, c):
