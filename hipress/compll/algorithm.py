@@ -157,7 +157,9 @@ class Algorithm:
                 dt = torch_storage_dtype(slot.type.dtype)
                 tensors[slot.name] = torch.zeros(length, dtype=dt, device=device)
             else:
-                tensors[slot.name] = torch.zeros((), dtype=torch_storage_dtype(slot.type), device=device)
+                tensors[slot.name] = torch.zeros(
+                    (), dtype=torch_storage_dtype(slot.type), device=device
+                )
         return State(n=n, tensors=tensors, step=0, seed=seed, tensor_id=tensor_id)
 
     def encode(
@@ -170,7 +172,9 @@ class Algorithm:
         """
         if not isinstance(grad, torch.Tensor) or grad.dtype not in _FLOATS:
             got = grad.dtype if isinstance(grad, torch.Tensor) else type(grad).__name__
-            raise TypeError(f"{self.name}.encode needs a float32/float16/bfloat16 tensor, got {got}")
+            raise TypeError(
+                f"{self.name}.encode needs a float32/float16/bfloat16 tensor, got {got}"
+            )
         flat = grad.reshape(-1)
         if flat.numel() != state.n:
             raise ValueError(

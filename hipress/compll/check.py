@@ -70,9 +70,7 @@ class Elaborator(BodyChecker):
         decls = self.mod.decls
         algo = [d for d in decls if isinstance(d, ast.AlgorithmDecl)]
         if not algo:
-            raise CllTypeError(
-                "missing `algorithm NAME;` declaration", self.src, Span(1, 1, 1, 2)
-            )
+            raise CllTypeError("missing `algorithm NAME;` declaration", self.src, Span(1, 1, 1, 2))
         if len(algo) > 1:
             raise self.err("more than one `algorithm` declaration", algo[1].span)
         for kind, cls in (("encode", ast.EncodeDecl), ("decode", ast.DecodeDecl)):
@@ -121,6 +119,7 @@ class Elaborator(BodyChecker):
         enc = next(d for d in decls if isinstance(d, ast.EncodeDecl))
         dec = next(d for d in decls if isinstance(d, ast.DecodeDecl))
         encode = self._encode(enc, top, state, fields)
+        self.hidden_state = {s.name for s in state}
         decode = self._decode(dec, top, fields)
         return ir.Program(
             name=algo[0].name,
@@ -279,9 +278,7 @@ class Elaborator(BodyChecker):
             return ArrayType(SCALAR_TYPES[t.elem], self._size(t.length, scope))
         bits_v = self._scalar(t.bits, scope, _Ctx(True, False, []))
         if not isinstance(bits_v.expr, ir.Const) or bits_v.expr.value not in PACKED_BITS:
-            shown = (
-                bits_v.expr.value if isinstance(bits_v.expr, ir.Const) else "not a constant"
-            )
+            shown = bits_v.expr.value if isinstance(bits_v.expr, ir.Const) else "not a constant"
             raise self.err(
                 f"packed width must be a constant 1, 2, 4 or 8 (got {shown})", t.bits.span
             )
@@ -304,8 +301,10 @@ class Elaborator(BodyChecker):
         self.used[d.arg] = 1
         scope.names[d.arg] = Binding(Array(d.arg, ArrayType(F32, N_REF)), "let")
         for s in state:
-            v: Value = Array(s.name, s.type) if isinstance(s.type, ArrayType) else Scalar(
-                ir.Ref(s.name, s.type)
+            v: Value = (
+                Array(s.name, s.type)
+                if isinstance(s.type, ArrayType)
+                else Scalar(ir.Ref(s.name, s.type))
             )
             scope.names[s.name] = Binding(v, "state")
         ctx = _Ctx(host=True, in_encode=True, ops=[])
@@ -322,7 +321,9 @@ class Elaborator(BodyChecker):
         for f in fields:
             name = f"{d.arg}.{f.name}"
             items.append(
-                Array(name, f.type) if isinstance(f.type, ArrayType) else Scalar(ir.Ref(name, f.type))
+                Array(name, f.type)
+                if isinstance(f.type, ArrayType)
+                else Scalar(ir.Ref(name, f.type))
             )
         scope.names[d.arg] = Binding(Tuple_(tuple(items)), "payload")
         self.payload_fields = {f.name: it for f, it in zip(fields, items, strict=True)}
@@ -338,6 +339,9 @@ class Elaborator(BodyChecker):
 
     def _host_block(self, body: ast.Block, scope: Scope, ctx: _Ctx, what: str) -> ast.Return:
         stmts = body.stmts
+        for s in stmts[:-1]:
+            if isinstance(s, ast.Return):
+                raise self.err("`return` must be the last statement of its block", s.span)
         if not stmts or not isinstance(stmts[-1], ast.Return):
             raise self.err(f"{what} must end with a return statement", body.span)
         for s in stmts[:-1]:
@@ -402,8 +406,6 @@ def param_variants(module: ast.Module) -> list[dict[str, Any]]:
             else (d.constraint.lo, d.constraint.hi)
         )
         for v in vals:
-            if isinstance(v, ast.Number):
-                out.append({d.name: v.value})
-            elif isinstance(v, ast.Bool):
+            if isinstance(v, ast.Number | ast.Bool):
                 out.append({d.name: v.value})
     return out

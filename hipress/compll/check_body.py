@@ -135,8 +135,24 @@ def fold(e: ir.Expr) -> ir.Expr:
     return ir.Const(_py(t, e.dtype), e.dtype)
 
 
-_PROBES = (*range(0, 70), 100, 127, 128, 129, 255, 256, 1000, 1023, 1024, 4097, 65535,
-           1 << 20, (1 << 20) + 3, 12345678, (1 << 31) - 1)
+_PROBES = (
+    *range(0, 70),
+    100,
+    127,
+    128,
+    129,
+    255,
+    256,
+    1000,
+    1023,
+    1024,
+    4097,
+    65535,
+    1 << 20,
+    (1 << 20) + 3,
+    12345678,
+    (1 << 31) - 1,
+)
 
 
 def same_length(a: ir.Expr, b: ir.Expr) -> bool:
@@ -250,7 +266,9 @@ class BodyChecker(ExprChecker, ParallelChecker):
     def _type(self, t: ast.TypeAnn, scope: Scope) -> DType | ArrayType:  # pragma: no cover
         raise NotImplementedError
 
-    def _size(self, e: ast.Expr, scope: Scope, ctx: _Ctx | None = None) -> ir.Expr:  # pragma: no cover
+    def _size(
+        self, e: ast.Expr, scope: Scope, ctx: _Ctx | None = None
+    ) -> ir.Expr:  # pragma: no cover
         raise NotImplementedError
 
     # -- coercion
@@ -265,21 +283,21 @@ class BodyChecker(ExprChecker, ParallelChecker):
     def _concrete(self, v: Scalar) -> Scalar:
         return Scalar(v.expr) if v.lit else v
 
-    def _unify(self, l: Scalar, r: Scalar, span: Span, what: str) -> tuple[Scalar, Scalar]:
-        if l.dtype == r.dtype:
-            return l, r
-        lc, rc = isinstance(l.expr, ir.Const), isinstance(r.expr, ir.Const)
-        if l.lit and r.lit:  # int literal meets float literal
-            return Scalar(_convert(l.expr, F32), True), Scalar(_convert(r.expr, F32), True)
-        if lc and (l.lit or not rc) and _representable(l.expr, r.dtype, l.lit):
-            return Scalar(_convert(l.expr, r.dtype)), r
-        if rc and _representable(r.expr, l.dtype, r.lit):
-            return l, Scalar(_convert(r.expr, l.dtype))
-        if lc and _representable(l.expr, r.dtype, l.lit):
-            return Scalar(_convert(l.expr, r.dtype)), r
+    def _unify(self, lhs: Scalar, rhs: Scalar, span: Span, what: str) -> tuple[Scalar, Scalar]:
+        if lhs.dtype == rhs.dtype:
+            return lhs, rhs
+        lc, rc = isinstance(lhs.expr, ir.Const), isinstance(rhs.expr, ir.Const)
+        if lhs.lit and rhs.lit:  # int literal meets float literal
+            return Scalar(_convert(lhs.expr, F32), True), Scalar(_convert(rhs.expr, F32), True)
+        if lc and (lhs.lit or not rc) and _representable(lhs.expr, rhs.dtype, lhs.lit):
+            return Scalar(_convert(lhs.expr, rhs.dtype)), rhs
+        if rc and _representable(rhs.expr, lhs.dtype, rhs.lit):
+            return lhs, Scalar(_convert(rhs.expr, lhs.dtype))
+        if lc and _representable(lhs.expr, rhs.dtype, lhs.lit):
+            return Scalar(_convert(lhs.expr, rhs.dtype)), rhs
         raise self.err(
-            f"mismatched types {l.dtype} and {r.dtype} in `{what}`; convert one explicitly, "
-            f"e.g. {l.dtype}(...) or {r.dtype}(...)",
+            f"mismatched types {lhs.dtype} and {rhs.dtype} in `{what}`; convert one explicitly, "
+            f"e.g. {lhs.dtype}(...) or {rhs.dtype}(...)",
             span,
         )
 
@@ -386,8 +404,7 @@ class BodyChecker(ExprChecker, ParallelChecker):
             return
         if b.kind not in ("var", "assigned"):
             raise self.err(
-                f"cannot assign to `{s.name}` (declared as {b.kind}; use `var` for a "
-                "variable)",
+                f"cannot assign to `{s.name}` (declared as {b.kind}; use `var` for a variable)",
                 s.span,
             )
         owner = scope.owner(s.name)

@@ -42,7 +42,7 @@ class ExprChecker:
             raise self.err("concat is only allowed as `return concat(...)` in encode", e.span)
         if isinstance(e, ast.Name):
             b = scope.lookup(e.id)
-            if b is not None and isinstance(b.value, Array | Tuple_):
+            if b is not None and isinstance(b.value, Array | Tuple_) and b.kind != "payload":
                 return b.value
         if isinstance(e, ast.Field):
             v = self._field(e, scope, ctx)
@@ -91,6 +91,12 @@ class ExprChecker:
             return Scalar(ir.Const(e.value, BOOL))
         if isinstance(e, ast.Name):
             b = scope.lookup(e.id)
+            if b is None and e.id in getattr(self, "hidden_state", ()):
+                raise self.err(
+                    f"state `{e.id}` is only available in encode (decode must be a pure "
+                    "function of the payload)",
+                    e.span,
+                )
             if b is None:
                 raise self.err(f"unknown name `{e.id}`{self._suggest(e.id, scope)}", e.span)
             if isinstance(b.value, Array):
@@ -152,9 +158,7 @@ class ExprChecker:
 
     def _no_storage(self, x: Scalar, span: Span) -> None:
         if x.dtype.storage_only:
-            raise self.err(
-                f"{x.dtype} is a storage type; convert it first, e.g. f32(x)", span
-            )
+            raise self.err(f"{x.dtype} is a storage type; convert it first, e.g. f32(x)", span)
 
     def _binary(self, sym: str, left: Scalar, right: Scalar, span: Span) -> Scalar:
         from hipress.compll.check_body import _BINOPS, _CMP, Scalar, fold
@@ -206,7 +210,16 @@ class ExprChecker:
             self._arity(e, 1)
             x = self._scalar(args[0], scope, ctx)
             self._no_storage(x, e.span)
-            floats_only = f in ("floor", "ceil", "round", "trunc", "sqrt", "isnan", "isinf", "isfinite")
+            floats_only = f in (
+                "floor",
+                "ceil",
+                "round",
+                "trunc",
+                "sqrt",
+                "isnan",
+                "isinf",
+                "isfinite",
+            )
             if floats_only and x.lit:
                 x = self._coerce(x, F32, e.span)
             if floats_only and not x.dtype.is_float:
@@ -278,10 +291,14 @@ class ExprChecker:
         stream = 0
         if len(e.args) == want + 1:
             s = self._scalar(e.args[-1], scope, ctx)
-            if not isinstance(s.expr, ir.Const) or not s.dtype.is_int or not 0 <= int(
-                s.expr.value
-            ) < 65536:
-                raise self.err("the stream number must be a constant in [0, 65535]", e.args[-1].span)
+            if (
+                not isinstance(s.expr, ir.Const)
+                or not s.dtype.is_int
+                or not 0 <= int(s.expr.value) < 65536
+            ):
+                raise self.err(
+                    "the stream number must be a constant in [0, 65535]", e.args[-1].span
+                )
             stream = int(s.expr.value)
         if e.func == "urand":
             return Scalar(ir.Rand("bits", c, stream, U32))
@@ -326,6 +343,9 @@ class ExprChecker:
         if not isinstance(body, ast.Block):
             return self._scalar(body, scope, ctx)
         stmts = body.stmts
+        for s in stmts[:-1]:
+            if isinstance(s, ast.Return):
+                raise self.err("`return` must be the last statement of its block", s.span)
         if not stmts or not isinstance(stmts[-1], ast.Return):
             raise self.err(f"{what} must end with a return statement", body.span)
         for s in stmts[:-1]:

@@ -26,6 +26,12 @@ _SIGS = {
 }
 
 
+def fold_deep(e: ir.Expr) -> ir.Expr:
+    from hipress.compll.check_body import fold_deep as _fd
+
+    return _fd(e)
+
+
 def _same_length(a: ir.Expr, b: ir.Expr) -> bool:
     from hipress.compll.check_body import same_length
 
@@ -81,7 +87,7 @@ class ParallelChecker:
                     bits = expect.bits
                     mask = ir.Const((1 << bits) - 1, U8)
                     val = ir.Cast(rv.expr, U8) if rv.dtype != U8 else rv.expr
-                    fn = self._with_result(fn, ir.Binary("band", val, mask, U8))
+                    fn = self._with_result(fn, fold_deep(ir.Binary("band", val, mask, U8)))
                 else:
                     fn = self._with_result(fn, self._coerce(rv, expect.dtype, a[1].span).expr)
             dt = fn.result.dtype
@@ -109,9 +115,7 @@ class ParallelChecker:
                 ctx.ops.append(ir.Filter(idx_name, cnt_name, length, bound, fn))
             else:
                 ctx.ops.append(ir.TopK(idx_name, cnt_name, length, bound, fn))
-            return Tuple_(
-                (Array(idx_name, ArrayType(I32, bound)), Scalar(ir.Ref(cnt_name, I64)))
-            )
+            return Tuple_((Array(idx_name, ArrayType(I32, bound)), Scalar(ir.Ref(cnt_name, I64))))
         if f == "sort":
             length, fn = self._source(e, a, scope, ctx)
             dt = fn.result.dtype
@@ -158,9 +162,7 @@ class ParallelChecker:
     def _op_name(self, e: ast.Call, allowed: tuple[str, ...]) -> str:
         if not e.args or not isinstance(e.args[0], ast.Name) or e.args[0].id not in allowed:
             span = e.args[0].span if e.args else e.span
-            raise self.err(
-                f"`{e.func}` needs an operator first, one of {', '.join(allowed)}", span
-            )
+            raise self.err(f"`{e.func}` needs an operator first, one of {', '.join(allowed)}", span)
         return e.args[0].id
 
     def _source(
@@ -230,10 +232,12 @@ class ParallelChecker:
         ctx.ops.append(ir.SegReduce(name, op, length, seg, fn, dt))
         # ceil(length / seg) with seg >= 1
         one = ir.Const(1, I64)
-        segs = ir.Binary("div", ir.Binary("sub", ir.Binary("add", length, seg, I64), one, I64),
-                         ir.Binary("max", seg, one, I64), I64)
-        from hipress.compll.check_body import fold_deep
-
+        segs = ir.Binary(
+            "div",
+            ir.Binary("sub", ir.Binary("add", length, seg, I64), one, I64),
+            ir.Binary("max", seg, one, I64),
+            I64,
+        )
         return Array(name, ArrayType(dt, fold_deep(segs)))
 
     def _scatter(self, e: ast.Call, scope: Scope, ctx: _Ctx, hint: str) -> Value:
@@ -267,8 +271,10 @@ class ParallelChecker:
             c = self._scalar(a[3], scope, ctx)
             if not c.dtype.is_int:
                 raise self.err(f"scatter count must be an integer, got {c.dtype}", a[3].span)
-            count = self._coerce(c, I64, a[3].span).expr if c.lit else (
-                c.expr if c.dtype == I64 else ir.Cast(c.expr, I64)
+            count = (
+                self._coerce(c, I64, a[3].span).expr
+                if c.lit
+                else (c.expr if c.dtype == I64 else ir.Cast(c.expr, I64))
             )
         else:
             count = idx.type.length

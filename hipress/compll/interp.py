@@ -152,7 +152,9 @@ def _segreduce(op: ir.SegReduce, env: Env, n: int) -> torch.Tensor:
     if op.op in ("count", "sum") and not dt.is_float:
         v = v.to(torch.int64)
     pad = nseg * seg - length
-    fill = _identity(op.op if op.op != "count" else "sum", dt if op.op != "count" else I64, env.device)
+    fill = _identity(
+        op.op if op.op != "count" else "sum", dt if op.op != "count" else I64, env.device
+    )
     if op.op == "absmax":
         fill = semantics.const(0, dt, env.device)
     rows = torch.cat([v, fill.to(v.dtype).expand(pad)]).reshape(nseg, seg)

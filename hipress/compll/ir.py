@@ -346,8 +346,7 @@ def show_op(op: Op) -> str:
         return f"{op.name}: {op.dtype}[{show_expr(op.length)}] = sort({_show_lambda(op.key)})"
     if isinstance(op, Scan):
         return (
-            f"{op.name}: {op.dtype}[{show_expr(op.length)}] = scan_{op.op}("
-            f"{_show_lambda(op.fn)})"
+            f"{op.name}: {op.dtype}[{show_expr(op.length)}] = scan_{op.op}({_show_lambda(op.fn)})"
         )
     if isinstance(op, Scatter):
         base = op.base if op.base is not None else f"zeros({show_expr(op.length)})"

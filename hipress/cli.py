@@ -1,0 +1,151 @@
+"""The ``hipress`` command line. Owns all output; the library only logs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from hipress.compll import CllError, algorithms, load, load_file
+from hipress.compll.check import check_source, param_variants
+from hipress.compll.ir import show_program
+from hipress.compll.parse import parse
+from hipress.compll.source import SourceFile
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    src = SourceFile.read(args.file)
+    module = parse(src)
+    prog = check_source(src)
+    variants = param_variants(module)
+    for v in variants:
+        check_source(src, v)
+    print(
+        f"{args.file}: ok: algorithm {prog.name}, {len(prog.params)} parameter(s), "
+        f"payload {len(prog.payload)} field(s); checked defaults and {len(variants)} "
+        "parameter variant(s)"
+    )
+    return 0
+
+
+def _parse_params(items: Sequence[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in items:
+        if "=" not in item:
+            raise CllError(f"--param expects NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        low = v.strip().lower()
+        val: object
+        if low in ("true", "false"):
+            val = low == "true"
+        else:
+            try:
+                val = int(v)
+            except ValueError:
+                try:
+                    val = float(v)
+                except ValueError:
+                    raise CllError(f"--param {k}: {v!r} is not a number or bool") from None
+        out[k.strip()] = val
+    return out
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    params = _parse_params(args.param)
+    alg = load_file(args.file, backend="reference", **params)
+    if args.ir or not (args.layout):
+        print(show_program(alg.program))
+    if args.layout:
+        from hipress.compll.payload import layout
+
+        fields, total = layout(alg.program, args.n)
+        print(f"payload layout for n={args.n}: {total} bytes")
+        for f in fields:
+            print(
+                f"  {f.name:<12} offset {f.offset:>10}  bytes {f.nbytes:>10}  elements {f.length}"
+            )
+    return 0
+
+
+def _cmd_algorithms(args: argparse.Namespace) -> int:
+    rows = []
+    for name in algorithms():
+        alg = load(name, backend="reference")
+        params = ", ".join(f"{k}={v!r}" for k, v in alg.params.items()) or "-"
+        ef = "yes" if "residual" in {s.name for s in alg.program.state} else "no"
+        bits = alg.bits_per_element(args.n)
+        rows.append((name, f"{bits:.3f}", ef, params, alg.doc))
+    head = ("algorithm", f"bits/elem (n={args.n})", "EF", "parameters", "description")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=False)) + "  " + head[4])
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+    return 0
+
+
+# Subcommands owned by other parts register here: (module, function adding the parser).
+_EXTENSIONS: tuple[tuple[str, str], ...] = (
+    ("hipress.compll.cli_codegen", "add_parsers"),
+    ("hipress.secopa.cli", "add_parsers"),
+    ("hipress.casync.cli", "add_parsers"),
+    ("hipress.demo.cli", "add_parsers"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hipress",
+        description="Compression-aware data-parallel training: CompLL, SeCoPa, CaSync.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("check", help="check a .cll file (all parameter variants)")
+    c.add_argument("file")
+    c.set_defaults(func=_cmd_check)
+
+    s = sub.add_parser("show", help="print a .cll file's IR or payload layout")
+    s.add_argument("file")
+    s.add_argument("--ir", action="store_true", help="print the IR (default)")
+    s.add_argument("--layout", action="store_true", help="print the payload layout")
+    s.add_argument("-n", type=int, default=1000, help="element count for --layout")
+    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    s.set_defaults(func=_cmd_show)
+
+    a = sub.add_parser("algorithms", help="list the shipped algorithms")
+    a.add_argument("-n", type=int, default=1 << 20, help="element count for bits/element")
+    a.set_defaults(func=_cmd_algorithms)
+
+    bench = sub.add_parser("bench", help="benchmarks (print a table, write bench/results/*.json)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for mod_name, fn_name in _EXTENSIONS:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        add: Callable[..., None] | None = getattr(mod, fn_name, None)
+        if add is not None:
+            add(sub, bench_sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except CllError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

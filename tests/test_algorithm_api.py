@@ -1,0 +1,81 @@
+"""The Algorithm API: validation, buffers, state and the registry."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from hipress.compll import BackendError, CllError, algorithms, load
+from hipress.compll.state import State
+
+
+def test_registry_lists_shipped_algorithms() -> None:
+    names = algorithms()
+    assert "terngrad" in names and "onebit" in names
+    with pytest.raises(CllError, match="unknown algorithm 'nope'"):
+        load("nope")
+
+
+def test_encode_validates_inputs() -> None:
+    a = load("onebit", backend="reference")
+    st = a.init_state(10)
+    with pytest.raises(TypeError, match="float32/float16/bfloat16"):
+        a.encode(torch.zeros(10, dtype=torch.int32), st)
+    with pytest.raises(ValueError, match="state is for 10 elements"):
+        a.encode(torch.zeros(11), st)
+    with pytest.raises(ValueError, match="out must be a contiguous uint8 tensor"):
+        a.encode(torch.zeros(10), st, out=torch.empty(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="payload must be a 1-D uint8 tensor"):
+        a.decode(torch.zeros(3, dtype=torch.uint8), 10)
+    with pytest.raises(BackendError, match="unknown or unavailable backend"):
+        load("onebit", backend="tpu")
+
+
+def test_out_buffers_are_used_and_accumulate() -> None:
+    a = load("terngrad", backend="reference", stochastic=False)
+    g = torch.randn(100)
+    st = a.init_state(100)
+    buf = torch.empty(a.payload_nbytes(100), dtype=torch.uint8)
+    p = a.encode(g, st, out=buf)
+    assert p is buf
+    out = torch.ones(100)
+    a.decode(p, 100, out=out, accumulate=True)
+    assert torch.allclose(out, a.decode(p, 100) + 1)
+
+
+def test_multidim_and_half_inputs() -> None:
+    a = load("onebit", backend="reference")
+    g = torch.randn(4, 5)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        st = a.init_state(20)
+        p = a.encode(g.to(dt), st)
+        assert a.decode(p, 20).shape == (20,)
+
+
+def test_state_dict_roundtrip_and_pickle() -> None:
+    a = load("onebit", backend="reference")
+    g = torch.randn(50)
+    st = a.init_state(50, seed=3, tensor_id=9)
+    a.encode(g, st)
+    sd = st.state_dict()
+    st2 = a.init_state(50)
+    st2.load_state_dict(pickle.loads(pickle.dumps(sd)))
+    assert st2.step == 1 and st2.seed == 3 and st2.tensor_id == 9
+    assert torch.equal(a.encode(g, st), a.encode(g, st2))
+    with pytest.raises(ValueError, match="state is for 50 elements"):
+        a.init_state(49).load_state_dict(sd)
+    assert isinstance(pickle.loads(pickle.dumps(st)), State)
+
+
+def test_stochastic_rounding_depends_on_step_seed_and_tensor() -> None:
+    a = load("terngrad", backend="reference")
+    g = torch.randn(1000)
+    ref = a.encode(g, a.init_state(1000))
+    assert torch.equal(ref, a.encode(g, a.init_state(1000)))
+    for kw in ({"seed": 1}, {"tensor_id": 1}):
+        assert not torch.equal(ref, a.encode(g, a.init_state(1000, **kw)))
+    st = a.init_state(1000)
+    a.encode(g, st)
+    assert not torch.equal(ref, a.encode(g, st))

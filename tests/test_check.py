@@ -1,0 +1,196 @@
+"""Checker/elaborator: typing rules, folding, control flow merging, fn inlining, parameters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hipress.compll import CllParamError, CllTypeError, ir, load_source
+from hipress.compll.check import check_source, param_variants
+from hipress.compll.parse import parse
+from hipress.compll.source import SourceFile
+from hipress.compll.types import F32, I64, U8, U32
+
+
+def prog(body: str, payload: str = "q: f32[n];", decode: str = "return p.q;", head: str = ""):
+    text = f"algorithm t;\n{head}\npayload {{ {payload} }}\nencode(g) {{ {body} }}\ndecode(p) {{ {decode} }}"
+    return check_source(SourceFile("t.cll", text))
+
+
+def run(body: str, g: torch.Tensor, **kw) -> torch.Tensor:
+    text = (
+        f"algorithm t;\n{kw.get('head', '')}\npayload {{ q: f32[n]; }}\n"
+        f"encode(g) {{ {body} }}\ndecode(p) {{ return p.q; }}"
+    )
+    a = load_source(SourceFile("t.cll", text), backend="reference")
+    st = a.init_state(g.numel())
+    return a.decode(a.encode(g, st), g.numel())
+
+
+def test_params_fold_to_constants() -> None:
+    p = prog(
+        "let k = f32((1 << bits) - 1); return concat(map(n, i => g[i] * k));",
+        head="param bits: u32 in {1, 2, 4, 8} = 4;",
+    )
+    m = p.encode.ops[0]
+    assert isinstance(m, ir.Map)
+    assert m.fn.result == ir.Binary(
+        "mul", ir.Load("g", m.fn.params[0], F32), ir.Const(15.0, F32), F32
+    )
+
+
+def test_literals_adapt_and_default() -> None:
+    p = prog("let a = 1; let b = 2.5; let c = n * 2; return concat(map(n, i => g[i] * b));")
+    m = next(o for o in p.encode.ops if isinstance(o, ir.Map))
+    assert m.fn.result.b == ir.Const(2.5, F32)
+    # c = n * 2 is a host let of type i64
+    lets = [o for o in p.encode.ops if isinstance(o, ir.Let)]
+    assert lets[0].value.dtype == I64
+
+
+def test_constant_params_coerce_when_they_fit() -> None:
+    p = prog(
+        "let x: u8 = bits; return concat(map(n, i => g[i] * f32(x)));",
+        head="param bits: u32 in [1, 8] = 3;",
+    )
+    assert p.encode.ops[0].fn.result.b == ir.Const(3.0, F32)
+
+
+def test_if_else_merges_with_select() -> None:
+    g = torch.tensor([1.0, -2.0, 3.0, -4.0])
+    body = """
+        let q = map(n, i => {
+            var y = g[i];
+            if (y < 0.0) { y = -y * 10.0; } else if (y > 2.0) { y = 0.0; }
+            return y;
+        });
+        return concat(q);"""
+    assert torch.equal(run(body, g), torch.tensor([1.0, 20.0, 0.0, 40.0]))
+
+
+def test_host_var_and_if() -> None:
+    g = torch.tensor([1.0, 2.0, 3.0])
+    body = """
+        var s = reduce(sum, g);
+        if (s > 5.0) { s = s * 2.0; }
+        return concat(map(n, i => s));"""
+    assert torch.equal(run(body, g), torch.full((3,), 12.0))
+
+
+def test_fn_inlining_and_scoping() -> None:
+    g = torch.tensor([1.0, -2.0])
+    head = "fn twice(x: f32) -> f32 { let y = x + x; return y; }"
+    body = "let y = 7.0; return concat(map(n, i => twice(g[i]) + y));"
+    assert torch.equal(run(body, g, head=head), torch.tensor([9.0, 3.0]))
+
+
+def test_fn_cannot_see_caller_locals() -> None:
+    with pytest.raises(CllTypeError, match="unknown name `secret`"):
+        prog(
+            "let secret = 1.0; return concat(map(n, i => f(g[i])));",
+            head="fn f(x: f32) -> f32 { return x + secret; }",
+        )
+
+
+def test_lambda_cannot_assign_host_var() -> None:
+    with pytest.raises(CllTypeError, match="cannot assign to `s`"):
+        prog("var s = 0.0; let q = map(n, i => { s = 1.0; return g[i]; }); return concat(q);")
+
+
+def test_packed_store_masks_values() -> None:
+    p = prog(
+        "let q: uint<2>[n] = map(n, i => 7); return concat(q);",
+        payload="q: uint<2>[n];",
+        decode="return map(n, i => f32(p.q[i]));",
+    )
+    m = p.encode.ops[0]
+    assert m.type.bits == 2
+    assert m.fn.result == ir.Const(3, U8)  # 7 & 3, folded
+
+
+def test_state_assignment_and_types() -> None:
+    text = """algorithm t; state r: f32[n]; state k: i64;
+    payload { q: f32[n]; }
+    encode(g) { r = map(n, i => g[i] + r[i]); k = k + 1; return concat(r); }
+    decode(p) { return p.q; }"""
+    p = check_source(SourceFile("t.cll", text))
+    stores = [o for o in p.encode.ops if isinstance(o, ir.StoreState)]
+    assert [s.state for s in stores] == ["r", "k"]
+    a = load_source(SourceFile("t.cll", text), backend="reference")
+    st = a.init_state(3)
+    a.encode(torch.ones(3), st)
+    a.encode(torch.ones(3), st)
+    assert torch.equal(st.tensors["r"], torch.full((3,), 2.0))
+    assert int(st.tensors["k"]) == 2
+    assert st.step == 2
+
+
+def test_state_type_mismatch() -> None:
+    with pytest.raises(CllTypeError, match="expected f32, got i64"):
+        check_source(
+            SourceFile(
+                "t.cll",
+                """algorithm t; state r: f32[n]; payload { a: f32; }
+        encode(g) { r = map(n, i => i); return concat(1.0); } decode(p) { return map(n, i => p.a); }""",
+            )
+        )
+
+
+SRC = """algorithm t;
+param ratio: f64 in [0.0, 1.0] = 0.5;
+param bits: u32 in {1, 2, 4, 8} = 2;
+param flag: bool = true;
+const k = max(1, i64(ceil(f64(n) * ratio)));
+payload { q: uint<bits>[n]; v: f32[k]; }
+encode(g) { let q: uint<bits>[n] = map(n, i => 0); let v = map(k, j => g[j]); return concat(q, v); }
+decode(p) { return map(n, i => f32(p.q[i])); }"""
+
+
+def test_param_values_validated() -> None:
+    src = SourceFile("t.cll", SRC)
+    cases = [
+        ({"ratio": 1.5}, "`ratio` = 1.5 is outside its allowed values [0.0, 1.0]"),
+        ({"bits": 3}, "`bits` = 3 is outside its allowed values {1, 2, 4, 8}"),
+        ({"bits": 2.5}, "must be an integer"),
+        ({"flag": 1}, "must be a bool"),
+        ({"ratio": "x"}, "must be a number"),
+        ({"bits": True}, "must be an integer"),
+        ({"nope": 1}, "unknown parameter `nope` (this algorithm's parameters: bits, flag, ratio)"),
+    ]
+    for params, msg in cases:
+        with pytest.raises(CllParamError) as info:
+            check_source(src, params)
+        assert msg in str(info.value)
+        assert str(info.value).startswith("t.cll")
+
+
+def test_param_variants_cover_sets_and_ranges() -> None:
+    src = SourceFile("t.cll", SRC)
+    variants = param_variants(parse(src))
+    assert {"bits": 8} in variants and {"ratio": 0.0} in variants and {"ratio": 1.0} in variants
+    for v in variants:
+        check_source(src, v)
+
+
+def test_const_sizes_evaluate() -> None:
+    a = load_source(SourceFile("t.cll", SRC), backend="reference", ratio=0.1, bits=4)
+    # q: ceil(n*4/8) bytes at offset 0, v: k floats at the next multiple of 8
+    n = 1000
+    k = 100
+    assert a.payload_nbytes(n) == ((n * 4 // 8 + 7) // 8 * 8) + ((k * 4 + 7) // 8 * 8)
+
+
+def test_random_is_u32_and_typed() -> None:
+    p = prog("let q = map(n, i => f32(urand(i) >> 8) + uniform(i, 3)); return concat(q);")
+    e = p.encode.ops[0].fn.result
+    assert e.a.x.a.dtype == U32
+    assert e.b == ir.Rand("uniform", p.encode.ops[0].fn.params[0], 3, F32)
+
+
+def test_digest_changes_with_params_only_when_program_changes() -> None:
+    src = SourceFile("t.cll", SRC)
+    d1 = check_source(src).digest()
+    assert check_source(src, {"bits": 2}).digest() == d1
+    assert check_source(src, {"bits": 4}).digest() != d1
+    commented = SourceFile("t.cll", "// a comment\n" + SRC)
+    assert check_source(commented).digest() == d1

@@ -1,0 +1,53 @@
+"""The hipress CLI (run as a real subprocess where output matters)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hipress.cli import main
+from hipress.compll import shipped_path
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hipress", *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_check_ok_and_error(tmp_path: Path) -> None:
+    r = _run("check", str(shipped_path("terngrad")))
+    assert r.returncode == 0 and "ok: algorithm terngrad" in r.stdout
+    bad = tmp_path / "bad.cll"
+    bad.write_text(
+        "algorithm x;\npayload { a: f32; }\nencode(g) { return concat(zz); }\n"
+        "decode(p) { return map(n, i => p.a); }\n"
+    )
+    r = _run("check", str(bad))
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"{bad}:3:27: error: unknown name `zz`")
+    assert "Traceback" not in r.stderr
+    r = _run("check", str(tmp_path / "missing.cll"))
+    assert r.returncode == 1 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_show_ir_and_layout(capsys) -> None:
+    assert main(["show", str(shipped_path("terngrad")), "--ir", "--param", "bitwidth=4"]) == 0
+    out = capsys.readouterr().out
+    assert "param bitwidth = 4" in out and "q: uint<4>[n] = map(" in out
+    assert main(["show", str(shipped_path("onebit")), "--layout", "-n", "9"]) == 0
+    out = capsys.readouterr().out
+    assert "payload layout for n=9: 24 bytes" in out
+
+
+def test_algorithms_table(capsys) -> None:
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    assert "terngrad" in out and "2.000" in out
+
+
+def test_bad_param_is_reported(capsys) -> None:
+    assert main(["show", str(shipped_path("terngrad")), "--param", "bitwidth=3"]) == 1
+    err = capsys.readouterr().err
+    assert "`bitwidth` = 3 is outside its allowed values {1, 2, 4, 8}" in err
