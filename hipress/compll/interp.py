@@ -69,10 +69,8 @@ def _eval(e: ir.Expr, env: Env) -> torch.Tensor:
 
 
 def _apply(fn: ir.Lambda, args: list[torch.Tensor], env: Env, length: int) -> torch.Tensor:
-    saved = {}
     for p, a in zip(fn.params, args, strict=True):
-        saved[p.name] = a
-    env.scalars.update(saved)
+        env.scalars[p.name] = a
     for name, value in fn.lets:
         env.scalars[name] = _eval(value, env)
     out = _eval(fn.result, env)
@@ -107,13 +105,11 @@ def _reduce(op: ir.Reduce, env: Env) -> torch.Tensor:
         init = _eval(op.init, env)
         if length == 0:
             return init
-        a, b = op.combine.params
+        # pairwise tree: the contract is associativity and commutativity with init an identity
         while v.shape[0] > 1:
             if v.shape[0] % 2:
                 v = torch.cat([v, init.reshape(1).to(v.dtype)])
-            env.scalars[a.name], env.scalars[b.name] = v[0::2], v[1::2]
             v = _apply(op.combine, [v[0::2], v[1::2]], env, v.shape[0] // 2)
-        env.scalars[a.name], env.scalars[b.name] = init, v[0]
         return _apply(op.combine, [init, v[0]], env, 1).reshape(())
     if length == 0:
         return _identity(op.op, op.dtype, env.device)
