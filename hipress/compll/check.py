@@ -240,6 +240,8 @@ class Elaborator(BodyChecker):
             v = self._coerce(v, t, e.span)
         if not isinstance(v.expr, ir.Const) or ctx.ops:
             raise self.err("expected a constant expression", e.span)
+        if t == F32:  # bounds, defaults and values are all compared as f32
+            return float(torch.tensor(float(v.expr.value), dtype=torch.float32).item())
         return v.expr.value
 
     def _const(self, d: ast.ConstDecl, top: Scope) -> Scalar:

@@ -248,6 +248,18 @@ def _convert(c: ir.Const, dst: DType) -> ir.Const:
     return ir.Const(int(c.value), dst)
 
 
+def _retype_literal(e: ir.Expr, t: DType) -> ir.Expr | None:
+    """Give an expression built only from literals (e.g. ``c ? 1 : 0``) the type ``t``."""
+    if isinstance(e, ir.Const):
+        return _convert(e, t) if _representable(e, t, True) else None
+    if isinstance(e, ir.Select):
+        a, b = _retype_literal(e.a, t), _retype_literal(e.b, t)
+        if a is None or b is None:
+            return None
+        return ir.Select(e.cond, a, b, t)
+    return None
+
+
 class BodyChecker(ExprChecker, ParallelChecker):
     """Statements and expressions. Expects ``err``, ``fresh``, ``_type``, ``_size``, ``top``,
     ``fns`` and ``fn_stack`` from :class:`hipress.compll.check.Elaborator`."""
@@ -278,6 +290,10 @@ class BodyChecker(ExprChecker, ParallelChecker):
             return Scalar(v.expr)
         if isinstance(v.expr, ir.Const) and _representable(v.expr, t, v.lit):
             return Scalar(_convert(v.expr, t))
+        if v.lit:
+            retyped = _retype_literal(v.expr, t)
+            if retyped is not None:
+                return Scalar(retyped)
         raise self.err(f"expected {t}, got {v.dtype}; convert explicitly, e.g. {t}(...)", span)
 
     def _concrete(self, v: Scalar) -> Scalar:

@@ -147,13 +147,16 @@ def _segreduce(op: ir.SegReduce, env: Env, n: int) -> torch.Tensor:
         v = semantics.unary("abs", v, dt)
     if op.op in ("count", "sum") and not dt.is_float:
         v = v.to(torch.int64)
-    pad = nseg * seg - length
-    fill = _identity(
-        op.op if op.op != "count" else "sum", dt if op.op != "count" else I64, env.device
-    )
-    if op.op == "absmax":
-        fill = semantics.const(0, dt, env.device)
-    rows = torch.cat([v, fill.to(v.dtype).expand(pad)]).reshape(nseg, seg)
+    full = length // seg
+    parts = []
+    if full:
+        parts.append(_segrows(op, v[: full * seg].reshape(full, seg), dt))
+    if full < nseg:  # the short last segment, reduced on its own (cost O(length), not O(seg))
+        parts.append(_segrows(op, v[full * seg :].reshape(1, -1), dt))
+    return torch.cat(parts)
+
+
+def _segrows(op: ir.SegReduce, rows: torch.Tensor, dt: DType) -> torch.Tensor:
     if op.op == "sum":
         if dt.is_float:
             return rows.to(torch.float64).sum(1).to(torch_compute_dtype(op.dtype))

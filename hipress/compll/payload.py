@@ -49,6 +49,12 @@ def layout(prog: ir.Program, n: int) -> tuple[list[FieldLayout], int]:
     return out, off
 
 
+# Every NaN is stored as the positive quiet NaN, so payload bytes do not depend on how a backend
+# propagates NaN payload bits.
+CANONICAL_NAN = {"f16": 0x7E00, "bf16": 0x7FC0, "f32": 0x7FC00000, "f64": 0x7FF8000000000000}
+_SAME_WIDTH_INT = {16: torch.int16, 32: torch.int32, 64: torch.int64}
+
+
 def _to_bytes(v: torch.Tensor, dt: DType) -> torch.Tensor:
     v = v.reshape(-1)
     if dt.is_int:
@@ -56,7 +62,9 @@ def _to_bytes(v: torch.Tensor, dt: DType) -> torch.Tensor:
         return torch.stack(parts, dim=1).reshape(-1).to(torch.uint8)
     if dt.is_bool:
         return v.to(torch.uint8)
-    return v.to(torch_storage_dtype(dt)).contiguous().view(torch.uint8)
+    bits = v.to(torch_storage_dtype(dt)).contiguous().view(_SAME_WIDTH_INT[dt.bits]).clone()
+    bits[torch.isnan(v)] = CANONICAL_NAN[dt.name]
+    return bits.view(torch.uint8)
 
 
 def _from_bytes(b: torch.Tensor, dt: DType) -> torch.Tensor:
