@@ -219,17 +219,16 @@ class Algorithm:
 
 
 def _backends() -> dict[str, BackendFactory]:
-    return {"reference": ReferenceBackend}
+    """Backend name -> constructor (see :mod:`hipress.compll.backends`)."""
+    from hipress.compll.backends import factories
+
+    return factories()
 
 
 def _resolve_backend(name: str, program: ir.Program) -> Backend:
-    table = _backends()
-    if name == "auto":
-        name = "reference"
-    if name not in table:
-        known = ", ".join(["auto", *table])
-        raise BackendError(f"unknown or unavailable backend {name!r} (available: {known})")
-    return table[name](program)
+    from hipress.compll.backends import resolve_backend
+
+    return resolve_backend(name, program)
 
 
 @lru_cache(maxsize=128)

@@ -1,0 +1,208 @@
+"""Convergence under compression: the same data-parallel training job (a word-level LSTM LM on
+the standard library's sources, N workers, a fixed number of epochs) run uncompressed and with
+every shipped algorithm (each with its own error feedback, where it has one); final next-word
+accuracy on held-out text side by side.
+
+    results = run_convergence(ConvergenceOptions(workers=4, epochs=2))
+
+The network does not change what is computed, so the workers talk over loopback. Every run starts
+from the same weights and sees the same batches in the same order; only the gradient exchange
+differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipress.bench.models import LSTMLM, load_corpus
+from hipress.netsim import LoopbackNetwork, run_in_network
+
+__all__ = ["ConvergenceOptions", "convergence_markdown", "run_convergence"]
+
+logger = logging.getLogger(__name__)
+
+UNCOMPRESSED = "uncompressed"
+
+
+@dataclass(frozen=True)
+class ConvergenceOptions:
+    """The job: ``workers`` ranks, ``epochs`` passes over ``train_tokens`` tokens in windows of
+    ``bptt``, ``batch`` windows per rank per step, SGD (``lr``, ``momentum``, gradient norm
+    clipped to ``clip``), a ``vocab``-word vocabulary; accuracy on ``eval_tokens`` held-out
+    tokens. ``algorithms``: names, or ("all",) for every shipped one. ``plan``: CaSync's plan
+    ("auto", a file, or None for its default rule)."""
+
+    workers: int = 4
+    algorithms: tuple[str, ...] = ("all",)
+    epochs: int = 2
+    plan: str | None = None
+    threads: int = 1
+    batch: int = 8
+    bptt: int = 32
+    vocab: int = 8192
+    train_tokens: int = 160_000
+    eval_tokens: int = 16_384
+    lr: float = 0.5
+    momentum: float = 0.9
+    clip: float = 1.0
+    timeout: float = 3600.0
+
+    def resolved_algorithms(self) -> list[str]:
+        """The algorithm names to run (``all`` expanded to every shipped algorithm)."""
+        if self.algorithms == ("all",):
+            from hipress.compll import algorithms
+
+            return list(algorithms())
+        return list(self.algorithms)
+
+
+def _model(vocab: int) -> LSTMLM:
+    torch.manual_seed(0)
+    return LSTMLM(vocab, emb=128, hidden=256, layers=1, cutoffs=(1000, 4000))
+
+
+def _windows(ids: torch.Tensor, bptt: int) -> torch.Tensor:
+    n = (len(ids) - 1) // bptt
+    return torch.stack([ids[i * bptt : i * bptt + bptt + 1] for i in range(n)])
+
+
+@torch.no_grad()
+def _evaluate(model: LSTMLM, windows: torch.Tensor) -> tuple[float, float]:
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    for chunk in windows.split(64):
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        correct += int((model.predict(x) == y).sum())
+        loss_sum += float(model(x, y)) * y.numel()
+        total += y.numel()
+    model.train()
+    return correct / total, loss_sum / total
+
+
+def _train(
+    rank: int,
+    world_size: int,
+    data: dict[str, Any],
+    algorithm: str | None,
+    opts: ConvergenceOptions,
+) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _model(data["vocab"])
+    ddp = DDP(model)
+    if algorithm is not None:
+        import hipress.casync
+
+        hipress.casync.register(ddp, algorithm=algorithm, plan=opts.plan)
+    opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr, momentum=opts.momentum)
+    train = _windows(data["train"], opts.bptt)
+    per_step = world_size * opts.batch
+    steps_per_epoch = len(train) // per_step
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    for epoch in range(opts.epochs):
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(epoch))
+        for s in range(steps_per_epoch):
+            idx = order[s * per_step : (s + 1) * per_step][rank::world_size]
+            chunk = train[idx]
+            loss = ddp(chunk[:, :-1], chunk[:, 1:])
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip)
+            opt.step()
+            losses.append(float(loss.detach()))
+    seconds = time.perf_counter() - t0
+    dist.barrier()
+    out: dict[str, Any] = {"seconds": seconds, "steps": len(losses), "train_loss": losses[-1]}
+    if rank == 0:
+        acc, vloss = _evaluate(model, _windows(data["valid"], opts.bptt))
+        out.update(accuracy=acc, valid_loss=vloss)
+        finite = all(torch.isfinite(p).all() for p in model.parameters())
+        out["finite"] = bool(finite)
+    return out
+
+
+def _has_ef(name: str) -> bool:
+    from hipress.compll import load
+
+    return "residual" in {s.name for s in load(name, backend="reference").program.state}
+
+
+def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str, Any]:
+    """Train uncompressed, then with each algorithm; returns ``{"meta", "rows"}`` where each row
+    has ``algorithm``, ``error_feedback``, ``accuracy``, ``valid_loss``, ``delta_points`` (accuracy
+    minus uncompressed, in points) and ``seconds``, or ``error``."""
+    corpus = load_corpus(opts.vocab, 1 << 20)
+    data = {
+        "vocab": corpus.vocab_size,
+        "train": corpus.train[: opts.train_tokens].clone(),
+        "valid": corpus.valid[: opts.eval_tokens].clone(),
+    }
+    net = LoopbackNetwork(opts.workers, "convergence does not depend on the network")
+    rows: list[dict[str, Any]] = []
+    for name in [UNCOMPRESSED, *opts.resolved_algorithms()]:
+        if progress is not None:
+            progress(f"convergence | {name}")
+        alg = None if name == UNCOMPRESSED else name
+        row: dict[str, Any] = {
+            "algorithm": name,
+            "error_feedback": None if alg is None else _has_ef(alg),
+        }
+        try:
+            res = run_in_network(
+                net, _train, data, alg, opts, timeout=opts.timeout, threads=opts.threads
+            )
+            row.update(res[0])
+        except Exception as exc:  # one failing algorithm is a result, not a crash
+            logger.error("convergence: %s failed: %s", name, exc)
+            row["error"] = str(exc)[-2000:]
+        rows.append(row)
+        if progress is not None and "accuracy" in row:
+            progress(f"    accuracy {100 * row['accuracy']:.2f}%")
+    base = rows[0].get("accuracy")
+    for r in rows:
+        if base is not None and "accuracy" in r:
+            r["delta_points"] = 100 * (r["accuracy"] - base)
+    meta = {
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "task": "word-level LSTM LM (adaptive softmax) on Python stdlib sources",
+        **{k: v for k, v in vars(opts).items() if k != "algorithms"},
+    }
+    return {"meta": meta, "rows": rows}
+
+
+def convergence_markdown(results: dict[str, Any]) -> str:
+    """A markdown table of :func:`run_convergence`'s results."""
+    m = results["meta"]
+    out = [
+        "# Convergence under compression",
+        "",
+        f"{m['task']}: {m['workers']} workers, {m['epochs']} epoch(s) over {m['train_tokens']} "
+        f"tokens, {m['batch']} x {m['bptt']}-token windows per worker per step, SGD lr "
+        f"{m['lr']} momentum {m['momentum']}, clip {m['clip']}; next-word accuracy on "
+        f"{m['eval_tokens']} held-out tokens. CaSync plan: {m['plan'] or 'default rule'}. "
+        f"{m['date']}. Command: `{m.get('command', '?')}`",
+        "",
+        "| algorithm | EF | accuracy % | vs uncompressed (points) | valid loss | train s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in results["rows"]:
+        ef = {None: "-", True: "yes", False: "no"}[r["error_feedback"]]
+        if "accuracy" not in r:
+            err = r.get("error", "no result").strip().splitlines()[-1][:160]
+            out.append(f"| {r['algorithm']} | {ef} | failed: {err} | | | |")
+            continue
+        d = r.get("delta_points")
+        out.append(
+            f"| {r['algorithm']} | {ef} | {100 * r['accuracy']:.2f} | "
+            f"{'-' if d is None else f'{d:+.2f}'} | {r['valid_loss']:.3f} | {r['seconds']:.0f} |"
+        )
+    return "\n".join(out) + "\n"

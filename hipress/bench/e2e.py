@@ -1,0 +1,331 @@
+"""End-to-end training throughput on a simulated cluster: every worker in its own network
+namespace with a rate-shaped NIC (:mod:`hipress.netsim`), the same model trained by DDP with
+PyTorch's own hooks (fp32 allreduce, ``fp16_compress_hook``, ``powerSGD_hook``) and by hipress
+(CaSync with each algorithm under its SeCoPa plan), against the model's compute-only rate.
+
+    results = run_matrix(E2EOptions(workers=4, rates_mbit=(1000.0,), models=("lstm-lm",)))
+
+Each configuration runs in fresh worker processes: build the model, wrap it, warm up, then time
+``steps`` steps. Figures per configuration: samples/s (all workers), step time (the best of ``repeats`` rounds), bytes each worker
+put on its wire per step (its NIC's transmit counter, so TCP/IP headers and every collective are
+included), the speedup over each baseline, and the scaling efficiency against the compute-only
+rate (the same N processes training with no gradient exchange at all, i.e. an infinitely fast
+network on the same CPUs; on a 2-core machine N processes share the cores, so comparing with N x
+a lone process would charge CPU sharing to the network).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipress.bench.models import WORKLOADS
+from hipress.bench.report import check_targets
+from hipress.netsim import LoopbackNetwork, Network, open_network, run_in_network
+
+__all__ = ["BASELINES", "Config", "E2EOptions", "configs_for", "run_config", "run_matrix"]
+
+logger = logging.getLogger(__name__)
+
+_ONE_BUCKET_MB = 4096  # powerSGD_hook needs a single DDP bucket on gloo (REFERENCE §2)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to train. ``kind``: "compute" (no gradient exchange), "ddp" (``hook`` is
+    "allreduce", "fp16" or "powersgd") or "hipress" (``algorithm`` under ``plan``)."""
+
+    name: str
+    kind: str
+    hook: str = "allreduce"
+    algorithm: str | None = None
+    plan: str | None = "auto"
+    bucket_cap_mb: float | None = None
+    powersgd_rank: int = 4
+
+    def describe(self) -> str:
+        """One line for tables."""
+        if self.kind == "compute":
+            return "compute only (no gradient exchange)"
+        if self.kind == "ddp":
+            extra = f", rank {self.powersgd_rank}, one bucket" if self.hook == "powersgd" else ""
+            return f"DDP {self.hook}{extra}"
+        return f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"
+
+
+BASELINES = (
+    Config("ddp-fp32", "ddp", "allreduce"),
+    Config("ddp-fp16", "ddp", "fp16"),
+    Config("ddp-powersgd", "ddp", "powersgd", bucket_cap_mb=_ONE_BUCKET_MB),
+)
+COMPUTE = Config("compute-only", "compute")
+
+
+@dataclass(frozen=True)
+class E2EOptions:
+    """What :func:`run_matrix` runs: ``models`` x ``rates_mbit`` (None: unshaped veth) x
+    (compute-only, the baselines, hipress with each of ``algorithms``)."""
+
+    workers: int = 4
+    rates_mbit: tuple[float | None, ...] = (1000.0, 10000.0)
+    models: tuple[str, ...] = ("lstm-lm", "resnet")
+    algorithms: tuple[str, ...] = ("onebit", "tbq", "terngrad", "dgc", "graddrop")
+    plan: str | None = "auto"
+    steps: int = 10
+    warmup: int = 3
+    repeats: int = 2
+    threads: int = 1
+    powersgd_rank: int = 4
+    shaped: bool = True
+    lr: float = 0.05
+    timeout: float = 900.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.models if m not in WORKLOADS]
+        if unknown:
+            raise ValueError(f"unknown model(s) {unknown}; choose from {sorted(WORKLOADS)}")
+        if self.workers < 2:
+            raise ValueError(f"workers must be >= 2, got {self.workers}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.steps < 1 or self.warmup < 3:
+            raise ValueError("steps must be >= 1 and warmup >= 3 (PowerSGD starts at step 2)")
+
+
+def configs_for(opts: E2EOptions) -> list[Config]:
+    """The configurations of one (model, network) cell, compute-only first."""
+    base = [
+        Config(
+            c.name, c.kind, c.hook, bucket_cap_mb=c.bucket_cap_mb, powersgd_rank=opts.powersgd_rank
+        )
+        for c in BASELINES
+    ]
+    ours = [Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan) for a in opts.algorithms]
+    return [COMPUTE, *base, *ours]
+
+
+# ---- the worker ---------------------------------------------------------------------------------
+
+
+def _tx_bytes(iface: str) -> int | None:
+    """Bytes transmitted so far on ``iface`` of this process's network namespace."""
+    with open("/proc/self/net/dev") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name.strip() == iface:
+                return int(rest.split()[8])
+    return None
+
+
+def _wrap(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if cfg.kind == "compute":
+        return model, None
+    kw = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
+    ddp = DDP(model, **kw)  # type: ignore[arg-type]
+    if cfg.kind == "hipress":
+        import hipress.casync
+
+        return ddp, hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=cfg.plan)
+    if cfg.hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif cfg.hook == "powersgd":
+        state = psgd.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=2,
+            use_error_feedback=True,
+            warm_start=True,
+        )
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif cfg.hook != "allreduce":
+        raise ValueError(f"unknown DDP hook {cfg.hook!r}")
+    return ddp, None
+
+
+def _train(
+    rank: int,
+    world_size: int,
+    model_name: str,
+    data: Any,
+    cfg: Config,
+    warmup: int,
+    steps: int,
+    lr: float,
+    iface: str,
+) -> dict[str, Any]:
+    w = WORKLOADS[model_name]
+    t_setup = time.perf_counter()
+    model, state = _wrap(w.build(data), cfg)
+    setup_s = time.perf_counter() - t_setup
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    batches = [w.batch(data, rank, s) for s in range(warmup + steps)]
+    losses: list[float] = []
+
+    def step(i: int) -> None:
+        x, y = batches[i]
+        opt.zero_grad(set_to_none=False)
+        loss = w.loss(model, x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+
+    for i in range(warmup):
+        step(i)
+    dist.barrier()
+    tx0 = _tx_bytes(iface)
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    seconds = time.perf_counter() - t0
+    tx1 = _tx_bytes(iface)
+    dist.barrier()
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "setup_s": setup_s,
+        "tx_bytes": None if tx0 is None or tx1 is None else tx1 - tx0,
+        "losses": losses,
+    }
+    if state is not None:
+        out["casync"] = state.stats.mean()
+        out["compressed_tensors"] = sum(e.compress for e in state.plan.entries)
+        out["tensors"] = len(state.plan.entries)
+    return out
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+
+def run_config(
+    net: Network, model_name: str, data: Any, cfg: Config, opts: E2EOptions
+) -> dict[str, Any]:
+    """Run one configuration on an entered network; returns its figures (see module doc).
+    A configuration that fails returns ``{"error": message}`` instead of raising, so one
+    broken configuration does not lose the others."""
+    w = WORKLOADS[model_name]
+    t = time.perf_counter()
+    try:
+        per_rank = run_in_network(
+            net, _train, model_name, data, cfg, opts.warmup, opts.steps, opts.lr, net.iface,
+            timeout=opts.timeout, threads=opts.threads,
+        )  # fmt: skip
+    except Exception as exc:  # a worker's failure is a result to report, not a crash
+        logger.error("e2e: %s on %s failed: %s", cfg.name, model_name, exc)
+        return {"config": cfg.name, "error": str(exc)[-2000:]}
+    seconds = max(r["seconds"] for r in per_rank)
+    samples = w.batch_size * opts.steps * net.world_size
+    tx = [r["tx_bytes"] for r in per_rank]
+    # loopback's counter is shared with every other process on the machine: not this run's
+    wire = None if isinstance(net, LoopbackNetwork) or None in tx else tx
+    res: dict[str, Any] = {
+        "config": cfg.name,
+        "describe": cfg.describe(),
+        "samples_per_s": samples / seconds,
+        "step_ms": 1000 * seconds / opts.steps,
+        "wire_bytes_per_step": None if wire is None else sum(wire) / len(wire) / opts.steps,
+        "final_loss": sum(r["losses"][-1] for r in per_rank) / len(per_rank),
+        "setup_s": max(r["setup_s"] for r in per_rank),
+        "wall_s": time.perf_counter() - t,
+    }
+    if "casync" in per_rank[0]:
+        res["casync"] = per_rank[0]["casync"]
+        res["compressed_tensors"] = per_rank[0]["compressed_tensors"]
+        res["tensors"] = per_rank[0]["tensors"]
+    logger.info("e2e: %s %s: %.1f samples/s", model_name, cfg.name, res["samples_per_s"])
+    return res
+
+
+def _best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rounds if "samples_per_s" in r]
+    if not ok:
+        return rounds[-1]
+    best = dict(max(ok, key=lambda r: r["samples_per_s"]))
+    best["rounds_samples_per_s"] = [r.get("samples_per_s") for r in rounds]
+    return best
+
+
+def _derive(rows: list[dict[str, Any]]) -> None:
+    by = {r["config"]: r for r in rows if "samples_per_s" in r}
+    compute = by.get(COMPUTE.name)
+    for r in rows:
+        if "samples_per_s" not in r:
+            continue
+        r["speedup"] = {
+            b.name: r["samples_per_s"] / by[b.name]["samples_per_s"]
+            for b in BASELINES
+            if b.name in by
+        }
+        if compute is not None:
+            r["scaling_efficiency"] = r["samples_per_s"] / compute["samples_per_s"]
+
+
+def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
+    """Run every (model, rate) cell; returns ``{"meta": ..., "cells": [...]}`` where each cell
+    has ``model``, ``network`` and ``rows`` (one per configuration, with ``speedup`` over each
+    baseline and ``scaling_efficiency``). ``progress(text)`` is called before each run. Networks
+    are always torn down, also when a run fails or is interrupted."""
+    cells = []
+    for model_name in opts.models:
+        w = WORKLOADS[model_name]
+        data = w.prepare()
+        n_params = sum(p.numel() for p in w.build(data).parameters())
+        if progress is not None:
+            progress(f"{model_name} | one process alone | compute-only")
+        with LoopbackNetwork(1, "one process alone") as solo:
+            alone = run_config(solo, model_name, data, COMPUTE, opts)
+        for rate in opts.rates_mbit:
+            with open_network(opts.workers, rate, shaped=opts.shaped) as net:
+                runs: dict[str, list[dict[str, Any]]] = {}
+                # rounds go over every configuration in turn, so a change in the machine's load
+                # hits all of them alike; each keeps its best round
+                for rnd in range(opts.repeats):
+                    for cfg in configs_for(opts):
+                        if progress is not None:
+                            progress(f"{model_name} | {net.label} | {cfg.name} | round {rnd + 1}")
+                        res = run_config(net, model_name, data, cfg, opts)
+                        runs.setdefault(cfg.name, []).append(res)
+                        if progress is not None and "samples_per_s" in res:
+                            progress(f"    {res['samples_per_s']:.1f} samples/s")
+                rows = [_best(v) for v in runs.values()]
+                _derive(rows)
+                cell = {
+                    "model": model_name,
+                    "kind": w.kind,
+                    "parameters": n_params,
+                    "gradient_bytes": 4 * n_params,
+                    "batch_per_worker": w.batch_size,
+                    "unit": w.unit,
+                    "data": w.data,
+                    "network": net.as_dict(),
+                    "compute_alone_samples_per_s": alone.get("samples_per_s"),
+                    "rows": rows,
+                    "loadavg": os.getloadavg()[0],
+                }
+                cell["targets"] = check_targets(cell)
+                cells.append(cell)
+            if isinstance(net, LoopbackNetwork):
+                break  # every rate is the same unshaped loopback
+    meta = {
+        "torch": torch.__version__,
+        "workers": opts.workers,
+        "steps": opts.steps,
+        "warmup": opts.warmup,
+        "repeats": opts.repeats,
+        "threads_per_worker": opts.threads,
+        "lr": opts.lr,
+        "plan": opts.plan,
+        "powersgd_rank": opts.powersgd_rank,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **opts.extra,
+    }
+    return {"meta": meta, "cells": cells}

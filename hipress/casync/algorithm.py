@@ -1,0 +1,165 @@
+"""The compression-algorithm interface CaSync relies on, and the keys of per-chunk state.
+
+CaSync needs only the CompLL :class:`~hipress.compll.Algorithm` surface described by
+:class:`CompressionAlgorithm`: a static payload size, per-tensor state, ``encode`` and ``decode``
+(with ``accumulate`` for merging without temporaries). Anything with that surface works.
+
+State keys and RNG streams are derived here, in one place, so the runtime
+(:mod:`hipress.casync.hook`) and the single-process reference (:mod:`hipress.casync.reference`)
+draw exactly the same random numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from hipress.casync.bulk import split_sizes
+from hipress.casync.errors import CaSyncError
+from hipress.secopa.plan import Plan, Strategy
+
+__all__ = [
+    "CompressionAlgorithm",
+    "chunk_key",
+    "chunk_tensor_id",
+    "init_chunk_states",
+    "rank_seed",
+    "resolve_algorithm",
+]
+
+
+@runtime_checkable
+class CompressionAlgorithm(Protocol):
+    """What CaSync calls on a compression algorithm (the CompLL ``Algorithm`` API).
+
+    Guarantees CaSync relies on: ``payload_nbytes(n)`` is a static function of ``n`` and the
+    parameters, a multiple of 8 and non-decreasing in ``n``; ``encode`` writes exactly that many
+    bytes and advances ``state.step``; ``decode`` returns float32 and, with ``accumulate=True``,
+    adds into ``out``.
+    """
+
+    name: str
+    params: Mapping[str, Any]
+    digest: str
+
+    def payload_nbytes(self, n: int) -> int: ...
+
+    def init_state(
+        self, n: int, device: torch.device | str | None = None, seed: int = 0, tensor_id: int = 0
+    ) -> Any: ...
+
+    def encode(
+        self, grad: torch.Tensor, state: Any, out: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+    def decode(
+        self,
+        payload: torch.Tensor,
+        n: int,
+        out: torch.Tensor | None = None,
+        accumulate: bool = False,
+    ) -> torch.Tensor: ...
+
+
+def resolve_algorithm(
+    algorithm: str | CompressionAlgorithm | None,
+    params: Mapping[str, Any] | None = None,
+    backend: str = "auto",
+) -> CompressionAlgorithm | None:
+    """Turn ``algorithm`` into an algorithm object.
+
+    Takes a CompLL algorithm name (loaded with ``hipress.compll.load(name, backend=..., **params)``),
+    an object that already has the :class:`CompressionAlgorithm` surface (``params`` must then be
+    empty), or ``None``/``"none"`` for no compression. Returns the object, or ``None`` for no
+    compression. Raises :class:`CaSyncError` for an unknown name or bad parameters.
+    """
+    if algorithm is None or algorithm == "none":
+        if params:
+            raise CaSyncError(f"algorithm=None takes no params, got {dict(params)}")
+        return None
+    if isinstance(algorithm, str):
+        from hipress import compll  # deferred: CaSync's uncompressed path needs no compiler
+
+        try:
+            return compll.load(algorithm, backend=backend, **dict(params or {}))
+        except (compll.CllError, TypeError, ValueError) as exc:
+            raise CaSyncError(f"cannot load algorithm {algorithm!r}:\n{exc}") from exc
+    if not isinstance(algorithm, CompressionAlgorithm):
+        raise CaSyncError(
+            f"algorithm must be a name, None or a CompLL Algorithm, got {type(algorithm).__name__}"
+        )
+    if params:
+        raise CaSyncError("params are only accepted with an algorithm name, not an object")
+    return algorithm
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The RNG key (63 bits, non-negative) of ``rank``'s states: ``seed`` mixed with the rank, so
+    workers draw independent random numbers and a rerun with the same seed draws the same ones."""
+    digest = hashlib.sha256(f"hipress.casync:{seed}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def chunk_key(
+    name: str, part: int, parts: int, shard: int | None = None, server: bool = False
+) -> str:
+    """The state key of one compressed unit of parameter ``name``.
+
+    A unit is partition ``part`` of ``parts`` (ALLGATHER), or shard ``shard`` of that partition
+    (PS, where every shard is encoded on its own). Worker-side states (``server=False``) compress
+    the worker's own gradient; server-side states (PS) re-compress the aggregate of the shard the
+    worker serves.
+    """
+    key = f"{name}#{part}/{parts}"
+    if shard is not None:
+        key += f".{shard}"
+    return key + ("@server" if server else "")
+
+
+def chunk_tensor_id(key: str) -> int:
+    """The 32-bit RNG stream of the state with :func:`chunk_key` ``key``: a CRC of the key."""
+    return zlib.crc32(key.encode())
+
+
+def init_chunk_states(
+    algorithm: CompressionAlgorithm,
+    plan: Plan,
+    rank: int,
+    world_size: int,
+    seed: int,
+    devices: Mapping[str, torch.device] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Create every algorithm state rank ``rank`` needs under ``plan``, all zero.
+
+    Returns ``(worker, server)``, dicts from :func:`chunk_key` to state: one worker state per
+    ALLGATHER partition and per PS shard of each compressed parameter, and one server state per
+    PS partition (for the shard ``rank`` serves). States live on ``devices[name]`` (default CPU)
+    and draw from key :func:`rank_seed` and stream :func:`chunk_tensor_id`.
+    """
+    worker: dict[str, Any] = {}
+    server: dict[str, Any] = {}
+    key_seed = rank_seed(seed, rank)
+
+    def make(key: str, n: int, device: torch.device) -> Any:
+        return algorithm.init_state(n, device=device, seed=key_seed, tensor_id=chunk_tensor_id(key))
+
+    for e in plan.entries:
+        if not e.compress:
+            continue
+        device = (devices or {}).get(e.name, torch.device("cpu"))
+        for k, size in enumerate(split_sizes(e.numel, e.partitions)):
+            if e.strategy is Strategy.ALLGATHER:
+                key = chunk_key(e.name, k, e.partitions)
+                worker[key] = make(key, size, device)
+                continue
+            shards = split_sizes(size, world_size)
+            for j, s in enumerate(shards):
+                key = chunk_key(e.name, k, e.partitions, shard=j)
+                worker[key] = make(key, s, device)
+            key = chunk_key(e.name, k, e.partitions, shard=rank, server=True)
+            server[key] = make(key, shards[rank], device)
+    return worker, server

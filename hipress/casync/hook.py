@@ -1,0 +1,382 @@
+"""The CaSync DDP communication hook, its state object and :func:`register`.
+
+Use::
+
+    ddp = DistributedDataParallel(model)
+    state = hipress.casync.register(ddp, algorithm="terngrad", params={"bitwidth": 2})
+    ...  # train as usual; state.stats.last has the figures of the last step
+    torch.save(state.state_dict(), f"casync-rank{rank}.pt")  # one file per rank
+
+The hook follows DDP's contract: it is a plain function ``casync_hook(state, bucket)`` returning a
+future that holds one tensor shaped like ``bucket.buffer()``, averaged over the world size, in the
+bucket's dtype. Every collective is issued from the hook call itself, in bucket order, so every
+rank issues them in the same order (on gloo too). A PS bucket's second phase is issued from the
+next bucket's hook call (or at once for the last bucket), which overlaps it with backward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hipress.casync.algorithm import CompressionAlgorithm, init_chunk_states, resolve_algorithm
+from hipress.casync.bulk import BucketSchedule, Workspace, build_schedule
+from hipress.casync.errors import CaSyncError, ConfigMismatchError
+from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.casync.stats import SyncStats
+from hipress.casync.strategies import BucketOp, SyncContext, all_gather
+from hipress.secopa.plan import Plan
+
+__all__ = ["CaSyncState", "casync_hook", "register"]
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = "hipress.casync/1"
+_DIGEST_BYTES = 16
+_NOTE_BYTES = 512
+
+
+def _as_error(exc: BaseException) -> CaSyncError:
+    return exc if isinstance(exc, CaSyncError) else CaSyncError(f"CaSync: {exc}")
+
+
+def _hash(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()[:_DIGEST_BYTES]
+
+
+class CaSyncState:
+    """State of :func:`casync_hook` for one DDP model on one rank.
+
+    Args:
+        algorithm: a CompLL algorithm name, an algorithm object, or None for no compression.
+        params: the algorithm's hyper-parameters (with a name only).
+        named_parameters: (name, parameter) pairs of every parameter that receives a gradient,
+            or (name, numel) pairs when there is no model (benchmarks).
+        plan: a :class:`~hipress.secopa.Plan`, a plan file, ``"auto"`` or None (default rule).
+        process_group: group to synchronise over (None: the default group).
+        seed: base RNG seed; each rank mixes its rank in.
+        backend: CompLL backend for a named algorithm ("auto", "cpu", "reference").
+        rule: the default rule used when ``plan`` is None.
+        check_finite: look for NaN/Inf in every bucket (one pass) so they reach every rank
+            and do not poison error feedback. Disable only if the model cannot produce them.
+        log_every: log a summary every this many steps (0: never).
+
+    Fields:
+        algorithm, plan, rank, world_size, seed: as resolved at construction (plan always set).
+        stats: :class:`~hipress.casync.stats.SyncStats` of this rank.
+        worker_states, server_states: per-chunk algorithm states (error feedback, momentum).
+
+    Validation happens here, eagerly: a bad plan or algorithm raises before training starts.
+    The state pickles without its process group, parameter binding, buffers and in-flight
+    work; after unpickling, :meth:`bind` it to the model and register it again.
+    """
+
+    def __init__(
+        self,
+        algorithm: str | CompressionAlgorithm | None = "terngrad",
+        params: Mapping[str, Any] | None = None,
+        *,
+        named_parameters: Iterable[tuple[str, torch.Tensor | int]],
+        plan: Plan | str | Path | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        seed: int = 0,
+        backend: str = "auto",
+        rule: DefaultRule | None = None,
+        check_finite: bool = True,
+        log_every: int = 100,
+    ) -> None:
+        if not dist.is_initialized():
+            raise CaSyncError("torch.distributed is not initialised: call init_process_group first")
+        named = list(named_parameters)
+        if not named:
+            raise CaSyncError("the model has no parameter that requires a gradient")
+        numels = [(n, int(p) if isinstance(p, int) else p.numel()) for n, p in named]
+        devices = {n: p.device for n, p in named if isinstance(p, torch.Tensor)}
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self._spec = (
+            (algorithm, dict(params or {}), backend) if isinstance(algorithm, str) else None
+        )
+        self.algorithm = resolve_algorithm(algorithm, params, backend)
+        self.plan = resolve_plan(
+            plan, self.algorithm, numels, self.world_size, rule, group=process_group
+        )
+        self.seed = int(seed)
+        self.check_finite = bool(check_finite)
+        self.stats = SyncStats(log_every=log_every)
+        self._decisions = {e.name: e for e in self.plan.entries}
+        if self.algorithm is None:
+            self.worker_states: dict[str, Any] = {}
+            self.server_states: dict[str, Any] = {}
+        else:
+            self.worker_states, self.server_states = init_chunk_states(
+                self.algorithm, self.plan, self.rank, self.world_size, self.seed, devices
+            )
+        self._init_runtime()
+        self.bind(named)
+        compressed = sum(e.compress for e in self.plan.entries)
+        logger.info(
+            "casync: %s, %d of %d tensors compressed, world size %d",
+            self.plan.algorithm,
+            compressed,
+            len(self.plan.entries),
+            self.world_size,
+        )
+
+    def _init_runtime(self) -> None:
+        self._ctx = SyncContext(
+            rank=self.rank,
+            world_size=self.world_size,
+            algorithm=self.algorithm,
+            worker_states=self.worker_states,
+            server_states=self.server_states,
+            stats=self.stats,
+            check_finite=self.check_finite,
+        )
+        self._param_names: dict[int, str] = {}
+        self._cache: dict[tuple[Any, ...], tuple[BucketSchedule, Workspace, int]] = {}
+        self._pending: list[BucketOp] = []
+        self._agreed = False
+        self._step = 0
+        self._lock = threading.Lock()
+
+    # ---- binding and configuration ----------------------------------------------------------
+
+    def bind(self, named_parameters: Iterable[tuple[str, torch.Tensor | int]]) -> None:
+        """Map the model's parameter objects to their names (buckets list parameter objects)."""
+        self._param_names = {id(p): n for n, p in named_parameters if isinstance(p, torch.Tensor)}
+
+    def names_of(self, parameters: Sequence[torch.Tensor]) -> list[str]:
+        """Names of a bucket's parameters; raises if one was not bound."""
+        try:
+            return [self._param_names[id(p)] for p in parameters]
+        except KeyError:
+            raise CaSyncError(
+                "a bucket holds a parameter this state does not know: call state.bind("
+                "model.named_parameters()) after unpickling, and register the state with the "
+                "DDP model it was made for"
+            ) from None
+
+    def config_digest(self) -> dict[str, str]:
+        """What every rank must agree on: algorithm, plan and options, as hex digests."""
+        alg = self.algorithm
+        return {
+            "algorithm": alg.digest if alg is not None else "none",
+            "plan": self.plan.digest(),
+            "options": _hash(
+                json.dumps({"format": _FORMAT, "seed": self.seed, "finite": self.check_finite})
+            ).hex(),
+        }
+
+    def _describe_config(self) -> str:
+        alg = self.algorithm
+        what = f"{alg.name} {dict(alg.params)}" if alg is not None else "no compression"
+        compressed = sum(e.compress for e in self.plan.entries)
+        return (
+            f"{what}; plan {self.plan.digest()} ({compressed}/{len(self.plan.entries)} "
+            f"compressed); seed {self.seed}; check_finite {self.check_finite}"
+        )
+
+    def _check_agreement(self) -> None:
+        """Exchange config digests (one small all-gather); on any difference, exchange
+        descriptions and raise :class:`ConfigMismatchError` on every rank."""
+        mine = self.config_digest()
+        keys = sorted(mine)
+        local = torch.frombuffer(
+            bytearray(b"".join(_hash(mine[k]) for k in keys)), dtype=torch.uint8
+        )
+        gathered = torch.empty(self.world_size * local.numel(), dtype=torch.uint8)
+        all_gather(gathered, local, group=self.process_group)
+        rows = gathered.view(self.world_size, len(keys), _DIGEST_BYTES)
+        differ = [k for i, k in enumerate(keys) if not bool((rows[:, i] == rows[0, i]).all())]
+        if not differ:
+            self._agreed = True
+            return
+        note = self._describe_config().encode()[:_NOTE_BYTES].ljust(_NOTE_BYTES, b"\0")
+        notes = torch.empty(self.world_size * _NOTE_BYTES, dtype=torch.uint8)
+        all_gather(
+            notes, torch.frombuffer(bytearray(note), dtype=torch.uint8), group=self.process_group
+        )
+        lines = [
+            f"  rank {r}: "
+            + bytes(notes[r * _NOTE_BYTES : (r + 1) * _NOTE_BYTES].tolist())
+            .rstrip(b"\0")
+            .decode(errors="replace")
+            for r in range(self.world_size)
+        ]
+        raise ConfigMismatchError(
+            f"CaSync ranks disagree on {', '.join(differ)}; every rank must register the same "
+            "algorithm, parameters, plan and options:\n" + "\n".join(lines)
+        )
+
+    # ---- the engine -------------------------------------------------------------------------
+
+    def _schedule(
+        self, names: Sequence[str], buffer: torch.Tensor
+    ) -> tuple[BucketSchedule, Workspace]:
+        key = (tuple(names), buffer.dtype, buffer.device)
+        hit = self._cache.get(key)
+        if hit is None:
+            decisions = [self._decisions[n] for n in names]
+            alg = self.algorithm
+            schedule = build_schedule(
+                names,
+                [d.numel for d in decisions],
+                decisions,
+                self.world_size,
+                alg.payload_nbytes if alg is not None else None,
+            )
+            workspace = Workspace(schedule, self.world_size, buffer.device, buffer.dtype)
+            logger.debug(
+                "casync: new bucket layout of %d tensors, %d rounds",
+                len(names),
+                len(schedule.rounds),
+            )
+            hit = (schedule, workspace, self._step)
+        self._cache[key] = (hit[0], hit[1], self._step)
+        return hit[0], hit[1]
+
+    def submit(
+        self, buffer: torch.Tensor, names: Sequence[str], last: bool
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Start synchronising a flat ``buffer`` holding the gradients of parameters ``names``
+        (in order); ``last`` marks the step's last bucket. Every rank must submit the same
+        layouts in the same order. Returns a future completing with ``buffer``, averaged.
+
+        Raises :class:`ConfigMismatchError` at the first call if ranks disagree, and
+        :class:`CommError` if a collective of an earlier bucket of this step failed.
+        """
+        with self._lock:
+            if not self._agreed:
+                self._check_agreement()
+            earlier, self._pending = self._pending, []
+            op: BucketOp | None = None
+            try:
+                schedule, workspace = self._schedule(names, buffer)
+                self.stats.bucket_submitted(last)
+                op = BucketOp(self._ctx, schedule, workspace, buffer)
+                op.start(self.process_group)
+                for other in earlier:
+                    other.advance(self.process_group)
+                if last:
+                    op.advance(self.process_group)
+                elif op.deferred:
+                    self._pending.append(op)
+            except BaseException as exc:
+                # fail every bucket of the step, so no future is left waiting forever
+                err = op.fail(exc) if op is not None else _as_error(exc)
+                for other in earlier:
+                    other.fail(err)
+                self.stats.abandon_step()
+                raise err from exc
+            if last:
+                self._end_step()
+            return op.future
+
+    def _end_step(self) -> None:
+        stale = [k for k, (_, _, used) in self._cache.items() if used < self._step]
+        for k in stale:  # layouts of buckets DDP rebuilt: free their buffers
+            del self._cache[k]
+        self._step += 1
+
+    # ---- checkpoints and pickling -----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's algorithm states (error feedback, momentum, RNG counters), CPU copies.
+
+        States differ per rank: save one per rank and load each into the same rank.
+        """
+        return {
+            "format": _FORMAT,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "config": self.config_digest(),
+            "worker": {k: s.state_dict() for k, s in self.worker_states.items()},
+            "server": {k: s.state_dict() for k, s in self.server_states.items()},
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` in place. Raises :class:`CaSyncError` if it was saved
+        by another rank or world size, or for another algorithm, plan or options."""
+        if sd.get("format") != _FORMAT:
+            raise CaSyncError(f"not a CaSync state dict (format {sd.get('format')!r})")
+        if (sd["rank"], sd["world_size"]) != (self.rank, self.world_size):
+            raise CaSyncError(
+                f"state dict is rank {sd['rank']} of {sd['world_size']}, this is rank "
+                f"{self.rank} of {self.world_size}: load each rank's own state dict"
+            )
+        mine = self.config_digest()
+        differ = sorted(k for k in mine if sd["config"].get(k) != mine[k])
+        if differ:
+            raise CaSyncError(f"state dict was saved with a different {', '.join(differ)}")
+        for part, states in (("worker", self.worker_states), ("server", self.server_states)):
+            if set(sd[part]) != set(states):
+                raise CaSyncError(f"state dict {part} states do not match this plan")
+            for k, s in states.items():
+                s.load_state_dict(sd[part][k])
+
+    def __getstate__(self) -> dict[str, Any]:
+        runtime = ("process_group", "_ctx", "_param_names", "_cache", "_pending", "_lock")
+        d = {k: v for k, v in self.__dict__.items() if k not in (*runtime, "_agreed", "_step")}
+        if self._spec is not None:
+            d["algorithm"] = None  # reloaded from the spec: compiled kernels do not pickle
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self.process_group = None
+        if self._spec is not None:
+            name, params, backend = self._spec
+            self.algorithm = resolve_algorithm(name, params, backend)
+        self._init_runtime()
+
+
+def casync_hook(state: CaSyncState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: synchronise ``bucket`` as ``state``'s plan says.
+
+    Returns a future holding ``bucket.buffer()`` averaged over the world size, in its dtype.
+    Register with ``ddp.register_comm_hook(state, casync_hook)`` (or :func:`register`).
+    """
+    return state.submit(bucket.buffer(), state.names_of(bucket.parameters()), bucket.is_last())
+
+
+# DDP compares the hook's annotations with the real objects; postponed evaluation
+# (``from __future__ import annotations``) would leave strings there, so resolve them now.
+casync_hook.__annotations__ = {
+    "state": CaSyncState,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
+
+
+def register(
+    ddp_model: DistributedDataParallel,
+    algorithm: str | CompressionAlgorithm | None = "terngrad",
+    params: Mapping[str, Any] | None = None,
+    plan: Plan | str | Path | None = None,
+    **options: Any,
+) -> CaSyncState:
+    """Create a :class:`CaSyncState` for ``ddp_model`` and register :func:`casync_hook` on it.
+
+    ``options`` are :class:`CaSyncState`'s keyword arguments (``process_group`` defaults to the
+    model's). Call before the first backward. Returns the state (stats, checkpoints).
+    """
+    if not isinstance(ddp_model, DistributedDataParallel):
+        raise CaSyncError(
+            f"register needs a DistributedDataParallel model, got {type(ddp_model).__name__}"
+        )
+    options.setdefault("process_group", ddp_model.process_group)
+    named = [(n, p) for n, p in ddp_model.module.named_parameters() if p.requires_grad]
+    state = CaSyncState(algorithm, params, named_parameters=named, plan=plan, **options)
+    ddp_model.register_comm_hook(state, casync_hook)
+    return state

@@ -1,0 +1,148 @@
+"""Which plan CaSync runs: a given :class:`~hipress.secopa.Plan`, one loaded from a file, SeCoPa's
+automatic plan, or the default rule.
+
+The default rule (no plan): tensors of fewer than ``min_compress_numel`` elements are not
+compressed and go, batched, into one allreduce per bucket; larger ones are compressed with the PS
+strategy (compressed scatter-reduce + all-gather) in ``ceil(numel / partition_numel)``
+partitions, at most ``max_partitions``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hipress.casync.algorithm import CompressionAlgorithm
+from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.secopa.runtime import auto_plan, load_plan_for_model
+from hipress.secopa.runtime import check_plan as check_plan_fits_model
+
+__all__ = ["DefaultRule", "resolve_plan"]
+
+
+@dataclass(frozen=True)
+class DefaultRule:
+    """The plan used when none is given.
+
+    Fields:
+        min_compress_numel: tensors with fewer elements are sent uncompressed (batched).
+        partition_numel: target elements per pipelined partition of a compressed tensor.
+        max_partitions: upper bound on K.
+    """
+
+    min_compress_numel: int = 1 << 16
+    partition_numel: int = 1 << 22
+    max_partitions: int = 4
+
+    def __post_init__(self) -> None:
+        if self.min_compress_numel < 1:
+            raise ValueError(f"min_compress_numel must be >= 1, got {self.min_compress_numel}")
+        if self.partition_numel < 1:
+            raise ValueError(f"partition_numel must be >= 1, got {self.partition_numel}")
+        if self.max_partitions < 1:
+            raise ValueError(f"max_partitions must be >= 1, got {self.max_partitions}")
+
+    def entry(self, name: str, numel: int, world_size: int) -> TensorPlan:
+        """The decision for one tensor of ``numel`` elements among ``world_size`` workers."""
+        if numel < max(self.min_compress_numel, world_size):
+            return TensorPlan(name, numel, compress=False, strategy=Strategy.ALLREDUCE)
+        parts = min(self.max_partitions, math.ceil(numel / self.partition_numel))
+        parts = max(1, min(parts, numel // world_size))
+        return TensorPlan(name, numel, compress=True, strategy=Strategy.PS, partitions=parts)
+
+
+def _default_plan(
+    algorithm: CompressionAlgorithm | None,
+    named_numels: Sequence[tuple[str, int]],
+    world_size: int,
+    rule: DefaultRule,
+) -> Plan:
+    if algorithm is None:
+        entries = tuple(
+            TensorPlan(n, k, compress=False, strategy=Strategy.ALLREDUCE) for n, k in named_numels
+        )
+        return Plan("none", {}, world_size, entries)
+    entries = tuple(rule.entry(n, k, world_size) for n, k in named_numels)
+    return Plan(algorithm.name, dict(algorithm.params), world_size, entries)
+
+
+def _auto_plan(
+    algorithm: CompressionAlgorithm | None,
+    named_numels: Sequence[tuple[str, int]],
+    world_size: int,
+    group: Any,
+) -> Plan:
+    # ---- SeCoPa hook-up: the single place where plan="auto" asks the planner. ----
+    # auto_plan profiles this machine and network (every rank takes part, a few seconds),
+    # plans on rank 0 and broadcasts, so every rank returns the same plan.
+    if algorithm is None:
+        raise PlanError("plan='auto' needs a compression algorithm")
+    return auto_plan(algorithm, named_numels, world_size, group=group)
+
+
+def check_plan(
+    plan: Plan,
+    algorithm: CompressionAlgorithm | None,
+    named_numels: Sequence[tuple[str, int]],
+    world_size: int,
+) -> None:
+    """Raise :class:`PlanError` unless ``plan`` fits this model, algorithm and world size."""
+    check_plan_fits_model(plan, named_numels, world_size)
+    compressed = [e for e in plan.entries if e.compress]
+    if algorithm is None:
+        if compressed:
+            raise PlanError(f"plan compresses {compressed[0].name!r} but no algorithm was given")
+        return
+    if compressed and plan.algorithm != algorithm.name:
+        raise PlanError(
+            f"plan is for algorithm {plan.algorithm!r}, the hook runs {algorithm.name!r}"
+        )
+    have: Mapping[str, Any] = algorithm.params
+    wrong = {k: v for k, v in plan.params.items() if k in have and have[k] != v}
+    if compressed and wrong:
+        raise PlanError(
+            f"plan parameters {wrong} differ from the algorithm's {dict(have)}; "
+            "make the plan for the same parameters"
+        )
+    for e in compressed:
+        per_part = e.numel // e.partitions
+        need = world_size if e.strategy is Strategy.PS else 1
+        if per_part < need:
+            raise PlanError(
+                f"{e.name}: {e.numel} elements cannot form {e.partitions} partitions of at least "
+                f"{need} elements each ({e.strategy.value}); lower its partitions"
+            )
+
+
+def resolve_plan(
+    plan: Plan | str | Path | None,
+    algorithm: CompressionAlgorithm | None,
+    named_numels: Sequence[tuple[str, int]],
+    world_size: int,
+    rule: DefaultRule | None = None,
+    group: Any = None,
+) -> Plan:
+    """Return the plan to run and check that it fits.
+
+    Takes a :class:`Plan`, a path to a plan JSON file, ``"auto"`` (SeCoPa profiles and plans
+    it, a collective call over ``group``: every rank must make it) or ``None`` (the
+    :class:`DefaultRule`); ``named_numels`` are the (name, numel) pairs of every parameter
+    that receives a gradient. Raises :class:`PlanError` if the plan does not cover exactly these
+    parameters, was made for another world size or algorithm, or asks for partitions too small
+    to split.
+    """
+    if plan is None:
+        resolved = _default_plan(algorithm, named_numels, world_size, rule or DefaultRule())
+    elif isinstance(plan, Plan):
+        resolved = plan
+    elif isinstance(plan, str) and plan == "auto":
+        resolved = _auto_plan(algorithm, named_numels, world_size, group)
+    elif isinstance(plan, (str, Path)):
+        resolved = load_plan_for_model(plan, named_numels, world_size)
+    else:
+        raise PlanError(f"plan must be a Plan, a path, 'auto' or None, got {type(plan).__name__}")
+    check_plan(resolved, algorithm, named_numels, world_size)
+    return resolved

@@ -1,0 +1,380 @@
+"""Execution of one bucket's schedule: uncompressed allreduce, compressed allgather and compressed
+PS (scatter-reduce + all-gather), batched into rounds and pipelined.
+
+A :class:`BucketOp` runs in two stages, both on the caller's thread (the DDP hook's thread), so
+every rank issues its collectives in the same order (gloo matches collectives by issue order;
+issuing from completion callbacks, as PyTorch's PowerSGD hook does, breaks that):
+
+- :meth:`BucketOp.start`: the allreduce of the uncompressed tensors, then for each round: encode
+  its chunks and issue its collective asynchronously, so round r+1 encodes while round r is on
+  the wire.
+- :meth:`BucketOp.advance` (PS rounds only): for each round, wait for its all_to_all, decode and
+  merge the shard this rank serves, average, re-encode and issue the all-gather.
+
+Decoding needs no collective, so it runs in the collectives' completion callbacks as soon as a
+round arrives. :attr:`BucketOp.future` completes with the bucket buffer, averaged over the world
+size and in the buffer's dtype, once every part is done, or with a :class:`CommError`.
+
+Non-finite inputs: a chunk whose input holds NaN/Inf on any rank comes out all-NaN on every rank
+(its flag travels in the round's message), and the states that encoded it are reset afterwards
+so error feedback is not poisoned. The set of collectives never depends on the data.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipress.casync.algorithm import CompressionAlgorithm, chunk_key
+from hipress.casync.bulk import BucketSchedule, Round, Workspace
+from hipress.casync.errors import CaSyncError, CommError
+from hipress.casync.stats import SyncStats
+from hipress.secopa.plan import Strategy
+
+__all__ = ["BucketOp", "SyncContext", "all_gather"]
+
+# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name)
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass
+class SyncContext:
+    """What every bucket operation of one CaSync state shares.
+
+    It holds no process group: completion callbacks reach this object, and the last
+    reference to a process group must never drop on the backend's own thread (its destructor
+    would join that thread). The group is passed to :meth:`BucketOp.start` and
+    :meth:`BucketOp.advance` instead.
+
+    Fields:
+        rank, world_size: this rank and N in the process group.
+        algorithm: the compression algorithm (None if nothing is compressed).
+        worker_states, server_states: per-chunk states, see ``init_chunk_states``.
+        stats: where figures are recorded.
+        check_finite: whether to look for NaN/Inf in the input (one extra pass over the bucket).
+        decode_lock: serialises the algorithm's decode calls, which run on the hook's thread
+            and on the backend's completion threads: an algorithm object need not be
+            thread-safe (CompLL's C backend reuses one workspace per size). Encode calls all run
+            on the hook's thread.
+    """
+
+    rank: int
+    world_size: int
+    algorithm: CompressionAlgorithm | None
+    worker_states: Mapping[str, Any]
+    server_states: Mapping[str, Any]
+    stats: SyncStats
+    check_finite: bool = True
+    decode_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _all_finite(x: torch.Tensor) -> bool:
+    # min and max propagate NaN and reach +-Inf; one read pass, much faster than isfinite().all()
+    # or a float64 sum, and no allocation
+    lo, hi = torch.aminmax(x)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+class BucketOp:
+    """Synchronisation of one bucket buffer under one schedule (see the module docstring).
+
+    Use: ``op.start()``; then ``op.advance()`` (a no-op unless :attr:`deferred`); the result
+    arrives in :attr:`future`. Both calls must happen on every rank in the same order relative
+    to other operations on the process group.
+    """
+
+    def __init__(
+        self,
+        ctx: SyncContext,
+        schedule: BucketSchedule,
+        workspace: Workspace,
+        buffer: torch.Tensor,
+    ) -> None:
+        if buffer.dim() != 1 or buffer.numel() != schedule.numel or not buffer.is_contiguous():
+            raise CaSyncError(
+                f"bucket buffer of shape {tuple(buffer.shape)} does not match the layout of "
+                f"{schedule.numel} elements for {list(schedule.names[:3])}..."
+            )
+        if workspace.busy:
+            raise CaSyncError(
+                f"bucket layout [{schedule.names[0]}, ...] submitted again before its previous "
+                "synchronisation completed: wait for its future first"
+            )
+        workspace.busy = True
+        self.ctx = ctx
+        self.schedule = schedule
+        self.ws = workspace
+        self.buffer = buffer
+        self.future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._lock = threading.Lock()
+        self._remaining = (1 if schedule.allreduce_ranges else 0) + len(schedule.rounds)
+        self._done = False
+        self._ps_pending: list[tuple[int, dist.Work, float, list[float]]] = []
+        self._bad = False
+
+    @property
+    def deferred(self) -> bool:
+        """Whether :meth:`advance` still has collectives to issue."""
+        return bool(self._ps_pending)
+
+    def _describe(self, what: str) -> str:
+        names = self.schedule.names
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        return f"{what} for bucket [{names[0]}{more}]"
+
+    # ---- completion -------------------------------------------------------------------------
+
+    def _part_done(self) -> None:
+        with self._lock:
+            self._remaining -= 1
+            if self._remaining or self._done:
+                return
+            self._done = True
+        self.ws.busy = False
+        self.ctx.stats.bucket_finished()
+        self.future.set_result(self.buffer)
+
+    def _error(self, what: str, exc: BaseException) -> CaSyncError:
+        if isinstance(exc, CaSyncError):
+            return exc
+        return CommError(
+            f"CaSync: {self._describe(what)} failed (a peer may have exited or stalled past "
+            f"the process group's timeout; see the other ranks' logs): {exc}"
+        )
+
+    def fail(self, exc: BaseException, what: str = "synchronisation") -> CaSyncError:
+        """Complete :attr:`future` with a :class:`CaSyncError` wrapping ``exc`` (once; later
+        calls change nothing). Returns the error."""
+        err = self._error(what, exc)
+        with self._lock:
+            if self._done:
+                return err
+            self._done = True
+            self._ps_pending.clear()
+        self.ws.busy = False
+        self.ctx.stats.abandon_step()
+        self.future.set_exception(err)
+        return err
+
+    def _callback(self, what: str, fn: Any, *args: Any) -> Any:
+        """A completion callback running ``fn(*args)`` once the collective succeeded, turning
+        any failure into :meth:`fail` (callbacks run on the backend's threads: nothing may
+        escape them, or the future would never complete)."""
+
+        def run(fut: torch.futures.Future[Any]) -> None:
+            try:
+                fut.value()
+                fn(*args)
+            except BaseException as exc:
+                self.fail(exc, what)
+
+        return run
+
+    # ---- stage 1 ----------------------------------------------------------------------------
+
+    def start(self, group: dist.ProcessGroup | None) -> None:
+        """Issue the allreduce and every round's first collective on ``group`` (None: the
+        default group); see the module docstring."""
+        ctx, buf = self.ctx, self.buffer
+        self._bad = ctx.check_finite and bool(self.schedule.rounds) and not _all_finite(buf)
+        ctx.stats.add(bytes_uncompressed=buf.numel() * buf.element_size())
+        if self.schedule.allreduce_ranges:
+            self._start_allreduce(group)
+        for i, rnd in enumerate(self.schedule.rounds):
+            if rnd.strategy is Strategy.PS:
+                self._start_ps(i, rnd, group)
+            else:
+                self._start_allgather(i, rnd, group)
+
+    def _start_allreduce(self, group: dist.ProcessGroup | None) -> None:
+        ranges, buf = self.schedule.allreduce_ranges, self.buffer
+        if len(ranges) == 1:
+            off, n = ranges[0]
+            flat = buf[off : off + n]
+        else:
+            flat = self.ws.allreduce
+            pos = 0
+            for off, n in ranges:
+                flat[pos : pos + n].copy_(buf[off : off + n])
+                pos += n
+        # divide first, like DDP, so low-precision sums do not overflow
+        flat.div_(self.ctx.world_size)
+        t = time.perf_counter()
+        work = dist.all_reduce(flat, group=group, async_op=True)
+        self.ctx.stats.add(collectives=1, bytes_sent=flat.numel() * flat.element_size())
+        work.get_future().add_done_callback(
+            self._callback("allreduce", self._finish_allreduce, flat, t)
+        )
+
+    def _finish_allreduce(self, flat: torch.Tensor, t_issue: float) -> None:
+        self.ctx.stats.add(comm_ms=time.perf_counter() - t_issue)
+        if len(self.schedule.allreduce_ranges) > 1:
+            pos = 0
+            for off, n in self.schedule.allreduce_ranges:
+                self.buffer[off : off + n].copy_(flat[pos : pos + n])
+                pos += n
+        self._part_done()
+
+    def _encode_flags(self, rnd: Round, blocks: torch.Tensor) -> list[bool]:
+        """Local non-finite flags of ``rnd``'s chunks, written into every block's trailer."""
+        fo, nc = rnd.flags_offset, len(rnd.chunks)
+        blocks[:, fo:].zero_()
+        if not self._bad:
+            return [False] * nc
+        flags = []
+        for idx, c in enumerate(rnd.chunks):
+            bad = not _all_finite(self.buffer[c.offset : c.offset + c.numel])
+            flags.append(bad)
+            if bad:
+                blocks[:, fo + idx] = 1
+        return flags
+
+    def _start_allgather(self, i: int, rnd: Round, group: dist.ProcessGroup | None) -> None:
+        ctx, alg, buf = self.ctx, self.ctx.algorithm, self.buffer
+        assert alg is not None
+        send = self.ws.send[i]
+        t = time.perf_counter()
+        flags = self._encode_flags(rnd, send.view(1, -1))
+        for idx, c, off in rnd.slots():
+            state = ctx.worker_states[chunk_key(c.name, c.part, c.parts)]
+            alg.encode(buf[c.offset : c.offset + c.numel], state, out=send[off : off + c.slot])
+            if flags[idx]:
+                state.reset()
+        t_issue = time.perf_counter()
+        work = all_gather(self.ws.recv[i], send, group=group, async_op=True)
+        ctx.stats.add(encode_ms=t_issue - t, collectives=1, bytes_sent=send.numel())
+        work.get_future().add_done_callback(
+            self._callback("allgather", self._finish_allgather, i, t_issue)
+        )
+
+    def _finish_allgather(self, i: int, t_issue: float) -> None:
+        ctx, alg, buf, n = self.ctx, self.ctx.algorithm, self.buffer, self.ctx.world_size
+        assert alg is not None
+        t = time.perf_counter()
+        rnd = self.schedule.rounds[i]
+        blocks = self.ws.recv[i].view(n, rnd.block_nbytes)
+        flags = self._gathered_flags(rnd, blocks)
+        for idx, c, off in rnd.slots():
+            region = buf[c.offset : c.offset + c.numel]
+            if flags[idx]:
+                region.fill_(float("nan"))
+                continue
+            out = region if region.dtype == torch.float32 else self.ws.scratch[i][: c.numel]
+            with ctx.decode_lock:
+                for r in range(n):
+                    alg.decode(blocks[r, off : off + c.slot], c.numel, out=out, accumulate=r > 0)
+            out.div_(n)
+            if out is not region:
+                region.copy_(out)
+        ctx.stats.add(comm_ms=t - t_issue, decode_ms=time.perf_counter() - t)
+        self._part_done()
+
+    @staticmethod
+    def _gathered_flags(rnd: Round, blocks: torch.Tensor) -> list[bool]:
+        fo, nc = rnd.flags_offset, len(rnd.chunks)
+        return [bool(v) for v in blocks[:, fo : fo + nc].amax(dim=0).tolist()]
+
+    def _start_ps(self, i: int, rnd: Round, group: dist.ProcessGroup | None) -> None:
+        ctx, alg, buf = self.ctx, self.ctx.algorithm, self.buffer
+        assert alg is not None
+        blocks = self.ws.send[i].view(ctx.world_size, rnd.block_nbytes)
+        t = time.perf_counter()
+        flags = self._encode_flags(rnd, blocks)
+        for idx, c, off in rnd.slots():
+            pos = c.offset
+            for j, s in enumerate(c.shards):
+                state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=j)]
+                nbytes = alg.payload_nbytes(s)
+                alg.encode(buf[pos : pos + s], state, out=blocks[j, off : off + nbytes])
+                if flags[idx]:
+                    state.reset()
+                pos += s
+        t_issue = time.perf_counter()
+        work = dist.all_to_all_single(self.ws.recv[i], self.ws.send[i], group=group, async_op=True)
+        done = [t_issue]
+        work.get_future().add_done_callback(lambda _f: done.__setitem__(0, time.perf_counter()))
+        ctx.stats.add(encode_ms=t_issue - t, collectives=1, bytes_sent=self.ws.send[i].numel())
+        self._ps_pending.append((i, work, t_issue, done))
+
+    # ---- stage 2 ----------------------------------------------------------------------------
+
+    def advance(self, group: dist.ProcessGroup | None) -> None:
+        """Issue the all-gathers of the PS rounds: wait for each all_to_all, merge the shard
+        this rank serves, average and re-encode it. Raises :class:`CommError` (and fails
+        :attr:`future`) if a collective failed."""
+        pending, self._ps_pending = self._ps_pending, []
+        for i, work, t_issue, done in pending:
+            t = time.perf_counter()
+            try:
+                work.wait()
+            except Exception as exc:
+                raise self.fail(exc, "PS all_to_all") from exc
+            self.ctx.stats.add(wait_ms=time.perf_counter() - t, comm_ms=done[0] - t_issue)
+            self._serve(i, self.schedule.rounds[i], group)
+
+    def _serve(self, i: int, rnd: Round, group: dist.ProcessGroup | None) -> None:
+        ctx, alg, n, rank = self.ctx, self.ctx.algorithm, self.ctx.world_size, self.ctx.rank
+        assert alg is not None
+        blocks = self.ws.recv[i].view(n, rnd.block_nbytes)
+        flags = self._gathered_flags(rnd, blocks)
+        own = blocks[rank]
+        t, t_enc = time.perf_counter(), 0.0
+        for idx, c, off in rnd.slots():
+            s = c.shards[rank]
+            nbytes = alg.payload_nbytes(s)
+            merged = self.ws.scratch[i][:s]
+            with ctx.decode_lock:
+                for r in range(n):
+                    alg.decode(blocks[r, off : off + nbytes], s, out=merged, accumulate=r > 0)
+            merged.div_(n)
+            t0 = time.perf_counter()
+            state = ctx.server_states[chunk_key(c.name, c.part, c.parts, shard=rank, server=True)]
+            # overwrites this rank's own slot of chunk idx, which was decoded just above
+            alg.encode(merged, state, out=own[off : off + nbytes])
+            if flags[idx]:
+                state.reset()
+            t_enc += time.perf_counter() - t0
+        own[rnd.flags_offset : rnd.flags_offset + len(flags)].zero_()
+        for idx, bad in enumerate(flags):
+            if bad:
+                own[rnd.flags_offset + idx] = 1
+        t_issue = time.perf_counter()
+        work = all_gather(self.ws.send[i], own, group=group, async_op=True)
+        ctx.stats.add(
+            encode_ms=t_enc,
+            decode_ms=t_issue - t - t_enc,
+            collectives=1,
+            bytes_sent=rnd.block_nbytes,
+        )
+        work.get_future().add_done_callback(
+            self._callback("PS all-gather", self._finish_ps, i, t_issue)
+        )
+
+    def _finish_ps(self, i: int, t_issue: float) -> None:
+        ctx, alg, buf, n = self.ctx, self.ctx.algorithm, self.buffer, self.ctx.world_size
+        assert alg is not None
+        t = time.perf_counter()
+        rnd = self.schedule.rounds[i]
+        blocks = self.ws.send[i].view(n, rnd.block_nbytes)
+        flags = self._gathered_flags(rnd, blocks)
+        for idx, c, off in rnd.slots():
+            if flags[idx]:
+                buf[c.offset : c.offset + c.numel].fill_(float("nan"))
+                continue
+            pos = c.offset
+            for j, s in enumerate(c.shards):
+                region = buf[pos : pos + s]
+                out = region if region.dtype == torch.float32 else self.ws.scratch[i][:s]
+                with ctx.decode_lock:
+                    alg.decode(blocks[j, off : off + alg.payload_nbytes(s)], s, out=out)
+                if out is not region:
+                    region.copy_(out)
+                pos += s
+        ctx.stats.add(comm_ms=t - t_issue, decode_ms=time.perf_counter() - t)
+        self._part_done()

@@ -1,0 +1,173 @@
+"""Stage: kernel source -> compiled library, through a content-addressed on-disk cache.
+
+The key of a compiled kernel covers everything that decides its bytes: the IR digest, the target,
+the compiler's identity and flags, the machine (``-march=native``) and a digest of the generator's
+own sources and templates. Entries are written atomically (temporary file + rename), so
+concurrent processes never see a partial library; a second build of the same key is harmless.
+
+The cache lives under the user's cache directory (``$XDG_CACHE_HOME/hipress/kernels`` or
+``~/.cache/hipress/kernels``); ``HIPRESS_CACHE_DIR`` overrides it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hipress.compll.source import CllError
+
+C_FLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
+    "-shared", "-std=gnu11",
+)  # fmt: skip
+
+
+class CompileError(CllError):
+    """Generated code did not compile; the message shows the source with line numbers."""
+
+    kind = "compile error"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A C compiler: its path, its ``--version`` banner and the flags kernels are built with."""
+
+    cc: str
+    version: str
+    flags: tuple[str, ...] = C_FLAGS
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> Toolchain | None:
+        """The compiler named by ``$CC``, else ``cc``/``gcc``/``clang`` on PATH; None if none
+        runs."""
+        env = os.environ if environ is None else environ
+        names = [env["CC"]] if env.get("CC") else ["cc", "gcc", "clang"]
+        for name in names:
+            path = shutil.which(name)
+            if path is None:
+                continue
+            try:
+                res = subprocess.run(
+                    [path, "--version"], capture_output=True, text=True, timeout=30, check=False
+                )
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if res.returncode == 0:
+                banner = (res.stdout.strip().splitlines() or ["?"])[0]
+                return cls(path, banner)
+        return None
+
+    def identity(self) -> str:
+        """What the cache key needs to know about the compiler and the machine it targets."""
+        return "\n".join([self.cc, self.version, " ".join(self.flags), _machine()])
+
+
+def _machine() -> str:
+    """The CPU the libraries are built for (``-march=native``)."""
+    parts = [platform.machine(), platform.system()]
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return " ".join(parts)
+    for key in ("model name", "flags"):
+        m = re.search(rf"^{key}\s*:\s*(.*)$", text, re.MULTILINE)
+        if m:
+            parts.append(hashlib.sha256(m.group(1).encode()).hexdigest()[:16])
+    return " ".join(parts)
+
+
+def kernel_key(ir_digest: str, target: str, toolchain: str, generator: str) -> str:
+    """The content address of a compiled kernel (hex sha256)."""
+    h = hashlib.sha256()
+    for part in (ir_digest, target, toolchain, generator):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclass
+class KernelCache:
+    """A directory of compiled kernels keyed by :func:`kernel_key`.
+
+    ``compiles`` counts the builds this object has run (the rest were cache hits).
+    """
+
+    root: Path
+    compiles: int = field(default=0, compare=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> KernelCache:
+        env = os.environ if environ is None else environ
+        if env.get("HIPRESS_CACHE_DIR"):
+            return cls(Path(env["HIPRESS_CACHE_DIR"]))
+        base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return cls(Path(base) / "hipress" / "kernels")
+
+    def path(self, key: str, suffix: str) -> Path:
+        return self.root / key[:2] / f"{key}{suffix}"
+
+    def get_or_build(self, key: str, suffix: str, build: Callable[[Path], None]) -> Path:
+        """The cached file for ``key``, building it with ``build(tmp_path)`` if absent."""
+        dst = self.path(key, suffix)
+        if dst.exists():
+            return dst
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=dst.parent)
+        os.close(fd)
+        try:
+            build(Path(tmp))
+            self.compiles += 1
+            os.replace(tmp, dst)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return dst
+
+    def put_text(self, key: str, suffix: str, text: str) -> Path:
+        """Store ``text`` under ``key`` atomically (e.g. the source next to its library)."""
+        dst = self.path(key, suffix)
+        if dst.exists():
+            return dst
+
+        def write(tmp: Path) -> None:
+            tmp.write_text(text)
+
+        compiles = self.compiles
+        out = self.get_or_build(key, suffix, write)
+        self.compiles = compiles
+        return out
+
+
+def compile_c(source: str, out: Path, toolchain: Toolchain, name: str = "kernel") -> None:
+    """Compile C ``source`` into the shared library ``out``.
+
+    Raises :class:`CompileError` with the compiler's messages and the source, with line
+    numbers, around each error.
+    """
+    from hipress.compll.render import numbered
+
+    with tempfile.TemporaryDirectory(prefix="hipress-cc-") as d:
+        src = Path(d) / f"{name}.c"
+        src.write_text(source)
+        cmd = [toolchain.cc, *toolchain.flags, "-o", str(out), str(src)]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise CompileError(_explain(res.stderr, source, src.name, numbered))
+
+
+def _explain(stderr: str, source: str, fname: str, numbered: Callable[..., str]) -> str:
+    lines = {int(m.group(1)) for m in re.finditer(rf"{re.escape(fname)}:(\d+):(?:\d+:)? error", stderr)}
+    parts = [f"generated code failed to compile:\n{stderr.strip()}"]
+    for ln in sorted(lines)[:3]:
+        parts.append(f"\ngenerated source around line {ln}:\n{numbered(source, ln)}")
+    if not lines:
+        parts.append(f"\ngenerated source:\n{numbered(source)}")
+    return "\n".join(parts)

@@ -1,0 +1,178 @@
+"""The C backend: generated C kernels, compiled at first use, run on torch CPU tensors.
+
+:class:`NativeBackend` renders the program (:func:`hipress.compll.render.render_c`), builds it
+through the :class:`~hipress.compll.cache.KernelCache`, loads it with ctypes and calls it on
+caller-provided buffers. Per element count it keeps one workspace (and, for float16/bfloat16 or
+non-contiguous inputs, one float32 staging buffer), allocated at the first call and reused.
+Not safe to call concurrently from several threads with the same backend and size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import torch
+
+from hipress.compll import ir
+from hipress.compll.cache import KernelCache, Toolchain, compile_c, kernel_key
+from hipress.compll.render import ABI_VERSION, generator_digest, render_c
+from hipress.compll.source import CllError
+from hipress.compll.state import State
+from hipress.compll.types import ArrayType, DType, torch_storage_dtype
+
+log = logging.getLogger(__name__)
+
+TARGET = "c"
+
+
+class NativeError(CllError):
+    """The C backend cannot run this call (wrong device, dtype or layout)."""
+
+    kind = "backend error"
+
+
+class _EncArgs(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("grad", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("ws", ctypes.c_void_p),
+        ("state", ctypes.POINTER(ctypes.c_void_p)),
+        ("seed", ctypes.c_uint64),
+        ("step", ctypes.c_uint64),
+        ("tensor_id", ctypes.c_uint64),
+        ("nthreads", ctypes.c_int32),
+    ]
+
+
+class _DecArgs(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("payload", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("ws", ctypes.c_void_p),
+        ("nthreads", ctypes.c_int32),
+    ]
+
+
+def build(
+    prog: ir.Program, cache: KernelCache, toolchain: Toolchain
+) -> tuple[Path, str]:
+    """Compiled library of ``prog`` (from the cache, or built now) and its source text."""
+    key = kernel_key(prog.digest(), TARGET, toolchain.identity(), generator_digest(TARGET))
+    src_path = cache.path(key, ".c")
+    lib = cache.path(key, ".so")
+    if lib.exists() and src_path.exists():
+        return lib, src_path.read_text()
+    source = render_c(prog)
+    cache.put_text(key, ".c", source)
+    log.info("compiling %s kernel %s", prog.name, key[:12])
+    path = cache.get_or_build(key, ".so", lambda tmp: compile_c(source, tmp, toolchain, prog.name))
+    return path, source
+
+
+class NativeBackend:
+    """Runs a program with its generated C kernel (CPU tensors only)."""
+
+    name = "cpu"
+
+    def __init__(
+        self, program: ir.Program, cache: KernelCache | None = None, toolchain: Toolchain | None = None
+    ) -> None:
+        tc = toolchain or Toolchain.detect()
+        if tc is None:
+            raise NativeError("no C compiler found (set $CC or install gcc/clang)")
+        self.program = program
+        self.cache = cache or KernelCache.from_env()
+        self.path, self.source = build(program, self.cache, tc)
+        lib = ctypes.CDLL(str(self.path))
+        lib.hp_abi_version.restype = ctypes.c_int64
+        if lib.hp_abi_version() != ABI_VERSION:  # pragma: no cover - stale file under our key
+            raise NativeError(f"kernel library {self.path} has a different ABI; delete it")
+        for fn in ("hp_encode_ws_bytes", "hp_decode_ws_bytes", "hp_decode_acc_ws_bytes"):
+            getattr(lib, fn).restype = ctypes.c_int64
+            getattr(lib, fn).argtypes = [ctypes.c_int64]
+        lib.hp_encode.argtypes = [ctypes.POINTER(_EncArgs)]
+        lib.hp_decode.argtypes = [ctypes.POINTER(_DecArgs)]
+        lib.hp_decode_acc.argtypes = [ctypes.POINTER(_DecArgs)]
+        self._lib = lib
+        self._ws: dict[tuple[str, int], torch.Tensor] = {}
+        self._state_types = [
+            torch_storage_dtype(s.type if isinstance(s.type, DType) else s.type.dtype)
+            for s in program.state
+        ]
+
+    def _buffer(self, kind: str, n: int, nbytes: int) -> torch.Tensor:
+        buf = self._ws.get((kind, n))
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, 8), dtype=torch.uint8)
+            self._ws[(kind, n)] = buf
+        return buf
+
+    def workspace_bytes(self, n: int) -> int:
+        """Workspace bytes one encode/decode of ``n`` elements uses."""
+        lib = self._lib
+        return max(lib.hp_encode_ws_bytes(n), lib.hp_decode_ws_bytes(n), lib.hp_decode_acc_ws_bytes(n))
+
+    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
+        n = state.n
+        _cpu(grad, "gradient")
+        _cpu(out, "payload buffer")
+        if grad.dtype == torch.float32 and grad.is_contiguous():
+            g = grad
+        else:
+            g = self._buffer("grad", n, 4 * n)[: 4 * n].view(torch.float32)
+            g.copy_(grad.reshape(-1))
+        ptrs = (ctypes.c_void_p * max(1, len(self.program.state)))()
+        for k, (slot, dt) in enumerate(zip(self.program.state, self._state_types, strict=True)):
+            t = state.tensors[slot.name]
+            if t.device.type != "cpu" or t.dtype != dt or not t.is_contiguous():
+                raise NativeError(
+                    f"state `{slot.name}` must be a contiguous CPU {dt} tensor, got "
+                    f"{t.device} {t.dtype}{'' if t.is_contiguous() else ' (non-contiguous)'}"
+                )
+            if isinstance(slot.type, ArrayType) and t.numel() == 0:
+                ptrs[k] = None
+            else:
+                ptrs[k] = t.data_ptr()
+        ws = self._buffer("ws", n, self._lib.hp_encode_ws_bytes(n))
+        args = _EncArgs(
+            n, g.data_ptr(), out.data_ptr(), ws.data_ptr(), ptrs,
+            state.seed & (2**64 - 1), state.step & (2**64 - 1), state.tensor_id & (2**64 - 1),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        self._lib.hp_encode(ctypes.byref(args))
+
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
+        _cpu(payload, "payload")
+        _cpu(out, "output")
+        if not payload.is_contiguous():
+            raise NativeError("payload must be contiguous")
+        direct = out.dtype == torch.float32 and out.is_contiguous()
+        acc = accumulate and direct
+        fn = self._lib.hp_decode_acc if acc else self._lib.hp_decode
+        wsn = (self._lib.hp_decode_acc_ws_bytes if acc else self._lib.hp_decode_ws_bytes)(n)
+        ws = self._buffer("dws", n, wsn)
+        if direct:
+            target = out
+        else:
+            # the reference rounds the f32 result to out's dtype, then adds in that dtype
+            target = self._buffer("dout", n, 4 * n)[: 4 * n].view(torch.float32)
+        args = _DecArgs(n, payload.data_ptr(), target.data_ptr(), ws.data_ptr(), torch.get_num_threads())
+        fn(ctypes.byref(args))
+        if not direct:
+            flat = out.view(-1) if out.is_contiguous() else out
+            if accumulate:
+                tmp = self._buffer(f"dcast-{out.dtype}", n, n * out.element_size())
+                tmp = tmp[: n * out.element_size()].view(out.dtype)
+                tmp.copy_(target)
+                flat.add_(tmp.view(flat.shape))
+            else:
+                flat.copy_(target.view(flat.shape))
+
+
+def _cpu(t: torch.Tensor, what: str) -> None:
+    if t.device.type != "cpu":
+        raise NativeError(f"the C backend runs on CPU tensors; the {what} is on {t.device}")

@@ -1,0 +1,568 @@
+"""Plan -> C source (OpenMP, vectorisable tile loops). Used by :mod:`hipress.compll.render`.
+
+Python decides what each loop computes and forms the statements; the templates
+(``templates/c_*.j2``) hold the layout of the file, the functions, the loops and the special
+stages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jinja2
+
+from hipress.compll import ir
+from hipress.compll.lower import Item, Loop, Plan, ScatterAdd, Special, Target
+from hipress.compll.render_expr import Body, Emitter, Mem, Names, const, ctype, mtype
+from hipress.compll.types import ArrayType, DType
+
+# ---------------------------------------------------------------- reductions
+
+
+@dataclass(frozen=True)
+class Acc:
+    ctype: str
+    name: str
+    init: str
+    clause: str  # OpenMP reduction operator: + min max | &
+
+
+@dataclass(frozen=True)
+class Reduction:
+    accs: tuple[Acc, ...]
+    update: tuple[str, ...]
+    final: str  # in terms of the accumulator names
+
+
+def _key_init(dt: DType, which: str) -> str:
+    """The order key of +inf (min) or -inf (max) for float type ``dt``."""
+    bits = dt.bits
+    b = (0x7F800000 if bits == 32 else 0x7FF0000000000000) | (
+        (1 << (bits - 1)) if which == "max" else 0
+    )
+    if b >= 1 << (bits - 1):
+        b -= 1 << bits
+    k = b ^ ((b >> (bits - 1)) & ((1 << (bits - 1)) - 1))
+    return f"INT64_C({k})" if bits == 64 else f"({k})"
+
+
+def reduction(op: str, v: str, dt: DType, out: DType, length: str, names: Names) -> Reduction:
+    """Accumulators and statements reducing values ``v`` (type ``dt``) with ``op``."""
+    a = names.fresh("acc")
+    if op == "sum":
+        if dt.is_float:
+            return Reduction((Acc("double", a, "0.0", "+"),), (f"{a} += (double)({v});",),
+                             f"(({ctype(out)}){a})")  # fmt: skip
+        return Reduction((Acc("uint64_t", a, "0", "+"),), (f"{a} += (uint64_t)(int64_t)({v});",),
+                         f"((int64_t){a})")  # fmt: skip
+    if op == "count":
+        return Reduction((Acc("int64_t", a, "0", "+"),), (f"{a} += (int64_t)({v});",), a)
+    if op in ("any", "all"):
+        init, sym = ("0", "|") if op == "any" else ("1", "&")
+        return Reduction((Acc("int", a, init, sym),), (f"{a} {sym}= (int)({v});",), f"({a} != 0)")
+    # min, max, absmax
+    which = "min" if op == "min" else "max"
+    x = names.fresh("x")
+    xv = (f"fabs{'f' if dt.name == 'f32' else ''}({v})" if dt.is_float else f"hp_abs_{dt.name}({v})") if op == "absmax" else v
+    if dt.is_float:
+        kt = "int32_t" if dt.bits == 32 else "int64_t"
+        nf = names.fresh("nan")
+        kx = names.fresh("k")
+        upd = (
+            f"const {ctype(dt)} {x} = {xv};",
+            f"const {kt} {kx} = hp_key_{dt.name}({x});",
+            f"{a} = {kx} {'<' if which == 'min' else '>'} {a} ? {kx} : {a};",
+            f"{nf} |= ({x} != {x});",
+        )
+        val = f"hp_unkey_{dt.name}({a})"
+        if op == "absmax":
+            val = f"({length} == 0 ? {const(0, dt)} : {val})"
+        final = f"({nf} ? {const(float('nan'), dt)} : {val})"
+        return Reduction((Acc(kt, a, _key_init(dt, which), which), Acc("int", nf, "0", "|")), upd, final)
+    lim = {"min": "max", "max": "min"}[which]
+    init = _int_limit(dt, lim)
+    upd = (f"const {ctype(dt)} {x} = {xv};",
+           f"{a} = {x} {'<' if which == 'min' else '>'} {a} ? {x} : {a};")  # fmt: skip
+    final = f"({length} == 0 ? {const(0, dt)} : {a})" if op == "absmax" else a
+    return Reduction((Acc(ctype(dt), a, init, which),), upd, final)
+
+
+def _int_limit(dt: DType, which: str) -> str:
+    if dt.is_signed:
+        v = (1 << (dt.bits - 1)) - 1 if which == "max" else -(1 << (dt.bits - 1))
+    else:
+        v = (1 << dt.bits) - 1 if which == "max" else 0
+    return const(v, dt)
+
+
+def combine_acc(acc: Acc, tot: str, part: str) -> str:
+    if acc.clause == "+":
+        return f"{tot} += {part};"
+    if acc.clause in ("|", "&"):
+        return f"{tot} {acc.clause}= {part};"
+    cmp = "<" if acc.clause == "min" else ">"
+    return f"{tot} = {part} {cmp} {tot} ? {part} : {tot};"
+
+
+# ---------------------------------------------------------------- one function
+
+
+class CFunction:
+    """Renders one plan (encode, decode or decode-accumulate) as a C function."""
+
+    def __init__(self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str) -> None:
+        self.env = env
+        self.prog = prog
+        self.plan = plan
+        self.name = name
+        self.names = Names()
+        self.lengths: dict[str, str] = {}
+        self.length_lines: list[str] = []
+        self.mem: dict[str, Mem] = {}
+        self.setup: list[str] = []
+        self.final: list[str] = []
+        self.ws: list[str] = []  # byte-size expressions, in layout order
+        self.ws_sizes: list[tuple[object, int] | None] = []
+        self.ws_ptr: dict[str, str] = {}
+        self.em = Emitter(plan, self.names, self.mem, self.lengths)
+        self.scalar_decl: set[str] = set()
+        self.safe_lines: list[str] = []
+        self.hoisted: list[str] = []
+
+    # -- lengths and pointers
+
+    def length(self, e: ir.Expr) -> str:
+        key = repr(e)
+        if key not in self.lengths:
+            var = f"L{len(self.lengths) + 1}"
+            self.lengths[key] = var
+            body = Body()
+            code = self.em.expr(e, body, {})
+            if body.lines:  # pragma: no cover - lengths depend on n and constants only
+                raise ValueError(f"array length {ir.show_expr(e)} is not a host expression")
+            self.length_lines.append(f"const int64_t {var} = hp_len({code});")
+        return self.lengths[key]
+
+    def target_ptr(self, t: Target) -> str:
+        if t.kind == "ws":
+            return self.ws_ptr[t.name]
+        if t.kind == "state":
+            return self.names.get(t.name, "st")
+        if t.kind == "payload":
+            return self.names.get(t.name, "f")
+        return "out"
+
+    def scratch(self, ctype_: str, count: str, size: tuple[object, int] | None = None) -> str:
+        """A workspace buffer of ``count`` elements (an expression of length vars); ``size`` is
+        the same as (IR length or int, element bytes), for targets that lay out on the host."""
+        var = self.names.fresh("scr")
+        self.ws.append(f"({count}) * (int64_t)sizeof({ctype_})")
+        self.ws_sizes.append(size)
+        self.setup.append(f"{ctype_}* const {var} = ({ctype_}*)wsp[{len(self.ws) - 1}];")
+        return var
+
+    def _arrays(self) -> None:
+        plan, prog = self.plan, self.prog
+        for a in plan.arrays.values():
+            self.length(a.length)
+        for name, t in plan.homes.items():
+            a = plan.arrays[name]
+            if t.kind == "ws":
+                var = self.names.get(name, "w")
+                self.ws_ptr[name] = var
+                nbytes = (
+                    f"({self.length(a.length)} * {a.bits} + 7) / 8"
+                    if a.bits is not None
+                    else f"{self.length(a.length)} * (int64_t)sizeof({mtype(a.dtype)})"
+                )
+                self.ws.append(nbytes)
+                self.ws_sizes.append((a.length, -a.bits if a.bits is not None else a.dtype.nbytes))
+                self.setup.append(f"{mtype(a.dtype)}* const {var} = ({mtype(a.dtype)}*)wsp[{len(self.ws) - 1}];")
+        for name, a in plan.arrays.items():
+            if a.origin == "grad":
+                ptr = "s_grad"
+            elif a.origin == "state":
+                ptr = self.names.get(name, "st")
+            elif a.origin == "payload":
+                ptr = self.names.get(name.split(".", 1)[1], "f")
+            elif name in plan.homes:
+                ptr = self.target_ptr(plan.homes[name])
+            else:
+                continue
+            ln = self.length(a.length)
+            mt = "uint8_t" if a.bits is not None else mtype(a.dtype)
+            safe = self.names.get(name, "rp")
+            self.safe_lines.append(
+                f"const {mt}* const {safe} = {ln} > 0 ? (const {mt}*){ptr} : (const {mt}*)hp_zeros;"
+            )
+            self.mem[name] = Mem(ptr, ln, a.dtype, a.bits, safe)
+        del prog
+
+    def _payload(self, writing: bool) -> None:
+        prog = self.prog
+        q = "" if writing else "const "
+        prev = None
+        offs = []
+        for k, f in enumerate(prog.payload):
+            off = f"po{k}"
+            if prev is None:
+                self.setup.append(f"const int64_t {off} = 0;")
+            else:
+                self.setup.append(f"const int64_t {off} = hp_up8({prev[0]} + {prev[1]});")
+            if isinstance(f.type, ArrayType):
+                ln = self.length(f.type.length)
+                nb = f"({ln} * {f.type.bits} + 7) / 8" if f.type.bits else f"{ln} * {f.type.dtype.nbytes}"
+                mt = mtype(f.type.dtype)
+                self.setup.append(f"{q}{mt}* const {self.names.get(f.name, 'f')} = ({q}{mt}*)(pay + {off});")
+            else:
+                nb = str(f.type.nbytes)
+                if not writing:
+                    var = self.names.get(f"{prog.decode.payload}.{f.name}")
+                    if f.type.is_bool:
+                        self.setup.append(f"const bool {var} = pay[{off}] != 0;")
+                    else:
+                        self.setup.append(f"{ctype(f.type)} {var};")
+                        self.setup.append(f"memcpy(&{var}, pay + {off}, {f.type.nbytes});")
+            offs.append((off, nb))
+            prev = (off, f"({nb})")
+        if writing:
+            total = f"hp_up8({prev[0]} + {prev[1]})" if prev else "0"
+            for k, (off, nb) in enumerate(offs):
+                end = offs[k + 1][0] if k + 1 < len(offs) else total
+                self.setup.append(f"memset(pay + {off} + ({nb}), 0, (size_t)({end} - {off} - ({nb})));")
+            self.offsets = offs
+
+    def _inputs(self) -> None:
+        prog = self.prog
+        if self.plan.fn == "encode":
+            self.setup += [
+                "const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);",
+                "const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;",
+                "(void)rk0; (void)rk1; (void)rstep; (void)rtid;",
+                "const float* const s_grad = a->grad;",
+                "uint8_t* const pay = a->out;",
+            ]
+            for k, s in enumerate(prog.state):
+                if isinstance(s.type, ArrayType):
+                    mt = mtype(s.type.dtype)
+                    self.setup.append(f"{mt}* const {self.names.get(s.name, 'st')} = ({mt}*)a->state[{k}];")
+                elif s.type.is_bool:
+                    self.setup.append(f"const bool {self.names.get(s.name)} = *(const uint8_t*)a->state[{k}] != 0;")
+                else:
+                    t = ctype(s.type)
+                    self.setup.append(f"const {t} {self.names.get(s.name)} = *(const {t}*)a->state[{k}];")
+            self._payload(writing=True)
+        else:
+            self.setup += ["const uint8_t* const pay = a->payload;", "float* const out = a->out;"]
+            self._payload(writing=False)
+
+    # -- stages
+
+    def render(self) -> str:
+        self._inputs()
+        self._arrays()
+        stages: list[str] = []
+        for step in self.plan.steps:
+            for lp in step.loops:
+                stages.append(self.loop(lp))
+            for sp in step.specials:
+                stages.append(self.special(sp))
+            for let in step.lets:
+                body = Body(level=step.level)
+                v = self.em.expr(let.value, body, {})
+                var = self.names.get(let.name)
+                stages += [f"  {ln}" for ln in body.lines]
+                stages.append(f"  const {ctype(let.value.dtype)} {var} = {v};")
+        if self.plan.fn == "encode":
+            self._final()
+        tpl = self.env.get_template("c_function.c.j2")
+        return tpl.render(
+            title=f"{self.prog.name}: {self.name}",
+            name=self.name,
+            args="hp_enc_args" if self.plan.fn == "encode" else "hp_dec_args",
+            lengths=self.length_lines,
+            ws=self.ws,
+            setup=self.length_lines + self.setup + self.safe_lines,
+            stages=stages,
+            final=self.final,
+        )
+
+    def _final(self) -> None:
+        prog = self.prog
+        for (off, _), f, v in zip(self.offsets, prog.payload, prog.encode.fields, strict=True):
+            if isinstance(v, str):
+                continue
+            body = Body(level=10**6)
+            x = self.em.expr(v, body, {})
+            assert isinstance(f.type, DType)
+            self.final += body.lines
+            var = self.names.fresh("fv")
+            t = mtype(f.type)
+            if f.type.is_float:
+                x = f"hp_canon_{f.type.name}({x})"
+            self.final.append(f"{{ const {t} {var} = ({t})({x}); memcpy(pay + {off}, &{var}, {f.type.nbytes}); }}")
+        for s in self.plan.final_state:
+            k = next(i for i, sl in enumerate(prog.state) if sl.name == s.state)
+            slot = prog.state[k]
+            assert isinstance(slot.type, DType) and not isinstance(s.value, str)
+            body = Body(level=10**6)
+            x = self.em.expr(s.value, body, {})
+            self.final += body.lines
+            t = mtype(slot.type)
+            self.final.append(f"*({t}*)a->state[{k}] = ({t})({x});")
+
+    def _declare_scalar(self, name: str, dt: DType) -> str:
+        var = self.names.get(name)
+        return f"  {ctype(dt)} {var};"
+
+    def loop(self, lp: Loop) -> str:
+        ln = self.length(lp.length)
+        body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
+        partials: list[dict[str, str]] = []
+        clauses: list[str] = []
+        finish: list[str] = []
+        decls: list[str] = []
+        stores: list[str] = []
+        packs: list[tuple[str, str, int]] = []  # (buffer, dst pointer, bits)
+        titles: list[str] = []
+        for it in lp.items:
+            body.copy = it.copy
+            if it.kind == "store":
+                assert isinstance(it.op, ir.Map)
+                titles.append(it.op.name)
+                v = self.em.apply(it.op.fn, ["i"], body)
+                self._stores(it, v, stores, packs)
+            else:
+                assert isinstance(it.op, ir.Reduce)
+                titles.append(it.op.name)
+                v = self.em.apply(it.op.fn, ["i"], body)
+                red = reduction(it.op.op, v, it.op.fn.result.dtype, it.op.dtype, ln, self.names)
+                body.lines += red.update
+                final = red.final
+                for acc in red.accs:
+                    part = self.names.fresh("part")
+                    partials.append({"ctype": acc.ctype, "name": part, "acc": acc.name, "init": acc.init})
+                    clauses.append(f" reduction({acc.clause}:{acc.name})")
+                    finish.append(f"{acc.ctype} {acc.name} = {acc.init};")
+                    finish.append(f"for (int k = 0; k < nt; k++) {combine_acc(acc, acc.name, f'{part}[k]')}")
+                var = self.names.get(it.op.name)
+                decls.append(f"  {ctype(it.op.dtype)} {var};")
+                finish.append(f"{var} = {final};")
+        body.copy = False
+        pre = self._tile_pre(body)
+        post = self._tile_post(packs)
+        for buf, _, _ in packs:
+            pre.insert(0, f"uint8_t {buf}[HP_TILE];")
+        hoist = "".join(f"  {ln}\n" for ln in body.hoist)
+        tpl = self.env.get_template("c_loop.c.j2")
+        text = hoist + tpl.render(
+            level=lp.level, title=", ".join(titles), length=ln, partials=partials, pre=pre,
+            clauses="".join(clauses), variants=variants(body, body.lines + stores), post=post,
+            finish=finish,
+        )  # fmt: skip
+        return "\n".join([*decls, text])
+
+    def _stores(self, it: Item, v: str, stores: list[str], packs: list[tuple[str, str, int]]) -> None:
+        assert isinstance(it.op, ir.Map)
+        t = it.op.type
+        for tg in it.targets:
+            ptr = self.target_ptr(tg)
+            if t.bits is not None and t.bits < 8:
+                buf = self.names.fresh("pk")
+                stores.append(f"{buf}[t] = {v};")
+                packs.append((buf, ptr, t.bits))
+            elif tg.kind == "outacc":
+                stores.append(f"out[i] = out[i] + {v};")
+            elif t.dtype.is_bool:
+                stores.append(f"{ptr}[i] = (uint8_t)({v});")
+            elif tg.kind == "payload" and t.dtype.is_float:
+                stores.append(f"{ptr}[i] = hp_canon_{t.dtype.name}({v});")
+            else:
+                stores.append(f"{ptr}[i] = {v};")
+
+    def _tile_pre(self, body: Body) -> list[str]:
+        pre: list[str] = []
+        for name, buf in body.unpacked.items():
+            m = self.mem[name]
+            assert m.bits is not None
+            per = 8 // m.bits
+            mask = (1 << m.bits) - 1
+            parts = " ".join(f"{buf}[{per} * q + {j}] = (uint8_t)((b >> {j * m.bits}) & {mask});" for j in range(per))
+            pre += [
+                f"uint8_t {buf}[HP_TILE];",
+                f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++) {{",
+                f"  const uint8_t b = {m.ptr}[i0 / {per} + q];",
+                f"  {parts}",
+                "}",
+            ]  # fmt: skip
+        for stream, buf in body.rand_tiles.items():
+            pre += [
+                f"uint32_t {buf}[HP_TILE];",
+                f"hp_philox_tile(i0, tl, {stream}u, rk0, rk1, rstep, rtid, {buf});",
+            ]
+        return pre
+
+    def _tile_post(self, packs: list[tuple[str, str, int]]) -> list[str]:
+        post: list[str] = []
+        for buf, ptr, bits in packs:
+            per = 8 // bits
+            expr = " | ".join(f"({buf}[{per} * q + {j}] << {j * bits})" for j in range(per))
+            post += [
+                f"for (int64_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0;",
+                "#pragma omp simd",
+                f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++) {ptr}[i0 / {per} + q] = (uint8_t)({expr});",
+            ]  # fmt: skip
+        return post
+
+    # -- special stages
+
+    def _lambda(self, fn: ir.Lambda, length: ir.Expr | None, level: int, idx: str = "j") -> tuple[list[str], str]:
+        body = Body(level=level, index=idx, loop_len=length)
+        v = self.em.apply(fn, [idx], body)
+        self.hoisted += body.hoist
+        return body.lines, v
+
+    def special(self, sp: Special) -> str:
+        self.hoisted = []
+        text = self._special(sp)
+        return "".join(f"  {ln}\n" for ln in self.hoisted) + text
+
+    def _special(self, sp: Special) -> str:
+        op = sp.op
+        lv = sp.level
+        home = self.target_ptr(sp.home) if sp.home is not None else None
+        r: Callable[..., str] = lambda tpl, /, **kw: self.env.get_template(tpl).render(level=lv, **kw)  # noqa: E731
+        if isinstance(op, ir.Filter):
+            fb = Body(level=lv, index="j", loop_len=op.length)
+            res = self.em.apply(op.pred, ["j"], fb)
+            self.hoisted += fb.hoist
+            vs = [{**v, "result": _fix(res, fast)} for v, fast in zip(variants(fb, fb.lines), (True, False), strict=False)]
+            ln = self.length(op.length)
+            cnt = self.names.get(op.count)
+            return f"  int64_t {cnt};\n" + r(
+                "c_filter.c.j2", idx_name=op.idx, length=ln, bound=self.length(op.bound), idx=home,
+                scratch=self.scratch("int32_t", ln), variants=vs, count=cnt,
+            )  # fmt: skip
+        if isinstance(op, ir.TopK):
+            body, res = self._lambda(op.key, op.length, lv)
+            ln = self.length(op.length)
+            kdt = op.key.result.dtype
+            ku = "uint64_t" if kdt.bits == 64 else "uint32_t"
+            cnt = self.names.get(op.count)
+            return f"  int64_t {cnt};\n" + r(
+                "c_topk.c.j2", idx_name=op.idx, length=ln, k=self.length(op.k), idx=home, ku=ku,
+                kt=kdt.name, kbits=64 if kdt.bits == 64 else 32, scratch=self.scratch(ku, ln),
+                body=body, result=res, count=cnt,
+            )  # fmt: skip
+        if isinstance(op, ir.Sort):
+            body, res = self._lambda(op.key, op.length, lv)
+            ln = self.length(op.length)
+            ku = "uint64_t" if op.dtype.bits == 64 else "uint32_t"
+            return r(
+                "c_sort.c.j2", out_name=op.name, length=ln, out=home, vt=ctype(op.dtype), ku=ku,
+                kt=op.dtype.name, kbits=64 if op.dtype.bits == 64 else 32,
+                is_float=op.dtype.is_float, scratch_a=self.scratch(ku, ln),
+                scratch_b=self.scratch(ku, ln), scratch_h=self.scratch("int64_t", "HP_MAXT * 256"),
+                body=body, result=res,
+            )  # fmt: skip
+        if isinstance(op, ir.Scan):
+            return self._scan(op, lv, home, r)
+        if isinstance(op, ir.SegReduce):
+            return self._segreduce(op, lv, home, r)
+        if isinstance(op, ScatterAdd):
+            return self._scatter(op.op, lv, home, r)
+        assert isinstance(op, ir.Reduce)
+        return self._custom(op, lv, r)
+
+    def _scan(self, op: ir.Scan, lv: int, home: str | None, r: Callable[..., str]) -> str:
+        body, res = self._lambda(op.fn, op.length, lv)
+        dt = op.dtype
+        seq = op.op == "sum" and dt.is_float
+        if op.op == "sum":
+            ident = const(0, dt)
+            comb = lambda a, b: f"hp_add_{dt.name}({a}, {b})"  # noqa: E731
+        else:
+            ident = _ident_minmax(op.op, dt)
+            comb = lambda a, b: f"hp_{op.op}_{dt.name}({a}, {b})"  # noqa: E731
+        return r(
+            "c_scan.c.j2", op=op.op, out_name=op.name, length=self.length(op.length), out=home,
+            vt=ctype(dt), sequential=seq, identity=ident, combine=comb, body=body, result=res,
+        )  # fmt: skip
+
+    def _segreduce(self, op: ir.SegReduce, lv: int, home: str | None, r: Callable[..., str]) -> str:
+        body, res = self._lambda(op.fn, op.length, lv)
+        dt = op.fn.result.dtype
+        red = reduction(op.op, res, dt, op.dtype, "(j1 - j0)", self.names)
+        final = red.final
+        out_len = self.length(self.plan.arrays[op.name].length)
+        return r(
+            "c_segreduce.c.j2", op=op.op, out_name=op.name, length=self.length(op.length),
+            seg=self.length(op.seg), out_len=out_len, out=home, vt=mtype(op.dtype),
+            acc_decls=[f"{a.ctype} {a.name} = {a.init};" for a in red.accs],
+            clauses="".join(f" reduction({a.clause}:{a.name})" for a in red.accs),
+            body=body, update=list(red.update), final=final,
+        )  # fmt: skip
+
+    def _scatter(self, op: ir.Scatter, lv: int, home: str | None, r: Callable[..., str]) -> str:
+        idx_a = self.plan.arrays[op.idx]
+        body = Body(level=lv, index="j", loop_len=idx_a.length)
+        index = self.em.load(ir.Load(op.idx, ir.Ref("__j", idx_a.dtype), idx_a.dtype), body, {"__j": "j"})
+        val = self.em.load(ir.Load(op.vals, ir.Ref("__j", op.dtype), op.dtype), body, {"__j": "j"})
+        self.hoisted += body.hoist
+        dt = op.dtype
+        add = (lambda a, b: f"({a} + {b})") if dt.is_float else (lambda a, b: f"hp_add_{dt.name}({a}, {b})")  # noqa: E731
+        body_count = Body(level=lv)
+        count = self.em.expr(op.count, body_count, {})
+        pre = "".join(f"  {ln}\n" for ln in body_count.lines)
+        return pre + r(
+            "c_scatter.c.j2", out_name=op.name, length=self.length(op.length), count=count,
+            idx_len=self.length(idx_a.length), out=home, vt=mtype(dt), body=body.lines,
+            index=index, value=val, add=add,
+        )  # fmt: skip
+
+    def _custom(self, op: ir.Reduce, lv: int, r: Callable[..., str]) -> str:
+        assert op.combine is not None and op.init is not None
+        body, res = self._lambda(op.fn, op.length, lv)
+        ib = Body(level=lv)
+        init = self.em.expr(op.init, ib, {})
+        cb = Body(level=lv)
+        cres = self.em.apply(op.combine, ["ca", "cb"], cb)
+        dt = op.dtype
+        ln = self.length(op.length)
+        var = self.names.get(op.name)
+        return f"  {ctype(dt)} {var};\n" + r(
+            "c_custom_reduce.c.j2", name=var, length=ln, vt=ctype(dt),
+            scratch_a=self.scratch(ctype(dt), ln, (op.length, 8)),
+            scratch_b=self.scratch(ctype(dt), f"({ln} + 1) / 2", (op.length, 8)),
+            init_body=ib.lines, init=init, body=body, result=res, combine_body=cb.lines,
+            combine_result=cres,
+        )  # fmt: skip
+
+
+_FLAG = re.compile(r"^const bool (fastdiv\d+) = ")
+
+
+def variants(body: Body, lines: list[str]) -> list[dict[str, object]]:
+    """The loop body once, or twice when fast-division flags were hoisted: a version with every
+    flag true (straight-line, vectorisable) under their conjunction, and one with every flag
+    false (exact division) otherwise."""
+    flags = [m.group(1) for m in map(_FLAG.match, body.hoist) if m]
+    if not flags:
+        return [{"cond": "", "body": lines}]
+    return [
+        {"cond": " && ".join(flags), "body": [_fix(ln, True, flags) for ln in lines]},
+        {"cond": "", "body": [_fix(ln, False, flags) for ln in lines]},
+    ]
+
+
+def _fix(line: str, fast: bool, flags: list[str] | None = None) -> str:
+    """``line`` with every fast-division flag replaced by 1 (``fast``) or 0."""
+    return re.sub(r"\bfastdiv\d+\b", "1" if fast else "0", line)
+
+
+def _ident_minmax(op: str, dt: DType) -> str:
+    if dt.is_float:
+        return const(float("inf") if op == "min" else float("-inf"), dt)
+    return _int_limit(dt, "max" if op == "min" else "min")

@@ -1,0 +1,44 @@
+"""The demo: local worker processes train a word-level LSTM language model on the Python
+standard library's own source, uncompressed and with hipress, and compare (``hipress demo``).
+
+    from hipress.demo import DemoConfig, default_runs, load_corpus, run_demo
+    config = DemoConfig(steps=100)
+    result = run_demo(config, default_runs("onebit"), load_corpus(config.model.vocab_size))
+    print(result.runs[1].final.accuracy, result.runs[1].ratio)
+
+Stages: :mod:`~hipress.demo.data` (corpus), :mod:`~hipress.demo.models` (the model),
+:mod:`~hipress.demo.launch` (worker processes), :mod:`~hipress.demo.train` (the runs),
+:mod:`~hipress.demo.cli` (output). See docs/demo.md.
+"""
+
+from __future__ import annotations
+
+from hipress.demo.config import (
+    DemoConfig,
+    DemoError,
+    DemoResult,
+    EvalPoint,
+    RunResult,
+    RunSpec,
+    default_runs,
+)
+from hipress.demo.data import Corpus, DataError, Vocab, load_corpus
+from hipress.demo.models import ModelConfig, WordLM
+from hipress.demo.train import run_demo
+
+__all__ = [
+    "Corpus",
+    "DataError",
+    "DemoConfig",
+    "DemoError",
+    "DemoResult",
+    "EvalPoint",
+    "ModelConfig",
+    "RunResult",
+    "RunSpec",
+    "Vocab",
+    "WordLM",
+    "default_runs",
+    "load_corpus",
+    "run_demo",
+]

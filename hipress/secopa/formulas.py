@@ -1,0 +1,190 @@
+"""The strategy tables the cost model evaluates (see :mod:`hipress.secopa.costmodel`).
+
+A strategy is a :class:`Formula`: a table of :class:`Term` (an operation, how many times it
+runs, on what size, as functions of the :class:`Dims` of one evaluation) and a combine rule.
+
+- :data:`CASYNC_FORMULAS`: what CaSync runs (``hipress/casync/strategies.py``), per partition,
+  pipelined.
+- :data:`ORIGINAL_FORMULAS`: the original SeCoPa's PS and Ring formulas (shared/REFERENCE.md
+  section 1), whole-tensor sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from hipress.secopa.plan import Strategy
+from hipress.secopa.profile import PayloadModel
+
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The shape of one evaluation: N workers, m elements, K partitions (an array)."""
+
+    n: int
+    m: float
+    k: Array
+    payload: PayloadModel
+
+    @property
+    def part(self) -> Array:
+        """Elements per partition."""
+        return self.m / self.k
+
+    @property
+    def shard(self) -> Array:
+        """Elements per shard of a partition (PS splits each partition in N)."""
+        return self.m / (self.k * self.n)
+
+    def pay(self, elements: ArrayLike) -> Array:
+        """Payload bytes of ``elements`` elements."""
+        return self.payload.nbytes(elements)
+
+
+@dataclass(frozen=True)
+class Term:
+    """``count`` runs of operation ``op`` on ``size`` (elements for compute, bytes for comm)."""
+
+    op: str
+    count: Callable[[Dims], ArrayLike]
+    size: Callable[[Dims], ArrayLike]
+
+
+@dataclass(frozen=True)
+class Formula:
+    """One synchronisation strategy (see the module docstring).
+
+    Fields:
+        name: unique within its table.
+        compressed: whether the gradient is compressed.
+        strategy: the CaSync strategy that runs it, or None if CaSync has no equivalent.
+        compute: compute terms (ops in the profile's ``compute``).
+        comm: communication terms (ops in the profile's ``network``).
+        combine: ``"pipeline"`` (per-partition terms) or ``"sum"`` (whole-tensor terms).
+        min_part: world size -> fewest elements a partition may have (PS: N, one per shard).
+    """
+
+    name: str
+    compressed: bool
+    strategy: Strategy | None
+    compute: tuple[Term, ...]
+    comm: tuple[Term, ...]
+    combine: Literal["pipeline", "sum"] = "pipeline"
+    min_part: Callable[[int], int] = field(default=lambda n: 1, repr=False)
+
+
+def _one(d: Dims) -> float:
+    return 1.0
+
+
+def _n(d: Dims) -> float:
+    return float(d.n)
+
+
+def _n1(d: Dims) -> float:
+    return float(d.n - 1)
+
+
+CASYNC_FORMULAS: tuple[Formula, ...] = (
+    Formula(
+        "allreduce",
+        compressed=False,
+        strategy=Strategy.ALLREDUCE,
+        compute=(),
+        comm=(Term("allreduce", _one, lambda d: 4.0 * d.part),),
+    ),
+    Formula(
+        "allgather",
+        compressed=True,
+        strategy=Strategy.ALLGATHER,
+        compute=(
+            Term("encode", _one, lambda d: d.part),
+            Term("decode", _one, lambda d: d.part),  # first payload overwrites
+            Term("decode_acc", _n1, lambda d: d.part),  # the others accumulate (merge fused)
+            Term("merge", _one, lambda d: d.part),  # the average (one pass, like a merge)
+            Term("merge", _one, lambda d: d.part),  # CaSync's NaN/Inf check (one read pass)
+        ),
+        comm=(Term("all_gather", _one, lambda d: d.pay(d.part)),),
+    ),
+    Formula(
+        "ps",
+        compressed=True,
+        strategy=Strategy.PS,
+        compute=(
+            Term("merge", _n, lambda d: d.shard),  # CaSync's NaN/Inf check (one read pass)
+            Term("encode", _n, lambda d: d.shard),  # N shards
+            Term("decode", _one, lambda d: d.shard),  # N payloads of the shard I serve ...
+            Term("decode_acc", _n1, lambda d: d.shard),  # ... merged by accumulating
+            Term("merge", _one, lambda d: d.shard),  # the average
+            Term("encode", _one, lambda d: d.shard),  # re-encode the aggregate
+            Term("decode", _n, lambda d: d.shard),  # all N aggregates
+        ),
+        comm=(
+            Term("all_to_all", _one, lambda d: d.n * d.pay(d.shard)),
+            Term("all_gather", _one, lambda d: d.pay(d.shard)),
+        ),
+        min_part=lambda n: n,
+    ),
+)
+
+
+def _r_elems(d: Dims) -> Array:
+    """``r * m/K`` of the original: payload size of a partition in float32 elements."""
+    return d.pay(d.part) / 4.0
+
+
+ORIGINAL_FORMULAS: tuple[Formula, ...] = (
+    Formula(
+        "ps_plain",
+        compressed=False,
+        strategy=None,
+        compute=(Term("merge", _n1, lambda d: d.part),),
+        comm=(
+            Term("gather", _one, lambda d: 4.0 * d.part),
+            Term("bcast", _one, lambda d: 4.0 * d.part),
+        ),
+        combine="sum",
+    ),
+    Formula(
+        "ps_compressed",
+        compressed=True,
+        strategy=Strategy.PS,
+        compute=(
+            Term("encode", lambda d: np.minimum(d.k + 1, d.n), lambda d: d.part),
+            Term("decode", lambda d: np.minimum(d.n - 1 + d.k, 2 * (d.n - 1)), _r_elems),
+            Term("merge", _n1, lambda d: d.part),
+        ),
+        comm=(
+            Term("gather", _one, lambda d: d.pay(d.part)),
+            Term("bcast", _one, lambda d: d.pay(d.part)),
+        ),
+        combine="sum",
+    ),
+    Formula(
+        "ring_plain",
+        compressed=False,
+        strategy=Strategy.ALLREDUCE,
+        compute=(Term("merge", _n1, lambda d: d.part),),
+        comm=(Term("send", lambda d: 2.0 * (d.n - 1), lambda d: 4.0 * d.part),),
+        combine="sum",
+    ),
+    Formula(
+        "ring_compressed",
+        compressed=True,
+        strategy=None,
+        compute=(
+            Term("encode", _n, lambda d: d.part),
+            Term("decode", _n, _r_elems),
+            Term("merge", _n1, lambda d: d.part),
+        ),
+        comm=(Term("send", lambda d: 2.0 * (d.n - 1), lambda d: d.pay(d.part)),),
+        combine="sum",
+    ),
+)

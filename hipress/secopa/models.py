@@ -1,0 +1,222 @@
+"""Parameter lists of well-known models, for planning without building them.
+
+:func:`builtin_models` lists the built-in specs (``resnet50``, ``vgg19``, ``bert-base``,
+``lstm-lm``, ``mlp``): the (name, shape) of every trainable parameter, named as torchvision /
+Hugging Face name them, with no dependency on either. :func:`resolve_model` also accepts
+``module:attr``, an importable ``nn.Module`` instance, class or zero-argument factory.
+:func:`module_from_spec` builds a real module with those parameters (for benchmarks).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch
+from torch import nn
+
+Shape = tuple[int, ...]
+
+
+class ModelSpecError(ValueError):
+    """A model name or ``module:attr`` reference cannot be resolved to parameters."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's trainable parameters in registration order."""
+
+    name: str
+    params: tuple[tuple[str, Shape], ...]
+
+    def named_numels(self) -> list[tuple[str, int]]:
+        return [(n, math.prod(s)) for n, s in self.params]
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(s) for _, s in self.params)
+
+
+def _bn(prefix: str, c: int) -> Iterator[tuple[str, Shape]]:
+    yield f"{prefix}.weight", (c,)
+    yield f"{prefix}.bias", (c,)
+
+
+def _linear(prefix: str, out: int, inp: int) -> Iterator[tuple[str, Shape]]:
+    yield f"{prefix}.weight", (out, inp)
+    yield f"{prefix}.bias", (out,)
+
+
+def resnet50() -> Iterator[tuple[str, Shape]]:
+    """torchvision ``resnet50()`` (25.6M parameters)."""
+    yield "conv1.weight", (64, 3, 7, 7)
+    yield from _bn("bn1", 64)
+    inplanes = 64
+    for li, (planes, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3)), start=1):
+        for b in range(blocks):
+            p = f"layer{li}.{b}"
+            yield f"{p}.conv1.weight", (planes, inplanes, 1, 1)
+            yield from _bn(f"{p}.bn1", planes)
+            yield f"{p}.conv2.weight", (planes, planes, 3, 3)
+            yield from _bn(f"{p}.bn2", planes)
+            yield f"{p}.conv3.weight", (planes * 4, planes, 1, 1)
+            yield from _bn(f"{p}.bn3", planes * 4)
+            if b == 0:
+                yield f"{p}.downsample.0.weight", (planes * 4, inplanes, 1, 1)
+                yield from _bn(f"{p}.downsample.1", planes * 4)
+            inplanes = planes * 4
+    yield from _linear("fc", 1000, 2048)
+
+
+def vgg19() -> Iterator[tuple[str, Shape]]:
+    """torchvision ``vgg19()`` without batch norm (143.7M parameters)."""
+    cfg = [64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0]
+    cfg += [512, 512, 512, 512, 0, 512, 512, 512, 512, 0]
+    idx, cin = 0, 3
+    for c in cfg:
+        if c == 0:  # max-pool: one index
+            idx += 1
+            continue
+        yield f"features.{idx}.weight", (c, cin, 3, 3)
+        yield f"features.{idx}.bias", (c,)
+        idx, cin = idx + 2, c  # conv + relu
+    yield from _linear("classifier.0", 4096, 512 * 7 * 7)
+    yield from _linear("classifier.3", 4096, 4096)
+    yield from _linear("classifier.6", 1000, 4096)
+
+
+def bert_base() -> Iterator[tuple[str, Shape]]:
+    """Hugging Face ``BertModel`` base, uncased vocabulary (109.5M parameters)."""
+    h, ff = 768, 3072
+    yield "embeddings.word_embeddings.weight", (30522, h)
+    yield "embeddings.position_embeddings.weight", (512, h)
+    yield "embeddings.token_type_embeddings.weight", (2, h)
+    yield from _bn("embeddings.LayerNorm", h)
+    for i in range(12):
+        p = f"encoder.layer.{i}"
+        for q in ("query", "key", "value"):
+            yield from _linear(f"{p}.attention.self.{q}", h, h)
+        yield from _linear(f"{p}.attention.output.dense", h, h)
+        yield from _bn(f"{p}.attention.output.LayerNorm", h)
+        yield from _linear(f"{p}.intermediate.dense", ff, h)
+        yield from _linear(f"{p}.output.dense", h, ff)
+        yield from _bn(f"{p}.output.LayerNorm", h)
+    yield from _linear("pooler.dense", h, h)
+
+
+def lstm_lm() -> Iterator[tuple[str, Shape]]:
+    """A 2-layer LSTM language model with a large tied-size vocabulary (50k x 1024)."""
+    vocab, h = 50000, 1024
+    yield "encoder.weight", (vocab, h)
+    for layer in range(2):
+        yield f"rnn.weight_ih_l{layer}", (4 * h, h)
+        yield f"rnn.weight_hh_l{layer}", (4 * h, h)
+        yield f"rnn.bias_ih_l{layer}", (4 * h,)
+        yield f"rnn.bias_hh_l{layer}", (4 * h,)
+    yield from _linear("decoder", vocab, h)
+
+
+def mlp() -> Iterator[tuple[str, Shape]]:
+    """A small MLP (4.5M parameters) with tensors from 10 to 2M elements, for benchmarks."""
+    yield from _linear("fc1", 2048, 1024)
+    yield from _linear("fc2", 1024, 2048)
+    yield from _linear("fc3", 256, 1024)
+    yield from _linear("fc4", 10, 256)
+
+
+_BUILTIN: Mapping[str, Callable[[], Iterator[tuple[str, Shape]]]] = MappingProxyType(
+    {
+        "resnet50": resnet50,
+        "vgg19": vgg19,
+        "bert-base": bert_base,
+        "lstm-lm": lstm_lm,
+        "mlp": mlp,
+    }
+)
+
+
+def builtin_models() -> list[str]:
+    """Names accepted by :func:`resolve_model` besides ``module:attr``."""
+    return sorted(_BUILTIN)
+
+
+def spec_of_module(name: str, module: nn.Module) -> ModelSpec:
+    """The trainable parameters of ``module`` (``named_parameters`` order)."""
+    params = tuple((n, tuple(p.shape)) for n, p in module.named_parameters() if p.requires_grad)
+    return ModelSpec(name, params)
+
+
+def _import(ref: str) -> nn.Module:
+    mod_name, _, attr = ref.partition(":")
+    if not mod_name or not attr:
+        raise ModelSpecError(f"{ref!r}: expected module:attr")
+    try:
+        obj: object = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ModelSpecError(f"{ref!r}: cannot import {mod_name!r}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ModelSpecError(f"{ref!r}: module {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, nn.Module):
+        return obj
+    if callable(obj):
+        try:
+            made = obj()
+        except TypeError as exc:
+            raise ModelSpecError(f"{ref!r}: calling it without arguments failed: {exc}") from None
+        if isinstance(made, nn.Module):
+            return made
+        raise ModelSpecError(f"{ref!r}() returned {type(made).__name__}, not an nn.Module")
+    raise ModelSpecError(f"{ref!r} is a {type(obj).__name__}, not an nn.Module or factory")
+
+
+def resolve_model(ref: str) -> ModelSpec:
+    """A built-in model name or ``module:attr`` -> its :class:`ModelSpec`.
+
+    Raises :class:`ModelSpecError` with the list of built-in names if ``ref`` is neither.
+    """
+    if ref in _BUILTIN:
+        return ModelSpec(ref, tuple(_BUILTIN[ref]()))
+    if ":" in ref:
+        return spec_of_module(ref, _import(ref))
+    raise ModelSpecError(
+        f"unknown model {ref!r}: use one of {builtin_models()} or module:attr "
+        "(an nn.Module, class or zero-argument factory)"
+    )
+
+
+class SpecModule(nn.Module):
+    """A module holding exactly a spec's parameters (same names), for benchmarks.
+
+    ``forward(x)`` returns a scalar that depends on every parameter, ``sum_i c_i * sum(p_i)``
+    times ``x.sum()``, so one backward produces a gradient for all of them.
+    """
+
+    def __init__(self, params: Sequence[tuple[str, Shape]], seed: int = 0) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self._order: list[str] = []
+        for name, shape in params:
+            owner: nn.Module = self
+            *path, leaf = name.split(".")
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, nn.Module())
+                owner = getattr(owner, part)
+            owner.register_parameter(leaf, nn.Parameter(torch.randn(shape, generator=gen)))
+            self._order.append(name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.new_zeros(())
+        for i, (_, p) in enumerate(self.named_parameters()):
+            total = total + (i % 7 + 1) * 1e-3 * p.sum()
+        return total * x.sum()
+
+
+def module_from_spec(spec: ModelSpec, seed: int = 0) -> nn.Module:
+    """A :class:`SpecModule` with ``spec``'s parameters (names and shapes)."""
+    return SpecModule(spec.params, seed)

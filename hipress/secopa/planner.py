@@ -1,0 +1,298 @@
+"""The planner: (parameter name, element count) pairs + a profile -> a :class:`Plan`.
+
+CaSync runs each DDP bucket as one allreduce of all its uncompressed tensors plus, per
+compressed strategy, pipelined rounds that batch partition r of every compressed tensor of the
+bucket ("bulk synchronisation"). The planner decides per tensor size, comparing
+
+- *uncompressed*: the tensor's marginal share of its bucket's allreduce (bandwidth only: the
+  allreduce and its latency are paid once per bucket anyway), with
+- *compressed*: the best (strategy, K) predicted by :class:`~hipress.secopa.costmodel.CostModel`
+  for the tensor alone, pipelined over K partitions, latency included (as if it had its rounds
+  to itself; sharing them only makes it cheaper).
+
+Three rules make the decisions safe and predictable (docs/secopa.md explains why):
+
+1. *Faster*: compress only if the compressed prediction is strictly below the uncompressed one.
+2. *Saves bandwidth*: a compressed (strategy, K) is a candidate only if its bandwidth time
+   (upper bound) is below the uncompressed one's (lower bound); so a compressed choice only
+   gains from lower bandwidth, and decisions are monotone in bandwidth.
+3. *Monotone in size*: a tensor is compressed only if rule 1 holds at its size and at every
+   larger size of the model and of a fixed geometric grid up to 2^32 elements.
+
+The totals (``planned``, ``all_uncompressed``, ``all_compressed``) model DDP's buckets with
+:meth:`CostModel.bucket_ms`. ``planned <= all_uncompressed`` follows from rules 1-2, the
+subadditivity of the bucket model and the concavity of the collectives' costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hipress.secopa.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
+from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.secopa.profile import AlphaBeta, Profile
+
+log = logging.getLogger(__name__)
+
+GRID_TOP = 1 << 32
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Planner settings (all validated eagerly).
+
+    Fields:
+        bucket_cap_mb: DDP ``bucket_cap_mb``.
+        first_bucket_mb: DDP's first (smallest) bucket, 1 MiB in torch.
+        max_partitions: cap on K (default: the world size).
+        strategies: compressed strategies the planner may choose.
+        formulas: the cost model's strategy table.
+        grid_per_octave: density of the size grid of rule 3.
+    """
+
+    bucket_cap_mb: float = 25.0
+    first_bucket_mb: float = 1.0
+    max_partitions: int | None = None
+    strategies: tuple[Strategy, ...] = (Strategy.ALLGATHER, Strategy.PS)
+    formulas: tuple[Formula, ...] = field(default=CASYNC_FORMULAS, repr=False)
+    grid_per_octave: int = 8
+
+    def __post_init__(self) -> None:
+        if not (self.bucket_cap_mb > 0 and self.first_bucket_mb > 0):
+            raise PlanError("bucket sizes must be positive")
+        if self.max_partitions is not None and self.max_partitions < 1:
+            raise PlanError(f"max_partitions must be >= 1, got {self.max_partitions}")
+        if Strategy.ALLREDUCE in self.strategies:
+            raise PlanError("strategies lists compressed strategies; ALLREDUCE is always allowed")
+        if self.grid_per_octave < 1:
+            raise PlanError("grid_per_octave must be >= 1")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The planner's view of one tensor size: both alternatives and whether to compress."""
+
+    numel: int
+    uncompressed: Choice
+    uncompressed_ms: float  # marginal share of the bucket's allreduce
+    compressed: Choice | None  # best candidate passing rule 2
+    faster: bool  # rule 1 at this size
+
+
+def ddp_buckets(
+    numels: Sequence[int], bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0
+) -> list[list[int]]:
+    """DDP's bucket assignment (float32): parameter indices in reverse order, a bucket closes
+    once it reaches its cap (1 MiB for the first, ``bucket_cap_mb`` after)."""
+    buckets: list[list[int]] = []
+    cur: list[int] = []
+    size, cap = 0, first_bucket_mb * 2**20
+    for i in reversed(range(len(numels))):
+        cur.append(i)
+        size += 4 * numels[i]
+        if size >= cap:
+            buckets.append(cur)
+            cur, size, cap = [], 0, bucket_cap_mb * 2**20
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def size_grid(lo: int, per_octave: int, top: int = GRID_TOP) -> list[int]:
+    """The fixed geometric grid ``round(2^(j/per_octave))`` restricted to ``[lo, top]``."""
+    js = np.arange(0, int(np.log2(top)) * per_octave + 1)
+    pts = np.unique(np.round(2.0 ** (js / per_octave)).astype(np.int64))
+    return [int(p) for p in pts if lo <= p <= top]
+
+
+class Planner:
+    """Plans for one profile, world size and config; decisions are cached per size.
+
+    Deterministic: the same (profile, world size, config, parameters) give the same plan.
+    """
+
+    def __init__(
+        self, profile: Profile, world_size: int, config: PlannerConfig | None = None
+    ) -> None:
+        self.profile = profile
+        self.config = config or PlannerConfig()
+        self.world_size = world_size
+        self.model = CostModel(
+            profile, world_size, self.config.formulas, self.config.max_partitions
+        )
+        self._cache: dict[int, Decision] = {}
+        unc = [
+            f for f in self.config.formulas if not f.compressed and f.strategy is Strategy.ALLREDUCE
+        ]
+        if not unc:
+            raise PlanError("the formula table has no uncompressed ALLREDUCE formula")
+
+    def decide(self, numel: int) -> Decision:
+        """Both alternatives for a tensor of ``numel`` elements and rule 1's verdict."""
+        if numel in self._cache:
+            return self._cache[numel]
+        cm, cfg = self.model, self.config
+        unc = cm.best(numel, False, strategies=(Strategy.ALLREDUCE,), ks=[1])
+        if unc is None:
+            raise PlanError(f"no uncompressed option for {numel} elements")
+        u_ms = cm.marginal_ms(unc.name, numel)
+        wire_u = float(cm.wire_ms(unc.name, numel, [1], bound="min")[0])
+        comp = cm.best(numel, True, strategies=cfg.strategies, wire_limit_ms=wire_u)
+        faster = comp is not None and comp.ms < u_ms
+        d = Decision(numel, unc, u_ms, comp, faster)
+        self._cache[numel] = d
+        return d
+
+    def compressed_sizes(self, numels: Sequence[int]) -> set[int]:
+        """The sizes (among ``numels``) to compress: rules 1-3."""
+        if not numels:
+            return set()
+        sizes = set(numels) | set(size_grid(min(numels), self.config.grid_per_octave))
+        ok, out = True, set()
+        for s in sorted(sizes, reverse=True):
+            ok = ok and self.decide(s).faster
+            if ok and s in numels:
+                out.add(s)
+        return out
+
+    def _total(self, numels: Sequence[int], pick: Callable[[int], Member]) -> float:
+        """Predicted ms summed over DDP's buckets; ``pick(i)`` says how tensor i runs."""
+        cfg = self.config
+        buckets = ddp_buckets(numels, cfg.bucket_cap_mb, cfg.first_bucket_mb)
+        return sum(self.model.bucket_ms([pick(i) for i in b]) for b in buckets)
+
+    def plan(self, named: Sequence[tuple[str, int]]) -> Plan:
+        """The plan for these parameters (in this order). Raises :class:`PlanError` on
+        duplicate names or non-positive sizes."""
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise PlanError(f"duplicate parameter names {dup[:5]}")
+        numels = [int(k) for _, k in named]
+        bad = [n for n, k in named if int(k) < 1]
+        if bad:
+            raise PlanError(f"parameters with no elements: {bad[:5]}")
+        chosen = self.compressed_sizes(numels)
+        entries = []
+        for name, numel in zip(names, numels, strict=True):
+            d = self.decide(numel)
+            c = d.compressed
+            if numel in chosen and c is not None and c.strategy is not None:
+                entries.append(
+                    TensorPlan(name, numel, True, c.strategy, c.k, c.ms, d.uncompressed_ms)
+                )
+            else:
+                ms = d.uncompressed_ms
+                entries.append(TensorPlan(name, numel, False, Strategy.ALLREDUCE, 1, ms, ms))
+        return Plan(
+            algorithm=self.profile.algorithm,
+            params=dict(self.profile.params),
+            world_size=self.world_size,
+            entries=tuple(entries),
+            totals=self.totals(numels, chosen),
+            meta=self.meta(),
+        )
+
+    def totals(self, numels: Sequence[int], chosen: set[int]) -> dict[str, float]:
+        """Predicted ms: ``planned``, ``all_uncompressed`` and ``all_compressed``."""
+        cm, cfg = self.model, self.config
+
+        def uncompressed(i: int) -> Member:
+            return Member(self.decide(numels[i]).uncompressed.name, numels[i], 1)
+
+        def planned(i: int) -> Member:
+            c = self.decide(numels[i]).compressed
+            if numels[i] in chosen and c is not None:
+                return Member(c.name, numels[i], c.k)
+            return uncompressed(i)
+
+        def compressed(i: int) -> Member:
+            c = cm.best(numels[i], True, strategies=cfg.strategies)
+            return uncompressed(i) if c is None else Member(c.name, numels[i], c.k)
+
+        out = {
+            "planned": self._total(numels, planned),
+            "all_uncompressed": self._total(numels, uncompressed),
+            "all_compressed": self._total(numels, compressed),
+        }
+        return {k: round(v, 6) for k, v in out.items()}
+
+    def formula_for(self, strategy: Strategy) -> str:
+        """The formula name that models ``strategy`` in this planner's table."""
+        for f in self.config.formulas:
+            if f.strategy is strategy and f.compressed == (strategy is not Strategy.ALLREDUCE):
+                return f.name
+        raise PlanError(f"the formula table has no formula for strategy {strategy.value}")
+
+    def predict(self, plan: Plan) -> float:
+        """Predicted ms per step of any plan for these parameters (over DDP's buckets)."""
+        entries = plan.entries
+        numels = [e.numel for e in entries]
+
+        def pick(i: int) -> Member:
+            e = entries[i]
+            return Member(self.formula_for(e.strategy), e.numel, e.partitions)
+
+        return self._total(numels, pick)
+
+    def baseline(self, named: Sequence[tuple[str, int]], compress: bool) -> Plan:
+        """All-uncompressed, or all-compressed (each tensor's best compressed strategy and K;
+        a tensor no compressed strategy can run stays uncompressed)."""
+        entries = []
+        for name, numel in named:
+            c = self.model.best(numel, True, strategies=self.config.strategies)
+            if compress and c is not None and c.strategy is not None:
+                entries.append(TensorPlan(name, numel, True, c.strategy, c.k, c.ms))
+            else:
+                ms = self.decide(numel).uncompressed.ms
+                entries.append(TensorPlan(name, numel, False, Strategy.ALLREDUCE, 1, ms, ms))
+        key = "all_compressed" if compress else "all_uncompressed"
+        plan = Plan(
+            self.profile.algorithm,
+            dict(self.profile.params),
+            self.world_size,
+            tuple(entries),
+            meta=self.meta(),
+        )
+        return Plan(
+            plan.algorithm,
+            plan.params,
+            plan.world_size,
+            plan.entries,
+            {key: round(self.predict(plan), 6)},
+            plan.meta,
+        )
+
+    def meta(self) -> dict[str, object]:
+        """Planner settings and the network's provenance, for ``Plan.meta``."""
+        cfg = self.config
+        net = self.profile.meta.get("network_source", {})
+        ar = self.profile.network["allreduce"]
+        return {
+            "planner": {
+                "bucket_cap_mb": cfg.bucket_cap_mb,
+                "first_bucket_mb": cfg.first_bucket_mb,
+                "max_partitions": self.model.kmax,
+                "strategies": [s.value for s in cfg.strategies],
+                "formulas": [f.name for f in cfg.formulas],
+            },
+            "network": {k: v for k, v in dict(net).items() if k != "samples"},
+            "allreduce_alpha_ms": ar.alpha_ms if isinstance(ar, AlphaBeta) else None,
+            "overlap": self.profile.overlap,
+        }
+
+
+def plan_named(
+    named: Sequence[tuple[str, int]],
+    profile: Profile,
+    world_size: int,
+    config: PlannerConfig | None = None,
+) -> Plan:
+    """Plan ``(name, numel)`` pairs for ``world_size`` workers (see :class:`Planner`)."""
+    if world_size < 1:
+        raise PlanError(f"world size must be >= 1, got {world_size}")
+    return Planner(profile, world_size, config).plan(named)

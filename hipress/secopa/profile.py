@@ -1,0 +1,264 @@
+"""A profile: everything the cost model needs to know about one algorithm on one cluster.
+
+A :class:`Profile` holds
+
+- the algorithm's payload size model (:class:`PayloadModel`, bytes for n elements),
+- compute costs in ms as functions of the element count: ``encode``, ``decode`` (n decoded
+  elements), ``merge`` (``out += x`` of n float32) and optionally ``decode_acc`` (decode adding
+  into the output, as CaSync merges),
+- network costs: one :class:`CommOp` per collective (alpha-beta with the collective's
+  algorithm, so it extrapolates to any world size), and
+- ``overlap`` in [0, 1]: how much computation hides behind communication when partitions are
+  pipelined (1 = perfectly, 0 = not at all).
+
+Profiles are immutable and JSON round-trippable. The profiler (:mod:`hipress.secopa.profiler`)
+measures them; :meth:`Profile.with_link` replaces the network part by a user-given link, which
+plans for a cluster that is not here, at any world size, without running anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from hipress.secopa.costfn import CostFn, CostFnError, costfn_from_dict
+from hipress.secopa.network import (
+    ALGORITHMS,
+    CLUSTER_ALGORITHMS,
+    GLOO_ALGORITHMS,
+    AlphaBeta,
+    CommOp,
+    FittedComm,
+    ProfileError,
+    comm_op_from_dict,
+    link_network,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "CLUSTER_ALGORITHMS",
+    "COLLECTIVES",
+    "COMPUTE_OPS",
+    "GLOO_ALGORITHMS",
+    "AlphaBeta",
+    "CommOp",
+    "FittedComm",
+    "PayloadModel",
+    "Profile",
+    "ProfileError",
+    "affine_profile",
+    "comm_op_from_dict",
+    "link_network",
+]
+
+PROFILE_VERSION = 1
+COMPUTE_OPS = ("encode", "decode", "merge")
+COLLECTIVES = ("allreduce", "all_gather", "all_to_all", "broadcast")
+
+
+@dataclass(frozen=True)
+class PayloadModel:
+    """Payload bytes of n elements: ``bytes_per_element * n + header`` (continuous).
+
+    The real ``payload_nbytes`` rounds up to 8 bytes; the model is its least-squares line, off
+    by at most a few bytes, and smooth so the planner's decisions are smooth in size.
+    """
+
+    bytes_per_element: float
+    header: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.bytes_per_element > 0 and self.header >= 0):
+            raise ProfileError(f"payload model needs bytes_per_element > 0, header >= 0: {self}")
+
+    def nbytes(self, n: ArrayLike) -> NDArray[np.float64]:
+        return self.bytes_per_element * np.asarray(n, dtype=np.float64) + self.header
+
+    def ratio(self, n: float) -> float:
+        """Compression ratio r(n) = payload bytes / (4 n)."""
+        return float(self.nbytes(n)) / (4.0 * n)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Costs of one algorithm on one cluster (see the module docstring).
+
+    Fields:
+        algorithm: CompLL algorithm name (or a codec name such as ``fp16``).
+        params: its hyper-parameters.
+        payload: payload size model.
+        compute: ``encode``, ``decode``, ``merge`` (and optionally ``decode_acc``) -> cost in
+            ms of n elements.
+        network: op name -> :class:`CommOp`; at least the four CaSync collectives.
+        overlap: fraction of the shorter of compute/communication hidden by pipelining.
+        meta: provenance (host, backend, measured world size, fit errors); informational.
+    """
+
+    algorithm: str
+    params: Mapping[str, Any]
+    payload: PayloadModel
+    compute: Mapping[str, CostFn]
+    network: Mapping[str, CommOp]
+    overlap: float = 1.0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [op for op in COMPUTE_OPS if op not in self.compute]
+        missing += [op for op in COLLECTIVES if op not in self.network]
+        if missing:
+            raise ProfileError(f"profile lacks costs for {missing}")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ProfileError(f"overlap must be in [0, 1], got {self.overlap}")
+
+    def has_compute(self, op: str) -> bool:
+        """Whether :meth:`compute_ms` knows ``op`` (``decode_acc`` falls back, see there)."""
+        return op in self.compute or (op == "decode_acc" and "decode" in self.compute)
+
+    def compute_ms(self, op: str, n: ArrayLike) -> NDArray[np.float64]:
+        """Cost in ms of compute op ``op`` on ``n`` elements (0 for n == 0).
+
+        ``decode_acc`` (decode adding into the output) falls back to ``decode + merge`` when
+        the profile does not hold it.
+        """
+        x = np.asarray(n, dtype=np.float64)
+        if op == "decode_acc" and op not in self.compute:
+            return self.compute_ms("decode", x) + self.compute_ms("merge", x)
+        if op not in self.compute:
+            raise ProfileError(f"profile has no compute cost {op!r} (has {sorted(self.compute)})")
+        return np.where(x > 0, self.compute[op](np.maximum(x, 1e-9)), 0.0)
+
+    def comm_op(self, op: str) -> CommOp:
+        if op not in self.network:
+            raise ProfileError(f"profile has no network cost {op!r} (has {sorted(self.network)})")
+        return self.network[op]
+
+    def with_link(
+        self,
+        bandwidth_bytes_per_s: float,
+        latency_s: float,
+        algorithms: Mapping[str, tuple[str, ...]] = CLUSTER_ALGORITHMS,
+        overlap: float | None = None,
+    ) -> Profile:
+        """A copy whose network is a user-given link (keeps compute and payload)."""
+        meta = dict(self.meta)
+        meta["network_source"] = {
+            "kind": "link",
+            "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
+            "latency_s": latency_s,
+        }
+        return replace(
+            self,
+            network=link_network(bandwidth_bytes_per_s, latency_s, algorithms),
+            overlap=self.overlap if overlap is None else overlap,
+            meta=meta,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "algorithm": self.algorithm,
+            "params": dict(self.params),
+            "payload": {
+                "bytes_per_element": self.payload.bytes_per_element,
+                "header": self.payload.header,
+            },
+            "compute": {k: v.to_dict() for k, v in sorted(self.compute.items())},
+            "network": {k: v.to_dict() for k, v in sorted(self.network.items())},
+            "overlap": self.overlap,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Profile:
+        """Rebuild from :meth:`to_dict`; raise :class:`ProfileError` on any defect."""
+        try:
+            if int(d.get("version", 0)) != PROFILE_VERSION:
+                raise ProfileError(
+                    f"profile version {d.get('version')!r} is not {PROFILE_VERSION}; re-profile"
+                )
+            pay = d["payload"]
+            return cls(
+                algorithm=str(d["algorithm"]),
+                params=dict(d.get("params", {})),
+                payload=PayloadModel(float(pay["bytes_per_element"]), float(pay["header"])),
+                compute={k: costfn_from_dict(v) for k, v in dict(d["compute"]).items()},
+                network={k: comm_op_from_dict(v) for k, v in dict(d["network"]).items()},
+                overlap=float(d.get("overlap", 1.0)),
+                meta=dict(d.get("meta", {})),
+            )
+        except ProfileError:
+            raise
+        except CostFnError as exc:
+            raise ProfileError(f"malformed profile: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProfileError(f"malformed profile: {type(exc).__name__}: {exc}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Profile:
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"profile is not valid JSON: {exc}") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON atomically (temp file + rename)."""
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(p)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ProfileError(f"cannot read profile {path}: {exc.strerror}") from None
+        return cls.from_json(text)
+
+
+def affine_profile(
+    algorithm: str,
+    *,
+    encode: tuple[float, float, float],
+    decode: tuple[float, float, float],
+    merge: tuple[float, float, float],
+    bytes_per_element: float,
+    header: float = 0.0,
+    bandwidth_bytes_per_s: float = 1.25e9,
+    latency_s: float = 25e-6,
+    overlap: float = 1.0,
+    params: Mapping[str, Any] | None = None,
+) -> Profile:
+    """A profile from constants: compute ops as ``(w ms/element, b ms, floor ms)``
+    affine-with-floor costs, a payload model and a link. For planning from published figures
+    (e.g. a GPU's encode throughput) and for tests."""
+    from hipress.secopa.costfn import AffineFloor
+
+    return Profile(
+        algorithm=algorithm,
+        params=dict(params or {}),
+        payload=PayloadModel(bytes_per_element, header),
+        compute={
+            "encode": AffineFloor(*encode),
+            "decode": AffineFloor(*decode),
+            "merge": AffineFloor(*merge),
+        },
+        network=link_network(bandwidth_bytes_per_s, latency_s),
+        overlap=overlap,
+        meta={
+            "network_source": {
+                "kind": "link",
+                "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
+                "latency_s": latency_s,
+            }
+        },
+    )

@@ -1,0 +1,332 @@
+"""The profiler: measures a :class:`~hipress.secopa.profile.Profile` on this machine.
+
+- :func:`measure_compute` times a codec's encode and decode and a float32 merge at a handful of
+  sizes, adaptively, within a time budget (one process, no process group needed).
+- :func:`measure_network` times allreduce, all_gather, all_to_all and broadcast at a few sizes
+  in the current (or given) process group and fits alpha-beta per collective at this world
+  size; every rank must call it, and every rank gets the same result.
+- :func:`measure_overlap` estimates how much an encode overlaps an in-flight collective.
+- :func:`fit_payload` fits the payload size model from ``payload_nbytes``.
+- :func:`build_profile` assembles a profile from these (or from a user-given link).
+
+The local multi-process variant for the CLI is :func:`hipress.secopa.localgroup.measure_local`.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hipress.secopa.codec import Codec
+from hipress.secopa.costfn import fit_affine_floor, fit_piecewise, relative_error
+from hipress.secopa.profile import (
+    ALGORITHMS,
+    COLLECTIVES,
+    COMPUTE_OPS,
+    GLOO_ALGORITHMS,
+    AlphaBeta,
+    CommOp,
+    PayloadModel,
+    Profile,
+    ProfileError,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMPUTE_SIZES = tuple(4**i for i in range(4, 12))  # 256 .. 4M elements
+DEFAULT_NETWORK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)  # bytes
+DEFAULT_NETWORK_REPS = (20, 16, 8, 4, 2)
+
+Samples = Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
+
+
+@dataclass(frozen=True)
+class ComputeSamples:
+    """Median ms per call for each compute op at each measured size."""
+
+    samples: Samples  # op -> (sizes, ms)
+
+
+@dataclass(frozen=True)
+class NetworkSamples:
+    """Per collective (per-rank bytes, ms) measured at ``world_size``, and the fitted ops."""
+
+    world_size: int
+    samples: Samples
+    ops: Mapping[str, CommOp]
+
+
+def _time_calls(fn: Callable[[], object], reps: int, stat: str = "median") -> float:
+    """ms of one call of fn over ``reps`` calls: the fastest (``min``) or the ``median``."""
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return min(ts) if stat == "min" else statistics.median(ts)
+
+
+def measure_compute(
+    codec: Codec,
+    sizes: Sequence[int] = DEFAULT_COMPUTE_SIZES,
+    budget_s: float = 1.5,
+    max_reps: int = 25,
+    max_size: int | None = None,
+    stat: str = "median",
+) -> ComputeSamples:
+    """Time encode, decode (and decode_acc if the codec has it) of ``codec`` and a float32
+    merge at increasing sizes within about ``budget_s``.
+
+    ``max_size`` (e.g. the model's largest tensor) replaces the sizes above it by itself.
+    Each size is prepared once (buffers allocated outside the timing); each op runs once to
+    warm up, then 2..max_reps more times (as many as its share of the budget allows), and the
+    ``stat`` of those is kept: ``median`` (default: the typical cost under the machine's
+    current load, which is what a training step will see) or ``min`` (the most repeatable
+    figure on a quiet machine). A larger size is skipped when its expected time (the last
+    size's, scaled by the size ratio) would overrun the budget. Always measures at least two
+    sizes.
+    """
+    if stat not in ("median", "min"):
+        raise ProfileError(f"stat must be 'median' or 'min', got {stat!r}")
+    grid = sorted(set(sizes))
+    if max_size is not None:
+        grid = [s for s in grid if s < max_size] + [max_size]
+    if len(grid) < 2:
+        raise ProfileError(f"measure_compute needs at least two sizes, got {grid}")
+    deadline = time.perf_counter() + budget_s
+    ops = [*COMPUTE_OPS, *(["decode_acc"] if "decode_acc" in codec.prepare(1) else [])]
+    share = budget_s / len(grid) / len(ops)
+    got: dict[str, tuple[list[float], list[float]]] = {op: ([], []) for op in ops}
+    prev_n, prev_s = 0, 0.0
+    for i, n in enumerate(grid):
+        expect = prev_s * n / prev_n if prev_n else 0.0
+        if i >= 2 and time.perf_counter() + expect > deadline:
+            log.info("compute budget spent; stopping before %d elements", n)
+            break
+        t_size = time.perf_counter()
+        thunks = dict(codec.prepare(n))
+        acc = torch.zeros(n, dtype=torch.float32)
+        inc = torch.ones(n, dtype=torch.float32)
+        thunks["merge"] = lambda a=acc, b=inc: a.add_(b)
+        for op in ops:
+            first = _time_calls(thunks[op], 1)
+            reps = max(2, min(max_reps, int(share * 1e3 / max(first, 1e-3))))
+            got[op][0].append(float(n))
+            got[op][1].append(_time_calls(thunks[op], reps, stat))
+        prev_n, prev_s = n, time.perf_counter() - t_size
+    return ComputeSamples({op: (tuple(x), tuple(t)) for op, (x, t) in got.items()})
+
+
+def fit_payload(codec: Codec) -> PayloadModel:
+    """Least-squares line through ``payload_nbytes(n)`` for n = 2^10 .. 2^24.
+
+    The header is the mean excess over the slope, clipped at 0; the model is within the
+    codec's rounding (a few bytes) of the real size for n >= 1024.
+    """
+    ns = np.array([1 << e for e in range(10, 25)], dtype=np.float64)
+    ps = np.array([codec.payload_nbytes(int(n)) for n in ns], dtype=np.float64)
+    if np.any(ps <= 0):
+        raise ProfileError(f"{codec.name}: payload_nbytes must be positive")
+    bpe = float((ps[-1] - ps[-5]) / (ns[-1] - ns[-5]))
+    header = max(0.0, float(np.mean(ps - bpe * ns)))
+    return PayloadModel(bpe, header)
+
+
+def _all_gather(dst: torch.Tensor, src: torch.Tensor, group: Any, async_op: bool = False) -> Any:
+    # all_gather_single replaces the deprecated all_gather_into_tensor in recent torch.
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(dst, src, group=group, async_op=async_op)
+
+
+def _collective(op: str, nbytes: int, world: int, group: Any) -> Callable[[], object]:
+    """A zero-argument call of collective ``op`` on ``nbytes`` per rank (buffers reused)."""
+    if op == "allreduce":
+        t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        return lambda: dist.all_reduce(t, group=group)
+    if op == "all_gather":
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.empty(nbytes * world, dtype=torch.uint8)
+        return lambda: _all_gather(dst, src, group)
+    if op == "all_to_all":
+        n = max(world, nbytes // world * world)
+        src = torch.ones(n, dtype=torch.uint8)
+        dst = torch.empty(n, dtype=torch.uint8)
+        return lambda: dist.all_to_all_single(dst, src, group=group)
+    if op == "broadcast":
+        t = torch.ones(nbytes, dtype=torch.uint8)
+        src_rank = dist.get_global_rank(group, 0) if group is not None else 0
+        return lambda: dist.broadcast(t, src=src_rank, group=group)
+    raise ProfileError(f"unknown collective {op!r}")
+
+
+def fit_alpha_beta(
+    op: str, sizes: Sequence[float], times: Sequence[float], world: int, algorithm: str
+) -> AlphaBeta:
+    """Fit ``T = A + S*B`` (relative least squares) and scale to per-step alpha and per-link
+    beta with ``algorithm``'s coefficients at ``world``; alpha >= 0, beta > 0."""
+    b = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    w = 1.0 / np.maximum(t, 1e-9)
+    (s, a), *_ = np.linalg.lstsq(np.stack([b * w, w], axis=1), t * w, rcond=None)
+    if s <= 0:  # flat timings: attribute everything to the largest size
+        s, a = float(t.max() / b.max()), 0.0
+    steps, factor = ALGORITHMS[algorithm](world)
+    alpha = max(0.0, float(a)) / max(steps, 1)
+    beta = max(float(s) / max(factor, 1e-12), 1e-15)
+    return AlphaBeta(alpha, beta, (algorithm,))
+
+
+def measure_network(
+    group: Any = None,
+    sizes: Sequence[int] = DEFAULT_NETWORK_SIZES,
+    reps: Sequence[int] = DEFAULT_NETWORK_REPS,
+    algorithms: Mapping[str, tuple[str, ...]] = GLOO_ALGORITHMS,
+) -> NetworkSamples:
+    """Measure the four collectives in ``group`` (default: the default group).
+
+    Every rank must call this with the same arguments. Each (collective, size) is warmed up
+    once, then timed over ``reps`` back-to-back calls between barriers; the per-rank means are
+    reduced with MAX so every rank returns identical samples and fits. Alpha and beta are fitted
+    per collective with the first of its ``algorithms`` at this world size; the profile then
+    extrapolates with all of them. ``send``/``gather``/``bcast`` (the original's primitives)
+    reuse the allreduce per-step alpha and beta.
+    """
+    if not dist.is_initialized():
+        raise ProfileError("measure_network needs an initialised process group")
+    world = dist.get_world_size(group)
+    if world < 2:
+        raise ProfileError("measure_network needs at least 2 processes")
+    if len(sizes) != len(reps) or len(sizes) < 2:
+        raise ProfileError("need as many repetition counts as sizes, at least two sizes")
+    results = []
+    for op in COLLECTIVES:
+        for nbytes, r in zip(sizes, reps, strict=True):
+            call = _collective(op, nbytes, world, group)
+            call()
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(r):
+                call()
+            results.append((time.perf_counter() - t0) * 1e3 / r)
+    timing = torch.tensor(results, dtype=torch.float64)
+    dist.all_reduce(timing, op=dist.ReduceOp.MAX, group=group)
+    flat = timing.tolist()
+    samples: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+    ops: dict[str, CommOp] = {}
+    for i, op in enumerate(COLLECTIVES):
+        ts = tuple(flat[i * len(sizes) : (i + 1) * len(sizes)])
+        xs = tuple(float(s) for s in sizes)
+        if op == "all_to_all":
+            xs = tuple(float(max(world, s // world * world)) for s in sizes)
+        samples[op] = (xs, ts)
+        fit = fit_alpha_beta(op, xs, ts, world, algorithms[op][0])
+        ops[op] = AlphaBeta(fit.alpha_ms, fit.beta_ms_per_byte, tuple(algorithms[op]))
+    ar = fit_alpha_beta("allreduce", *samples["allreduce"], world, algorithms["allreduce"][0])
+    for op in ("send", "gather", "bcast"):
+        if op in algorithms:
+            ops[op] = AlphaBeta(ar.alpha_ms, ar.beta_ms_per_byte, tuple(algorithms[op]))
+    return NetworkSamples(world, samples, ops)
+
+
+def measure_overlap(codec: Codec, group: Any = None, n: int = 1 << 18) -> float:
+    """Fraction in [0, 1] of the shorter of (encode n elements, all_gather of 4n bytes) hidden
+    when both run at once; the mean over ranks. Every rank must call it."""
+    world = dist.get_world_size(group)
+    encode = codec.prepare(n)["encode"]
+    src = torch.ones(4 * n, dtype=torch.uint8)
+    dst = torch.empty(4 * n * world, dtype=torch.uint8)
+
+    def gather() -> object:
+        return _all_gather(dst, src, group)
+
+    encode()
+    gather()
+    dist.barrier(group=group)
+    t_c = _time_calls(encode, 3, "median")
+    dist.barrier(group=group)
+    t_w = _time_calls(gather, 3, "median")
+    both = []
+    for _ in range(3):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        work = _all_gather(dst, src, group, async_op=True)
+        encode()
+        if work is not None:
+            work.wait()
+        both.append((time.perf_counter() - t0) * 1e3)
+    t_b = statistics.median(both)
+    ov = (t_c + t_w - t_b) / max(min(t_c, t_w), 1e-9)
+    out = torch.tensor([min(1.0, max(0.0, ov))], dtype=torch.float64)
+    dist.all_reduce(out, group=group)
+    return float(out.item()) / world
+
+
+def build_profile(
+    codec: Codec,
+    compute: ComputeSamples,
+    network: Mapping[str, CommOp],
+    overlap: float = 1.0,
+    form: str = "piecewise",
+    meta: Mapping[str, Any] | None = None,
+) -> Profile:
+    """Assemble a profile: compute costs fitted in ``form`` (``piecewise`` or
+    ``affine_floor``), the codec's payload model, the given network ops. The fit errors of
+    both forms are recorded in ``meta["fit_error"]``."""
+    if form not in ("piecewise", "affine_floor"):
+        raise ProfileError(f"unknown cost form {form!r} (piecewise, affine_floor)")
+    fns = {}
+    errors: dict[str, dict[str, float]] = {}
+    for op, (xs, ts) in compute.samples.items():
+        pw, af = fit_piecewise(xs, ts), fit_affine_floor(xs, ts)
+        fns[op] = pw if form == "piecewise" else af
+        errors[op] = {
+            "piecewise": round(relative_error(pw, xs, ts), 4),
+            "affine_floor": round(relative_error(af, xs, ts), 4),
+        }
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "form": form,
+        "fit_error": errors,
+        "compute_samples": {op: [list(x), list(t)] for op, (x, t) in compute.samples.items()},
+    }
+    info.update(meta or {})
+    return Profile(
+        algorithm=codec.name,
+        params=dict(codec.params),
+        payload=fit_payload(codec),
+        compute=fns,
+        network=dict(network),
+        overlap=overlap,
+        meta=info,
+    )
+
+
+def network_meta(net: NetworkSamples) -> dict[str, Any]:
+    """Provenance of a measured network, for ``Profile.meta``."""
+    return {
+        "network_source": {
+            "kind": "measured",
+            "backend": dist.get_backend() if dist.is_initialized() else "gloo",
+            "world_size": net.world_size,
+            "samples": {op: [list(x), list(t)] for op, (x, t) in net.samples.items()},
+        }
+    }
+
+
+def bandwidth_summary(op: CommOp) -> str:
+    """A human summary such as ``alpha 12.0 us, 1.25 GB/s`` of one network op."""
+    if isinstance(op, AlphaBeta):
+        gbs = 1e3 / op.beta_ms_per_byte / 1e9
+        return f"alpha {op.alpha_ms * 1e3:.1f} us, {gbs:.3g} GB/s"
+    return "fitted"

@@ -1,0 +1,203 @@
+"""``hipress bench plan``: the measured sync time of a plan next to its prediction.
+
+In a local gloo group of ``--nproc`` processes (on unshaped loopback, or with ``--rate-mbit``
+each in its own network namespace with a rate-shaped NIC, :mod:`hipress.netsim`) every rank:
+
+1. measures a profile in the group (:func:`~hipress.secopa.runtime.auto_profile`);
+2. gets from rank 0 three plans for the model: SeCoPa's, all-uncompressed and all-compressed,
+   each with its predicted time per step;
+3. for each plan, runs CaSync (``CaSyncState.submit``) on DDP's bucket layout of the model with
+   random gradients, ``--warmup`` + ``--steps`` times, timing each step from the first bucket's
+   submission to the last bucket's completion (no backward in between: pure sync time).
+
+Rank 0 prints measured (median over steps, max over ranks) against predicted, the error, and
+whether the plan beat both baselines, and writes everything as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+
+from hipress.secopa.codec import AlgorithmCodec, load_codec
+from hipress.secopa.localgroup import run_local
+from hipress.secopa.models import resolve_model
+from hipress.secopa.plan import Plan
+from hipress.secopa.planner import Planner, PlannerConfig, ddp_buckets
+from hipress.secopa.runtime import auto_profile, broadcast_plan
+
+PLANS = ("planned", "all_uncompressed", "all_compressed")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``hipress bench plan``."""
+    from hipress.secopa.cli import parse_param
+
+    p.add_argument("--model", default="mlp", help="built-in model name or module:attr")
+    p.add_argument("--algorithm", default="terngrad")
+    p.add_argument("--param", action="append", type=parse_param, default=[], metavar="K=V")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument(
+        "--rate-mbit",
+        type=float,
+        default=None,
+        help="give each worker a NIC shaped to this rate (hipress.netsim; needs root), "
+        "else unshaped loopback",
+    )
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--budget", type=float, default=1.5, help="compute profiling seconds")
+    p.add_argument(
+        "--plans",
+        default=",".join(PLANS),
+        help=f"plans to run, comma-separated (default {','.join(PLANS)})",
+    )
+    p.add_argument("--json-out", default="bench/results/bench_plan.json", metavar="FILE")
+
+
+def _sync_ms(
+    state: Any, buckets: list[list[int]], names: list[str], numels: list[int], reps: int
+) -> list[float]:
+    bufs = [torch.randn(sum(numels[i] for i in b)) for b in buckets]
+    bnames = [[names[i] for i in b] for b in buckets]
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        futs = [
+            state.submit(buf, bn, last=(j == len(bufs) - 1))
+            for j, (buf, bn) in enumerate(zip(bufs, bnames, strict=True))
+        ]
+        for f in futs:
+            f.wait()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    from hipress.casync import CaSyncState
+
+    torch.set_num_threads(cfg["threads"])
+    spec = resolve_model(cfg["model"])
+    named = spec.named_numels()
+    codec = load_codec(cfg["algorithm"], cfg["params"], cfg["backend"])
+    if not isinstance(codec, AlgorithmCodec):
+        raise RuntimeError("bench plan needs a CompLL algorithm")
+    top = max(k for _, k in named)
+    profile = auto_profile(codec.alg, compute_budget_s=cfg["budget"], max_numel=top)
+    plans: dict[str, Plan] = {}
+    planner = Planner(profile, world, PlannerConfig()) if rank == 0 else None
+    for key in PLANS:
+        mine = None
+        if planner is not None:
+            if key == "planned":
+                mine = planner.plan(named)
+            else:
+                mine = planner.baseline(named, compress=key == "all_compressed")
+        plans[key] = broadcast_plan(mine)
+    names = [n for n, _ in named]
+    numels = [k for _, k in named]
+    buckets = ddp_buckets(numels)
+    measured: dict[str, float] = {}
+    stats: dict[str, dict[str, float]] = {}
+    for key, plan in plans.items():
+        if key not in cfg["plans"]:
+            continue
+        state = CaSyncState(codec.alg, named_parameters=named, plan=plan, log_every=0)
+        times = _sync_ms(state, buckets, names, numels, cfg["warmup"] + cfg["steps"])
+        t = torch.tensor([statistics.median(times[cfg["warmup"] :])], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        measured[key] = float(t.item())
+        stats[key] = {k: round(v, 3) for k, v in state.stats.mean().items()}
+    if rank != 0:
+        return None
+    return {
+        "model": spec.name,
+        "world_size": world,
+        "algorithm": profile.algorithm,
+        "params": dict(profile.params),
+        "profile": profile.to_dict(),
+        "rows": {
+            key: {
+                "predicted_ms": plans[key].totals[key],
+                "measured_ms": measured[key],
+                "compressed": sum(e.compress for e in plans[key].entries),
+                "strategies": sorted({e.strategy.value for e in plans[key].entries}),
+                "digest": plans[key].digest(),
+                "casync_stats": stats[key],
+            }
+            for key in measured
+        },
+    }
+
+
+def run_bench(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Handler of ``hipress bench plan``: prints the table, writes JSON, returns 0 (2 on a
+    bad option)."""
+    out = out or sys.stdout
+    wanted = [k.strip() for k in args.plans.split(",") if k.strip()]
+    unknown = sorted(set(wanted) - set(PLANS))
+    if unknown or not wanted:
+        print(f"error: unknown plans {unknown} (known: {', '.join(PLANS)})", file=sys.stderr)
+        return 2
+    cfg = {
+        "model": args.model,
+        "algorithm": args.algorithm,
+        "params": dict(args.param),
+        "backend": args.backend,
+        "threads": args.threads,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "budget": args.budget,
+        "plans": wanted,
+    }
+    if args.rate_mbit is not None:
+        from hipress.netsim import open_network, run_in_network
+
+        with open_network(args.nproc, args.rate_mbit) as net:
+            result = run_in_network(net, _worker, cfg, timeout=1800.0, threads=args.threads)[0]
+            result["network"] = net.as_dict()
+    else:
+        result = run_local(_worker, args.nproc, cfg, timeout_s=1800.0, threads=args.threads)[0]
+        result["network"] = {"label": "loopback, unshaped", "shaped": False}
+    rows = result["rows"]
+    print(
+        f"{result['model']} on {result['world_size']} local gloo processes "
+        f"({result['network']['label']}), {result['algorithm']} {result['params']}",
+        file=out,
+    )
+    head = f"{'plan':<18}{'compressed':>11}{'predicted ms':>14}{'measured ms':>13}{'error':>8}"
+    print(head, file=out)
+    for key, r in rows.items():
+        r["error"] = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+        print(
+            f"{key:<18}{r['compressed']:>11}{r['predicted_ms']:>14.2f}"
+            f"{r['measured_ms']:>13.2f}{r['error']:>+8.1%}",
+            file=out,
+        )
+    if set(rows) == set(PLANS):
+        planned = rows["planned"]["measured_ms"]
+        base = [rows[k]["measured_ms"] for k in ("all_uncompressed", "all_compressed")]
+        result["plan_not_slower_than_both"] = planned <= max(base)
+        result["plan_vs_best_baseline"] = planned / min(base)
+        print(
+            f"plan slower than both baselines: {'no' if planned <= max(base) else 'YES'}; "
+            f"plan takes {planned / min(base):.2f}x the best baseline's time",
+            file=out,
+        )
+    if args.json_out:
+        path = Path(args.json_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, sort_keys=True))
+        print(f"results written to {path}", file=out)
+    return 0

@@ -1,0 +1,353 @@
+"""The CaSync DDP hook on real gloo groups: DDP equivalence, reference agreement through DDP
+(bucket rebuild, low precision, NaN), checkpoints, config agreement and a dead peer."""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import pickle
+import time
+
+import pytest
+import torch
+from casync_cases import STATEFUL, make_algorithm, single_thread
+from dist_utils import run_workers
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hipress.casync import CaSyncError, CaSyncState, ConfigMismatchError, register
+from hipress.casync.reference import ReferenceSync
+from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+
+AG, PS, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.ALLREDUCE
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# "0.weight" 4096, "2.weight" 12288, "4.weight" 768 elements; biases 128, 96, 8
+LAYOUT = {
+    "0.weight": (PS, 2),
+    "0.bias": (AR, 1),
+    "2.weight": (AG, 3),
+    "2.bias": (AR, 1),
+    "4.weight": (PS, 1),
+    "4.bias": (AR, 1),
+}
+NAN_STEP = 2
+
+
+def _model(seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(seed)
+    net = nn.Sequential(
+        nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 96), nn.ReLU(), nn.Linear(96, 8)
+    )
+    return net.to(dtype)
+
+
+def _ddp(model: nn.Module) -> DDP:
+    # one bucket in the first iteration; DDP rebuilds into two after it
+    return DDP(model, bucket_cap_mb=0.02)
+
+
+def _data(rank: int, step: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(10_000 + 100 * step + rank)
+    return torch.randn(16, 32, generator=gen).to(dtype), torch.randn(16, 8, generator=gen).to(dtype)
+
+
+def _plan(alg_name: str, model: nn.Module, world_size: int) -> Plan:
+    entries = tuple(
+        TensorPlan(n, p.numel(), LAYOUT[n][0] is not AR, *LAYOUT[n])
+        for n, p in model.named_parameters()
+    )
+    return Plan(make_algorithm(alg_name).name, {}, world_size, entries)
+
+
+def _step(ddp: nn.Module, rank: int, step: int, dtype: torch.dtype) -> None:
+    x, y = _data(rank, step, dtype)
+    nn.functional.mse_loss(ddp(x).float(), y.float()).backward()
+
+
+# ---- no compression: bit for bit DDP ------------------------------------------------------
+
+
+def _uncompressed_vs_ddp(rank: int, world_size: int, steps: int) -> None:
+    plain, hooked = _model(0), _model(0)
+    ddp_plain, ddp_hooked = _ddp(plain), _ddp(hooked)
+    state = register(ddp_hooked, algorithm=None)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, hooked)]
+    for step in range(steps):
+        for ddp, opt in zip((ddp_plain, ddp_hooked), opts, strict=True):
+            opt.zero_grad()
+            _step(ddp, rank, step, torch.float32)
+        for (name, a), b in zip(plain.named_parameters(), hooked.parameters(), strict=True):
+            assert torch.equal(a.grad, b.grad), f"rank {rank} step {step} {name}"
+        for opt in opts:
+            opt.step()
+    assert state.stats.last is not None and state.stats.last.buckets == 2
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_uncompressed_equals_ddp_bit_for_bit(world_size: int) -> None:
+    run_workers(_uncompressed_vs_ddp, world_size, 4)
+
+
+# ---- compressed, through DDP, against the reference ------------------------------------------
+
+
+def _poison(g: torch.Tensor) -> torch.Tensor:
+    g = g.clone()
+    g[0, 0] = float("nan")
+    return g
+
+
+def _through_ddp(rank: int, world_size: int, alg_name: str, dtype_name: str, steps: int) -> list:
+    """Train a few steps with the hook; record each step's local and synced gradients."""
+    dtype = DTYPES[dtype_name]
+    model = _model(0, dtype)
+    replica = copy.deepcopy(model)
+    ddp = _ddp(model)
+    state = register(ddp, make_algorithm(alg_name), plan=_plan(alg_name, model, world_size), seed=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    records = []
+    for step in range(steps):
+        handles = []
+        if step == NAN_STEP and rank == 0:  # one NaN in one rank's gradient of a PS tensor
+            handles = [m[0].weight.register_hook(_poison) for m in (model, replica)]
+        replica.load_state_dict(model.state_dict())
+        replica.zero_grad()
+        _step(replica, rank, step, dtype)
+        local = {n: p.grad.clone() for n, p in replica.named_parameters()}
+        opt.zero_grad()
+        _step(ddp, rank, step, dtype)
+        synced = {n: p.grad.clone() for n, p in model.named_parameters()}
+        for h in handles:
+            h.remove()
+        if all(bool(g.isfinite().all()) for g in synced.values()):
+            opt.step()  # like GradScaler: skip steps with non-finite gradients
+        records.append((local, synced, state.stats.last))
+    return records
+
+
+def _check_against_reference(
+    world_size: int, alg_name: str, dtype_name: str, results: list
+) -> None:
+    dtype = DTYPES[dtype_name]
+    plan = _plan(alg_name, _model(0), world_size)
+    ref = ReferenceSync(make_algorithm(alg_name), plan, world_size, seed=3)
+    for step in range(len(results[0])):
+        with single_thread():
+            expected = ref.step([results[r][step][0] for r in range(world_size)])
+        for rank in range(world_size):
+            synced = results[rank][step][1]
+            for name, (strategy, k) in LAYOUT.items():
+                got, want = synced[name].reshape(-1), expected[name]
+                where = f"rank {rank} step {step} {name} ({strategy.value}, K={k})"
+                assert got.dtype == dtype, where
+                if strategy is AR:
+                    tol = world_size * torch.finfo(dtype).eps
+                    torch.testing.assert_close(
+                        got, want, rtol=tol, atol=tol * float(want.abs().max()), msg=where
+                    )
+                else:
+                    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=where)
+        # the NaN reached every rank, and only the partition that held it
+        if step == NAN_STEP:
+            for rank in range(world_size):
+                g = results[rank][step][1]["0.weight"].reshape(-1)
+                half = g.numel() // 2
+                assert g[:half].isnan().all() and g[half:].isfinite().all(), f"rank {rank}"
+    # DDP used one bucket, then rebuilt into two: state keyed by parameter survived it
+    assert [results[0][s][2].buckets for s in range(len(results[0]))][:2] == [1, 2]
+
+
+def _ddp_cases() -> list[tuple[int, str, str]]:
+    # every algorithm runs every strategy in test_casync_strategies; here the integration
+    return [(2, a, "float32") for a in STATEFUL] + [
+        (4, "onebit", "float32"),
+        (4, "terngrad", "float32"),
+        (2, "terngrad", "float16"),
+        (2, "dgc", "bfloat16"),
+    ]
+
+
+@pytest.mark.parametrize("case", _ddp_cases(), ids=lambda c: f"N{c[0]}-{c[1]}-{c[2]}")
+def test_ddp_matches_reference(case: tuple[int, str, str]) -> None:
+    world_size, alg_name, dtype_name = case
+    results = run_workers(_through_ddp, world_size, alg_name, dtype_name, 4)
+    _check_against_reference(world_size, alg_name, dtype_name, results)
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+def _train(ddp: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> None:
+    for step in steps:
+        opt.zero_grad()
+        _step(ddp, rank, step, torch.float32)
+        opt.step()
+
+
+def _resume(rank: int, world_size: int, alg_name: str) -> None:
+    def build(seed: int) -> tuple[nn.Module, DDP, CaSyncState, torch.optim.Optimizer]:
+        model = _model(seed)
+        ddp = _ddp(model)
+        state = register(ddp, make_algorithm(alg_name), plan=_plan(alg_name, model, world_size))
+        return model, ddp, state, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    model, ddp, _, opt = build(0)
+    _train(ddp, opt, rank, range(6))
+    straight = [p.detach().clone() for p in model.parameters()]
+
+    model, ddp, state, opt = build(0)
+    _train(ddp, opt, rank, range(3))
+    blob = io.BytesIO()
+    torch.save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "casync": state.state_dict()}, blob
+    )
+
+    for load_casync in (True, False):
+        blob.seek(0)
+        ckpt = torch.load(blob)
+        model, ddp, state, opt = build(1)  # other initial weights: the checkpoint must win
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        if load_casync:
+            state.load_state_dict(ckpt["casync"])
+        _train(ddp, opt, rank, range(3, 6))
+        same = all(torch.equal(a, b) for a, b in zip(straight, model.parameters(), strict=True))
+        # resuming with the state is exact; without it, error feedback / RNG counters differ
+        assert same == load_casync, f"rank {rank}: load_casync={load_casync} same={same}"
+
+
+@pytest.mark.parametrize("alg_name", STATEFUL)
+def test_state_dict_resume_is_exact(alg_name: str) -> None:
+    run_workers(_resume, 2, alg_name)
+
+
+def _pickle_and_validate(rank: int, world_size: int) -> None:
+    model = _model(0)
+    ddp = _ddp(model)
+    plan = _plan("terngrad", model, world_size)
+    state = register(ddp, "terngrad", {"bitwidth": 4}, plan=plan)
+    _step(ddp, rank, 0, torch.float32)
+    clone = pickle.loads(pickle.dumps(state))
+    assert clone.process_group is None and clone.plan == state.plan
+    assert clone.algorithm.digest == state.algorithm.digest  # reloaded from name and params
+    for k, s in state.worker_states.items():
+        assert s.step == clone.worker_states[k].step == 1
+    with pytest.raises(CaSyncError, match="does not know"):
+        clone.names_of(list(model.parameters()))
+    clone.bind(model.named_parameters())
+    assert clone.names_of([model[0].weight]) == ["0.weight"]
+
+    # a checkpoint of another rank is refused
+    sd = state.state_dict()
+    sd["rank"] = 1 - rank
+    with pytest.raises(CaSyncError, match="load each rank's own"):
+        state.load_state_dict(sd)
+    # plans and algorithms that do not fit are refused before training
+    wrong_world = Plan(plan.algorithm, {}, world_size + 1, plan.entries)
+    with pytest.raises(PlanError, match="workers"):
+        register(_ddp(_model(0)), "terngrad", plan=wrong_world)
+    tiny = tuple(
+        TensorPlan(e.name, e.numel, True, PS, e.numel) if e.name == "4.bias" else e
+        for e in plan.entries
+    )
+    with pytest.raises(PlanError, match=r"4\.bias"):
+        register(_ddp(_model(0)), "terngrad", plan=Plan(plan.algorithm, {}, 2, tiny))
+    with pytest.raises(PlanError, match="algorithm 'terngrad'"):
+        register(_ddp(_model(0)), "onebit", plan=plan)
+    with pytest.raises(CaSyncError, match="bitwidth"):
+        register(_ddp(_model(0)), "terngrad", {"bitwidth": 3})
+    with pytest.raises(CaSyncError, match="no_such_algorithm"):
+        register(_ddp(_model(0)), "no_such_algorithm")
+    with pytest.raises(CaSyncError, match="DistributedDataParallel"):
+        register(_model(0), "terngrad")
+
+
+def test_pickle_and_validation() -> None:
+    run_workers(_pickle_and_validate, 2)
+
+
+# ---- agreement and failures -------------------------------------------------------------------
+
+
+def _disagree(rank: int, world_size: int, what: str) -> str:
+    model = _model(0)
+    ddp = _ddp(model)
+    name, params, seed = "terngrad", {"bitwidth": 2}, 0
+    plan = _plan(name, model, world_size)
+    if rank == 1:
+        if what == "algorithm":
+            name = "onebit"
+            plan = Plan(name, {}, world_size, plan.entries)
+        elif what == "params":
+            params = {"bitwidth": 4}
+        elif what == "plan":
+            plan = Plan(
+                plan.algorithm,
+                {},
+                world_size,
+                tuple(
+                    TensorPlan(e.name, e.numel, True, AG, 1) if e.name == "2.weight" else e
+                    for e in plan.entries
+                ),
+            )
+        else:
+            seed = 1
+    register(ddp, name, params if name == "terngrad" else None, plan=plan, seed=seed)
+    with pytest.raises(Exception) as info:
+        _step(ddp, rank, 0, torch.float32)
+    return f"{type(info.value).__name__}: {info.value}"
+
+
+@pytest.mark.parametrize("what", ["algorithm", "params", "plan", "seed"])
+def test_disagreeing_ranks_get_a_clear_error(what: str) -> None:
+    messages = run_workers(_disagree, 2, what, timeout=60)
+    key = {"algorithm": "algorithm", "params": "algorithm", "plan": "plan", "seed": "options"}[what]
+    for rank, msg in enumerate(messages):
+        assert "ranks disagree on" in msg and key in msg, f"rank {rank}: {msg}"
+        assert "rank 0:" in msg and "rank 1:" in msg, msg
+    assert issubclass(ConfigMismatchError, CaSyncError)
+
+
+def _dead_peer(rank: int, world_size: int, how: str, pg_timeout: float) -> tuple | None:
+    model = _model(0)
+    ddp = _ddp(model)
+    register(ddp, "terngrad", plan=_plan("terngrad", model, world_size))
+    for step in range(2):
+        _step(ddp, rank, step, torch.float32)
+    if rank == world_size - 1:
+        if how == "stall":  # alive but silent past the timeout
+            time.sleep(pg_timeout + 5)
+        os._exit(0)  # gone without a word
+    t = time.monotonic()
+    with pytest.raises(CaSyncError) as info:
+        _step(ddp, rank, 2, torch.float32)
+    return time.monotonic() - t, f"{type(info.value).__name__}: {info.value}"
+
+
+@pytest.mark.parametrize("how", ["exit", "stall"])
+def test_dead_peer_fails_the_step_within_the_timeout(how: str) -> None:
+    pg_timeout = 4.0
+    results = run_workers(_dead_peer, 3, how, pg_timeout, pg_timeout=pg_timeout, timeout=60)
+    assert results[2] is None
+    for elapsed, msg in results[:2]:
+        assert elapsed < pg_timeout + 4, (elapsed, msg)
+        assert msg.startswith("CommError: CaSync: ") and "peer may have exited" in msg, msg
+
+
+# ---- SeCoPa plans -----------------------------------------------------------------------------
+
+
+def _auto(rank: int, world_size: int) -> str:
+    model = _model(0)
+    ddp = _ddp(model)
+    state = register(ddp, "terngrad", plan="auto")
+    for step in range(2):
+        _step(ddp, rank, step, torch.float32)
+    assert state.stats.last is not None
+    return state.plan.digest()
+
+
+def test_auto_plan_from_secopa_is_shared_by_every_rank() -> None:
+    digests = run_workers(_auto, 2, timeout=120)
+    assert digests[0] == digests[1]

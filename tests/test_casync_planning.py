@@ -1,0 +1,62 @@
+"""Which plan CaSync runs (hipress.casync.planning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.compll import load
+from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+
+NAMED = [("w1", 1 << 20), ("b1", 1024), ("w2", 20_000_000), ("tiny", 3)]
+
+
+def test_default_rule_sends_small_uncompressed_and_large_by_ps() -> None:
+    plan = resolve_plan(None, load("terngrad"), NAMED, 4)
+    by = {e.name: e for e in plan.entries}
+    assert by["b1"].strategy is Strategy.ALLREDUCE and not by["b1"].compress
+    assert by["tiny"].strategy is Strategy.ALLREDUCE
+    assert by["w1"].strategy is Strategy.PS and by["w1"].partitions == 1
+    assert by["w2"].strategy is Strategy.PS and by["w2"].partitions == 4  # ceil(20M / 4M)
+    assert plan.algorithm == "terngrad" and plan.world_size == 4
+
+
+def test_rule_is_configurable_and_validated() -> None:
+    rule = DefaultRule(min_compress_numel=100, partition_numel=1000, max_partitions=2)
+    plan = resolve_plan(None, load("onebit"), [("a", 150), ("b", 50)], 2, rule)
+    assert [(e.compress, e.partitions) for e in plan.entries] == [(True, 1), (False, 1)]
+    with pytest.raises(ValueError, match="max_partitions"):
+        DefaultRule(max_partitions=0)
+
+
+def test_no_algorithm_means_allreduce_everywhere() -> None:
+    plan = resolve_plan(None, None, NAMED, 2)
+    assert all(e.strategy is Strategy.ALLREDUCE for e in plan.entries)
+
+
+def test_plans_from_files_are_checked(tmp_path: Path) -> None:
+    alg = load("terngrad")
+    good = resolve_plan(None, alg, NAMED, 2)
+    path = tmp_path / "plan.json"
+    good.save(path)
+    assert resolve_plan(str(path), alg, NAMED, 2) == good
+    with pytest.raises(PlanError, match="workers"):
+        resolve_plan(path, alg, NAMED, 4)
+    with pytest.raises(PlanError, match="cannot read plan"):
+        resolve_plan(tmp_path / "missing.json", alg, NAMED, 2)
+    with pytest.raises(PlanError, match="missing parameters"):
+        resolve_plan(good, alg, [*NAMED, ("extra", 5)], 2)
+    with pytest.raises(PlanError, match="algorithm 'terngrad'"):
+        resolve_plan(good, load("onebit"), NAMED, 2)
+    with pytest.raises(PlanError, match="bitwidth"):
+        resolve_plan(good, load("terngrad", bitwidth=4), NAMED, 2)
+    with pytest.raises(PlanError, match="no algorithm"):
+        resolve_plan(good, None, NAMED, 2)
+
+
+def test_partitions_must_leave_a_shard_per_worker() -> None:
+    plan = Plan("terngrad", {}, 4, (TensorPlan("a", 10, True, Strategy.PS, 3),))
+    with pytest.raises(PlanError, match="lower its partitions"):
+        resolve_plan(plan, load("terngrad"), [("a", 10)], 4)

@@ -1,0 +1,175 @@
+"""The demo: its corpus, its model, its worker launcher, and a small end-to-end run of
+``hipress demo`` with real gloo workers."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hipress.cli import main
+from hipress.demo import DemoConfig, DemoError, ModelConfig, WordLM, load_corpus
+from hipress.demo.data import (
+    NL,
+    build_vocab,
+    eval_windows,
+    sample_batch,
+    shard,
+    stdlib_files,
+    tokenize_text,
+)
+from hipress.demo.launch import launch
+from hipress.demo.models import evaluate
+
+# ---------------------------------------------------------------------------- corpus
+
+
+@pytest.fixture(scope="module")
+def corpus():  # type: ignore[no-untyped-def]
+    return load_corpus(2048)
+
+
+def test_tokenize_text() -> None:
+    text = "def f(x_1, y):\n\n    return x_1+42  # ok\n   \n"
+    assert tokenize_text(text) == [
+        *("def", "f", "(", "x_1", ",", "y", ")", ":", NL),
+        *("return", "x_1", "+", "42", "#", "ok", NL),
+    ]
+    assert tokenize_text("\n  \n") == []
+
+
+def test_vocab_ranks_by_count_then_text() -> None:
+    counts = Counter({"b": 3, "a": 3, "c": 5, "d": 1, NL: 9})
+    v = build_vocab(counts, 5)
+    assert v.itos == ("<unk>", NL, "c", "a", "b")
+    assert v.encode(["c", "d", NL, "zz"]).tolist() == [2, 0, 1, 0]
+
+
+def test_corpus_is_deterministic_and_non_trivial(corpus) -> None:  # type: ignore[no-untyped-def]
+    again = load_corpus(2048)
+    assert again.digest() == corpus.digest()
+    assert torch.equal(again.train, corpus.train) and torch.equal(again.valid, corpus.valid)
+    assert len(corpus.vocab) == 2048
+    assert corpus.train.numel() > 300_000 and corpus.valid.numel() > 20_000
+    assert int(corpus.train.max()) < 2048 and int(corpus.train.min()) >= 0
+    assert not set(corpus.train_files) & set(corpus.valid_files)  # split by file
+    names = {p.stem for p in stdlib_files()}
+    assert set(corpus.train_files) | set(corpus.valid_files) == names
+    for word in ("def", "return", "self", "import", NL):
+        assert word in corpus.vocab.stoi
+    assert corpus.unk_rate < 0.2
+    # real text: many distinct tokens in use, the most common far from dominating
+    used = torch.bincount(corpus.train, minlength=2048)
+    assert int((used > 0).sum()) == 2048
+    assert float(used.max()) / corpus.train.numel() < 0.2
+    assert load_corpus(1024).digest() != corpus.digest()
+
+
+def test_batches_shards_and_windows(corpus) -> None:  # type: ignore[no-untyped-def]
+    ids = corpus.train
+    parts = [shard(ids, r, 3) for r in range(3)]
+    assert torch.equal(torch.cat(parts), ids)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    x, y = sample_batch(parts[1], 4, 16, g1)
+    x2, _ = sample_batch(parts[1], 4, 16, g2)
+    assert x.shape == y.shape == (4, 16) and torch.equal(x, x2)
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the next tokens
+    full = eval_windows(corpus.valid, 16, 4096)
+    split = [eval_windows(corpus.valid, 16, 4096, r, 2) for r in range(2)]
+    assert sum(b[1].numel() for b in full) == 4096
+    assert sorted(b[0][0, 0].item() for s in split for b in s) == sorted(
+        b[0][0, 0].item() for b in full
+    )
+
+
+# ---------------------------------------------------------------------------- model
+
+
+def test_model_loss_decreases(corpus) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = WordLM(ModelConfig(vocab_size=2048, emb_dim=32, hidden=32))
+    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+    gen = torch.Generator().manual_seed(0)
+    windows = eval_windows(corpus.valid, 32, 1024)
+    before, _, count = evaluate(model, windows)
+    assert before / count == pytest.approx(math.log(2048), abs=0.3)
+    for _ in range(30):
+        x, y = sample_batch(corpus.train, 8, 32, gen)
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, 2048), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after, correct, count = evaluate(model, windows)
+    assert after / count < before / count - 2.0  # from log(V) ~ 7.6 to ~ 4 nats
+    assert correct / count > 0.03  # far above chance (1/2048)
+    tied = WordLM(ModelConfig(vocab_size=100, emb_dim=16, hidden=16, tied=True))
+    assert tied.decoder.weight is tied.embedding.weight
+    with pytest.raises(ValueError, match="tied"):
+        ModelConfig(hidden=32, emb_dim=16, tied=True)
+
+
+# ---------------------------------------------------------------------------- launcher
+
+
+def _fail_on_rank1(rank: int, world: int, message: str) -> int:
+    if rank == 1:
+        raise ValueError(message)
+    dist.barrier()  # rank 0 waits for a peer that is gone
+    return rank
+
+
+def test_worker_failure_ends_the_job_with_its_message() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(DemoError) as info:
+        launch(_fail_on_rank1, 2, ("boom from rank one",), timeout=120)
+    text = str(info.value)
+    assert "rank 1: ValueError: boom from rank one" in text
+    assert "_fail_on_rank1" in text  # the traceback
+    assert time.monotonic() - t0 < 100  # stopped well before the timeout
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(DemoError, match="steps=0"):
+        DemoConfig(steps=0)
+    assert DemoConfig(steps=10, eval_points=3).eval_steps() == [4, 7, 10]
+
+
+def test_cli_rejects_unknown_algorithm(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--algorithm", "no-such-alg"]) == 1
+    assert "no-such-alg" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+def test_demo_end_to_end(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    args = [
+        *("demo", "--workers", "2", "--steps", "6", "--batch", "4", "--seq-len", "16"),
+        *("--vocab", "2048", "--emb-dim", "64", "--hidden", "32", "--plan", "default"),
+        *("--algorithm", "onebit", "--out", str(tmp_path), "--quiet", "--timeout", "240"),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "uncompressed" in out and "hipress onebit" in out
+    data = json.loads((tmp_path / "demo.json").read_text())
+    base, hip = data["runs"]
+    assert data["config"]["workers"] == 2 and data["parameters"] > 0
+    for run in (base, hip):
+        assert len(run["train_loss"]) == 6
+        assert all(math.isfinite(v) for v in run["train_loss"])
+        assert run["final"]["step"] == 6 and 0.0 <= run["final"]["accuracy"] <= 1.0
+        assert run["samples_per_s"] > 0
+    # the same initial weights and batches: the first step's loss is identical
+    assert hip["train_loss"][0] == pytest.approx(base["train_loss"][0], rel=1e-6)
+    assert base["ratio"] == 1.0 and base["bytes_per_step"] == 4 * data["parameters"]
+    assert hip["compressed_tensors"] >= 2  # embedding and output layer
+    assert hip["ratio"] < 0.25  # onebit on the large tensors
+    assert hip["bytes_total"] == pytest.approx(hip["bytes_per_step"] * 6 * 2)
+    if data["chart"] is not None:
+        assert (tmp_path / "demo.png").stat().st_size > 10_000

@@ -1,0 +1,473 @@
+"""The generated C kernels compute what the reference interpreter computes.
+
+For every shipped algorithm (and small programs exercising every op and type the shipped ones do
+not), the C kernel's payload bytes equal the reference's, and its decoded values and new state
+equal the reference's (NaN compares equal to NaN: NaN payload bits inside decoded values and
+state are unspecified). Inputs are drawn from value "regimes" in which a float sum is exact in
+f64 whatever the order (see docs/codegen.md, "exceptions"), so the comparison can be exact.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hipress.compll import Algorithm, algorithms, load, load_source, shipped_path
+from hipress.compll.backends import AutoBackend, NativeUnavailableWarning
+from hipress.compll.cache import C_FLAGS, KernelCache, Toolchain
+from hipress.compll.check import param_variants
+from hipress.compll.native import NativeBackend, NativeError
+from hipress.compll.parse import parse
+from hipress.compll.source import SourceFile
+
+TOOLCHAIN = Toolchain.detect()
+pytestmark = pytest.mark.skipif(TOOLCHAIN is None, reason="no C compiler")
+
+NAN, INF = float("nan"), float("inf")
+PACK_SIZES = (0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 255, 256, 257)
+
+
+def _variants() -> list[tuple[str, dict]]:
+    out = []
+    for name in algorithms():
+        out.append((name, {}))
+        src = SourceFile.read(shipped_path(name))
+        out += [(name, v) for v in param_variants(parse(src))]
+    return out
+
+
+VARIANTS = _variants()
+
+
+def _pair(name: str, params: dict) -> tuple[Algorithm, Algorithm]:
+    return load(name, backend="reference", **params), load(name, backend="cpu", **params)
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, except that any NaN equals any NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.dtype.is_floating_point:
+        return torch.equal(a, b)
+    a, b = a.reshape(-1), b.reshape(-1)
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    same = (a == b) & (torch.signbit(a) == torch.signbit(b))
+    return bool((same | both_nan).all())
+
+
+def run_both(ref: Algorithm, cpu: Algorithm, x: torch.Tensor, steps: int = 2) -> None:
+    """Encode ``steps`` times with each backend (same seed) and decode with both; compare."""
+    n = x.numel()
+    s1 = ref.init_state(n, seed=12345, tensor_id=7)
+    s2 = cpu.init_state(n, seed=12345, tensor_id=7)
+    for step in range(steps):
+        p1 = ref.encode(x, s1)
+        p2 = cpu.encode(x, s2)
+        if not torch.equal(p1, p2):
+            bad = (p1 != p2).nonzero().reshape(-1)[:8].tolist()
+            raise AssertionError(f"{ref.name} n={n} step {step}: payload bytes differ at {bad}")
+        for k in s1.tensors:
+            assert same_values(s1.tensors[k], s2.tensors[k]), f"{ref.name}: state {k} differs"
+        for acc in (False, True):
+            o1 = torch.linspace(-1, 1, n)
+            o2 = o1.clone()
+            ref.decode(p1, n, o1, accumulate=acc)
+            cpu.decode(p1, n, o2, accumulate=acc)
+            assert same_values(o1, o2), f"{ref.name} n={n}: decode(accumulate={acc}) differs"
+
+
+# ---------------------------------------------------------------- input strategies
+# Regimes in which every f64 sum of the values is exact, so its order cannot matter.
+
+
+def _nice(k: int, e: int) -> float:
+    return k * 2.0**e
+
+
+REGIMES = {
+    "nice": st.builds(_nice, st.integers(-(2**10), 2**10), st.integers(-12, 6)),
+    "tiny": st.builds(_nice, st.integers(-(2**10), 2**10), st.integers(-149, -140)),
+    "huge": st.builds(_nice, st.integers(-(2**10), 2**10), st.integers(100, 118)),
+}
+SPECIALS = st.sampled_from([NAN, INF, -INF, 0.0, -0.0])
+
+
+@st.composite
+def gradients(draw: st.DrawFn, max_n: int = 300) -> torch.Tensor:
+    n = draw(st.one_of(st.sampled_from(PACK_SIZES), st.integers(0, max_n)))
+    regime = draw(st.sampled_from(sorted(REGIMES)))
+    pattern = draw(st.sampled_from(["mixed", "plain", "equal", "zero"]))
+    vals = REGIMES[regime]
+    if pattern == "equal":
+        v = draw(st.one_of(vals, SPECIALS))
+        data = [v] * n
+    elif pattern == "zero":
+        data = [draw(st.sampled_from([0.0, -0.0]))] * n
+    elif pattern == "plain":
+        data = draw(st.lists(vals, min_size=n, max_size=n))
+    else:
+        data = draw(st.lists(st.one_of(vals, vals, vals, SPECIALS), min_size=n, max_size=n))
+    x = torch.tensor(data, dtype=torch.float32)
+    dtype = draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16]))
+    if draw(st.booleans()):  # a non-contiguous view of the same values
+        x = torch.stack([x, torch.full_like(x, 7.0)], 1)[:, 0]
+    return x.to(dtype) if dtype != torch.float32 else x
+
+
+# ---------------------------------------------------------------- shipped algorithms
+
+
+@pytest.mark.parametrize(("name", "params"), VARIANTS, ids=[f"{n}-{p}" for n, p in VARIANTS])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=gradients())
+def test_kernel_equals_reference(name: str, params: dict, x: torch.Tensor) -> None:
+    ref, cpu = _pair(name, params)
+    run_both(ref, cpu, x)
+
+
+@pytest.mark.parametrize("name", algorithms())
+def test_kernel_equals_reference_large(name: str) -> None:
+    """Sizes that use every thread, tile and pack boundary (random normal values: sums may
+    round differently, so the payload is compared exactly only where no sum is involved)."""
+    ref, cpu = _pair(name, {})
+    g = torch.Generator().manual_seed(3)
+    for n in (2048 * 9 + 5,):
+        # integers: every f64 sum is exact, so the comparison is exact
+        x = torch.randint(-64, 64, (n,), generator=g).float() / 8
+        x[::97] = 0.0
+        run_both(ref, cpu, x, steps=2)
+
+
+def test_float_input_is_converted_like_the_reference() -> None:
+    ref, cpu = _pair("terngrad", {})
+    x = torch.randn(1000, dtype=torch.float64).to(torch.bfloat16)
+    run_both(ref, cpu, x)
+    out16 = torch.ones(1000, dtype=torch.float16)
+    ref16 = out16.clone()
+    p = ref.encode(x, ref.init_state(1000))
+    cpu.decode(p, 1000, out16, accumulate=True)
+    ref.decode(p, 1000, ref16, accumulate=True)
+    assert torch.equal(out16, ref16)
+
+
+# ---------------------------------------------------------------- every op and type
+
+SCANS = """
+algorithm t_scan "scans and sorts";
+param m: i64 = 3;
+payload { a: f32[n]; b: i64[n]; c: f32[n]; d: i32[n]; e: f32[n]; f: i32[n]; h: f64[n]; k: u8[n]; }
+encode(g) {
+    let a = scan(sum, g);
+    let b = scan(sum, n, i => i32(g[i] * 100.0));
+    let c = scan(min, g);
+    let d = scan(max, n, i => i32(g[i] * 1000.0));
+    let e = sort(g);
+    let f = sort(n, i => i32(g[i] * 7.0) % i32(m));
+    let h = sort(n, i => f64(g[i]) * 3.0);
+    let k = scan(max, n, i => u8(g[i] * 50.0));
+    return concat(a, b, c, d, e, f, h, k);
+}
+decode(p) {
+    return map(n, i => p.a[i] + p.c[i] + p.e[i] + f32(p.b[i]) + f32(p.d[i]) + f32(p.f[i])
+                       + f32(p.h[i]) + f32(p.k[i]));
+}
+"""
+
+REDUCTIONS = """
+algorithm t_red "reductions";
+param seg: i64 = 5;
+payload {
+    smin: f32; smax: f32; sabs: f32; ssum: f32; dmin: f64; dmax: f64; dsum: f64; dabs: f64;
+    imin: i32; imax: i32; iabs: i32; isum: i64; cnt: i64; anyv: bool; allv: bool; umax: u8;
+    lmin: i64; labs: i64; cust: f32; custi: i32; custb: bool;
+    gmin: f32[(n + seg - 1) / seg]; gmax: f64[(n + seg - 1) / seg];
+    gabs: i32[(n + seg - 1) / seg]; gsum: f64[(n + seg - 1) / seg];
+    gisum: i64[(n + seg - 1) / seg]; gcnt: i64[(n + seg - 1) / seg];
+    gany: bool[(n + seg - 1) / seg]; gall: bool[(n + seg - 1) / seg];
+    gmaxu: u16[(n + seg - 1) / seg]; gfabs: f32[(n + seg - 1) / seg];
+}
+encode(g) {
+    let smin = reduce(min, g);
+    let smax = reduce(max, g);
+    let sabs = reduce(absmax, g);
+    let ssum = reduce(sum, g);
+    let dmin = reduce(min, n, i => f64(g[i]) * 1.5);
+    let dmax = reduce(max, n, i => f64(g[i]) - 0.25);
+    let dsum = reduce(sum, n, i => f64(g[i]));
+    let dabs = reduce(absmax, n, i => f64(g[i]));
+    let imin = reduce(min, n, i => i32(g[i] * 1e9));
+    let imax = reduce(max, n, i => i32(g[i] * 1e9));
+    let iabs = reduce(absmax, n, i => i32(g[i] * 3e9));
+    let isum = reduce(sum, n, i => i32(g[i] * 1e9));
+    let cnt = reduce(count, n, i => g[i] > 0.5);
+    let anyv = reduce(any, n, i => isnan(g[i]));
+    let allv = reduce(all, n, i => g[i] <= 1e30);
+    let umax = reduce(max, n, i => u8(g[i] * 100.0));
+    let lmin = reduce(min, n, i => i64(g[i] * 1e20));
+    let labs = reduce(absmax, n, i => i64(g[i] * 1e20));
+    let cust = reduce((a, b) => a * 0.5 + b, 1.0, g);
+    let custi = reduce((a, b) => a * 3 - b, i32(7), n, i => i32(g[i] * 10.0));
+    let custb = reduce((a, b) => a != b, true, n, i => g[i] > 0.0);
+    let gmin = segreduce(min, seg, g);
+    let gmax = segreduce(max, seg, n, i => f64(g[i]));
+    let gabs = segreduce(absmax, seg, n, i => i32(g[i] * 3e9));
+    let gsum = segreduce(sum, seg, n, i => f64(g[i]) * f64(g[i]));
+    let gisum = segreduce(sum, seg, n, i => i32(g[i] * 1e9));
+    let gcnt = segreduce(count, seg, n, i => g[i] < 0.0);
+    let gany = segreduce(any, seg, n, i => g[i] > 1.0);
+    let gall = segreduce(all, seg, n, i => g[i] > -1.0);
+    let gmaxu = segreduce(max, seg, n, i => u16(g[i] * 1000.0));
+    let gfabs = segreduce(absmax, seg, g);
+    return concat(smin, smax, sabs, ssum, dmin, dmax, dsum, dabs, imin, imax, iabs, isum, cnt,
+                  anyv, allv, umax, lmin, labs, cust, custi, custb, gmin, gmax, gabs, gsum, gisum,
+                  gcnt, gany, gall, gmaxu, gfabs);
+}
+decode(p) {
+    return map(n, i => p.smin + p.gmin[i / seg] + f32(p.gsum[i / seg]) + f32(p.gabs[i / seg]));
+}
+"""
+
+CASTS = """
+algorithm t_cast "casts and scalar ops";
+payload {
+    a: u8[n]; b: i8[n]; c: u16[n]; d: i16[n]; e: u32[n]; f: i32[n]; h: i64[n];
+    k: f16[n]; l: bf16[n]; m: f16[n]; o: bf16[n]; q: f64[n]; r: bool[n];
+    s: f32[n]; t: f64[n]; u: i32[n]; v: u8[n]; w: i64[n]; x: f32[n]; y: i16[n]; z: u32[n];
+    hh: f32[n]; bb: f32[n]; ii: i32[n]; uu: u16[n];
+}
+encode(g) {
+    let a = map(n, i => u8(g[i] * 300.0));
+    let b = map(n, i => i8(g[i] * 300.0));
+    let c = map(n, i => u16(g[i] * 70000.0));
+    let d = map(n, i => i16(g[i] * 70000.0));
+    let e = map(n, i => u32(g[i] * 5e9));
+    let f = map(n, i => i32(g[i] * 3e9));
+    let h = map(n, i => i64(g[i] * 1e19));
+    let k = map(n, i => f16(g[i] * 70000.0));
+    let l = map(n, i => bf16(g[i] * 1e30));
+    let m = map(n, i => f16(i32(g[i] * 100000.0)));
+    let o = map(n, i => bf16(i64(g[i] * 1e9) * 16777217));
+    let q = map(n, i => f64(g[i]) / 3.0);
+    let r = map(n, i => g[i] > 0.0 && !isinf(g[i]));
+    let s = map(n, i => round(g[i] * 4.0) + floor(g[i]) * ceil(g[i]) - trunc(g[i] * 3.0)
+                        + abs(g[i]) + sign(g[i]));
+    let t = map(n, i => round(f64(g[i]) * 2.5) + sign(f64(g[i]) - 0.5) + f64(g[i]) % 0.3);
+    let u = map(n, i => {
+        let p = i32(g[i] * 1000.0);
+        let q2 = i32(g[(i + 1) % n] * 10.0);
+        return p / q2 + p % q2 + (p << q2) + (p >> q2) + ~p + -p + abs(p) * sign(p)
+               + min(p, q2) - max(p, q2);
+    });
+    let v = map(n, i => {
+        let p = u8(g[i] * 255.0);
+        let q2 = u8(g[(i + 3) % n] * 9.0);
+        return p / q2 + p % q2 + (p << q2) + (p >> q2) + ~p - p * q2 + (p ^ q2) + (p & q2)
+               + (p | q2);
+    });
+    let w = map(n, i => {
+        let p = i64(g[i] * 1e18) * 7;
+        let q2 = i64(g[(i + 2) % n] * 3.0) - 1;
+        return p / q2 + p % q2 + (p << q2) + (p >> q2) + (i64(-9223372036854775807) - 1) / q2;
+    });
+    let x = map(n, i => min(g[i], g[(i + 1) % n]) - max(g[i], -g[i]) + clamp(g[i], -0.5, 0.5)
+                        + clamp(g[i], -1e6, 1e6) % 0.7);
+    let y = map(n, i => i16(u8(g[i] * 200.0)) * i16(-300) + i16(i8(g[i] * 100.0)));
+    let z = map(n, i => u32(i32(g[i] * 100.0)) * u32(4000000) + u32(f32(f16(g[i])) != 0.0));
+    let hh = map(n, i => f32(k[i]) + f32(l[i]) + f32(f16(g[i])) + f32(bf16(g[i])));
+    let bb = map(n, i => f32(f64(g[i]) * 1e-300 * 1e300) + f32(r[i]) + f32(i64(g[i] * 1e12)));
+    let ii = map(n, i => i32(f16(g[i] * 1000.0)) + i32(bf16(g[i] * 1e10)) + i32(isnan(g[i])));
+    let uu = map(n, i => u16(f64(g[i]) * 1e5) + u16(r[i]));
+    return concat(a, b, c, d, e, f, h, k, l, m, o, q, r, s, t, u, v, w, x, y, z, hh, bb, ii, uu);
+}
+decode(p) {
+    return map(n, i => f32(p.k[i]) + f32(p.l[i]) + f32(p.a[i]) + p.s[i]);
+}
+"""
+
+SPARSE = """
+algorithm t_sparse "filter, topk, scatter, gather, packed arrays, random, scalar state";
+param bound: i64 = 7;
+state acc: f32[n];
+state tick: i32;
+state flag: bool;
+payload {
+    cnt: i64; idx: i32[min(n, bound)]; tk: i32[min(n, 5)]; tk2: i32[min(n, 4)];
+    tk3: i32[min(n, 3)]; vals: f32[min(n, 5)]; sc: f32[n]; sci: i32[n]; q2: uint<2>[n];
+    q4: uint<4>[(n + 1) / 2]; q8: uint<8>[n]; q1: uint<1>[n]; rr: u32[n]; ru: f32[n];
+    ri: i64[n]; b: bool[n]; oob: f32[n]; t: i32; f: bool;
+}
+encode(g) {
+    let c = map(n, i => g[i] + acc[i]);
+    let (idx, cnt) = filter(min(n, bound), n, i => c[i] > 0.3);
+    let (tk, tc) = topk(min(n, 5), n, i => abs(c[i]));
+    let (tk2, tc2) = topk(min(n, 4), n, i => f64(c[i]) * f64(c[i]));
+    let (tk3, tc3) = topk(min(n, 3), n, i => i32(c[i] * 4.0));
+    let vals = gather(c, tk);
+    let sc = scatter(c, map(n, i => i32(g[i] * 10.0)), map(n, i => g[i] * 2.0), n / 2);
+    let sci = scatter(n, map(n, i => i32(g[i] * 5.0)), map(n, i => i32(g[i] * 100.0)));
+    let w: uint<2>[n] = map(n, i => i32(c[i] * 4.0));
+    let q2: uint<2>[n] = map(n, i => w[n - 1 - i] + u8(1));
+    let q4: uint<4>[(n + 1) / 2] = map((n + 1) / 2, j => i32(g[2 * j] * 9.0) + i32(tick));
+    let q8: uint<8>[n] = map(n, i => q4[i / 2] * u8(3) + w[i]);
+    let q1: uint<1>[n] = map(n, i => u8(q8[i] > u8(20) || flag));
+    let rr = map(n, i => urand(i) ^ urand(i * 3 + 1, 7));
+    let ru = map(n, i => uniform(i) + uniform(n - i, 2));
+    let ri = map(n, i => randint(i, 1000) + randint(i, i64(n) + 5, 3));
+    let b = map(n, i => q1[i] == u8(1) && c[i] < 0.0);
+    let oob = map(n, i => g[i + 1] + g[i - 1] + c[i + 2] + f32(q2[i + 1]) + f32(q4[i]));
+    acc = map(n, i => c[i] * 0.5 + f32(tick));
+    tick = tick + i32(cnt + tc + tc2 + tc3);
+    flag = !flag;
+    return concat(cnt, idx, tk, tk2, tk3, vals, sc, sci, q2, q4, q8, q1, rr, ru, ri, b, oob, tick,
+                  flag);
+}
+decode(p) {
+    let base = map(n, i => f32(p.q2[i]) * 0.25 + f32(p.q1[i]));
+    return scatter(base, p.idx, map(min(n, bound), j => f32(j) + 0.5), p.cnt);
+}
+"""
+
+PROGRAMS = {"scans": SCANS, "reductions": REDUCTIONS, "casts": CASTS, "sparse": SPARSE}
+
+
+def _program_pair(text: str) -> tuple[Algorithm, Algorithm]:
+    src = SourceFile("test.cll", text)
+    return load_source(src, backend="reference"), load_source(src, backend="cpu")
+
+
+@pytest.mark.parametrize("prog", sorted(PROGRAMS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=gradients(max_n=200))
+def test_every_op_equals_reference(prog: str, x: torch.Tensor) -> None:
+    ref, cpu = _program_pair(PROGRAMS[prog])
+    run_both(ref, cpu, x, steps=3)
+
+
+@pytest.mark.parametrize("prog", sorted(PROGRAMS))
+def test_every_op_equals_reference_threaded(prog: str) -> None:
+    """Sizes past the one-thread cutoff, so every stage runs in parallel."""
+    ref, cpu = _program_pair(PROGRAMS[prog])
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-200, 200, (2048 * 8 + 3,), generator=g).float() / 64
+    x[::101] = NAN
+    x[5::211] = -INF
+    x[7::307] = -0.0
+    run_both(ref, cpu, x, steps=1)
+
+
+def test_sqrt_is_ieee_within_an_ulp_of_torch() -> None:
+    """The kernels' sqrt is correctly rounded; torch's vectorised sqrt is not always (1 ulp)."""
+    text = """
+    algorithm t "sqrt"; payload { a: f32[n]; b: f64[n]; }
+    encode(g) { return concat(map(n, i => sqrt(g[i])), map(n, i => sqrt(f64(g[i])))); }
+    decode(p) { return map(n, i => p.a[i]); }
+    """
+    ref, cpu = _program_pair(text)
+    x = torch.rand(5000) * 100
+    st_ = cpu.init_state(5000)
+    p = cpu.encode(x, st_)
+    a = p[: 4 * 5000].view(torch.float32)
+    b = p[4 * 5000 :].view(torch.float64)
+    assert torch.equal(a, x.double().sqrt().float())  # f32 sqrt via f64 is exact
+    import numpy as np
+
+    assert torch.equal(b, torch.from_numpy(np.sqrt(x.double().numpy())))
+    r = ref.encode(x, ref.init_state(5000))
+    ra = r[: 4 * 5000].view(torch.float32)
+    assert ((ra.view(torch.int32) - a.view(torch.int32)).abs() <= 1).all()
+
+
+# ---------------------------------------------------------------- half precision, both code paths
+
+HALVES = """
+algorithm t_half "conversions to and from f16 / bf16";
+payload { h: f16[n]; b: bf16[n]; }
+encode(g) {
+    let h = map(n, i => f16(g[i]));
+    let b = map(n, i => bf16(g[i]));
+    return concat(h, b);
+}
+decode(p) { return map(n, i => f32(p.h[i]) + f32(p.b[i])); }
+"""
+
+
+def _half_inputs() -> torch.Tensor:
+    """Every f16 value (as f32), every f16 rounding midpoint and its neighbours, bf16 ditto,
+    and f32 specials (NaN payloads, subnormals, overflow)."""
+    h = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    h32 = h.float()
+    fin = h32[torch.isfinite(h32)].double()
+    mids = ((fin[:-1] + fin[1:]) / 2).float()
+    b = torch.arange(0, 65536, dtype=torch.int32) << 16
+    b32 = b.view(torch.float32)
+    bits = b32.view(torch.int32)
+    near = torch.cat([(bits + 0x8000), (bits + 0x7FFF), (bits + 0x8001)]).view(torch.float32)
+    special = torch.tensor([0x7F800001, 0xFF812345, 0x7FC00000, 1, 0x807FFFFF, 0x477FF000,
+                            0x477FEFFF, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001],
+                           dtype=torch.int64).to(torch.int32).view(torch.float32)  # fmt: skip
+    return torch.cat([h32, mids, mids.nextafter(torch.tensor(INF)), b32, near, special])
+
+
+@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "no-avx512"])
+def test_half_conversions_match_torch(avx512: bool, tmp_path) -> None:
+    src = SourceFile("half.cll", HALVES)
+    ref = load_source(src, backend="reference")
+    assert TOOLCHAIN is not None
+    tc = Toolchain(TOOLCHAIN.cc, TOOLCHAIN.version, C_FLAGS + (() if avx512 else ("-DHP_NO_AVX512",)))
+    cpu = Algorithm(ref.program, NativeBackend(ref.program, KernelCache(tmp_path), tc))
+    x = _half_inputs()
+    run_both(ref, cpu, x, steps=1)
+
+
+# ---------------------------------------------------------------- selection and errors
+
+
+def test_auto_runs_the_c_kernel_on_cpu_tensors() -> None:
+    alg = load("onebit")
+    assert isinstance(alg.backend, AutoBackend)
+    assert isinstance(alg.backend.backend_for(torch.device("cpu")), NativeBackend)
+    x = torch.randn(100)
+    p = alg.encode(x, alg.init_state(100))
+    ref = load("onebit", backend="reference")
+    assert torch.equal(p, ref.encode(x, ref.init_state(100)))
+
+
+def test_no_compiler_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        alg = load("terngrad", backend="cpu")
+    hits = [w for w in caught if issubclass(w.category, NativeUnavailableWarning)]
+    assert len(hits) == 1 and "no C compiler" in str(hits[0].message)
+    assert alg.backend.name == "reference"
+    x = torch.randn(50)
+    assert alg.decode(alg.encode(x, alg.init_state(50)), 50).shape == (50,)
+
+
+def test_wrong_device_is_a_clear_error() -> None:
+    alg = load("onebit", backend="cpu")
+    st_ = alg.init_state(8)
+    with pytest.raises(NativeError, match="CPU tensors"):
+        alg.encode(torch.zeros(8, device="meta"), st_)
+    st_.tensors["residual"] = st_.tensors["residual"].double()
+    with pytest.raises(NativeError, match="state `residual`"):
+        alg.encode(torch.zeros(8), st_)
+
+
+def test_workspace_is_reused() -> None:
+    alg = load("topk", backend="cpu")
+    be = alg.backend
+    assert isinstance(be, NativeBackend)
+    x = torch.randn(5000)
+    st_ = alg.init_state(5000)
+    alg.encode(x, st_)
+    ws = be._buffer("ws", 5000, 0)
+    alg.encode(x, st_)
+    assert be._buffer("ws", 5000, 0).data_ptr() == ws.data_ptr()
+    assert be.workspace_bytes(5000) >= 4 * 5000  # topk keys
+    assert math.isfinite(float(alg.decode(alg.encode(x, st_), 5000).sum()))

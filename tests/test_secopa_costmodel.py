@@ -1,0 +1,204 @@
+"""The cost model: CaSync's strategies for every K, pipelining, batching into buckets, and the
+original SeCoPa formulas as one configuration of the same evaluator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hipress.secopa.costfn import AffineFloor
+from hipress.secopa.costmodel import ORIGINAL_FORMULAS, CostModel, Member
+from hipress.secopa.profile import AlphaBeta, FittedComm, PayloadModel, Profile, affine_profile
+
+affine = st.tuples(st.floats(1e-9, 1e-5), st.floats(0.0, 0.2), st.floats(0.0, 0.2))
+
+
+def _profile(overlap: float = 1.0, bw: float = 1.25e9, lat: float = 25e-6) -> Profile:
+    return affine_profile(
+        "terngrad",
+        encode=(4e-7, 0.01, 0.01),
+        decode=(2e-7, 0.005, 0.005),
+        merge=(1e-7, 0.002, 0.002),
+        bytes_per_element=0.25,
+        header=16,
+        bandwidth_bytes_per_s=bw,
+        latency_s=lat,
+        overlap=overlap,
+    )
+
+
+def _c(f: tuple[float, float, float], x: float) -> float:
+    w, b, floor = f
+    return max(floor, w * x + b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(2, 32),
+    kf=st.floats(0.0, 1.0),
+    m=st.integers(1 << 10, 1 << 26),
+    r=st.sampled_from([1 / 32, 1 / 16, 1 / 8, 1 / 4]),
+    enc=affine,
+    dec=affine,
+    merge=affine,
+    gather=affine,
+    bcast=affine,
+    send=affine,
+)
+def test_original_formulas_are_one_configuration(
+    n: int,
+    kf: float,
+    m: int,
+    r: float,
+    enc: tuple[float, float, float],
+    dec: tuple[float, float, float],
+    merge: tuple[float, float, float],
+    gather: tuple[float, float, float],
+    bcast: tuple[float, float, float],
+    send: tuple[float, float, float],
+) -> None:
+    """shared/REFERENCE.md section 1, term by term, with every cost affine-with-floor in
+    elements (the original's per-cluster fits); network ops take bytes, so w/4."""
+    k = 1 + int(kf * (n - 1))
+    base = affine_profile("x", encode=enc, decode=dec, merge=merge, bytes_per_element=4 * r)
+    net = dict(base.network)
+    for name, (w, b, fl) in (("gather", gather), ("bcast", bcast), ("send", send)):
+        net[name] = FittedComm(AffineFloor(w / 4, b, fl))
+    prof = Profile("x", {}, PayloadModel(4 * r, 0.0), base.compute, net)
+    cm = CostModel(prof, n, ORIGINAL_FORMULAS)
+    x, rx = m / k, r * m / k
+    want = {
+        "ps_plain": _c(gather, x) + _c(bcast, x) + (n - 1) * _c(merge, x),
+        "ps_compressed": _c(gather, rx)
+        + _c(bcast, rx)
+        + min(k + 1, n) * _c(enc, x)
+        + min(n - 1 + k, 2 * (n - 1)) * _c(dec, rx)
+        + (n - 1) * _c(merge, x),
+        "ring_plain": 2 * (n - 1) * _c(send, x) + (n - 1) * _c(merge, x),
+        "ring_compressed": 2 * (n - 1) * _c(send, rx)
+        + n * _c(enc, x)
+        + n * _c(dec, rx)
+        + (n - 1) * _c(merge, x),
+    }
+    for name, value in want.items():
+        assert cm.time(name, m, k) == pytest.approx(value, rel=1e-9, abs=1e-12), name
+
+
+def test_every_k_from_1_to_n_is_predicted() -> None:
+    for n in (2, 8, 64, 1024):
+        cm = CostModel(_profile(), n)
+        table = cm.table(1 << 26)
+        assert set(table) == {"allreduce", "allgather", "ps"}
+        assert all(len(v) == n and np.all(np.isfinite(v)) for v in table.values())
+    assert len(CostModel(_profile(), 64, max_partitions=4).times("ps", 1 << 26)) == 4
+
+
+def test_allgather_k1_by_hand() -> None:
+    p, n, m = _profile(), 8, 1 << 20
+    pay = 0.25 * m + 16
+    want = (
+        _c((4e-7, 0.01, 0.01), m)
+        + _c((2e-7, 0.005, 0.005), m)
+        + (n - 1) * (_c((2e-7, 0.005, 0.005), m) + _c((1e-7, 0.002, 0.002), m))
+        + 2 * _c((1e-7, 0.002, 0.002), m)  # the average and the NaN/Inf check
+        + float(p.network["all_gather"].time(pay, n))
+    )
+    assert CostModel(p, n).time("allgather", m, 1) == pytest.approx(want)
+
+
+@given(
+    m=st.integers(1 << 12, 1 << 24),
+    k=st.integers(1, 8),
+    ov=st.floats(0.0, 1.0),
+    name=st.sampled_from(["allgather", "ps", "allreduce"]),
+)
+def test_pipelining_formula(m: int, k: int, ov: float, name: str) -> None:
+    cm = CostModel(_profile(ov), 8)
+    d = cm._dims(m, [k])
+    c, w = (float(v[0]) for v in cm._parts(cm.formula(name), d, latency=True))
+    t = cm.time(name, m, k)
+    if not np.isfinite(t):
+        return
+    assert t == pytest.approx(c + w + (k - 1) * (max(c, w) + (1 - ov) * min(c, w)))
+    # no overlap: K times a partition; full overlap: the bottleneck K times plus fill/drain
+    if ov == 0.0:
+        assert t == pytest.approx(k * (c + w))
+    assert cm.pipeline_ms([(c, w)] * k) == pytest.approx(t)
+
+
+def test_ps_needs_a_partition_of_at_least_n_elements() -> None:
+    cm = CostModel(_profile(), 16)
+    t = cm.times("ps", 40)  # 40 elements: K = 1, 2 feasible (40, 20 >= 16); K >= 3 not
+    assert np.isfinite(t[:2]).all() and np.isinf(t[2:]).all()
+    assert np.isinf(cm.times("ps", 10)).all()
+    assert np.isfinite(cm.times("allgather", 10)[:10]).all()
+    assert cm.best(10, True).name == "allgather"
+
+
+@settings(deadline=None)
+@given(
+    m=st.integers(1, 1 << 24),
+    k=st.integers(1, 8),
+    name=st.sampled_from(["allgather", "ps", "allreduce"]),
+    ov=st.floats(0.0, 1.0),
+)
+def test_a_bucket_of_one_tensor_costs_the_tensor_alone(
+    m: int, k: int, name: str, ov: float
+) -> None:
+    cm = CostModel(_profile(ov), 8)
+    t = cm.time(name, m, k)
+    if np.isfinite(t):
+        assert cm.bucket_ms([Member(name, m, k)]) == pytest.approx(t)
+
+
+@settings(deadline=None)
+@given(
+    members=st.lists(
+        st.tuples(
+            st.sampled_from(["allgather", "ps", "allreduce"]),
+            st.integers(1 << 6, 1 << 22),
+            st.integers(1, 4),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    ov=st.floats(0.0, 1.0),
+)
+def test_batching_never_predicts_more_than_running_apart(
+    members: list[tuple[str, int, int]], ov: float
+) -> None:
+    cm = CostModel(_profile(ov), 8)
+    ms = [Member(f, m, 1 if f == "allreduce" else k) for f, m, k in members]
+    ms = [x for x in ms if np.isfinite(cm.time(x.formula, x.numel, x.k))]
+    together = cm.bucket_ms(ms)
+    apart = sum(cm.bucket_ms([x]) for x in ms)
+    assert together <= apart * (1 + 1e-9) + 1e-12
+
+
+def test_marginal_cost_of_an_allreduce_member_is_its_bandwidth_share() -> None:
+    n, m = 16, 1 << 20
+    cm = CostModel(_profile(), n)
+    op = cm.profile.network["allreduce"]
+    assert isinstance(op, AlphaBeta)
+    assert cm.marginal_ms("allreduce", m) == pytest.approx(
+        2 * (n - 1) / n * 4 * m * op.beta_ms_per_byte
+    )
+    wire = cm.wire_ms("allreduce", m, [1], bound="min")[0]
+    assert wire == pytest.approx(cm.marginal_ms("allreduce", m))
+
+
+def test_lower_bandwidth_never_makes_a_strategy_faster() -> None:
+    for n in (4, 64):
+        fast, slow = CostModel(_profile(bw=1.25e10), n), CostModel(_profile(bw=1.25e8), n)
+        for name in ("allreduce", "allgather", "ps"):
+            a, b = fast.table(1 << 22)[name], slow.table(1 << 22)[name]
+            ok = np.isfinite(a)
+            assert np.all(b[ok] >= a[ok])
+
+
+def test_world_size_one_costs_no_communication() -> None:
+    cm = CostModel(_profile(), 1)
+    assert cm.time("allreduce", 1 << 20) == 0.0
+    assert cm.time("allgather", 1 << 20) > 0.0  # compression still costs its compute

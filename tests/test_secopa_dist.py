@@ -1,0 +1,104 @@
+"""Real multi-process runs (gloo, 2 processes): profiling in a group, one plan on every rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from hipress.secopa.cli import main
+from hipress.secopa.codec import cast_codec
+from hipress.secopa.localgroup import LocalGroupError, run_local
+from hipress.secopa.models import resolve_model
+from hipress.secopa.plan import PlanError
+from hipress.secopa.profile import Profile
+from hipress.secopa.profiler import measure_network
+from hipress.secopa.runtime import auto_plan, plan_for_model
+
+
+def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
+    named = resolve_model("mlp").named_numels()
+    net = measure_network(sizes=(1 << 10, 1 << 16, 1 << 20), reps=(5, 3, 2))
+    plan = auto_plan(cast_codec("fp16"), named, world, compute_budget_s=0.3)
+    return {
+        "samples": net.samples,
+        "alpha_beta": {k: (v.alpha_ms, v.beta_ms_per_byte) for k, v in net.ops.items()},
+        "plan": plan.to_json(),
+        "digest": plan.digest(),
+        "group_world": dist.get_world_size(),
+    }
+
+
+def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> None:
+    r0, r1 = run_local(_profile_and_plan, 2, timeout_s=240)
+    # the network is measured together and MAX-reduced: identical on both ranks
+    assert r0["samples"] == r1["samples"]
+    assert r0["alpha_beta"] == r1["alpha_beta"]
+    for alpha, beta in r0["alpha_beta"].values():
+        assert alpha >= 0 and beta > 0
+    # compute was measured on each rank separately, yet the plan is rank 0's on both
+    assert r0["digest"] == r1["digest"] and r0["plan"] == r1["plan"]
+    assert r0["group_world"] == 2
+
+
+def _planning_fails_on_rank0(rank: int, world: int) -> str:
+    try:
+        plan_for_model([("w", 10)], None)  # no profile anywhere: rank 0 cannot plan
+    except PlanError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_planning_error_on_rank0_reaches_every_rank() -> None:
+    msgs = run_local(_planning_fails_on_rank0, 2, timeout_s=120)
+    assert all(m.startswith("planning failed on rank 0: rank 0 has no profile") for m in msgs)
+
+
+def _bad_worker(rank: int, world: int) -> None:
+    raise ValueError(f"boom on rank {rank}")
+
+
+def test_local_group_reports_a_failing_rank() -> None:
+    with pytest.raises(LocalGroupError, match="boom on rank"):
+        run_local(_bad_worker, 2, timeout_s=120)
+
+
+def test_cli_profile_measures_a_local_group(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out_file = tmp_path / "p.json"
+    argv = ["profile", "--algorithm", "fp16", "--nproc", "2", "--budget", "0.2",
+            "--threads", "1", "--out", str(out_file)]  # fmt: skip
+    assert main(argv) == 0
+    prof = Profile.load(out_file)
+    src = prof.meta["network_source"]
+    assert src["kind"] == "measured" and src["world_size"] == 2
+    assert set(src["samples"]) == {"allreduce", "all_gather", "all_to_all", "broadcast"}
+    # a measured 2-process profile still plans for 64 workers (alpha-beta extrapolation)
+    argv = ["plan", "--model", "resnet50", "--world-size", "64", "--profile", str(out_file)]
+    assert main(argv) == 0
+    assert "measured (gloo, 2 processes), extrapolated" in capsys.readouterr().out
+
+
+def tiny_net() -> Any:
+    """A small model for the benchmark smoke run (``test_secopa_dist:tiny_net``)."""
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 16))
+
+
+def test_bench_plan_runs_casync_with_all_three_plans(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out_file = tmp_path / "bench.json"
+    argv = ["bench", "plan", "--model", "test_secopa_dist:tiny_net", "--algorithm", "onebit",
+            "--steps", "1", "--warmup", "1", "--budget", "0.2", "--json-out", str(out_file)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "plan slower than both baselines:" in text
+    result = json.loads(out_file.read_text())
+    rows = result["rows"]
+    assert set(rows) == {"planned", "all_uncompressed", "all_compressed"}
+    assert rows["all_compressed"]["compressed"] == 4 and rows["all_uncompressed"]["compressed"] == 0
+    for r in rows.values():
+        assert r["measured_ms"] > 0 and r["predicted_ms"] > 0
+        assert r["casync_stats"]["collectives"] >= 1

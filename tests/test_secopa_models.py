@@ -1,0 +1,73 @@
+"""Built-in model specs, ``module:attr`` import, and modules built from specs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hipress.secopa.models import (
+    ModelSpecError,
+    builtin_models,
+    module_from_spec,
+    resolve_model,
+    spec_of_module,
+)
+
+
+def make_net() -> nn.Module:
+    """A factory ``resolve_model`` imports as ``test_secopa_models:make_net``."""
+    return nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2, bias=False))
+
+
+NOT_A_MODULE = 42
+
+
+@pytest.mark.parametrize(
+    ("name", "tensors", "numel"),
+    [
+        ("resnet50", 161, 25_557_032),  # torchvision's counts
+        ("vgg19", 38, 143_667_240),
+        ("bert-base", 199, 109_482_240),
+        ("lstm-lm", 11, 119_243_600),
+        ("mlp", 8, 4_462_346),
+    ],
+)
+def test_builtin_specs_match_the_real_models(name: str, tensors: int, numel: int) -> None:
+    spec = resolve_model(name)
+    assert len(spec.params) == tensors and spec.numel == numel
+    assert len({n for n, _ in spec.params}) == tensors  # unique names
+
+
+def test_builtin_names_are_listed() -> None:
+    assert builtin_models() == ["bert-base", "lstm-lm", "mlp", "resnet50", "vgg19"]
+
+
+def test_module_attr_import_of_a_factory_and_a_class() -> None:
+    spec = resolve_model("test_secopa_models:make_net")
+    assert spec.named_numels() == [("0.weight", 32), ("0.bias", 4), ("2.weight", 8)]
+    assert resolve_model("torch.nn:Identity").params == ()
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("resnet51", "unknown model 'resnet51': use one of"),
+        ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+        ("torch.nn:NoSuchThing", "has no attribute 'NoSuchThing'"),
+        ("torch.nn:Linear", "calling it without arguments failed"),
+        ("test_secopa_models:NOT_A_MODULE", "not an nn.Module or factory"),
+        (":x", "expected module:attr"),
+    ],
+)
+def test_bad_model_references_say_what_is_wrong(ref: str, message: str) -> None:
+    with pytest.raises(ModelSpecError, match=message):
+        resolve_model(ref)
+
+
+def test_module_from_spec_has_the_same_parameters_and_gradients() -> None:
+    spec = resolve_model("mlp")
+    module = module_from_spec(spec)
+    assert spec_of_module("mlp", module).params == spec.params
+    module(torch.ones(3)).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())

@@ -1,0 +1,231 @@
+"""The planner's guarantees, as properties over random profiles, models and clusters."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hipress.secopa.costmodel import CostModel
+from hipress.secopa.models import resolve_model
+from hipress.secopa.plan import Plan, PlanError, Strategy
+from hipress.secopa.planner import Planner, PlannerConfig, ddp_buckets, plan_named, size_grid
+from hipress.secopa.profile import Profile, affine_profile
+from hipress.secopa.runtime import check_plan, load_plan_for_model
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def profiles(draw: st.DrawFn) -> Profile:
+    """Compute costs from CPU-slow to GPU-fast, ratios 1/32..1/2, links 100 Mbit..400 Gbit."""
+
+    def affine() -> tuple[float, float, float]:
+        w = draw(st.floats(1e-8, 5e-6))  # ms per element: 0.2 ns .. 5 us per 1k
+        b = draw(st.floats(0.0, 0.05))
+        return w, b, draw(st.floats(0.0, 0.05))
+
+    return affine_profile(
+        "alg",
+        encode=affine(),
+        decode=affine(),
+        merge=affine(),
+        bytes_per_element=draw(st.sampled_from([0.125, 0.25, 0.5, 1.0, 2.0])),
+        header=draw(st.sampled_from([0.0, 8.0, 16.0])),
+        bandwidth_bytes_per_s=draw(st.floats(1.25e7, 5e10)),
+        latency_s=draw(st.floats(0.0, 2e-4)),
+        overlap=draw(st.floats(0.0, 1.0)),
+    )
+
+
+sizes = st.lists(st.integers(1, 1 << 25), min_size=1, max_size=12)
+worlds = st.sampled_from([2, 3, 4, 8, 16, 64])
+
+
+def _named(numels: list[int]) -> list[tuple[str, int]]:
+    return [(f"p{i}", n) for i, n in enumerate(numels)]
+
+
+def _gpu_profile(bandwidth: float = 1.25e9) -> Profile:
+    # TernGrad on a V100 (shared/REFERENCE.md: 0.2 ms per 1M floats), 2 bits per element
+    return affine_profile(
+        "terngrad",
+        encode=(2e-7, 0.02, 0.02),
+        decode=(1e-7, 0.01, 0.01),
+        merge=(5e-8, 0.005, 0.005),
+        bytes_per_element=0.25,
+        header=16,
+        bandwidth_bytes_per_s=bandwidth,
+        params={"bitwidth": 2},
+    )
+
+
+@SETTINGS
+@given(profile=profiles(), numels=sizes, n=worlds)
+def test_never_compress_unless_predicted_faster(
+    profile: Profile, numels: list[int], n: int
+) -> None:
+    plan = plan_named(_named(numels), profile, n)
+    cm = CostModel(profile, n)
+    for e in plan.entries:
+        assert e.uncompressed_ms == pytest.approx(cm.marginal_ms("allreduce", e.numel))
+        if e.compress:
+            assert e.predicted_ms < e.uncompressed_ms
+            # the prediction is the cost model's, for this strategy and K
+            assert e.predicted_ms == pytest.approx(cm.time(e.strategy.value, e.numel, e.partitions))
+        else:
+            assert e.predicted_ms == e.uncompressed_ms
+
+
+@SETTINGS
+@given(profile=profiles(), numels=sizes, n=worlds)
+def test_partitions_are_between_1_and_n_and_runnable(
+    profile: Profile, numels: list[int], n: int
+) -> None:
+    for e in plan_named(_named(numels), profile, n).entries:
+        assert 1 <= e.partitions <= n
+        if not e.compress:
+            assert e.partitions == 1 and e.strategy is Strategy.ALLREDUCE
+        if e.strategy is Strategy.PS:
+            assert e.numel // e.partitions >= n  # CaSync needs a shard per worker
+
+
+@SETTINGS
+@given(profile=profiles(), numels=sizes, n=worlds, factor=st.floats(1.01, 100.0))
+def test_decisions_are_monotone_in_bandwidth(
+    profile: Profile, numels: list[int], n: int, factor: float
+) -> None:
+    src = profile.meta["network_source"]
+    bw, lat = src["bandwidth_bytes_per_s"], src["latency_s"]
+    slow = plan_named(_named(numels), profile, n)
+    fast = plan_named(_named(numels), profile.with_link(bw * factor, lat), n)
+    for s, f in zip(slow.entries, fast.entries, strict=True):
+        assert s.compress or not f.compress, f"{f.name} compressed only on the faster link"
+
+
+@SETTINGS
+@given(profile=profiles(), numels=sizes, n=worlds)
+def test_decisions_are_monotone_in_size_within_a_plan(
+    profile: Profile, numels: list[int], n: int
+) -> None:
+    plan = plan_named(_named(numels), profile, n)
+    smallest = min((e.numel for e in plan.entries if e.compress), default=None)
+    if smallest is not None:
+        for e in plan.entries:
+            assert e.compress == (e.numel >= smallest), e
+
+
+@settings(max_examples=15, deadline=None)
+@given(profile=profiles(), n=worlds)
+def test_decisions_are_monotone_in_size_across_plans(profile: Profile, n: int) -> None:
+    planner = Planner(profile, n)
+    grid = size_grid(1, 1)[:27]  # 1 .. 2^26, each planned alone
+    alone = [planner.plan([("w", m)]).entries[0].compress for m in grid]
+    assert alone == sorted(alone), list(zip(grid, alone, strict=True))
+
+
+@SETTINGS
+@given(profile=profiles(), numels=sizes, n=worlds)
+def test_plan_is_never_predicted_slower_than_all_uncompressed(
+    profile: Profile, numels: list[int], n: int
+) -> None:
+    planner = Planner(profile, n)
+    plan = planner.plan(_named(numels))
+    t = plan.totals
+    assert t["planned"] <= t["all_uncompressed"] * (1 + 1e-9) + 1e-9
+    assert planner.predict(plan) == pytest.approx(t["planned"], abs=1e-5)
+    both = planner.baseline(_named(numels), compress=True)
+    assert both.totals["all_compressed"] == pytest.approx(t["all_compressed"], abs=1e-5)
+
+
+@SETTINGS
+@given(profile=profiles(), numels=sizes, n=worlds)
+def test_planning_is_deterministic_and_round_trips(
+    profile: Profile, numels: list[int], n: int
+) -> None:
+    a = plan_named(_named(numels), profile, n)
+    b = plan_named(_named(numels), Profile.from_json(profile.to_json()), n)
+    assert a == b and a.digest() == b.digest()
+    loaded = Plan.from_json(a.to_json())
+    assert loaded.entries == a.entries and loaded.digest() == a.digest()
+
+
+def test_saved_plan_loads_to_the_same_decisions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = resolve_model("resnet50")
+    plan = plan_named(spec.named_numels(), _gpu_profile(), 16)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = load_plan_for_model(path, spec.named_numels(), world_size=16)
+    assert [(e.name, e.compress, e.strategy, e.partitions) for e in again.entries] == [
+        (e.name, e.compress, e.strategy, e.partitions) for e in plan.entries
+    ]
+    assert again.digest() == plan.digest()
+
+
+def test_a_plan_for_another_model_is_rejected_clearly() -> None:
+    named = resolve_model("mlp").named_numels()
+    plan = plan_named(named, _gpu_profile(), 4)
+    with pytest.raises(PlanError, match=r"missing parameters \['extra.weight'\]"):
+        check_plan(plan, [*named, ("extra.weight", 10)])
+    with pytest.raises(PlanError, match=r"unknown parameters \['fc4.bias'\]"):
+        check_plan(plan, named[:-1])
+    wrong = [(n, k + 1) if n == "fc1.weight" else (n, k) for n, k in named]
+    with pytest.raises(PlanError, match=r"size mismatch for fc1.weight \(plan 2097152, model"):
+        check_plan(plan, wrong)
+    with pytest.raises(PlanError, match="made for 4 workers but this job has 8"):
+        check_plan(plan, named, world_size=8)
+    check_plan(plan, named, world_size=4)  # the right model passes
+
+
+def test_user_errors_in_the_parameters() -> None:
+    with pytest.raises(PlanError, match="duplicate parameter names"):
+        plan_named([("a", 4), ("a", 5)], _gpu_profile(), 2)
+    with pytest.raises(PlanError, match="no elements"):
+        plan_named([("a", 0)], _gpu_profile(), 2)
+    with pytest.raises(PlanError, match="world size"):
+        plan_named([("a", 4)], _gpu_profile(), 0)
+    with pytest.raises(PlanError, match="ALLREDUCE is always allowed"):
+        PlannerConfig(strategies=(Strategy.ALLREDUCE,))
+
+
+def test_a_gpu_cluster_compresses_the_big_layers_only() -> None:
+    """VGG19 on 16 workers at 10 Gbit/s with GPU-speed TernGrad: the classic HiPress case."""
+    spec = resolve_model("vgg19")
+    plan = plan_named(spec.named_numels(), _gpu_profile(), 16)
+    by_name = {e.name: e for e in plan.entries}
+    assert by_name["classifier.0.weight"].compress  # 103M elements
+    assert not by_name["classifier.0.bias"].compress  # 4096 elements
+    assert not by_name["features.0.weight"].compress  # 1728 elements
+    t = plan.totals
+    assert t["planned"] < 0.5 * t["all_uncompressed"]
+    assert t["planned"] <= t["all_compressed"] * (1 + 1e-9)
+
+
+def test_faster_network_compresses_less() -> None:
+    spec = resolve_model("bert-base")
+    counts = [
+        sum(e.compress for e in plan_named(spec.named_numels(), _gpu_profile(bw), 32).entries)
+        for bw in (1.25e8, 1.25e9, 1.25e10, 5e10)
+    ]
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
+
+
+@pytest.mark.parametrize("n", [64, 1024])
+def test_plans_for_world_sizes_beyond_this_machine(n: int) -> None:
+    plan = plan_named(resolve_model("bert-base").named_numels(), _gpu_profile(), n)
+    assert plan.world_size == n and len(plan.entries) == 199
+    assert all(1 <= e.partitions <= n for e in plan.entries)
+
+
+def test_world_size_one_compresses_nothing() -> None:
+    plan = plan_named(resolve_model("mlp").named_numels(), _gpu_profile(), 1)
+    assert not any(e.compress for e in plan.entries)
+    assert plan.totals["planned"] == 0.0
+
+
+def test_ddp_buckets_mirror_ddp() -> None:
+    numels = [10, 300_000, 10, 5_000_000, 2_000_000, 4_000_000, 7]
+    buckets = ddp_buckets(numels, bucket_cap_mb=25, first_bucket_mb=1)
+    # reverse order; the first bucket closes at 1 MiB, later ones at 25 MiB
+    assert buckets == [[6, 5], [4, 3], [2, 1, 0]]  # 16 MB; 8 + 20 MB >= 25 MiB; the rest
+    assert ddp_buckets([1 << 30], 25, 1) == [[0]]

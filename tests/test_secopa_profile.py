@@ -1,0 +1,141 @@
+"""Profiles: the alpha-beta network model at any world size, JSON round trips, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hipress.secopa.costfn import AffineFloor, PiecewiseLinear
+from hipress.secopa.profile import (
+    AlphaBeta,
+    FittedComm,
+    PayloadModel,
+    Profile,
+    ProfileError,
+    affine_profile,
+    link_network,
+)
+
+
+def _profile() -> Profile:
+    return affine_profile(
+        "terngrad",
+        encode=(2e-7, 0.01, 0.01),
+        decode=(1e-7, 0.005, 0.005),
+        merge=(5e-8, 0.002, 0.002),
+        bytes_per_element=0.25,
+        header=16,
+        params={"bitwidth": 2},
+    )
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 64, 1024])
+def test_ring_allreduce_is_the_textbook_formula(n: int) -> None:
+    op = AlphaBeta(0.02, 1e-6, ("ring_allreduce",))
+    b = 4e6
+    assert float(op.time(b, n)) == pytest.approx(2 * (n - 1) * 0.02 + 2 * (n - 1) / n * b * 1e-6)
+
+
+@pytest.mark.parametrize("n", [2, 5, 64, 1024])
+def test_link_network_uses_the_cheapest_algorithm_of_each_collective(n: int) -> None:
+    net = link_network(1.25e9, 25e-6)  # 10 Gbit/s
+    alpha, beta = 0.025, 1e3 / 1.25e9
+    lg = math.ceil(math.log2(n))
+    small, big = 64.0, 1e9
+    # small messages: recursive halving-doubling (log N steps); large: equal bandwidth terms
+    assert float(net["allreduce"].time(small, n)) == pytest.approx(
+        min(2 * (n - 1), 2 * lg) * alpha + 2 * (n - 1) / n * small * beta
+    )
+    assert float(net["all_gather"].time(big, n)) == pytest.approx(
+        min(n - 1, lg) * alpha + (n - 1) * big * beta
+    )
+    assert float(net["all_to_all"].time(big, n)) == pytest.approx(
+        (n - 1) * alpha + (n - 1) / n * big * beta
+    )
+    assert float(net["allreduce"].time(big, 1)) == 0.0  # one worker: nothing to send
+
+
+def test_unknown_collective_algorithm_is_rejected() -> None:
+    with pytest.raises(ProfileError, match="unknown collective algorithms"):
+        AlphaBeta(0.01, 1e-6, ("butterfly",))
+
+
+def test_payload_model_ratio() -> None:
+    pm = PayloadModel(0.25, 16)
+    assert pm.ratio(1 << 20) == pytest.approx((0.25 * 2**20 + 16) / 2**22)
+
+
+def test_decode_acc_falls_back_to_decode_plus_merge() -> None:
+    p = _profile()
+    x = np.array([10.0, 1e6])
+    np.testing.assert_allclose(
+        p.compute_ms("decode_acc", x), p.compute_ms("decode", x) + p.compute_ms("merge", x)
+    )
+    assert float(p.compute_ms("encode", 0)) == 0.0
+
+
+@given(
+    bw=st.floats(1e6, 1e12),
+    lat=st.floats(0.0, 1e-3),
+    ov=st.floats(0.0, 1.0),
+)
+def test_json_round_trip(bw: float, lat: float, ov: float) -> None:
+    p = _profile().with_link(bw, lat, overlap=ov)
+    q = Profile.from_json(p.to_json())
+    assert q.to_dict() == p.to_dict()
+    assert q.network["allreduce"] == p.network["allreduce"]
+
+
+def test_fitted_comm_round_trips_and_ignores_world_size() -> None:
+    p = _profile()
+    net = dict(p.network)
+    net["gather"] = FittedComm(PiecewiseLinear((1.0, 1e6), (0.1, 1.1), 1e-6))
+    net["bcast"] = FittedComm(AffineFloor(1e-6, 0.05, 0.1))
+    q = Profile(p.algorithm, p.params, p.payload, p.compute, net, p.overlap, p.meta)
+    r = Profile.from_json(q.to_json())
+    assert float(r.network["bcast"].time(1e6, 8)) == pytest.approx(1.05)
+    assert float(r.network["bcast"].time(1e6, 64)) == pytest.approx(1.05)
+
+
+def test_with_link_replaces_only_the_network() -> None:
+    p = _profile()
+    q = p.with_link(12.5e9, 5e-6)
+    assert q.compute == p.compute and q.payload == p.payload
+    assert q.network["allreduce"] != p.network["allreduce"]
+    assert q.meta["network_source"]["bandwidth_bytes_per_s"] == 12.5e9
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("compute"), "malformed profile"),
+        (lambda d: d["compute"].pop("encode"), "lacks costs for \\['encode'\\]"),
+        (lambda d: d["network"].pop("all_to_all"), "lacks costs for \\['all_to_all'\\]"),
+        (lambda d: d.update(version=99), "version"),
+        (lambda d: d.update(overlap=2.0), "overlap"),
+        (lambda d: d["network"]["allreduce"].update(kind="magic"), "unknown network op"),
+        (lambda d: d["compute"]["merge"].update(kind="cubic"), "unknown cost function"),
+    ],
+)
+def test_malformed_profiles_are_rejected_with_a_reason(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    d = json.loads(_profile().to_json())
+    mutate(d)
+    with pytest.raises(ProfileError, match=message):
+        Profile.from_dict(d)
+
+
+def test_load_reports_missing_file_and_bad_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        Profile.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        Profile.load(bad)
+    good = tmp_path / "good.json"
+    _profile().save(good)
+    assert Profile.load(good).to_dict() == _profile().to_dict()

@@ -1,0 +1,88 @@
+"""The profiler in one process: compute costs of real codecs, payload models, budgets."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hipress.secopa.codec import CallableCodec, CodecError, as_codec, cast_codec, load_codec
+from hipress.secopa.profile import Profile, link_network
+from hipress.secopa.profiler import build_profile, fit_alpha_beta, fit_payload, measure_compute
+
+SMALL = (256, 1024, 4096, 16384, 65536)
+
+
+def _fp16_callables() -> CallableCodec:
+    """Plain torch callables: a cast to fp16 viewed as bytes, and back."""
+    return CallableCodec(
+        "fp16-callables",
+        encode=lambda x: x.to(torch.float16).view(torch.uint8),
+        decode=lambda p, n: p.view(torch.float16)[:n].to(torch.float32),
+        nbytes=lambda n: -(-2 * n // 8) * 8,
+    )
+
+
+@pytest.mark.parametrize("codec", [cast_codec("fp16"), _fp16_callables()], ids=["cast", "calls"])
+def test_measure_compute_times_every_op(codec) -> None:  # type: ignore[no-untyped-def]
+    samples = measure_compute(codec, sizes=SMALL, budget_s=0.5).samples
+    want = {"encode", "decode", "merge"} | ({"decode_acc"} if codec.name == "fp16" else set())
+    assert set(samples) == want
+    for xs, ts in samples.values():
+        assert len(xs) >= 2 and list(xs) == sorted(xs)
+        assert all(t > 0 for t in ts)
+    prof = build_profile(codec, measure_compute(codec, SMALL, 0.3), link_network(1e9, 1e-5))
+    assert set(prof.meta["fit_error"]) == want
+    assert Profile.from_json(prof.to_json()).to_dict() == prof.to_dict()
+    # the fitted costs never decrease with size
+    grid = np.geomspace(1, 1 << 24, 100)
+    for op in prof.compute:
+        assert np.all(np.diff(prof.compute_ms(op, grid)) >= -1e-12)
+
+
+def test_max_size_replaces_the_larger_sizes() -> None:
+    samples = measure_compute(cast_codec("fp16"), sizes=SMALL, budget_s=1.0, max_size=5000)
+    assert samples.samples["encode"][0] == (256.0, 1024.0, 4096.0, 5000.0)
+
+
+def test_budget_stops_before_expensive_sizes() -> None:
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(x.numel() * 2e-7)  # 4M elements: 0.8 s per call
+        return x.to(torch.float16).view(torch.uint8)
+
+    codec = CallableCodec("slow", slow, lambda p, n: p.view(torch.float16).float(), lambda n: 2 * n)
+    samples = measure_compute(codec, budget_s=0.3).samples
+    measured = samples["encode"][0]
+    assert 2 <= len(measured) < 8 and measured[-1] < (1 << 22)
+
+
+def test_payload_model_of_a_cast_is_exact() -> None:
+    pm = fit_payload(cast_codec("fp16"))
+    assert pm.bytes_per_element == 2.0 and pm.header == 0.0
+
+
+def test_real_compll_algorithm_is_profiled() -> None:
+    codec = load_codec("terngrad", {"bitwidth": 2})
+    samples = measure_compute(codec, sizes=SMALL[:3], budget_s=0.5).samples
+    assert "decode_acc" in samples  # CompLL decodes with accumulate=True, as CaSync merges
+    pm = fit_payload(codec)
+    for n in (1000, 4096, 123_457, 1 << 20):
+        assert abs(float(pm.nbytes(n)) - codec.payload_nbytes(n)) <= 8
+    assert pm.bytes_per_element == pytest.approx(0.25)
+
+
+def test_alpha_beta_fit_recovers_a_ring_allreduce() -> None:
+    n, alpha, beta = 4, 0.05, 2e-6
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * b * beta for b in sizes]
+    op = fit_alpha_beta("allreduce", sizes, times, n, "ring_allreduce")
+    assert op.alpha_ms == pytest.approx(alpha) and op.beta_ms_per_byte == pytest.approx(beta)
+
+
+def test_non_codecs_are_rejected() -> None:
+    with pytest.raises(CodecError, match="neither a Codec nor a CompLL algorithm"):
+        as_codec(object())
+    with pytest.raises(CodecError, match="cannot load algorithm 'no-such-algorithm'"):
+        load_codec("no-such-algorithm")
