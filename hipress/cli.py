@@ -91,6 +91,8 @@ _EXTENSIONS: tuple[tuple[str, str], ...] = (
     ("hipress.secopa.cli", "add_parsers"),
     ("hipress.casync.cli", "add_parsers"),
     ("hipress.demo.cli", "add_parsers"),
+    ("hipress.bench.cli", "add_parsers"),
+    ("hipress.horovod.cli", "add_parsers"),
 )
 
 
