@@ -92,7 +92,6 @@ _EXTENSIONS: tuple[tuple[str, str], ...] = (
     ("hipress.casync.cli", "add_parsers"),
     ("hipress.demo.cli", "add_parsers"),
     ("hipress.bench.cli", "add_parsers"),
-    ("hipress.horovod.cli", "add_parsers"),
 )
 
 

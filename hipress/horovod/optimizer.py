@@ -1,0 +1,309 @@
+"""``DistributedOptimizer``: a drop-in for ``hvd.DistributedOptimizer`` that compresses.
+
+Like Horovod, the wrapper class is built with ``type(...)`` around the user's optimizer class
+(so ``isinstance(opt, torch.optim.SGD)`` holds and ``step`` is the user's), from a mixin whose
+methods come first. Triggering follows Horovod: a post-accumulate-grad hook per parameter starts
+its synchronisation once ``backward_passes_per_step`` backward passes have accumulated into
+``.grad``; ``synchronize()`` (called by ``step()``) starts the parameters whose hook did not fire,
+waits for everything and writes the averaged gradients into ``.grad``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hipress.casync.algorithm import resolve_algorithm
+from hipress.casync.errors import CaSyncError
+from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.horovod.errors import HorovodSyncError, import_horovod
+from hipress.horovod.sync import HorovodSync, Pending
+from hipress.secopa.plan import Plan, PlanError
+
+__all__ = ["DistributedOptimizer"]
+
+_FORMAT = "hipress.horovod/1"
+log = logging.getLogger(__name__)
+
+
+class _HiPressOptimizerMixin:
+    """Methods copied into the generated class (``self`` is also a ``torch.optim.Optimizer``)."""
+
+    param_groups: list[dict[str, Any]]
+
+    def __init__(
+        self,
+        params: Any,
+        names: dict[torch.Tensor, str],
+        sync: HorovodSync,
+        backward_passes_per_step: int,
+        sparse_as_dense: bool,
+    ) -> None:
+        super(self.__class__, self).__init__(params)  # type: ignore[misc, call-arg]
+        self._hipress_names = names
+        self._hipress_sync = sync
+        self.backward_passes_per_step = backward_passes_per_step
+        self._sparse_as_dense = sparse_as_dense
+        self._requires_update = [
+            p for g in self.param_groups for p in g["params"] if p.requires_grad
+        ]
+        self._delay = {p: backward_passes_per_step for p in self._requires_update}
+        self._pending: dict[torch.Tensor, Pending] = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hook_handles = [
+            p.register_post_accumulate_grad_hook(self._hipress_hook) for p in self._requires_update
+        ]
+
+    # ---- Horovod's optimizer surface ----------------------------------------------------------
+
+    @property
+    def hipress_sync(self) -> HorovodSync:
+        """The transport: algorithm, resolved ``plan``, ``worker_states``/``server_states``."""
+        return self._hipress_sync
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes accumulate before a gradient is synchronised."""
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
+    def _grad_of(self, p: torch.Tensor) -> torch.Tensor:
+        if p.grad is None:  # another rank may have a gradient for it (dynamic graphs)
+            p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._sparse_as_dense:
+                raise HorovodSyncError(
+                    f"{self._hipress_names[p]} has a sparse gradient; pass sparse_as_dense=True"
+                )
+            grad = grad.to_dense()
+        return grad
+
+    def _start(self, p: torch.Tensor) -> None:
+        self._pending[p] = self._hipress_sync.start(self._hipress_names[p], self._grad_of(p))
+
+    def _hipress_hook(self, p: torch.Tensor) -> None:
+        if p in self._pending:
+            raise HorovodSyncError(
+                f"gradient of {self._hipress_names[p]} was computed more than "
+                f"backward_passes_per_step={self.backward_passes_per_step} times before step(); "
+                "raise backward_passes_per_step or call step() / synchronize() more often"
+            )
+        self._delay[p] -= 1
+        if self._delay[p] == 0:
+            self._start(p)
+
+    def synchronize(self) -> None:
+        """Start every parameter not started yet, wait for all, and write the averaged
+        gradients into ``.grad``. Every rank must call it the same number of times."""
+        for p in self._requires_update:
+            if p not in self._pending:
+                self._start(p)
+        sync = self._hipress_sync
+        for pending in self._pending.values():
+            sync.advance(pending)
+        for p, pending in self._pending.items():
+            out = sync.finish(pending)
+            assert p.grad is not None
+            if p.grad.is_sparse:
+                p.grad.zero_().add_(out.to_sparse())
+            else:
+                p.grad.copy_(out)
+            self._delay[p] = self.backward_passes_per_step
+        self._pending.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within this context, ``step()`` does not synchronise (call ``synchronize()`` first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Synchronise (unless inside :meth:`skip_synchronize`), then the wrapped step."""
+        if self._should_synchronize:
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped ``zero_grad``; refused while synchronisations are in flight."""
+        if self._pending:
+            raise HorovodSyncError(
+                "zero_grad() was called after backward() but before step() or synchronize(); "
+                "gradients are still being synchronised"
+            )
+        super(self.__class__, self).zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """The wrapped ``load_state_dict``; also resets the backward-pass counters."""
+        super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
+    # ---- compression state (per rank) ---------------------------------------------------------
+
+    def compression_state_dict(self) -> dict[str, Any]:
+        """This rank's algorithm states (error feedback, momentum, RNG counters), CPU copies.
+
+        Kept apart from ``state_dict()`` because it differs per rank, while the optimizer state
+        is the same on every rank and ``hvd.broadcast_optimizer_state`` copies it from rank 0.
+        Save one per rank and load each into the same rank.
+        """
+        sync = self._hipress_sync
+        return {
+            "format": _FORMAT,
+            "rank": sync.rank,
+            "world_size": sync.world_size,
+            "config": sync.config(),
+            "worker": {k: s.state_dict() for k, s in sync.worker_states.items()},
+            "server": {k: s.state_dict() for k, s in sync.server_states.items()},
+        }
+
+    def load_compression_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore :meth:`compression_state_dict` in place. Raises :class:`HorovodSyncError` if
+        it was saved by another rank or world size, or for another algorithm, plan or seed."""
+        sync = self._hipress_sync
+        if sd.get("format") != _FORMAT:
+            raise HorovodSyncError(
+                f"not a hipress.horovod state dict (format {sd.get('format')!r})"
+            )
+        if (sd["rank"], sd["world_size"]) != (sync.rank, sync.world_size):
+            raise HorovodSyncError(
+                f"state dict is rank {sd['rank']} of {sd['world_size']}, this is rank "
+                f"{sync.rank} of {sync.world_size}: load each rank's own state dict"
+            )
+        mine = sync.config()
+        differ = sorted(k for k in mine if sd["config"].get(k) != mine[k])
+        if differ:
+            raise HorovodSyncError(f"state dict was saved with a different {', '.join(differ)}")
+        for part, states in (("worker", sync.worker_states), ("server", sync.server_states)):
+            if set(sd[part]) != set(states):
+                raise HorovodSyncError(f"state dict {part} states do not match this plan")
+            for k, s in states.items():
+                s.load_state_dict(sd[part][k])
+
+
+def _names(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+) -> dict[torch.Tensor, str]:
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if named_parameters is None:
+        return {p: f"param.{i}" for i, p in enumerate(params)}
+    pairs = list(named_parameters)
+    if any(not isinstance(pair, tuple) or len(pair) != 2 for pair in pairs):
+        raise ValueError("named_parameters must be a sequence of (name, parameter) pairs")
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"parameter names in named_parameters must be unique, repeated: {dup}")
+    by_param = {p: n for n, p in pairs}
+    missing = [i for i, p in enumerate(params) if p not in by_param]
+    if missing:
+        raise ValueError(
+            f"named_parameters does not name {len(missing)} of the optimizer's parameters "
+            f"(indices {missing[:5]}); pass model.named_parameters() of the optimised model"
+        )
+    return {p: by_param[p] for p in params}
+
+
+def _check_unsupported(hvd: Any, op: Any, num_groups: int, groups: Any, process_set: Any) -> None:
+    if op is not None and op != hvd.Average:
+        what = "Adasum" if op == hvd.Adasum else f"op={op!r}"
+        raise HorovodSyncError(
+            f"{what} is not supported by hipress.horovod.DistributedOptimizer, which averages "
+            "(compressed) gradients; use op=hvd.Average, or hvd.DistributedOptimizer for Adasum"
+        )
+    if num_groups or groups is not None:
+        raise HorovodSyncError(
+            "num_groups/groups are not supported: compressed gradients are not fused by Horovod; "
+            "leave them unset (Horovod still fuses the uncompressed allreduces)"
+        )
+    if process_set is not None and process_set is not hvd.global_process_set:
+        raise HorovodSyncError("process_set is not supported: hipress synchronises over all ranks")
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    algorithm: Any = "terngrad",
+    params: Mapping[str, Any] | None = None,
+    plan: Plan | str | Path | None = None,
+    compression: Any = None,
+    backward_passes_per_step: int = 1,
+    op: Any = None,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
+    seed: int = 0,
+    backend: str = "auto",
+    rule: DefaultRule | None = None,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so ``step()`` first averages gradients over Horovod, compressing them
+    with a CompLL algorithm where the plan says.
+
+    Takes ``hvd.DistributedOptimizer``'s arguments (``compression`` applies to the uncompressed
+    allreduce entries; ``op`` must be Average; ``num_groups``, ``groups`` and ``process_set``
+    other than the default raise) plus CaSync's: ``algorithm`` (CompLL name, algorithm object or
+    None), ``params``, ``plan`` (a :class:`~hipress.secopa.Plan`, a plan JSON path, or None for
+    the :class:`DefaultRule` ``rule``; ``"auto"`` is not available over Horovod), ``seed``,
+    ``backend``. Call after ``hvd.init()``, with the same arguments on every rank.
+
+    Returns an instance of a class built around ``type(optimizer)`` (its param groups, a fresh
+    state). Raises :class:`HorovodNotInstalledError` without Horovod, :class:`HorovodSyncError`
+    for unsupported options, CaSync's errors for a bad algorithm, and ``PlanError`` for a plan
+    that does not fit, and ``ConfigMismatchError`` (on every rank) if ranks passed different
+    algorithms, parameters, plans or seeds.
+    """
+    hvd = import_horovod()
+    _check_unsupported(hvd, op, num_groups, groups, process_set)
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if isinstance(plan, str) and plan == "auto":
+        raise PlanError(
+            "plan='auto' needs torch.distributed and is not available over Horovod; make a plan "
+            "with SeCoPa (hipress.secopa) and pass the Plan or its JSON file"
+        )
+    try:
+        alg = resolve_algorithm(algorithm, params, backend)
+    except CaSyncError as exc:
+        raise HorovodSyncError(str(exc)) from exc
+    names = _names(optimizer, named_parameters)
+    named_numels = [(names[p], p.numel()) for p in names if p.requires_grad]
+    resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule)
+    sync = HorovodSync(hvd, alg, resolved, seed, compression, gradient_predivide_factor)
+    sync.check_agreement()
+    n_comp = sum(e.compress for e in resolved.entries)
+    log.info(
+        "hipress.horovod: %s, %d/%d tensors compressed, %d ranks",
+        alg.name if alg is not None else "no compression",
+        n_comp,
+        len(resolved.entries),
+        hvd.size(),
+    )
+    cls = type(
+        optimizer.__class__.__name__,
+        (optimizer.__class__,),
+        {
+            k: v
+            for k, v in _HiPressOptimizerMixin.__dict__.items()
+            if k not in ("__dict__", "__weakref__")
+        },
+    )
+    return cls(optimizer.param_groups, names, sync, backward_passes_per_step, sparse_as_dense)

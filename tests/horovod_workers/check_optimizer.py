@@ -1,0 +1,358 @@
+"""Worker for tests/test_horovod.py: run under ``horovodrun -np 2 --gloo``.
+
+Every rank runs every check and prints ``CHECK <name> ok`` (or ``CHECK <name> FAIL <why>``) and
+exits 1 if any failed. Checks compare with values computed independently on each rank: Horovod's
+own ``hvd.DistributedOptimizer`` for the uncompressed path, and CaSync's single-process
+:class:`~hipress.casync.reference.ReferenceSync` (fed every rank's gradients, all-gathered) for
+compressed paths, which must agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+import horovod.torch as hvd
+import torch
+
+import hipress.horovod
+from hipress.casync.reference import ReferenceSync
+from hipress.secopa.plan import Plan, Strategy, TensorPlan
+
+
+class CheckFailure(Exception):
+    """A result differs from the expectation."""
+
+
+def model(seed: int = 0) -> torch.nn.Module:
+    """A small MLP (identical on every rank): 8 -> 96 -> 64 -> 1."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 96), torch.nn.Tanh(), torch.nn.Linear(96, 64), torch.nn.Tanh(),
+        torch.nn.Linear(64, 1),
+    )  # fmt: skip
+
+
+def batch(step: int, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank- and step-dependent data of a noisy linear-ish target."""
+    g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+    x = torch.randn(n, 8, generator=g)
+    w = torch.linspace(-1, 1, 8)
+    y = (torch.sin(x @ w) + 0.1 * torch.randn(n, generator=g)).unsqueeze(1)
+    return x, y
+
+
+def backward(m: torch.nn.Module, step: int, poison: bool = False) -> torch.Tensor:
+    x, y = batch(step)
+    if poison:
+        x[0, 0] = float("nan")
+    loss = torch.nn.functional.mse_loss(m(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def mixed_plan(m: torch.nn.Module, algorithm: str, params: dict) -> Plan:
+    """Every strategy: weights of layer 0 ALLGATHER x2, layer 1 PS x2, layer 2 PS x1, biases
+    allreduce except layer 1's (ALLGATHER x1)."""
+    how = {
+        "0.weight": (Strategy.ALLGATHER, 2),
+        "2.weight": (Strategy.PS, 2),
+        "4.weight": (Strategy.PS, 1),
+        "2.bias": (Strategy.ALLGATHER, 1),
+    }
+    entries = []
+    for name, p in m.named_parameters():
+        strategy, parts = how.get(name, (Strategy.ALLREDUCE, 1))
+        entries.append(
+            TensorPlan(name, p.numel(), strategy is not Strategy.ALLREDUCE, strategy, parts)
+        )
+    return Plan(algorithm, params, hvd.size(), tuple(entries))
+
+
+def grads(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in m.named_parameters()}
+
+
+def all_ranks(local: dict[str, torch.Tensor], tag: str) -> list[dict[str, torch.Tensor]]:
+    """Every rank's tensors, gathered (float32 allgather is exact)."""
+    out: list[dict[str, torch.Tensor]] = [{} for _ in range(hvd.size())]
+    for name, t in local.items():
+        rows = hvd.allgather(t.reshape(1, -1), name=f"check.{tag}.{name}")
+        for r in range(hvd.size()):
+            out[r][name] = rows[r].reshape(t.shape)
+    return out
+
+
+def expect_equal(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    if got.shape != want.shape or not torch.equal(got, want):
+        diff = (got.float() - want.float()).abs().max().item() if got.shape == want.shape else None
+        raise CheckFailure(f"{what}: differs (shapes {tuple(got.shape)}/{tuple(want.shape)}, "
+                           f"max |diff| {diff})")  # fmt: skip
+
+
+def check_uncompressed_equals_horovod() -> None:
+    plain, ours = model(), model()
+    opt_h = hvd.DistributedOptimizer(
+        torch.optim.SGD(plain.parameters(), lr=0.1), named_parameters=plain.named_parameters()
+    )
+    opt_o = hipress.horovod.DistributedOptimizer(
+        torch.optim.SGD(ours.parameters(), lr=0.1),
+        named_parameters=ours.named_parameters(),
+        algorithm=None,
+    )
+    for step in range(3):
+        for m, opt in ((plain, opt_h), (ours, opt_o)):
+            opt.zero_grad()
+            backward(m, step)
+            opt.synchronize()
+            with opt.skip_synchronize():
+                opt.step()
+        for (n, a), b in zip(plain.named_parameters(), ours.parameters(), strict=True):
+            expect_equal(f"step {step} grad {n}", b.grad, a.grad)
+            expect_equal(f"step {step} param {n}", b.data, a.data)
+
+
+def run_compressed(algorithm: str, params: dict, bpps: int, steps: int = 3) -> None:
+    m = model()
+    plan = mixed_plan(m, algorithm, params)
+    opt = hipress.horovod.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.05),
+        named_parameters=m.named_parameters(),
+        algorithm=algorithm,
+        params=params,
+        plan=plan,
+        backward_passes_per_step=bpps,
+        seed=7,
+    )
+    ref = ReferenceSync(opt.hipress_sync.algorithm, plan, hvd.size(), seed=7)
+    for step in range(steps):
+        # this rank's own gradients, from a twin without hooks (allreduce entries are
+        # averaged in place in .grad while backward() runs, as in Horovod)
+        twin = model()
+        twin.load_state_dict(m.state_dict())
+        opt.zero_grad()
+        for sub in range(bpps):
+            backward(m, step * bpps + sub)
+            backward(twin, step * bpps + sub)
+        local = grads(twin)
+        want = ref.step(all_ranks(local, f"{algorithm}.{bpps}.{step}"))
+        opt.synchronize()
+        for name, p in m.named_parameters():
+            w = want[name].reshape(p.shape)
+            entry = next(e for e in plan.entries if e.name == name)
+            if entry.compress:
+                expect_equal(f"{algorithm} step {step} {name}", p.grad, w)
+            elif not torch.allclose(p.grad, w, rtol=1e-5, atol=1e-6):
+                raise CheckFailure(f"{algorithm} step {step} {name}: allreduce entry differs")
+        with opt.skip_synchronize():
+            opt.step()
+
+
+def check_compressed_equals_reference() -> None:
+    run_compressed("terngrad", {"bitwidth": 2}, bpps=1)
+    run_compressed("onebit", {}, bpps=1)  # error feedback: states carry over between steps
+
+
+def check_backward_passes_per_step_2() -> None:
+    plain, ours = model(), model()
+    opt_h = hvd.DistributedOptimizer(
+        torch.optim.SGD(plain.parameters(), lr=0.1),
+        named_parameters=plain.named_parameters(),
+        backward_passes_per_step=2,
+    )
+    opt_o = hipress.horovod.DistributedOptimizer(
+        torch.optim.SGD(ours.parameters(), lr=0.1),
+        named_parameters=ours.named_parameters(),
+        algorithm=None,
+        backward_passes_per_step=2,
+    )
+    for step in range(2):
+        for m, opt in ((plain, opt_h), (ours, opt_o)):
+            opt.zero_grad()
+            backward(m, 2 * step)
+            backward(m, 2 * step + 1)
+            opt.step()
+        for a, b in zip(plain.parameters(), ours.parameters(), strict=True):
+            expect_equal(f"bpps=2 step {step}", b.data, a.data)
+    run_compressed("onebit", {}, bpps=2, steps=2)
+    # a third backward pass before step() is refused with a clear error
+    opt_o.zero_grad()
+    for sub in range(2):
+        backward(ours, sub)
+    try:
+        backward(ours, 2)
+    except hipress.horovod.HorovodSyncError as exc:
+        if "backward_passes_per_step" not in str(exc):
+            raise CheckFailure(f"unclear error: {exc}") from exc
+    else:
+        raise CheckFailure("a third backward pass with backward_passes_per_step=2 was accepted")
+    opt_o.synchronize()
+
+
+def train(
+    make_opt: Callable[[torch.nn.Module], torch.optim.Optimizer], steps: int, tag: str
+) -> float:
+    m = model(seed=3)
+    opt = make_opt(m)
+    hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+    for step in range(steps):
+        opt.zero_grad()
+        backward(m, step)
+        opt.step()
+    with torch.no_grad():
+        total = 0.0
+        for step in range(1000, 1008):
+            x, y = batch(step, 256)
+            total += torch.nn.functional.mse_loss(m(x), y).item()
+    return hvd.allreduce(torch.tensor(total / 8), name=f"loss.{tag}").item()
+
+
+def check_training_within_5_percent() -> None:
+    steps = 150
+
+    def plain(m: torch.nn.Module) -> torch.optim.Optimizer:
+        opt = torch.optim.SGD(m.parameters(), lr=0.02, momentum=0.9)
+        return hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters())
+
+    def compressed(m: torch.nn.Module) -> torch.optim.Optimizer:
+        opt = torch.optim.SGD(m.parameters(), lr=0.02, momentum=0.9)
+        return hipress.horovod.DistributedOptimizer(
+            opt,
+            named_parameters=m.named_parameters(),
+            algorithm="terngrad",
+            params={"bitwidth": 2},
+            plan=mixed_plan(m, "terngrad", {"bitwidth": 2, "stochastic": True}),
+        )
+
+    base, ours = train(plain, steps, "plain"), train(compressed, steps, "terngrad")
+    if hvd.rank() == 0:
+        print(f"[rank 0] eval loss after {steps} steps: horovod {base:.5f}, terngrad {ours:.5f}")
+    if not ours <= base * 1.05:
+        raise CheckFailure(f"terngrad loss {ours:.5f} not within 5% of horovod's {base:.5f}")
+
+
+def check_state_dict_roundtrip() -> None:
+    m = model()
+    plan = mixed_plan(m, "onebit", {})
+    opt = hipress.horovod.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.0),
+        named_parameters=m.named_parameters(),
+        algorithm="onebit",
+        plan=plan,
+    )
+    for step in range(2):
+        opt.zero_grad()
+        backward(m, step)
+        opt.step()
+    saved = copy.deepcopy(opt.compression_state_dict())
+    results = []
+    for _ in range(2):
+        opt.load_compression_state_dict(saved)
+        opt.zero_grad()
+        backward(m, 5)  # lr=0: same parameters, same gradient
+        opt.step()
+        results.append(grads(m))
+    for name in results[0]:
+        expect_equal(f"resumed {name}", results[1][name], results[0][name])
+    other = dict(saved, rank=1 - hvd.rank())
+    try:
+        opt.load_compression_state_dict(other)
+    except hipress.horovod.HorovodSyncError:
+        pass
+    else:
+        raise CheckFailure("another rank's compression state dict was accepted")
+
+
+def check_unsupported_options() -> None:
+    m = model()
+    for kwargs in ({"op": hvd.Adasum}, {"num_groups": 2}):
+        try:
+            hipress.horovod.DistributedOptimizer(
+                torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), **kwargs
+            )
+        except hipress.horovod.HorovodSyncError as exc:
+            if "not supported" not in str(exc):
+                raise CheckFailure(f"unclear error for {kwargs}: {exc}") from exc
+        else:
+            raise CheckFailure(f"{kwargs} was accepted")
+
+
+def check_config_mismatch() -> None:
+    m = model()
+    try:
+        hipress.horovod.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1),
+            m.named_parameters(),
+            algorithm="terngrad",
+            params={"bitwidth": 2 if hvd.rank() == 0 else 4},
+        )
+    except hipress.horovod.ConfigMismatchError as exc:
+        if "rank 1: terngrad {'bitwidth': 4" not in str(exc):
+            raise CheckFailure(f"unclear mismatch error: {exc}") from exc
+    else:
+        raise CheckFailure("ranks with different bitwidths were accepted")
+
+
+def check_non_finite() -> None:
+    m = model()
+    plan = mixed_plan(m, "onebit", {})
+    opt = hipress.horovod.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.0),
+        named_parameters=m.named_parameters(),
+        algorithm="onebit",
+        plan=plan,
+    )
+    opt.zero_grad()
+    backward(m, 0, poison=hvd.rank() == 1)
+    opt.synchronize()
+    for name, p in m.named_parameters():
+        if not torch.isnan(p.grad).any():
+            raise CheckFailure(f"{name}: NaN on rank 1 did not reach rank {hvd.rank()}")
+    sync = opt.hipress_sync
+    # the rank that saw NaN resets its worker states; every server saw it through the flags
+    states = {**sync.server_states, **(sync.worker_states if hvd.rank() == 1 else {})}
+    for key, s in states.items():
+        if any(bool(t.abs().sum() != 0) for t in s.tensors.values() if t.is_floating_point()):
+            raise CheckFailure(f"state {key} was not reset after a non-finite gradient")
+
+
+CHECKS = [
+    check_uncompressed_equals_horovod,
+    check_compressed_equals_reference,
+    check_backward_passes_per_step_2,
+    check_state_dict_roundtrip,
+    check_unsupported_options,
+    check_config_mismatch,
+    check_non_finite,
+    check_training_within_5_percent,
+]
+
+
+def main() -> int:
+    hvd.init()
+    failed = 0
+    only = sys.argv[1:]
+    for check in CHECKS:
+        if only and check.__name__ not in only:
+            continue
+        name = check.__name__.removeprefix("check_")
+        start = time.perf_counter()
+        try:
+            check()
+        except Exception as exc:  # report every check, then fail the process
+            failed += 1
+            detail = "".join(traceback.format_exception_only(exc)).strip().replace("\n", " | ")
+            print(f"[rank {hvd.rank()}] CHECK {name} FAIL {detail}", flush=True)
+            traceback.print_exc()
+        else:
+            took = time.perf_counter() - start
+            print(f"[rank {hvd.rank()}] CHECK {name} ok ({took:.1f} s)", flush=True)
+    hvd.shutdown()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
