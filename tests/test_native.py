@@ -299,7 +299,7 @@ payload {
     cnt: i64; idx: i32[min(n, bound)]; tk: i32[min(n, 5)]; tk2: i32[min(n, 4)];
     tk3: i32[min(n, 3)]; vals: f32[min(n, 5)]; sc: f32[n]; sci: i32[n]; q2: uint<2>[n];
     q4: uint<4>[(n + 1) / 2]; q8: uint<8>[n]; q1: uint<1>[n]; rr: u32[n]; ru: f32[n];
-    ri: i64[n]; b: bool[n]; oob: f32[n]; t: i32; f: bool;
+    ri: i64[n]; b: bool[n]; oob: f32[n]; t: i32; f: bool; rf: i32[min(n, bound)]; rc: i64;
 }
 encode(g) {
     let c = map(n, i => g[i] + acc[i]);
@@ -320,11 +320,12 @@ encode(g) {
     let ri = map(n, i => randint(i, 1000) + randint(i, i64(n) + 5, 3));
     let b = map(n, i => q1[i] == u8(1) && c[i] < 0.0);
     let oob = map(n, i => g[i + 1] + g[i - 1] + c[i + 2] + f32(q2[i + 1]) + f32(q4[i]));
+    let (rf, rc) = filter(min(n, bound), n, i => uniform(i, 4) < 0.001 + f32(q2[i]) * 0.0);
     acc = map(n, i => c[i] * 0.5 + f32(tick));
     tick = tick + i32(cnt + tc + tc2 + tc3);
     flag = !flag;
     return concat(cnt, idx, tk, tk2, tk3, vals, sc, sci, q2, q4, q8, q1, rr, ru, ri, b, oob, tick,
-                  flag);
+                  flag, rf, rc);
 }
 decode(p) {
     let base = map(n, i => f32(p.q2[i]) * 0.25 + f32(p.q1[i]));
@@ -418,7 +419,9 @@ def test_half_conversions_match_torch(avx512: bool, tmp_path) -> None:
     src = SourceFile("half.cll", HALVES)
     ref = load_source(src, backend="reference")
     assert TOOLCHAIN is not None
-    tc = Toolchain(TOOLCHAIN.cc, TOOLCHAIN.version, C_FLAGS + (() if avx512 else ("-DHP_NO_AVX512",)))
+    tc = Toolchain(
+        TOOLCHAIN.cc, TOOLCHAIN.version, C_FLAGS + (() if avx512 else ("-DHP_NO_AVX512",))
+    )
     cpu = Algorithm(ref.program, NativeBackend(ref.program, KernelCache(tmp_path), tc))
     x = _half_inputs()
     run_both(ref, cpu, x, steps=1)
@@ -471,3 +474,29 @@ def test_workspace_is_reused() -> None:
     assert be._buffer("ws", 5000, 0).data_ptr() == ws.data_ptr()
     assert be.workspace_bytes(5000) >= 4 * 5000  # topk keys
     assert math.isfinite(float(alg.decode(alg.encode(x, st_), 5000).sum()))
+
+
+def test_concurrent_calls_from_threads_match_the_reference() -> None:
+    """Encode and decode from several threads at once (as CaSync's callbacks do) stay exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hipress.compll import load as _load
+
+    n = 50_000
+    for name in ("topk", "dgc", "terngrad"):
+        cpu = _load(name, backend="cpu")
+        ref = _load(name, backend="reference")
+        grads = [torch.randn(n, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+
+        def work(k: int, alg=cpu) -> tuple[torch.Tensor, torch.Tensor]:
+            st = alg.init_state(n, seed=k, tensor_id=k)
+            p = alg.encode(grads[k], st)
+            return p, alg.decode(p, n)
+
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(work, range(6)))
+        for k, (p, d) in enumerate(got):
+            st = ref.init_state(n, seed=k, tensor_id=k)
+            want = ref.encode(grads[k], st)
+            assert torch.equal(p, want), (name, k)
+            assert torch.equal(d, ref.decode(want, n)), (name, k)

@@ -152,21 +152,24 @@ def compile_c(source: str, out: Path, toolchain: Toolchain, name: str = "kernel"
     Raises :class:`CompileError` with the compiler's messages and the source, with line
     numbers, around each error.
     """
-    from hipress.compll.render import numbered
-
     with tempfile.TemporaryDirectory(prefix="hipress-cc-") as d:
         src = Path(d) / f"{name}.c"
         src.write_text(source)
         cmd = [toolchain.cc, *toolchain.flags, "-o", str(out), str(src)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
-            raise CompileError(_explain(res.stderr, source, src.name, numbered))
+            raise CompileError(explain(res.stderr, source, src.name))
 
 
-def _explain(stderr: str, source: str, fname: str, numbered: Callable[..., str]) -> str:
-    lines = {int(m.group(1)) for m in re.finditer(rf"{re.escape(fname)}:(\d+):(?:\d+:)? error", stderr)}
-    parts = [f"generated code failed to compile:\n{stderr.strip()}"]
-    for ln in sorted(lines)[:3]:
+def explain(log: str, source: str, fname: str) -> str:
+    """A compiler ``log`` for generated ``source`` with the source shown, numbered, around each
+    error line (gcc/clang ``file:LINE:COL: error``, NVRTC ``file(LINE): error``)."""
+    from hipress.compll.render import numbered
+
+    pat = rf"{re.escape(fname)}(?::(\d+):(?:\d+:)?|\((\d+)\):) (?:fatal )?error"
+    lines = sorted({int(m.group(1) or m.group(2)) for m in re.finditer(pat, log)})
+    parts = [f"generated code failed to compile:\n{log.strip()}"]
+    for ln in lines[:3]:
         parts.append(f"\ngenerated source around line {ln}:\n{numbered(source, ln)}")
     if not lines:
         parts.append(f"\ngenerated source:\n{numbered(source)}")

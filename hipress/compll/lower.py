@@ -195,7 +195,7 @@ def _cost_expr(e: ir.Expr) -> int:
             c += 50
         elif isinstance(x, ir.Binary) and x.op in ("div", "mod") and not x.dtype.is_float:
             c += 10
-        elif isinstance(x, ir.Binary) and x.op == "mod" or (
+        elif (isinstance(x, ir.Binary) and x.op == "mod") or (
             isinstance(x, ir.Unary) and x.op == "sqrt"
         ):
             c += 5
@@ -384,12 +384,16 @@ class _Planner:
                     else ir.Const(0, op.dtype)
                 )
                 init = ir.Map(
-                    op.name, ArrayType(op.dtype, op.length), ir.Lambda((ir.Ref("__j", I64),), (), base)
+                    op.name,
+                    ArrayType(op.dtype, op.length),
+                    ir.Lambda((ir.Ref("__j", I64),), (), base),
                 )
                 li = max(1, self._ready_lambda(init.fn, op.length) + 1)
                 la = li + 1
                 for nm in (op.idx, op.vals):
-                    la = max(la, self._ready_load(ir.Load(nm, ir.Const(0, I64), I64), None, None) + 1)
+                    la = max(
+                        la, self._ready_load(ir.Load(nm, ir.Const(0, I64), I64), None, None) + 1
+                    )
                 la = max(la, self._ready_expr(op.count, None, None) + 1)
                 loop_items.append((li, Item("store", init)))
                 specials.append(Special(la, ScatterAdd(op), None))
@@ -427,10 +431,13 @@ class _Planner:
         copies: list[tuple[str, Target]] = []  # (array, target) done by copy items
         for name, ts in sinks.items():
             for t in ts:
-                if t.kind == "state" and not self._in_place_ok(name, t.name, loop_items, specials, lets, maxlv):
+                if t.kind == "state" and not self._in_place_ok(
+                    name, t.name, loop_items, specials, lets, maxlv
+                ):
                     copies.append((name, t))
                 elif name in self.maps or (
-                    t.kind in ("payload", "out") and not targets.get(name)
+                    t.kind in ("payload", "out")
+                    and not targets.get(name)
                     and self.arrays[name].origin == "op"
                     and self._layout_ok(name, t)
                 ):
@@ -450,8 +457,11 @@ class _Planner:
         for name, t in copies:
             a = self.arrays[name]
             j = ir.Ref(f"__c_{name}", I64)
-            m = ir.Map(f"{name}->{t.kind}:{t.name}", ArrayType(a.dtype, a.length, a.bits),
-                       ir.Lambda((j,), (), ir.Load(name, j, a.dtype)))
+            m = ir.Map(
+                f"{name}->{t.kind}:{t.name}",
+                ArrayType(a.dtype, a.length, a.bits),
+                ir.Lambda((j,), (), ir.Load(name, j, a.dtype)),
+            )
             lv = self.levels.get(name, 0) + 1
             if t.kind == "state":
                 lv = final_lv
@@ -523,15 +533,17 @@ class _Planner:
                 return False
         p = self.prog
         ends = [v for v in p.encode.fields if not isinstance(v, str)]
-        ends += [s.value for s in p.encode.ops if isinstance(s, ir.StoreState) and not isinstance(s.value, str)]
+        ends += [
+            s.value
+            for s in p.encode.ops
+            if isinstance(s, ir.StoreState) and not isinstance(s.value, str)
+        ]
         if any(True for e in ends for _ in self._reads_expr(e, state, maxlv + 1, None, None)):
             return False
         # a payload field or another state taking the old array itself
         if state in [v for v in p.encode.fields if isinstance(v, str)]:
             return False
-        return not any(
-            isinstance(s, ir.StoreState) and s.value == state for s in p.encode.ops
-        )
+        return not any(isinstance(s, ir.StoreState) and s.value == state for s in p.encode.ops)
 
     def _special_reads(self, op: ir.Op, state: str, lv: int) -> bool:
         for fn in op_lambdas(op):
@@ -544,9 +556,12 @@ class _Planner:
             for nm in (op.base, op.idx, op.vals):
                 if nm == state:
                     return True
-                if nm is not None and self.is_virtual(nm):
-                    if any(True for _ in self._reads(self.maps[nm].fn, state, lv, None, None)):
-                        return True
+                if (
+                    nm is not None
+                    and self.is_virtual(nm)
+                    and any(True for _ in self._reads(self.maps[nm].fn, state, lv, None, None))
+                ):
+                    return True
         return False
 
     def is_virtual(self, name: str) -> bool:
@@ -596,12 +611,14 @@ def _nseg(op: ir.SegReduce) -> ir.Expr:
     from hipress.compll.check_body import fold_deep
 
     one = ir.Const(1, I64)
-    return fold_deep(ir.Binary(
-        "div",
-        ir.Binary("sub", ir.Binary("add", op.length, op.seg, I64), one, I64),
-        ir.Binary("max", op.seg, one, I64),
-        I64,
-    ))
+    return fold_deep(
+        ir.Binary(
+            "div",
+            ir.Binary("sub", ir.Binary("add", op.length, op.seg, I64), one, I64),
+            ir.Binary("max", op.seg, one, I64),
+            I64,
+        )
+    )
 
 
 def _special_out(op: object) -> str | None:
@@ -621,4 +638,15 @@ def lower(prog: ir.Program, fn: str, accumulate: bool = False) -> Plan:
     return _Planner(prog, fn, accumulate).plan()
 
 
-__all__ = ["U8", "Array", "Item", "Loop", "Plan", "ScatterAdd", "Special", "Step", "Target", "lower"]
+__all__ = [
+    "U8",
+    "Array",
+    "Item",
+    "Loop",
+    "Plan",
+    "ScatterAdd",
+    "Special",
+    "Step",
+    "Target",
+    "lower",
+]

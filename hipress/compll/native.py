@@ -4,13 +4,15 @@
 through the :class:`~hipress.compll.cache.KernelCache`, loads it with ctypes and calls it on
 caller-provided buffers. Per element count it keeps one workspace (and, for float16/bfloat16 or
 non-contiguous inputs, one float32 staging buffer), allocated at the first call and reused.
-Not safe to call concurrently from several threads with the same backend and size.
+Calls are serialised by a lock (workspaces are shared), so several threads may use one backend;
+the kernels themselves run on all cores with OpenMP.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from pathlib import Path
 
 import torch
@@ -57,9 +59,7 @@ class _DecArgs(ctypes.Structure):
     ]
 
 
-def build(
-    prog: ir.Program, cache: KernelCache, toolchain: Toolchain
-) -> tuple[Path, str]:
+def build(prog: ir.Program, cache: KernelCache, toolchain: Toolchain) -> tuple[Path, str]:
     """Compiled library of ``prog`` (from the cache, or built now) and its source text."""
     key = kernel_key(prog.digest(), TARGET, toolchain.identity(), generator_digest(TARGET))
     src_path = cache.path(key, ".c")
@@ -79,12 +79,16 @@ class NativeBackend:
     name = "cpu"
 
     def __init__(
-        self, program: ir.Program, cache: KernelCache | None = None, toolchain: Toolchain | None = None
+        self,
+        program: ir.Program,
+        cache: KernelCache | None = None,
+        toolchain: Toolchain | None = None,
     ) -> None:
         tc = toolchain or Toolchain.detect()
         if tc is None:
             raise NativeError("no C compiler found (set $CC or install gcc/clang)")
         self.program = program
+        self._lock = threading.Lock()
         self.cache = cache or KernelCache.from_env()
         self.path, self.source = build(program, self.cache, tc)
         lib = ctypes.CDLL(str(self.path))
@@ -98,6 +102,9 @@ class NativeBackend:
         lib.hp_decode.argtypes = [ctypes.POINTER(_DecArgs)]
         lib.hp_decode_acc.argtypes = [ctypes.POINTER(_DecArgs)]
         self._lib = lib
+        self._encode = lib.hp_encode
+        self._decode = lib.hp_decode
+        self._decode_acc = lib.hp_decode_acc
         self._ws: dict[tuple[str, int], torch.Tensor] = {}
         self._state_types = [
             torch_storage_dtype(s.type if isinstance(s.type, DType) else s.type.dtype)
@@ -114,9 +121,19 @@ class NativeBackend:
     def workspace_bytes(self, n: int) -> int:
         """Workspace bytes one encode/decode of ``n`` elements uses."""
         lib = self._lib
-        return max(lib.hp_encode_ws_bytes(n), lib.hp_decode_ws_bytes(n), lib.hp_decode_acc_ws_bytes(n))
+        return max(
+            lib.hp_encode_ws_bytes(n), lib.hp_decode_ws_bytes(n), lib.hp_decode_acc_ws_bytes(n)
+        )
 
     def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
+        with self._lock:
+            self._encode_locked(grad, state, out)
+
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
+        with self._lock:
+            self._decode_locked(payload, n, out, accumulate)
+
+    def _encode_locked(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
         n = state.n
         _cpu(grad, "gradient")
         _cpu(out, "payload buffer")
@@ -137,30 +154,39 @@ class NativeBackend:
                 ptrs[k] = None
             else:
                 ptrs[k] = t.data_ptr()
-        ws = self._buffer("ws", n, self._lib.hp_encode_ws_bytes(n))
+        ws = self._ws.get(("ws", n))
+        if ws is None:
+            ws = self._buffer("ws", n, self._lib.hp_encode_ws_bytes(n))
         args = _EncArgs(
             n, g.data_ptr(), out.data_ptr(), ws.data_ptr(), ptrs,
             state.seed & (2**64 - 1), state.step & (2**64 - 1), state.tensor_id & (2**64 - 1),
             torch.get_num_threads(),
         )  # fmt: skip
-        self._lib.hp_encode(ctypes.byref(args))
+        self._encode(ctypes.byref(args))
 
-    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
+    def _decode_locked(
+        self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool
+    ) -> None:
         _cpu(payload, "payload")
         _cpu(out, "output")
         if not payload.is_contiguous():
             raise NativeError("payload must be contiguous")
         direct = out.dtype == torch.float32 and out.is_contiguous()
         acc = accumulate and direct
-        fn = self._lib.hp_decode_acc if acc else self._lib.hp_decode
-        wsn = (self._lib.hp_decode_acc_ws_bytes if acc else self._lib.hp_decode_ws_bytes)(n)
-        ws = self._buffer("dws", n, wsn)
+        fn = self._decode_acc if acc else self._decode
+        kind = "dws-acc" if acc else "dws"
+        ws = self._ws.get((kind, n))
+        if ws is None:
+            wsn = (self._lib.hp_decode_acc_ws_bytes if acc else self._lib.hp_decode_ws_bytes)(n)
+            ws = self._buffer(kind, n, wsn)
         if direct:
             target = out
         else:
             # the reference rounds the f32 result to out's dtype, then adds in that dtype
             target = self._buffer("dout", n, 4 * n)[: 4 * n].view(torch.float32)
-        args = _DecArgs(n, payload.data_ptr(), target.data_ptr(), ws.data_ptr(), torch.get_num_threads())
+        args = _DecArgs(
+            n, payload.data_ptr(), target.data_ptr(), ws.data_ptr(), torch.get_num_threads()
+        )
         fn(ctypes.byref(args))
         if not direct:
             flat = out.view(-1) if out.is_contiguous() else out

@@ -12,6 +12,8 @@ import hashlib
 import struct
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import jinja2
 
@@ -49,13 +51,13 @@ def environment() -> jinja2.Environment:
     )
 
 
-def generator_digest(target: str = "c") -> str:
+def generator_digest(target: str = "c", root: Path | None = None) -> str:
     """sha256 over the generator's own sources and templates used for ``target`` (changes
-    whenever the code generated for it may change)."""
+    whenever the code generated for it may change). ``root``: another copy of the package."""
     if target not in TARGETS:
         raise RenderError(f"unknown target {target!r} (targets: {', '.join(TARGETS)})")
     h = hashlib.sha256()
-    pkg = resources.files("hipress.compll")
+    pkg: Any = root if root is not None else resources.files("hipress.compll")
     for name in (*_COMMON_MODULES, *_TARGET_MODULES[target]):
         h.update(name.encode())
         h.update(pkg.joinpath(name).read_bytes())
@@ -119,8 +121,18 @@ def _float_table() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
 def prelude(cuda: bool) -> str:
     """The helper functions every kernel of ``cuda``/C uses (semantics of the IR)."""
     floats, f2i = _float_table()
-    return environment().get_template("prelude.h.j2").render(
-        cuda=cuda, ints=_int_table(), floats=floats, f2i=f2i, tile=TILE, maxt=MAXT, par_min=PAR_MIN
+    return (
+        environment()
+        .get_template("prelude.h.j2")
+        .render(
+            cuda=cuda,
+            ints=_int_table(),
+            floats=floats,
+            f2i=f2i,
+            tile=TILE,
+            maxt=MAXT,
+            par_min=PAR_MIN,
+        )
     )
 
 

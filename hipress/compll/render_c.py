@@ -65,7 +65,11 @@ def reduction(op: str, v: str, dt: DType, out: DType, length: str, names: Names)
     # min, max, absmax
     which = "min" if op == "min" else "max"
     x = names.fresh("x")
-    xv = (f"fabs{'f' if dt.name == 'f32' else ''}({v})" if dt.is_float else f"hp_abs_{dt.name}({v})") if op == "absmax" else v
+    xv = (
+        (f"fabs{'f' if dt.name == 'f32' else ''}({v})" if dt.is_float else f"hp_abs_{dt.name}({v})")
+        if op == "absmax"
+        else v
+    )
     if dt.is_float:
         kt = "int32_t" if dt.bits == 32 else "int64_t"
         nf = names.fresh("nan")
@@ -80,7 +84,9 @@ def reduction(op: str, v: str, dt: DType, out: DType, length: str, names: Names)
         if op == "absmax":
             val = f"({length} == 0 ? {const(0, dt)} : {val})"
         final = f"({nf} ? {const(float('nan'), dt)} : {val})"
-        return Reduction((Acc(kt, a, _key_init(dt, which), which), Acc("int", nf, "0", "|")), upd, final)
+        return Reduction(
+            (Acc(kt, a, _key_init(dt, which), which), Acc("int", nf, "0", "|")), upd, final
+        )
     lim = {"min": "max", "max": "min"}[which]
     init = _int_limit(dt, lim)
     upd = (f"const {ctype(dt)} {x} = {xv};",
@@ -130,6 +136,7 @@ class CFunction:
         self.scalar_decl: set[str] = set()
         self.safe_lines: list[str] = []
         self.hoisted: list[str] = []
+        self.f16_tiles: list[tuple[str, str, bool, str]] = []
 
     # -- lengths and pointers
 
@@ -179,7 +186,9 @@ class CFunction:
                 )
                 self.ws.append(nbytes)
                 self.ws_sizes.append((a.length, -a.bits if a.bits is not None else a.dtype.nbytes))
-                self.setup.append(f"{mtype(a.dtype)}* const {var} = ({mtype(a.dtype)}*)wsp[{len(self.ws) - 1}];")
+                self.setup.append(
+                    f"{mtype(a.dtype)}* const {var} = ({mtype(a.dtype)}*)wsp[{len(self.ws) - 1}];"
+                )
         for name, a in plan.arrays.items():
             if a.origin == "grad":
                 ptr = "s_grad"
@@ -213,9 +222,15 @@ class CFunction:
                 self.setup.append(f"const int64_t {off} = hp_up8({prev[0]} + {prev[1]});")
             if isinstance(f.type, ArrayType):
                 ln = self.length(f.type.length)
-                nb = f"({ln} * {f.type.bits} + 7) / 8" if f.type.bits else f"{ln} * {f.type.dtype.nbytes}"
+                nb = (
+                    f"({ln} * {f.type.bits} + 7) / 8"
+                    if f.type.bits
+                    else f"{ln} * {f.type.dtype.nbytes}"
+                )
                 mt = mtype(f.type.dtype)
-                self.setup.append(f"{q}{mt}* const {self.names.get(f.name, 'f')} = ({q}{mt}*)(pay + {off});")
+                self.setup.append(
+                    f"{q}{mt}* const {self.names.get(f.name, 'f')} = ({q}{mt}*)(pay + {off});"
+                )
             else:
                 nb = str(f.type.nbytes)
                 if not writing:
@@ -231,7 +246,9 @@ class CFunction:
             total = f"hp_up8({prev[0]} + {prev[1]})" if prev else "0"
             for k, (off, nb) in enumerate(offs):
                 end = offs[k + 1][0] if k + 1 < len(offs) else total
-                self.setup.append(f"memset(pay + {off} + ({nb}), 0, (size_t)({end} - {off} - ({nb})));")
+                self.setup.append(
+                    f"memset(pay + {off} + ({nb}), 0, (size_t)({end} - {off} - ({nb})));"
+                )
             self.offsets = offs
 
     def _inputs(self) -> None:
@@ -247,12 +264,18 @@ class CFunction:
             for k, s in enumerate(prog.state):
                 if isinstance(s.type, ArrayType):
                     mt = mtype(s.type.dtype)
-                    self.setup.append(f"{mt}* const {self.names.get(s.name, 'st')} = ({mt}*)a->state[{k}];")
+                    self.setup.append(
+                        f"{mt}* const {self.names.get(s.name, 'st')} = ({mt}*)a->state[{k}];"
+                    )
                 elif s.type.is_bool:
-                    self.setup.append(f"const bool {self.names.get(s.name)} = *(const uint8_t*)a->state[{k}] != 0;")
+                    self.setup.append(
+                        f"const bool {self.names.get(s.name)} = *(const uint8_t*)a->state[{k}] != 0;"
+                    )
                 else:
                     t = ctype(s.type)
-                    self.setup.append(f"const {t} {self.names.get(s.name)} = *(const {t}*)a->state[{k}];")
+                    self.setup.append(
+                        f"const {t} {self.names.get(s.name)} = *(const {t}*)a->state[{k}];"
+                    )
             self._payload(writing=True)
         else:
             self.setup += ["const uint8_t* const pay = a->payload;", "float* const out = a->out;"]
@@ -302,7 +325,9 @@ class CFunction:
             t = mtype(f.type)
             if f.type.is_float:
                 x = f"hp_canon_{f.type.name}({x})"
-            self.final.append(f"{{ const {t} {var} = ({t})({x}); memcpy(pay + {off}, &{var}, {f.type.nbytes}); }}")
+            self.final.append(
+                f"{{ const {t} {var} = ({t})({x}); memcpy(pay + {off}, &{var}, {f.type.nbytes}); }}"
+            )
         for s in self.plan.final_state:
             k = next(i for i, sl in enumerate(prog.state) if sl.name == s.state)
             slot = prog.state[k]
@@ -343,16 +368,24 @@ class CFunction:
                 final = red.final
                 for acc in red.accs:
                     part = self.names.fresh("part")
-                    partials.append({"ctype": acc.ctype, "name": part, "acc": acc.name, "init": acc.init})
+                    partials.append(
+                        {"ctype": acc.ctype, "name": part, "acc": acc.name, "init": acc.init}
+                    )
                     clauses.append(f" reduction({acc.clause}:{acc.name})")
                     finish.append(f"{acc.ctype} {acc.name} = {acc.init};")
-                    finish.append(f"for (int k = 0; k < nt; k++) {combine_acc(acc, acc.name, f'{part}[k]')}")
+                    finish.append(
+                        f"for (int k = 0; k < nt; k++) {combine_acc(acc, acc.name, f'{part}[k]')}"
+                    )
                 var = self.names.get(it.op.name)
                 decls.append(f"  {ctype(it.op.dtype)} {var};")
                 finish.append(f"{var} = {final};")
         body.copy = False
         pre = self._tile_pre(body)
         post = self._tile_post(packs)
+        for buf, ptr, canon, _ in self.f16_tiles:
+            pre.append(f"float {buf}[HP_TILE];")
+            post.append(f"hp_tile_f32_to_f16({buf}, {ptr} + i0, tl, {int(canon)});")
+        self.f16_tiles = []
         for buf, _, _ in packs:
             pre.insert(0, f"uint8_t {buf}[HP_TILE];")
         hoist = "".join(f"  {ln}\n" for ln in body.hoist)
@@ -364,7 +397,9 @@ class CFunction:
         )  # fmt: skip
         return "\n".join([*decls, text])
 
-    def _stores(self, it: Item, v: str, stores: list[str], packs: list[tuple[str, str, int]]) -> None:
+    def _stores(
+        self, it: Item, v: str, stores: list[str], packs: list[tuple[str, str, int]]
+    ) -> None:
         assert isinstance(it.op, ir.Map)
         t = it.op.type
         for tg in it.targets:
@@ -377,6 +412,11 @@ class CFunction:
                 stores.append(f"out[i] = out[i] + {v};")
             elif t.dtype.is_bool:
                 stores.append(f"{ptr}[i] = (uint8_t)({v});")
+            elif t.dtype.name == "f16" and v.startswith("hp_f32_to_f16(") and _balanced(v):
+                # collect the f32 values of the tile, convert them with F16C afterwards
+                buf = self.names.fresh("cv")
+                stores.append(f"{buf}[t] = {v[len('hp_f32_to_f16(') : -1]};")
+                self.f16_tiles.append((buf, ptr, tg.kind == "payload", v))
             elif tg.kind == "payload" and t.dtype.is_float:
                 stores.append(f"{ptr}[i] = hp_canon_{t.dtype.name}({v});")
             else:
@@ -389,7 +429,10 @@ class CFunction:
             assert m.bits is not None
             per = 8 // m.bits
             mask = (1 << m.bits) - 1
-            parts = " ".join(f"{buf}[{per} * q + {j}] = (uint8_t)((b >> {j * m.bits}) & {mask});" for j in range(per))
+            parts = " ".join(
+                f"{buf}[{per} * q + {j}] = (uint8_t)((b >> {j * m.bits}) & {mask});"
+                for j in range(per)
+            )
             pre += [
                 f"uint8_t {buf}[HP_TILE];",
                 f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++) {{",
@@ -418,7 +461,9 @@ class CFunction:
 
     # -- special stages
 
-    def _lambda(self, fn: ir.Lambda, length: ir.Expr | None, level: int, idx: str = "j") -> tuple[list[str], str]:
+    def _lambda(
+        self, fn: ir.Lambda, length: ir.Expr | None, level: int, idx: str = "j"
+    ) -> tuple[list[str], str]:
         body = Body(level=level, index=idx, loop_len=length)
         v = self.em.apply(fn, [idx], body)
         self.hoisted += body.hoist
@@ -433,20 +478,28 @@ class CFunction:
         op = sp.op
         lv = sp.level
         home = self.target_ptr(sp.home) if sp.home is not None else None
-        r: Callable[..., str] = lambda tpl, /, **kw: self.env.get_template(tpl).render(level=lv, **kw)  # noqa: E731
+
+        def r(tpl, /, **kw) -> str:
+            return self.env.get_template(tpl).render(level=lv, **kw)
+
         if isinstance(op, ir.Filter):
-            fb = Body(level=lv, index="j", loop_len=op.length)
+            fb = Body(level=lv, index="j", loop_len=op.length, tile="t")
             res = self.em.apply(op.pred, ["j"], fb)
             self.hoisted += fb.hoist
-            vs = [{**v, "result": _fix(res, fast)} for v, fast in zip(variants(fb, fb.lines), (True, False), strict=False)]
+            vs = [
+                {**v, "result": _fix(res, fast)}
+                for v, fast in zip(variants(fb, fb.lines), (True, False), strict=False)
+            ]
             ln = self.length(op.length)
             cnt = self.names.get(op.count)
             return f"  int64_t {cnt};\n" + r(
                 "c_filter.c.j2", idx_name=op.idx, length=ln, bound=self.length(op.bound), idx=home,
-                scratch=self.scratch("int32_t", ln), variants=vs, count=cnt,
+                scratch=self.scratch("int32_t", ln), variants=vs, count=cnt, pre=self._tile_pre(fb),
             )  # fmt: skip
         if isinstance(op, ir.TopK):
-            body, res = self._lambda(op.key, op.length, lv)
+            kb = Body(level=lv, index="j", loop_len=op.length, tile="t")
+            res = self.em.apply(op.key, ["j"], kb)
+            self.hoisted += kb.hoist
             ln = self.length(op.length)
             kdt = op.key.result.dtype
             ku = "uint64_t" if kdt.bits == 64 else "uint32_t"
@@ -454,7 +507,8 @@ class CFunction:
             return f"  int64_t {cnt};\n" + r(
                 "c_topk.c.j2", idx_name=op.idx, length=ln, k=self.length(op.k), idx=home, ku=ku,
                 kt=kdt.name, kbits=64 if kdt.bits == 64 else 32, scratch=self.scratch(ku, ln),
-                body=body, result=res, count=cnt,
+                scratch_c=self.scratch(ku, ln), pre=self._tile_pre(kb), body=kb.lines,
+                result=res, count=cnt,
             )  # fmt: skip
         if isinstance(op, ir.Sort):
             body, res = self._lambda(op.key, op.length, lv)
@@ -508,11 +562,17 @@ class CFunction:
     def _scatter(self, op: ir.Scatter, lv: int, home: str | None, r: Callable[..., str]) -> str:
         idx_a = self.plan.arrays[op.idx]
         body = Body(level=lv, index="j", loop_len=idx_a.length)
-        index = self.em.load(ir.Load(op.idx, ir.Ref("__j", idx_a.dtype), idx_a.dtype), body, {"__j": "j"})
+        index = self.em.load(
+            ir.Load(op.idx, ir.Ref("__j", idx_a.dtype), idx_a.dtype), body, {"__j": "j"}
+        )
         val = self.em.load(ir.Load(op.vals, ir.Ref("__j", op.dtype), op.dtype), body, {"__j": "j"})
         self.hoisted += body.hoist
         dt = op.dtype
-        add = (lambda a, b: f"({a} + {b})") if dt.is_float else (lambda a, b: f"hp_add_{dt.name}({a}, {b})")  # noqa: E731
+        add = (
+            (lambda a, b: f"({a} + {b})")
+            if dt.is_float
+            else (lambda a, b: f"hp_add_{dt.name}({a}, {b})")
+        )
         body_count = Body(level=lv)
         count = self.em.expr(op.count, body_count, {})
         pre = "".join(f"  {ln}\n" for ln in body_count.lines)
@@ -539,6 +599,17 @@ class CFunction:
             init_body=ib.lines, init=init, body=body, result=res, combine_body=cb.lines,
             combine_result=cres,
         )  # fmt: skip
+
+
+def _balanced(call: str) -> bool:
+    """Whether the outer parentheses of ``f(...)`` enclose the whole argument list."""
+    depth = 0
+    for k, ch in enumerate(call):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and ch == ")":
+            return k == len(call) - 1
+    return False
 
 
 _FLAG = re.compile(r"^const bool (fastdiv\d+) = ")

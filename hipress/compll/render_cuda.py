@@ -64,13 +64,17 @@ class CudaFunction(CFunction):
         k, dt = self.slots[name]
         return f"{{ const {ctype(dt)} sv_ = {value}; memcpy(&a->sc[{k}], &sv_, sizeof(sv_)); }}"
 
-    def _kernel(self, tag: str, title: str, code: list[str], produced: set[str], grid: str = "nb") -> str:
+    def _kernel(
+        self, tag: str, title: str, code: list[str], produced: set[str], grid: str = "nb"
+    ) -> str:
         name = f"{self.name}_{tag}"
         loads = []
         for s, (k, dt) in self.slots.items():
             if s not in produced:
                 var = self.names.get(s)
-                loads.append(f"{ctype(dt)} {var}; memcpy(&{var}, &a->sc[{k}], sizeof({var})); (void){var};")
+                loads.append(
+                    f"{ctype(dt)} {var}; memcpy(&{var}, &a->sc[{k}], sizeof({var})); (void){var};"
+                )
         self.kernels.append(
             self.env.get_template("cuda_kernel.cu.j2").render(
                 title=f"{self.prog.name}: {title}", name=name,
@@ -105,11 +109,19 @@ class CudaFunction(CFunction):
                     var = self.names.get(let.name)
                     body.lines.append(f"const {ctype(let.value.dtype)} {var} = {v};")
                     body.lines.append(self._store(let.name, var))
-                self._kernel(f"l{step.level}", "host scalars", body.lines, {x.name for x in step.lets}, "one")
+                self._kernel(
+                    f"l{step.level}", "host scalars", body.lines, {x.name for x in step.lets}, "one"
+                )
         if self.plan.fn == "encode":
             self._final()
         if self.final or self.padding:
-            self._kernel("final", "payload scalars and padding, scalar state", self.padding + self.final, set(), "one")
+            self._kernel(
+                "final",
+                "payload scalars and padding, scalar state",
+                self.padding + self.final,
+                set(),
+                "one",
+            )
 
     def loop_kernels(self, lp: Loop, tag: str) -> None:
         ln = self.length(lp.length)
@@ -135,14 +147,19 @@ class CudaFunction(CFunction):
                 accs.append({"ctype": acc.ctype, "name": acc.name, "init": acc.init, "part": part,
                              "combine": comb})  # fmt: skip
                 fin.append(f"{acc.ctype} {acc.name} = {acc.init};")
-                fin.append(f"for (int k = 0; k < HP_NB; k++) {combine_acc(acc, acc.name, f'{part}[k]')}")
+                fin.append(
+                    f"for (int k = 0; k < HP_NB; k++) {combine_acc(acc, acc.name, f'{part}[k]')}"
+                )
             fin.append(self._store(it.op.name, red.final))
             produced.add(it.op.name)
         body.copy = False
         group = max([int(p["per"]) for p in packs] + [1])  # type: ignore[call-overload]
-        code = body.hoist + self.env.get_template("cuda_loop.cu.j2").render(
-            length=ln, group=group, accs=accs, packs=packs, body=body.lines + stores
-        ).splitlines()
+        code = (
+            body.hoist
+            + self.env.get_template("cuda_loop.cu.j2")
+            .render(length=ln, group=group, accs=accs, packs=packs, body=body.lines + stores)
+            .splitlines()
+        )
         titles = ", ".join(it.op.name for it in lp.items)
         self._kernel(tag, f"level {lp.level}: {titles}", code, set())
         if fin:
@@ -179,9 +196,25 @@ class CudaFunction(CFunction):
             kw = {"length": self.length(op.length), "bound": self.length(op.bound), "body": body.lines,
                   "result": res, "counts": counts, "idx": home, "slot": self.slots[op.count][0],
                   "count": self.names.get(op.count)}  # fmt: skip
-            self._kernel(tag + "a", "filter: counts", body.hoist + tpl.render(phase=0, **kw).splitlines(), set())
-            self._kernel(tag + "b", "filter: offsets", tpl.render(phase=1, **kw).splitlines(), {op.count}, "one")
-            self._kernel(tag + "c", "filter: ordered writes", body.hoist + tpl.render(phase=2, **kw).splitlines(), set())
+            self._kernel(
+                tag + "a",
+                "filter: counts",
+                body.hoist + tpl.render(phase=0, **kw).splitlines(),
+                set(),
+            )
+            self._kernel(
+                tag + "b",
+                "filter: offsets",
+                tpl.render(phase=1, **kw).splitlines(),
+                {op.count},
+                "one",
+            )
+            self._kernel(
+                tag + "c",
+                "filter: ordered writes",
+                body.hoist + tpl.render(phase=2, **kw).splitlines(),
+                set(),
+            )
             return
         if isinstance(op, ir.TopK | ir.Sort):
             fn = op.key
@@ -189,13 +222,17 @@ class CudaFunction(CFunction):
             ku = "uint64_t" if kdt.bits == 64 else "uint32_t"
             body = Body(level=lv, index="j", loop_len=op.length)
             res = self.em.apply(fn, ["j"], body)
-            keys = self.scratch(ku, self.length(op.length), (op.length, 8 if ku == "uint64_t" else 4))
+            keys = self.scratch(
+                ku, self.length(op.length), (op.length, 8 if ku == "uint64_t" else 4)
+            )
             kidx = len(self.ws) - 1
             ln = self.length(op.length)
             step: dict[str, object] = {"kind": "topk" if isinstance(op, ir.TopK) else "sort",
                                        "keys": kidx, "kbits": 64 if ku == "uint64_t" else 32,
                                        "length": op.length, "out": _target_spec(sp.home, self)}  # fmt: skip
-            loop = [f"for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < {ln}; j += (int64_t)gridDim.x * blockDim.x) {{"]
+            loop = [
+                f"for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < {ln}; j += (int64_t)gridDim.x * blockDim.x) {{"
+            ]
             loop += [f"  {x}" for x in body.lines]
             if isinstance(op, ir.TopK):
                 loop.append(f"  {keys}[j] = ~hp_okey_{kdt.name}({res});")  # descending
@@ -211,7 +248,9 @@ class CudaFunction(CFunction):
             self._kernel(tag + "k", "sort/topk keys", body.hoist + loop, set())
             if isinstance(op, ir.TopK):
                 cnt = f"({self.length(op.k)} < {ln} ? {self.length(op.k)} : {ln})"
-                self._kernel(tag + "n", "topk count", [self._store(op.count, cnt)], {op.count}, "one")
+                self._kernel(
+                    tag + "n", "topk count", [self._store(op.count, cnt)], {op.count}, "one"
+                )
             self.launches.append(Launch("", "cupy", step))
             return
         if isinstance(op, ir.SegReduce):
@@ -261,7 +300,12 @@ class CudaFunction(CFunction):
         else:
             from hipress.compll.render_c import _ident_minmax
 
-            acc, init, upd, out = ctype(dt), _ident_minmax(op.op, dt), f"acc = hp_{op.op}_{dt.name}(acc, {res});", "acc"
+            acc, init, upd, out = (
+                ctype(dt),
+                _ident_minmax(op.op, dt),
+                f"acc = hp_{op.op}_{dt.name}(acc, {res});",
+                "acc",
+            )
         lines = [f"{acc} acc = {init};", f"for (int64_t j = 0; j < {ln}; j++) {{"]
         lines += [f"  {x}" for x in body.lines] + [f"  {upd}", f"  {home}[j] = {out};", "}"]
         return body.hoist + lines

@@ -177,7 +177,9 @@ class Emitter:
 
     # -- lambdas
 
-    def apply(self, fn: ir.Lambda, args: list[str], body: Body, env: dict[str, str] | None = None) -> str:
+    def apply(
+        self, fn: ir.Lambda, args: list[str], body: Body, env: dict[str, str] | None = None
+    ) -> str:
         """Emit ``fn``'s lets into ``body`` with params bound to ``args``; return its result."""
         env = dict(env or {})
         for p, a in zip(fn.params, args, strict=True):

@@ -1,0 +1,220 @@
+"""Kernel benchmark: encode / decode throughput of the generated CPU kernels against plain
+torch-ops implementations of the same algorithms, with the machine's copy bandwidth (measured
+in the same run) as the roofline. GB/s counts gradient input bytes (4 per element).
+
+    hipress bench kernels [--sizes 1K,1M,64M] [--algorithms onebit,topk] [--reps 5]
+    python bench/bench_kernels.py ...          (same options)
+
+Prints a table and writes bench/results/kernels.json. Outputs are preallocated; every timed
+call is a steady-state call (workspaces exist, pages are touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hipress.compll import algorithms, load
+
+Fn = Callable[[], object]
+
+
+def _size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(s[:-1] if s[-1:] in "KMG" else s) * mult
+
+
+def best(fn: Fn, reps: int) -> float:
+    """Best wall time of ``reps`` calls after one warm-up call (seconds)."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
+# ---------------------------------------------------------------- plain torch-ops versions
+
+
+def _pack(v: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 8 // bits
+    sh = torch.arange(per, dtype=torch.int32) * bits
+    return (v.view(-1, per).to(torch.int32) << sh).sum(1).to(torch.uint8)
+
+
+def _unpack(b: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 8 // bits
+    sh = torch.arange(per, dtype=torch.int32) * bits
+    return ((b.to(torch.int32).view(-1, 1) >> sh) & ((1 << bits) - 1)).view(-1)
+
+
+def torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
+    """(encode, decode) closures doing the algorithm's work with torch ops (n % 512 == 0)."""
+    n = g.numel()
+    r = torch.zeros(n)
+    out = torch.empty(n)
+    k = max(1, math.ceil(n * 0.01))
+    if name in ("onebit", "efsignsgd", "signsgd"):
+        st: dict[str, Any] = {}
+
+        def enc() -> None:
+            c = g + r if name != "signsgd" else g
+            neg = c < 0
+            if name == "onebit":
+                pos = torch.where(neg, 0.0, c).double().sum() / max(1, int((~neg).sum()))
+                ng = torch.where(neg, c, 0.0).double().sum() / max(1, int(neg.sum()))
+                st["s"], st["p"], st["q"] = _pack(neg, 1), float(pos), float(ng)
+                r.copy_(c - torch.where(neg, ng, pos).float())
+            else:
+                sc = float(c.abs().double().sum() / n)
+                st["s"], st["p"], st["q"] = _pack(neg, 1), sc, -sc
+                if name == "efsignsgd":
+                    r.copy_(c - torch.where(neg, -sc, sc))
+
+        def dec() -> None:
+            torch.where(_unpack(st["s"], 1).bool(), torch.tensor(st["q"], dtype=torch.float32),
+                        torch.tensor(st["p"], dtype=torch.float32), out=out)  # fmt: skip
+
+        return enc, dec
+    if name in ("fp16", "bf16"):
+        h = torch.empty(n, dtype=torch.float16 if name == "fp16" else torch.bfloat16)
+        return (lambda: h.copy_(g)), (lambda: out.copy_(h))
+    if name == "int8":
+        q = torch.empty(n, dtype=torch.int8)
+        sc: dict[str, torch.Tensor] = {}
+
+        def enc() -> None:
+            s = g.view(-1, 256).abs().amax(1, keepdim=True) / 127
+            sc["s"] = s
+            q.copy_(torch.round(g.view(-1, 256) / s).clamp(-127, 127).view(-1))
+
+        return enc, lambda: torch.mul(q.view(-1, 256), sc["s"], out=out.view(-1, 256))
+    if name in ("terngrad", "qsgd", "tbq"):
+        st = {}
+
+        def enc() -> None:
+            if name == "terngrad":
+                lo, hi = torch.aminmax(g)
+                gap = (hi - lo) / 3
+                qv = torch.floor((g - lo) / gap + torch.rand(n)).clamp(0, 3)
+                st["q"], st["lo"], st["gap"] = _pack(qv.to(torch.uint8), 2), lo, gap
+            elif name == "qsgd":
+                nm = g.view(-1, 512).norm(dim=1, keepdim=True)
+                lv = torch.floor(g.view(-1, 512).abs() / nm * 7 + torch.rand(n // 512, 512)).clamp(
+                    0, 7
+                )
+                qv = lv.to(torch.uint8) | ((g.view(-1, 512) < 0).to(torch.uint8) << 3)
+                st["q"], st["nm"] = _pack(qv.view(-1), 4), nm
+            else:
+                c = g + r
+                qv = torch.where(c >= 0.01, 1, torch.where(c <= -0.01, 2, 0)).to(torch.uint8)
+                st["q"] = _pack(qv, 2)
+                r.copy_(c - torch.where(qv == 1, 0.01, torch.where(qv == 2, -0.01, 0.0)))
+
+        def dec() -> None:
+            if name == "terngrad":
+                torch.add(st["lo"], _unpack(st["q"], 2).float() * st["gap"], out=out)
+            elif name == "qsgd":
+                u = _unpack(st["q"], 4).view(-1, 512)
+                v = st["nm"] * ((u & 7).float() / 7)
+                out.view(-1, 512).copy_(torch.where(u >> 3 == 1, -v, v))
+            else:
+                u = _unpack(st["q"], 2)
+                out.copy_(torch.where(u == 1, 0.01, torch.where(u == 2, -0.01, 0.0)))
+
+        return enc, dec
+    # sparsifiers: indices + values, decode = scatter
+    st = {}
+
+    def enc_sparse() -> None:
+        c = g + r if name != "randomk" else g
+        if name == "topk":
+            idx = torch.topk(c.abs(), k, sorted=False).indices.sort().values
+        elif name == "randomk":
+            idx = torch.randperm(n)[:k].sort().values
+        else:  # dgc / graddrop: sampled threshold + compaction
+            ns = max(math.ceil(n * 0.001), 16000 if name == "dgc" else 1600)
+            sample = c[torch.randint(0, n, (min(n, ns),))].abs()
+            thr = torch.kthvalue(
+                sample, max(1, sample.numel() - math.ceil(sample.numel() * 0.01))
+            ).values
+            idx = torch.nonzero(c.abs() >= thr).view(-1)[: 2 * k]
+        st["i"], st["v"] = idx, c[idx]
+        if name != "randomk":
+            r.copy_(c)
+            r[idx] = 0
+
+    def dec_sparse() -> None:
+        out.zero_()
+        out.index_put_((st["i"],), st["v"], accumulate=True)
+
+    return enc_sparse, dec_sparse
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
+    names = [a for a in args.algorithms.split(",") if a] or algorithms()
+    results: dict[str, Any] = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "units": "GB/s of float32 gradient input (4 bytes per element); copy = dst.copy_(src)",
+        "copy": {},
+        "kernels": {},
+    }
+    gen = torch.Generator().manual_seed(0)
+    print(f"{'algorithm':10s} {'n':>9s} {'C enc':>8s} {'C dec':>8s} {'torch enc':>10s} "
+          f"{'torch dec':>10s} {'enc x':>6s} {'copy':>7s}")  # fmt: skip
+    for n in sizes:
+        x = torch.randn(n, generator=gen)
+        y = torch.empty(n)
+        copy = 4 * n / best(lambda: y.copy_(x), args.reps) / 1e9  # noqa: B023
+        results["copy"][str(n)] = copy
+        for name in names:
+            alg = load(name, backend="cpu")
+            st = alg.init_state(n, seed=1)
+            pay = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8)
+            te = best(lambda: alg.encode(x, st, pay), args.reps)  # noqa: B023
+            td = best(lambda: alg.decode(pay, n, y), args.reps)  # noqa: B023
+            row: dict[str, Any] = {"encode": 4 * n / te / 1e9, "decode": 4 * n / td / 1e9,
+                                   "encode_s": te, "decode_s": td, "copy": copy}  # fmt: skip
+            if not args.no_torch and n % 512 == 0:
+                enc, dec = torch_versions(name, x)
+                row["torch_encode"] = 4 * n / best(enc, max(1, args.reps // 2)) / 1e9
+                row["torch_decode"] = 4 * n / best(dec, max(1, args.reps // 2)) / 1e9
+            results["kernels"].setdefault(name, {})[str(n)] = row
+            te_t, td_t = row.get("torch_encode"), row.get("torch_decode")
+            ratio = f"{row['encode'] / te_t:6.1f}" if te_t else "     -"
+            print(f"{name:10s} {n:>9d} {row['encode']:8.2f} {row['decode']:8.2f} "
+                  f"{te_t if te_t else float('nan'):10.2f} {td_t if td_t else float('nan'):10.2f} "
+                  f"{ratio} {copy:7.2f}", flush=True)  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    from hipress.compll.cli_codegen import add_bench_kernels_parser
+
+    parser = argparse.ArgumentParser(prog="bench_kernels.py")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    add_bench_kernels_parser(sub)
+    raise SystemExit(run(parser.parse_args(["kernels", *__import__("sys").argv[1:]])))
