@@ -488,7 +488,7 @@ def test_concurrent_calls_from_threads_match_the_reference() -> None:
         ref = _load(name, backend="reference")
         grads = [torch.randn(n, generator=torch.Generator().manual_seed(s)) for s in range(6)]
 
-        def work(k: int, alg=cpu) -> tuple[torch.Tensor, torch.Tensor]:
+        def work(k: int, alg=cpu, grads=grads) -> tuple[torch.Tensor, torch.Tensor]:
             st = alg.init_state(n, seed=k, tensor_id=k)
             p = alg.encode(grads[k], st)
             return p, alg.decode(p, n)
