@@ -14,7 +14,18 @@ import torch.distributed as dist
 from torch import nn
 
 from hipress.cli import main
-from hipress.demo import DemoConfig, DemoError, ModelConfig, WordLM, load_corpus
+from hipress.demo import (
+    DemoConfig,
+    DemoError,
+    DemoResult,
+    EvalPoint,
+    ModelConfig,
+    RunResult,
+    RunSpec,
+    WordLM,
+    load_corpus,
+)
+from hipress.demo.cli import format_summary
 from hipress.demo.data import (
     NL,
     build_vocab,
@@ -26,6 +37,7 @@ from hipress.demo.data import (
 )
 from hipress.demo.launch import launch
 from hipress.demo.models import evaluate
+from hipress.netsim import ShapedNetwork, shaping_unavailable_reason
 
 # ---------------------------------------------------------------------------- corpus
 
@@ -91,7 +103,16 @@ def test_batches_shards_and_windows(corpus) -> None:  # type: ignore[no-untyped-
 # ---------------------------------------------------------------------------- model
 
 
-def test_model_loss_decreases(corpus) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def one_thread():  # type: ignore[no-untyped-def]
+    # small ops on 2 OpenMP threads slow down ~40x when the cores are shared with other jobs
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_model_loss_decreases(corpus, one_thread) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = WordLM(ModelConfig(vocab_size=2048, emb_dim=32, hidden=32))
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
@@ -173,3 +194,50 @@ def test_demo_end_to_end(tmp_path, capsys: pytest.CaptureFixture[str]) -> None: 
     assert hip["bytes_total"] == pytest.approx(hip["bytes_per_step"] * 6 * 2)
     if data["chart"] is not None:
         assert (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def _allreduce_rank(rank: int, world: int) -> float:
+    x = torch.tensor([float(rank + 1)])
+    dist.all_reduce(x)
+    return float(x)
+
+
+@pytest.mark.skipif(
+    shaping_unavailable_reason() is not None, reason="network namespaces need root and iproute2"
+)
+def test_launch_inside_simulated_network() -> None:
+    with ShapedNetwork(2, rate_mbit=None) as net:
+        assert launch(_allreduce_rank, 2, timeout=120, net=net) == [3.0, 3.0]
+
+
+def _result(compressed: int) -> DemoResult:
+    def run(name: str, alg: str | None, sent: float, acc: float, n: int) -> RunResult:
+        return RunResult(
+            spec=RunSpec(name, alg),
+            plan="-" if alg is None else f"{n}/7 tensors compressed",
+            compressed_tensors=n,
+            tensors=7,
+            wall_s=10.0,
+            cpu_s=9.0,
+            train_s=8.0,
+            timed_steps=10,
+            samples_per_s=50.0,
+            tokens_per_s=1600.0,
+            bytes_per_step=sent,
+            bytes_uncompressed_per_step=4e6,
+            bytes_total=sent * 20,
+            train_loss=[5.0] * 10,
+            evals=[EvalPoint(10, 4.0, acc)],
+            sync={"encode_ms": 1.0, "decode_ms": 1.0, "sync_ms": 2.0} if alg else {},
+        )
+
+    base = run("uncompressed", None, 4e6, 0.3, 0)
+    hip = run("hipress topk", "topk", 1e5 if compressed else 4e6, 0.29, compressed)
+    return DemoResult(DemoConfig(steps=10), "corpus", "d", 10**6, [base, hip], 20.0)
+
+
+def test_summary_compares_runs_and_explains_an_empty_plan() -> None:
+    text = format_summary(_result(4))
+    assert "hipress topk sent 2.5% of the bytes of uncompressed (40.0x less)" in text
+    assert "29.0% vs 30.0%" in text and "SeCoPa compressed nothing" not in text
+    assert "SeCoPa compressed nothing" in format_summary(_result(0))

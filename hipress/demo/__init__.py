@@ -3,7 +3,7 @@ standard library's own source, uncompressed and with hipress, and compare (``hip
 
     from hipress.demo import DemoConfig, default_runs, load_corpus, run_demo
     config = DemoConfig(steps=100)
-    result = run_demo(config, default_runs("onebit"), load_corpus(config.model.vocab_size))
+    result = run_demo(config, default_runs("topk"), load_corpus(config.model.vocab_size))
     print(result.runs[1].final.accuracy, result.runs[1].ratio)
 
 Stages: :mod:`~hipress.demo.data` (corpus), :mod:`~hipress.demo.models` (the model),

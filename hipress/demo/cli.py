@@ -19,7 +19,7 @@ from hipress.demo.models import ModelConfig
 
 __all__ = ["add_parsers", "cmd_demo", "format_summary", "write_chart"]
 
-DEFAULT_ALGORITHM = "onebit"
+DEFAULT_ALGORITHM = "topk"
 DEFAULT_STEPS = 300
 
 
@@ -75,12 +75,18 @@ def format_summary(result: DemoResult) -> str:
             "throughput"
         )
     for r in result.runs:
-        if r.spec.algorithm is not None:
-            sync = r.sync
+        if r.spec.algorithm is None:
+            continue
+        sync = r.sync
+        out.append(
+            f"{r.spec.name}: plan {r.plan}; per step encode {sync.get('encode_ms', 0):.1f} ms, "
+            f"decode {sync.get('decode_ms', 0):.1f} ms, sync {sync.get('sync_ms', 0):.1f} ms"
+        )
+        if r.compressed_tensors == 0:
             out.append(
-                f"{r.spec.name}: plan {r.plan}; per step encode {sync.get('encode_ms', 0):.1f} "
-                f"ms, decode {sync.get('decode_ms', 0):.1f} ms, sync {sync.get('sync_ms', 0):.1f} "
-                "ms"
+                f"  SeCoPa compressed nothing: on this network ({result.network}) compressing "
+                "costs more time than it saves. Try --net-mbit 1000 (a simulated 1 Gbit/s NIC "
+                "per worker) or --plan default (always compress large tensors)."
             )
     return "\n".join(out)
 
@@ -140,9 +146,11 @@ def write_chart(result: DemoResult, path: Path) -> bool:
     ax_acc.set_title(f"after {len(runs[0].train_loss)} steps")
     for ax in (ax_bytes, ax_acc):
         ax.tick_params(axis="x", labelsize=8, rotation=10)
+    speeds = ", ".join(f"{r.spec.name} {r.samples_per_s:.0f} samples/s" for r in runs)
     fig.suptitle(
-        f"hipress demo: word LSTM LM on Python stdlib source, {result.config.workers} workers",
-        fontsize=11,
+        f"hipress demo: word LSTM LM on Python stdlib source, {result.config.workers} workers, "
+        f"{result.network}\nthroughput: {speeds}",
+        fontsize=10,
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,11 +189,29 @@ def _check_algorithm(name: str, params: dict[str, Any]) -> None:
         raise DemoError(f"--algorithm {name}: {exc}") from None
 
 
+def _run(config: DemoConfig, runs: Any, corpus: Any, net_mbit: float) -> DemoResult:
+    from hipress.demo.train import run_demo
+
+    if net_mbit <= 0:
+        print("network: loopback (127.0.0.1)", flush=True)
+        return run_demo(config, runs, corpus)
+    from hipress.netsim import LoopbackNetwork, NetSimError, open_network
+
+    try:
+        with open_network(config.workers, net_mbit) as net:
+            if isinstance(net, LoopbackNetwork):
+                print(f"network: cannot shape ({net.reason}); running on loopback", flush=True)
+                return run_demo(config, runs, corpus)
+            print(f"network: {net.label} (simulated, network namespaces)", flush=True)
+            return run_demo(config, runs, corpus, net=net)
+    except NetSimError as exc:
+        raise DemoError(f"--net-mbit: {exc}") from None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo as ``args`` say; prints everything; returns the exit status."""
     from hipress.cli import _parse_params
     from hipress.demo.data import DataError, load_corpus
-    from hipress.demo.train import run_demo
 
     t0 = time.perf_counter()
     try:
@@ -202,7 +228,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         nparams = WordLM(config.model).num_parameters()
         m = config.model
         print(
-            f"hipress demo: {config.workers} worker processes (gloo on 127.0.0.1, "
+            f"hipress demo: {config.workers} worker processes (gloo, "
             f"{config.worker_threads()} torch thread(s) each), {config.steps} steps per run\n"
             f"data:  {corpus.describe()}\n"
             f"model: word-level LSTM LM, {nparams / 1e6:.2f} M parameters (embedding "
@@ -214,7 +240,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"(CaSync, plan {args.plan})",
             flush=True,
         )
-        result = run_demo(config, runs, corpus)
+        result = _run(config, runs, corpus, args.net_mbit)
     except (DemoError, DataError) as exc:
         print(f"hipress demo: {exc}", file=sys.stderr)
         return 1
@@ -239,6 +265,7 @@ def add_parsers(sub: Any, bench_sub: Any) -> None:
     """Register ``hipress demo`` on the top-level subparsers ``sub`` (``bench_sub`` unused)."""
     d = sub.add_parser(
         "demo",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="train an LSTM LM on local workers, uncompressed and with hipress; compare",
         description=(
             "Start N local worker processes (gloo) and train a word-level LSTM language model "
@@ -255,6 +282,14 @@ def add_parsers(sub: Any, bench_sub: Any) -> None:
         "--plan",
         default="auto",
         help="auto (SeCoPa measures and plans), default (CaSync's rule) or a plan file",
+    )
+    d.add_argument(
+        "--net-mbit",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="give each worker a simulated NIC of RATE Mbit/s (network namespaces + tc; needs "
+        "root and iproute2); 0: loopback (default)",
     )
     d.add_argument("--out", default="bench/results", help="directory for demo.json/demo.png")
     d.add_argument("--batch", type=int, default=16, help="sequences per worker per step")

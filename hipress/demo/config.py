@@ -50,7 +50,7 @@ class RunSpec:
 
 
 def default_runs(
-    algorithm: str = "onebit",
+    algorithm: str = "topk",
     params: dict[str, Any] | None = None,
     plan: str | None = "auto",
     backend: str = "auto",
@@ -197,7 +197,8 @@ class RunResult:
 
 @dataclass(frozen=True)
 class DemoResult:
-    """The whole job: settings, corpus, model size, and one :class:`RunResult` per run."""
+    """The whole job: settings, corpus, model size, network, and one :class:`RunResult` per
+    run."""
 
     config: DemoConfig
     corpus: str
@@ -205,6 +206,7 @@ class DemoResult:
     parameters: int
     runs: list[RunResult]
     wall_s: float
+    network: str = "loopback (127.0.0.1)"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -213,6 +215,7 @@ class DemoResult:
             "corpus_digest": self.corpus_digest,
             "parameters": self.parameters,
             "wall_s": self.wall_s,
+            "network": self.network,
             "torch": torch.__version__,
             "runs": [r.as_dict() for r in self.runs],
         }

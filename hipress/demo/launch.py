@@ -8,6 +8,10 @@ process group initialised. The parent polls them: when one fails, the others get
 to exit and are then stopped, and :class:`~hipress.demo.config.DemoError` carries the failed
 worker's exception and traceback (the first failure first); a job that exceeds ``timeout`` is
 stopped the same way.
+
+With ``net`` (a :class:`hipress.netsim.Network` the caller has entered, e.g. a
+``ShapedNetwork`` whose NICs are rate-limited), each worker first moves into its own network
+namespace, and rank 0 hosts the rendezvous store at its address there.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = ["launch"]
 
 _GRACE_S = 3.0  # after one worker fails, how long the others get to exit on their own
 _POLL_S = 0.1
+_NETNS_STORE_PORT = 29500  # inside a fresh network namespace every port is free
 
 
 def _worker(
@@ -42,14 +47,22 @@ def _worker(
     outdir: str,
     threads: int,
     pg_timeout: float,
+    net: Any,
     args: tuple[Any, ...],
 ) -> None:
     out = Path(outdir)
     try:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(threads)
         timeout = datetime.timedelta(seconds=pg_timeout)
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+        if net is None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+        else:
+            net.enter(rank)  # before any socket exists
+            os.environ["GLOO_SOCKET_IFNAME"] = net.iface
+            store = dist.TCPStore(
+                net.store_addr(rank), port, world, is_master=rank == 0, timeout=timeout
+            )
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         try:
             result = fn(rank, world, *args)
@@ -102,23 +115,31 @@ def launch(
     threads: int = 1,
     pg_timeout: float = 300.0,
     on_tick: Callable[[], None] | None = None,
+    net: Any = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ranks ``0..world_size-1``, each in its own process.
 
     ``fn`` and ``args`` must be picklable (``fn`` at module level). ``threads`` is each worker's
     torch thread count; ``pg_timeout`` the process group's timeout; ``on_tick`` is called about
-    ten times a second while the workers run. Returns the return values in rank order. Raises
+    ten times a second while the workers run; ``net`` an entered :class:`hipress.netsim.Network`
+    to run the workers in (None: loopback in this namespace). Returns the return values in rank order. Raises
     :class:`DemoError` if a worker raised or died (with its traceback) or the job took longer
     than ``timeout`` seconds; every worker has been stopped by then.
     """
     ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+    if net is None:
+        store = dist.TCPStore(
+            "127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False
+        )
+        port = store.port
+    else:
+        port = _NETNS_STORE_PORT
     with tempfile.TemporaryDirectory(prefix="hipress-demo-") as outdir:
         out = Path(outdir)
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(fn, r, world_size, store.port, outdir, threads, pg_timeout, args),
+                args=(fn, r, world_size, port, outdir, threads, pg_timeout, net, args),
                 name=f"hipress-demo-rank{r}",
             )
             for r in range(world_size)

@@ -2,7 +2,7 @@
 standard-library corpus, once per :class:`~hipress.demo.config.RunSpec` (plain DDP, then hipress).
 
     corpus = load_corpus(config.model.vocab_size)
-    result = run_demo(config, default_runs("onebit"), corpus)   # DemoResult, JSON-able
+    result = run_demo(config, default_runs("topk"), corpus)   # DemoResult, JSON-able
 
 The workers are started once (:func:`~hipress.demo.launch.launch`) and train every run in turn,
 each from the same initial weights on the same batches. Rank 0 draws one progress bar per run
@@ -217,11 +217,13 @@ def run_demo(
     runs: Sequence[RunSpec],
     corpus: Corpus,
     on_tick: Callable[[], None] | None = None,
+    net: Any = None,
 ) -> DemoResult:
     """Train every run of ``runs`` on ``config.workers`` fresh local worker processes.
 
     ``corpus`` must have ``config.model.vocab_size`` tokens in its vocabulary. ``on_tick`` is
-    called about ten times a second while the workers run. Returns every run's figures. Raises
+    called about ten times a second while the workers run; ``net`` is an entered
+    :class:`hipress.netsim.Network` to run the workers in (None: loopback). Returns every run's figures. Raises
     :class:`DemoError` if the settings do not fit the corpus, a worker fails (the message holds
     its traceback) or the job exceeds ``config.timeout``.
     """
@@ -246,6 +248,7 @@ def run_demo(
         timeout=config.timeout,
         threads=config.worker_threads(),
         on_tick=on_tick,
+        net=net,
     )
     return DemoResult(
         config=config,
@@ -254,4 +257,5 @@ def run_demo(
         parameters=rows[0][0]["parameters"],
         runs=[_merge(spec, [r[i] for r in rows], config) for i, spec in enumerate(runs)],
         wall_s=time.perf_counter() - t0,
+        network=net.label if net is not None else "loopback (127.0.0.1)",
     )
