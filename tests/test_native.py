@@ -333,7 +333,37 @@ decode(p) {
 }
 """
 
-PROGRAMS = {"scans": SCANS, "reductions": REDUCTIONS, "casts": CASTS, "sparse": SPARSE}
+ROTATIONS = """
+algorithm t_rot "rotated reads x[(i + h) % n]: contiguous where a tile does not wrap";
+state tick: i64;
+payload {
+    a: f32[n]; b: f32[n]; cc: u8[n]; q: uint<2>[n]; mx: f32; cnt: i64; idx: i32[min(n, 9)];
+    cnt2: i64; idx2: i32[min(n, 9)]; d: f32[n];
+}
+encode(g) {
+    let off = randint(0, n, 1) + tick % 3;  // in [0, n + 2): may equal n or more
+    let big: i64 = 9223372036854775000;      // i + big wraps around
+    let c = map(n, i => g[i] * 2.0 + 1.0);
+    let q: uint<2>[n] = map(n, i => i32(abs(g[i]) * 3.0));
+    let a = map(n, i => c[(i + off) % n] + g[(off + i) % n]);
+    let b = map(n, i => f32(q[(i + big) % n]) + c[(i + (n - 3)) % n]);
+    let cc = map(n, i => u8(q[(i + off + 1) % n]) + u8(q[(i + 1) % n]));
+    let mx = reduce(max, n, i => c[(i + off) % n] * f32(i % 5));
+    let (idx, cnt) = filter(min(n, 9), n, j => c[(j + off) % n] > 2.5);
+    let (idx2, cnt2) = filter(min(n, 9), n, j => g[(j + (0 - off)) % n] < -0.5);
+    let d = map(n, i => g[(i + off) % (n + 1)] + g[(i + off) % 7]);  // not the loop length
+    tick = tick + 1;
+    return concat(a, b, cc, q, mx, cnt, idx, cnt2, idx2, d);
+}
+decode(p) {
+    return map(n, i => p.a[i] + p.b[i]);
+}
+"""
+
+PROGRAMS = {
+    "scans": SCANS, "reductions": REDUCTIONS, "casts": CASTS, "sparse": SPARSE,
+    "rotations": ROTATIONS,
+}  # fmt: skip
 
 
 def _program_pair(text: str) -> tuple[Algorithm, Algorithm]:

@@ -640,6 +640,18 @@ static inline void hp_philox_tile(int64_t i0, int64_t tl, uint32_t stream, uint3
 #endif
   for (; q < nq; q++) hp_philox_block(b0 + (uint64_t)q, stream, k0, k1, step, tid, buf + 4 * q);
 }
+/* bit u set iff p[u] != 0, for u < m <= 64 (filter compaction: one test per 64 flags) */
+static inline uint64_t hp_mask64(const uint8_t* p, int64_t m) {
+#if defined(__AVX512BW__) && !defined(HP_NO_AVX512)
+  if (m == 64) {
+    const __m512i v = _mm512_loadu_si512((const void*)p);
+    return (uint64_t)_mm512_test_epi8_mask(v, v);
+  }
+#endif
+  uint64_t bits = 0;
+  for (int64_t u = 0; u < m; u++) bits |= (uint64_t)(p[u] != 0) << u;
+  return bits;
+}
 
 
 
@@ -724,7 +736,7 @@ int hp_encode(const hp_enc_args* a) {
   uint32_t* const scr14 = (uint32_t*)wsp[3];
   uint32_t* const scr15 = (uint32_t*)wsp[4];
   int64_t* const scr16 = (int64_t*)wsp[5];
-  int32_t* const scr27 = (int32_t*)wsp[6];
+  int32_t* const scr31 = (int32_t*)wsp[6];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_u = L2 > 0 ? (const float*)st_u : (const float*)hp_zeros;
   const float* const rp_residual = L2 > 0 ? (const float*)st_residual : (const float*)hp_zeros;
@@ -854,12 +866,11 @@ int hp_encode(const hp_enc_args* a) {
 
   const float s_thr = hp_sel_f32((hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64((((double)(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(16000))))) * 0x1.0624dd2f1a9fcp-10)))) < hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(16000)))), r18, 0x0.0p+0f);
 
-  const bool fastdiv20 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
   int64_t s_count;
   { /* level 2: filter -> pos (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos;
-    int32_t* const fbuf = scr27;
+    int32_t* const fbuf = scr31;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -873,39 +884,51 @@ int hp_encode(const hp_enc_args* a) {
       uint8_t fm[HP_TILE];
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        if (fastdiv20) {
+        const int64_t rot20s = hp_add_i64(i0, s_off);
+        const bool rotok20 = rot20s >= 0 && rot20s <= INT64_MAX - HP_TILE && rot20s % (n) + tl <= (n);
+        const int64_t rot20d = rotok20 ? rot20s % (n) - i0 : 0;
+        if (rotok20) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t ix21 = (1 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r22 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, rp_residual[hp_clampi(ix21, L2)], 0x0.0p+0f);
-          const float r23 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, rp_u[hp_clampi(ix21, L2)], 0x0.0p+0f);
-          const float r24 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, rp_g[hp_clampi(ix21, L2)], 0x0.0p+0f);
-          const float r25 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * r23) + r24), 0x0.0p+0f);
-          const float r26 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, (r22 + r25), 0x0.0p+0f);
-          const float l19 = r26;
+          const int64_t jr20 = j + rot20d;
+          const float r21 = st_residual[jr20];
+          const float r22 = st_u[jr20];
+          const float r23 = s_grad[jr20];
+          const float r24 = ((0x1.cccccc0000000p-1f * r22) + r23);
+          const int64_t ix25 = (1 ? jr20 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r26 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, rp_residual[hp_clampi(ix25, L2)], 0x0.0p+0f);
+          const float r27 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, rp_u[hp_clampi(ix25, L2)], 0x0.0p+0f);
+          const float r28 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, rp_g[hp_clampi(ix25, L2)], 0x0.0p+0f);
+          const float r29 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * r27) + r28), 0x0.0p+0f);
+          const float r30 = (1 ? (r21 + r24) : hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, (r26 + r29), 0x0.0p+0f));
+          const float l19 = r30;
           fm[t] = (uint8_t)(hp_sel_bool(s_bad, (!(fabsf(l19) < HP_INF_F)), ((bool)((fabsf(l19) >= s_thr) & (l19 != 0x0.0p+0f)))));
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t ix21 = (0 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r22 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, rp_residual[hp_clampi(ix21, L2)], 0x0.0p+0f);
-          const float r23 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, rp_u[hp_clampi(ix21, L2)], 0x0.0p+0f);
-          const float r24 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, rp_g[hp_clampi(ix21, L2)], 0x0.0p+0f);
-          const float r25 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * r23) + r24), 0x0.0p+0f);
-          const float r26 = hp_sel_f32((uint64_t)ix21 < (uint64_t)L2, (r22 + r25), 0x0.0p+0f);
-          const float l19 = r26;
+          const int64_t jr20 = j + rot20d;
+          const float r21 = st_residual[jr20];
+          const float r22 = st_u[jr20];
+          const float r23 = s_grad[jr20];
+          const float r24 = ((0x1.cccccc0000000p-1f * r22) + r23);
+          const int64_t ix25 = (0 ? jr20 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r26 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, rp_residual[hp_clampi(ix25, L2)], 0x0.0p+0f);
+          const float r27 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, rp_u[hp_clampi(ix25, L2)], 0x0.0p+0f);
+          const float r28 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, rp_g[hp_clampi(ix25, L2)], 0x0.0p+0f);
+          const float r29 = hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * r27) + r28), 0x0.0p+0f);
+          const float r30 = (0 ? (r21 + r24) : hp_sel_f32((uint64_t)ix25 < (uint64_t)L2, (r26 + r29), 0x0.0p+0f));
+          const float l19 = r30;
           fm[t] = (uint8_t)(hp_sel_bool(s_bad, (!(fabsf(l19) < HP_INF_F)), ((bool)((fabsf(l19) >= s_thr) & (l19 != 0x0.0p+0f)))));
         }
         }
 
-        for (int64_t t = 0; t < tl && c < fb; t += 8) {
-          uint64_t w = 0;
-          memcpy(&w, fm + t, tl - t < 8 ? (size_t)(tl - t) : 8);
-          for (int64_t u = t; w != 0 && u < tl && c < fb; u++, w >>= 8)
-            if (w & 0xffu) fbuf[lo + c++] = (int32_t)(i0 + u);
+        for (int64_t t = 0; t < tl && c < fb; t += 64) {
+          uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+          for (; bits != 0 && c < fb; bits &= bits - 1)
+            fbuf[lo + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
         }
       }
       fcnt[me] = c;
@@ -936,16 +959,16 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r28 = w_pos[i];
-          const int32_t r29 = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r28)), s_off), n))), ((int32_t)0));
-          const int64_t ix30 = ((int64_t)(r29));
-          const float r31 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_residual[hp_clampi(ix30, L2)], 0x0.0p+0f);
-          const float r32 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_u[hp_clampi(ix30, L2)], 0x0.0p+0f);
-          const float r33 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_g[hp_clampi(ix30, L2)], 0x0.0p+0f);
-          const float r34 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * r32) + r33), 0x0.0p+0f);
-          const float r35 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, (r31 + r34), 0x0.0p+0f);
-          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r28)), s_off), n))), ((int32_t)0));
-          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), r35, 0x0.0p+0f));
+          const int32_t r32 = w_pos[i];
+          const int32_t r33 = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r32)), s_off), n))), ((int32_t)0));
+          const int64_t ix34 = ((int64_t)(r33));
+          const float r35 = hp_sel_f32((uint64_t)ix34 < (uint64_t)L2, rp_residual[hp_clampi(ix34, L2)], 0x0.0p+0f);
+          const float r36 = hp_sel_f32((uint64_t)ix34 < (uint64_t)L2, rp_u[hp_clampi(ix34, L2)], 0x0.0p+0f);
+          const float r37 = hp_sel_f32((uint64_t)ix34 < (uint64_t)L2, rp_g[hp_clampi(ix34, L2)], 0x0.0p+0f);
+          const float r38 = hp_sel_f32((uint64_t)ix34 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * r36) + r37), 0x0.0p+0f);
+          const float r39 = hp_sel_f32((uint64_t)ix34 < (uint64_t)L2, (r35 + r38), 0x0.0p+0f);
+          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r32)), s_off), n))), ((int32_t)0));
+          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), r39, 0x0.0p+0f));
         }
       }
     }
@@ -957,10 +980,10 @@ int hp_encode(const hp_enc_args* a) {
     const int64_t xc = xc0 < xn ? xc0 : xn;
     uint8_t* const xout = w_sent;
     for (int64_t j = 0; j < xc; j++) {
-      const int32_t r36 = f_idx[j];
-      const uint8_t r37 = ((uint8_t)1);
-      const int64_t xi = (int64_t)(r36);
-      if ((uint64_t)xi < (uint64_t)xl) xout[xi] = hp_add_u8(xout[xi], r37);
+      const int32_t r40 = f_idx[j];
+      const uint8_t r41 = ((uint8_t)1);
+      const int64_t xi = (int64_t)(r40);
+      if ((uint64_t)xi < (uint64_t)xl) xout[xi] = hp_add_u8(xout[xi], r41);
     }
   }
 
@@ -978,21 +1001,21 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float r38 = st_u[i];
-          const uint8_t r39 = w_sent[i];
-          const float r40 = s_grad[i];
-          const float r41 = ((0x1.cccccc0000000p-1f * r38) + r40);
-          const float r42 = st_residual[i];
-          const float r43 = (r42 + r41);
-          st_u[i] = hp_sel_f32(s_bad, r38, hp_sel_f32((r39 == ((uint8_t)0)), r41, 0x0.0p+0f));
-          st_residual[i] = hp_sel_f32(s_bad, r42, hp_sel_f32((r39 == ((uint8_t)0)), r43, 0x0.0p+0f));
+          const float r42 = st_u[i];
+          const uint8_t r43 = w_sent[i];
+          const float r44 = s_grad[i];
+          const float r45 = ((0x1.cccccc0000000p-1f * r42) + r44);
+          const float r46 = st_residual[i];
+          const float r47 = (r46 + r45);
+          st_u[i] = hp_sel_f32(s_bad, r42, hp_sel_f32((r43 == ((uint8_t)0)), r45, 0x0.0p+0f));
+          st_residual[i] = hp_sel_f32(s_bad, r46, hp_sel_f32((r43 == ((uint8_t)0)), r47, 0x0.0p+0f));
         }
       }
     }
   }
 
 
-  { const int64_t fv44 = (int64_t)(s_count); memcpy(pay + po0, &fv44, 8); }
+  { const int64_t fv48 = (int64_t)(s_count); memcpy(pay + po0, &fv48, 8); }
   return 0;
 }
 

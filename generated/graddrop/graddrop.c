@@ -640,6 +640,18 @@ static inline void hp_philox_tile(int64_t i0, int64_t tl, uint32_t stream, uint3
 #endif
   for (; q < nq; q++) hp_philox_block(b0 + (uint64_t)q, stream, k0, k1, step, tid, buf + 4 * q);
 }
+/* bit u set iff p[u] != 0, for u < m <= 64 (filter compaction: one test per 64 flags) */
+static inline uint64_t hp_mask64(const uint8_t* p, int64_t m) {
+#if defined(__AVX512BW__) && !defined(HP_NO_AVX512)
+  if (m == 64) {
+    const __m512i v = _mm512_loadu_si512((const void*)p);
+    return (uint64_t)_mm512_test_epi8_mask(v, v);
+  }
+#endif
+  uint64_t bits = 0;
+  for (int64_t u = 0; u < m; u++) bits |= (uint64_t)(p[u] != 0) << u;
+  return bits;
+}
 
 
 
@@ -723,7 +735,7 @@ int hp_encode(const hp_enc_args* a) {
   uint32_t* const scr10 = (uint32_t*)wsp[3];
   uint32_t* const scr11 = (uint32_t*)wsp[4];
   int64_t* const scr12 = (int64_t*)wsp[5];
-  int32_t* const scr21 = (int32_t*)wsp[6];
+  int32_t* const scr23 = (int32_t*)wsp[6];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_residual = L2 > 0 ? (const float*)st_residual : (const float*)hp_zeros;
   const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
@@ -845,12 +857,11 @@ int hp_encode(const hp_enc_args* a) {
 
   const float s_thr = hp_sel_f32((hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64((((double)(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))))) * 0x1.47ae147ae1480p-7)))) < hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600)))), r14, 0x0.0p+0f);
 
-  const bool fastdiv16 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
   int64_t s_count;
   { /* level 2: filter -> pos (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos;
-    int32_t* const fbuf = scr21;
+    int32_t* const fbuf = scr23;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -864,35 +875,43 @@ int hp_encode(const hp_enc_args* a) {
       uint8_t fm[HP_TILE];
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        if (fastdiv16) {
+        const int64_t rot16s = hp_add_i64(i0, s_off);
+        const bool rotok16 = rot16s >= 0 && rot16s <= INT64_MAX - HP_TILE && rot16s % (n) + tl <= (n);
+        const int64_t rot16d = rotok16 ? rot16s % (n) - i0 : 0;
+        if (rotok16) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t ix17 = (1 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r18 = hp_sel_f32((uint64_t)ix17 < (uint64_t)L2, rp_g[hp_clampi(ix17, L2)], 0x0.0p+0f);
-          const float r19 = hp_sel_f32((uint64_t)ix17 < (uint64_t)L2, rp_residual[hp_clampi(ix17, L2)], 0x0.0p+0f);
-          const float r20 = hp_sel_f32((uint64_t)ix17 < (uint64_t)L2, (r18 + r19), 0x0.0p+0f);
-          const float l15 = r20;
+          const int64_t jr16 = j + rot16d;
+          const float r17 = s_grad[jr16];
+          const float r18 = st_residual[jr16];
+          const int64_t ix19 = (1 ? jr16 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r20 = hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, rp_g[hp_clampi(ix19, L2)], 0x0.0p+0f);
+          const float r21 = hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, rp_residual[hp_clampi(ix19, L2)], 0x0.0p+0f);
+          const float r22 = (1 ? (r17 + r18) : hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, (r20 + r21), 0x0.0p+0f));
+          const float l15 = r22;
           fm[t] = (uint8_t)(hp_sel_bool(s_bad, (!(fabsf(l15) < HP_INF_F)), ((bool)((fabsf(l15) >= s_thr) & (l15 != 0x0.0p+0f)))));
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t ix17 = (0 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r18 = hp_sel_f32((uint64_t)ix17 < (uint64_t)L2, rp_g[hp_clampi(ix17, L2)], 0x0.0p+0f);
-          const float r19 = hp_sel_f32((uint64_t)ix17 < (uint64_t)L2, rp_residual[hp_clampi(ix17, L2)], 0x0.0p+0f);
-          const float r20 = hp_sel_f32((uint64_t)ix17 < (uint64_t)L2, (r18 + r19), 0x0.0p+0f);
-          const float l15 = r20;
+          const int64_t jr16 = j + rot16d;
+          const float r17 = s_grad[jr16];
+          const float r18 = st_residual[jr16];
+          const int64_t ix19 = (0 ? jr16 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r20 = hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, rp_g[hp_clampi(ix19, L2)], 0x0.0p+0f);
+          const float r21 = hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, rp_residual[hp_clampi(ix19, L2)], 0x0.0p+0f);
+          const float r22 = (0 ? (r17 + r18) : hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, (r20 + r21), 0x0.0p+0f));
+          const float l15 = r22;
           fm[t] = (uint8_t)(hp_sel_bool(s_bad, (!(fabsf(l15) < HP_INF_F)), ((bool)((fabsf(l15) >= s_thr) & (l15 != 0x0.0p+0f)))));
         }
         }
 
-        for (int64_t t = 0; t < tl && c < fb; t += 8) {
-          uint64_t w = 0;
-          memcpy(&w, fm + t, tl - t < 8 ? (size_t)(tl - t) : 8);
-          for (int64_t u = t; w != 0 && u < tl && c < fb; u++, w >>= 8)
-            if (w & 0xffu) fbuf[lo + c++] = (int32_t)(i0 + u);
+        for (int64_t t = 0; t < tl && c < fb; t += 64) {
+          uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+          for (; bits != 0 && c < fb; bits &= bits - 1)
+            fbuf[lo + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
         }
       }
       fcnt[me] = c;
@@ -923,14 +942,14 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r22 = w_pos[i];
-          const int32_t r23 = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r22)), s_off), n))), ((int32_t)0));
-          const int64_t ix24 = ((int64_t)(r23));
-          const float r25 = hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, rp_g[hp_clampi(ix24, L2)], 0x0.0p+0f);
-          const float r26 = hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, rp_residual[hp_clampi(ix24, L2)], 0x0.0p+0f);
-          const float r27 = hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, (r25 + r26), 0x0.0p+0f);
-          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r22)), s_off), n))), ((int32_t)0));
-          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), r27, 0x0.0p+0f));
+          const int32_t r24 = w_pos[i];
+          const int32_t r25 = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r24)), s_off), n))), ((int32_t)0));
+          const int64_t ix26 = ((int64_t)(r25));
+          const float r27 = hp_sel_f32((uint64_t)ix26 < (uint64_t)L2, rp_g[hp_clampi(ix26, L2)], 0x0.0p+0f);
+          const float r28 = hp_sel_f32((uint64_t)ix26 < (uint64_t)L2, rp_residual[hp_clampi(ix26, L2)], 0x0.0p+0f);
+          const float r29 = hp_sel_f32((uint64_t)ix26 < (uint64_t)L2, (r27 + r28), 0x0.0p+0f);
+          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_mod_i64(hp_add_i64(((int64_t)(r24)), s_off), n))), ((int32_t)0));
+          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), r29, 0x0.0p+0f));
         }
       }
     }
@@ -942,10 +961,10 @@ int hp_encode(const hp_enc_args* a) {
     const int64_t xc = xc0 < xn ? xc0 : xn;
     uint8_t* const xout = w_sent;
     for (int64_t j = 0; j < xc; j++) {
-      const int32_t r28 = f_idx[j];
-      const uint8_t r29 = ((uint8_t)1);
-      const int64_t xi = (int64_t)(r28);
-      if ((uint64_t)xi < (uint64_t)xl) xout[xi] = hp_add_u8(xout[xi], r29);
+      const int32_t r30 = f_idx[j];
+      const uint8_t r31 = ((uint8_t)1);
+      const int64_t xi = (int64_t)(r30);
+      if ((uint64_t)xi < (uint64_t)xl) xout[xi] = hp_add_u8(xout[xi], r31);
     }
   }
 
@@ -963,18 +982,18 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float r30 = st_residual[i];
-          const uint8_t r31 = w_sent[i];
-          const float r32 = s_grad[i];
-          const float r33 = (r32 + r30);
-          st_residual[i] = hp_sel_f32(s_bad, r30, hp_sel_f32((r31 == ((uint8_t)0)), r33, 0x0.0p+0f));
+          const float r32 = st_residual[i];
+          const uint8_t r33 = w_sent[i];
+          const float r34 = s_grad[i];
+          const float r35 = (r34 + r32);
+          st_residual[i] = hp_sel_f32(s_bad, r32, hp_sel_f32((r33 == ((uint8_t)0)), r35, 0x0.0p+0f));
         }
       }
     }
   }
 
 
-  { const int64_t fv34 = (int64_t)(s_count); memcpy(pay + po0, &fv34, 8); }
+  { const int64_t fv36 = (int64_t)(s_count); memcpy(pay + po0, &fv36, 8); }
   return 0;
 }
 

@@ -640,6 +640,18 @@ static inline void hp_philox_tile(int64_t i0, int64_t tl, uint32_t stream, uint3
 #endif
   for (; q < nq; q++) hp_philox_block(b0 + (uint64_t)q, stream, k0, k1, step, tid, buf + 4 * q);
 }
+/* bit u set iff p[u] != 0, for u < m <= 64 (filter compaction: one test per 64 flags) */
+static inline uint64_t hp_mask64(const uint8_t* p, int64_t m) {
+#if defined(__AVX512BW__) && !defined(HP_NO_AVX512)
+  if (m == 64) {
+    const __m512i v = _mm512_loadu_si512((const void*)p);
+    return (uint64_t)_mm512_test_epi8_mask(v, v);
+  }
+#endif
+  uint64_t bits = 0;
+  for (int64_t u = 0; u < m; u++) bits |= (uint64_t)(p[u] != 0) << u;
+  return bits;
+}
 
 
 

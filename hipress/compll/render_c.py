@@ -423,7 +423,7 @@ class CFunction:
                 stores.append(f"{ptr}[i] = {v};")
 
     def _tile_pre(self, body: Body) -> list[str]:
-        pre: list[str] = []
+        pre: list[str] = list(body.tile_pre)
         for name, buf in body.unpacked.items():
             m = self.mem[name]
             assert m.bits is not None
@@ -613,13 +613,16 @@ def _balanced(call: str) -> bool:
 
 
 _FLAG = re.compile(r"^const bool (fastdiv\d+) = ")
+_FLAGS = re.compile(r"\b(?:fastdiv|rotok)\d+\b")
 
 
 def variants(body: Body, lines: list[str]) -> list[dict[str, object]]:
-    """The loop body once, or twice when fast-division flags were hoisted: a version with every
-    flag true (straight-line, vectorisable) under their conjunction, and one with every flag
-    false (exact division) otherwise."""
+    """The loop body once, or twice when fast-division flags were hoisted or rotated indices
+    used: a version with every flag true (straight-line, vectorisable, contiguous reads) under
+    their conjunction, and one with every flag false (exact division, checked reads)
+    otherwise."""
     flags = [m.group(1) for m in map(_FLAG.match, body.hoist) if m]
+    flags += [r.flag for r in body.rotations.values()]
     if not flags:
         return [{"cond": "", "body": lines}]
     return [
@@ -629,8 +632,8 @@ def variants(body: Body, lines: list[str]) -> list[dict[str, object]]:
 
 
 def _fix(line: str, fast: bool, flags: list[str] | None = None) -> str:
-    """``line`` with every fast-division flag replaced by 1 (``fast``) or 0."""
-    return re.sub(r"\bfastdiv\d+\b", "1" if fast else "0", line)
+    """``line`` with every fast-division and rotation flag replaced by 1 (``fast``) or 0."""
+    return _FLAGS.sub("1" if fast else "0", line)
 
 
 def _ident_minmax(op: str, dt: DType) -> str:

@@ -99,6 +99,29 @@ class Body:
     memo: dict[tuple[str, str], str] = field(default_factory=dict)
     unpacked: dict[str, str] = field(default_factory=dict)  # array -> tile buffer
     rand_tiles: dict[int, str] = field(default_factory=dict)  # stream -> tile buffer
+    # rotated indices ``(index + h) % len`` (tile loops): C text of the expression -> Rotation
+    rotations: dict[str, Rotation] = field(default_factory=dict)
+    tile_pre: list[str] = field(default_factory=list)  # per-tile code the rotations need
+    rot_results: dict[str, Rotation] = field(default_factory=dict)  # C index expr -> Rotation
+    safe: dict[str, str] = field(default_factory=dict)  # C index var -> repr(length) it is below
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """``(index + h) % length`` in a tile loop of ``length`` iterations: per tile, ``flag``
+    holds when the tile does not wrap around, and then the index is ``index + delta`` (the
+    variable ``var``, always within ``[0, length)``), so reads at it are contiguous."""
+
+    flag: str
+    var: str
+    length: str  # repr of the length expression
+
+
+def _sum(terms: list[ir.Expr]) -> ir.Expr:
+    out = terms[0]
+    for t in terms[1:]:
+        out = ir.Binary("add", out, t, out.dtype)
+    return out
 
 
 def const(value: int | float | bool, dt: DType) -> str:
@@ -213,6 +236,12 @@ class Emitter:
         if isinstance(e, ir.Binary):
             a = self.expr(e.a, body, env)
             b = self.expr(e.b, body, env)
+            if e.op == "mod" and e.a.dtype.name == "i64" and body.tile is not None:
+                rot = self._rotation(e, f"{a} % {b}", body, env)
+                if rot is not None:
+                    res = f"({rot.flag} ? {rot.var} : {self.binary(e.op, a, b, e.a.dtype)})"
+                    body.rot_results[res] = rot
+                    return res
             if e.op in ("div", "mod") and e.a.dtype.name == "i64" and body.index is not None:
                 flag = self._fast_division(e, body, env)
                 if flag is not None:
@@ -303,6 +332,49 @@ class Emitter:
         )
         return flag
 
+    # -- rotated indices (the tile loop is unswitched on a per-tile "no wrap-around" flag)
+
+    def _rotation(self, e: ir.Binary, key: str, body: Body, env: dict[str, str]) -> Rotation | None:
+        """The :class:`Rotation` for ``e = (index + h) % d`` (C text ``key``), when ``h`` and
+        ``d`` are loop-invariant and ``d`` is the loop's own length; registered in ``body``."""
+        if key in body.rotations:
+            return body.rotations[key]
+        if body.loop_len is None or repr(e.b) != repr(body.loop_len):
+            return None
+        terms = self._index_plus(e.a, body, env)
+        if terms is None or not self._invariant(e.b, env):
+            return None
+        host = Body(level=body.level)
+        h = self.expr(_sum(terms), host, {}) if terms else "INT64_C(0)"
+        d = self.expr(e.b, host, {})
+        if host.lines:  # pragma: no cover - invariant expressions read no arrays
+            return None
+        k = self.names.fresh("rot")
+        rot = Rotation(flag=f"rotok{k[3:]}", var=f"jr{k[3:]}", length=repr(e.b))
+        # i0 + h wraps like the program's own add; below INT64_MAX - HP_TILE, adding t can't
+        body.tile_pre += [
+            f"const int64_t {k}s = hp_add_i64(i0, {h});",
+            f"const bool {rot.flag} = {k}s >= 0 && {k}s <= INT64_MAX - HP_TILE && "
+            f"{k}s % ({d}) + tl <= ({d});",
+            f"const int64_t {k}d = {rot.flag} ? {k}s % ({d}) - i0 : 0;",
+        ]
+        body.lines.append(f"const int64_t {rot.var} = {body.index} + {k}d;")
+        body.rotations[key] = rot
+        body.safe[rot.var] = rot.length
+        return rot
+
+    def _index_plus(self, e: ir.Expr, body: Body, env: dict[str, str]) -> list[ir.Expr] | None:
+        """``e`` as ``index + sum(terms)`` (i64 adds only, terms loop-invariant), or None."""
+        if isinstance(e, ir.Ref) and env.get(e.name) == body.index:
+            return []
+        if isinstance(e, ir.Binary) and e.op == "add" and e.dtype.name == "i64":
+            for x, y in ((e.a, e.b), (e.b, e.a)):
+                if self._invariant(y, env):
+                    inner = self._index_plus(x, body, env)
+                    if inner is not None:
+                        return [*inner, y]
+        return None
+
     def _affine(
         self, e: ir.Expr, body: Body, env: dict[str, str]
     ) -> tuple[int, list[ir.Expr]] | None:
@@ -340,39 +412,50 @@ class Emitter:
         key = (x.array, idx)
         if key in body.memo:
             return body.memo[key]
+        a = self.plan.arrays[x.array]
+        rot = body.rot_results.get(idx)
+        if rot is not None and repr(a.length) == rot.length:
+            # unswitched: a contiguous read where the tile does not wrap, else the exact one
+            fast = self._read(x, rot.var, body, direct=True)
+            val = f"({rot.flag} ? {fast} : {self._read(x, idx, body)})"
+        else:
+            val = self._read(x, idx, body, direct=body.safe.get(idx) == repr(a.length))
+        v = self.names.fresh("r")
+        body.lines.append(f"const {ctype(a.dtype)} {v} = {val};")
+        body.memo[key] = v
+        return v
+
+    def _read(self, x: ir.Load, idx: str, body: Body, direct: bool = False) -> str:
+        """C for ``x.array[idx]``; ``direct``: ``idx`` is known to be within the array."""
         plan = self.plan
         a = plan.arrays[x.array]
         aligned = body.index is not None and idx == body.index and a.length == body.loop_len
         inline = plan.is_virtual(x.array) or (
             body.fuse and not body.copy and plan.inline_read(x.array, body.level, aligned)
         )
-        if inline:
-            m = plan.maps[x.array]
-            if aligned:
-                val = self.apply(m.fn, [idx], body)
-            else:
-                ix = idx
-                if not _IDENT.match(ix):
-                    ix = self.names.fresh("ix")
-                    body.lines.append(f"const int64_t {ix} = {idx};")
-                inner = self.apply(m.fn, [ix], body)
-                zero = const(0, a.dtype)
-                ok = f"(uint64_t){ix} < (uint64_t){self.length(a.length)}"
-                val = f"hp_sel_{a.dtype.name}({ok}, {inner}, {zero})"
-        else:
-            val = self._mem_read(x.array, idx, aligned, body)
-        v = self.names.fresh("r")
-        body.lines.append(f"const {ctype(a.dtype)} {v} = {val};")
-        body.memo[key] = v
-        return v
+        if not inline:
+            return self._mem_read(x.array, idx, aligned, body, direct)
+        m = plan.maps[x.array]
+        if aligned or direct:
+            return self.apply(m.fn, [idx], body)
+        ix = idx
+        if not _IDENT.match(ix):
+            ix = self.names.fresh("ix")
+            body.lines.append(f"const int64_t {ix} = {idx};")
+        inner = self.apply(m.fn, [ix], body)
+        zero = const(0, a.dtype)
+        ok = f"(uint64_t){ix} < (uint64_t){self.length(a.length)}"
+        return f"hp_sel_{a.dtype.name}({ok}, {inner}, {zero})"
 
-    def _mem_read(self, name: str, idx: str, aligned: bool, body: Body) -> str:
+    def _mem_read(
+        self, name: str, idx: str, aligned: bool, body: Body, direct: bool = False
+    ) -> str:
         m = self.mem[name]
         if aligned and m.bits is not None and body.tile is not None and m.bits < 8:
             buf = body.unpacked.setdefault(name, self.names.fresh("unp"))
             return f"{buf}[{body.tile}]"
         ptr, at = m.ptr, idx
-        if not aligned:
+        if not aligned and not direct:
             if not _IDENT.match(idx):
                 ix = self.names.fresh("ix")
                 body.lines.append(f"const int64_t {ix} = {idx};")
@@ -390,7 +473,7 @@ class Emitter:
             elem = f"({ptr}[{at}] != 0)"
         else:
             elem = f"{ptr}[{at}]"
-        if aligned:
+        if aligned or direct:
             return elem
         zero = const(0, m.dtype)
         return f"hp_sel_{m.dtype.name}((uint64_t){idx} < (uint64_t){m.length}, {elem}, {zero})"
