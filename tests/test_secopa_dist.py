@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,23 @@ def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> No
     # compute was measured on each rank separately, yet the plan is rank 0's on both
     assert r0["digest"] == r1["digest"] and r0["plan"] == r1["plan"]
     assert r0["group_world"] == 2
+
+
+def _auto_plan_timed(rank: int, world: int) -> tuple[float, str]:
+    from hipress.secopa.codec import load_codec
+
+    named = resolve_model("mlp").named_numels()
+    alg = load_codec("terngrad", {"bitwidth": 2}).alg  # a real CompLL algorithm, defaults
+    t = time.perf_counter()
+    plan = auto_plan(alg, named)
+    return time.perf_counter() - t, plan.digest()
+
+
+def test_auto_plan_with_defaults_takes_a_few_seconds() -> None:
+    """What ``plan="auto"`` runs at start-up: about 2 s here (a 2-core machine under load)."""
+    (t0, d0), (t1, d1) = run_local(_auto_plan_timed, 2, timeout_s=120)
+    assert d0 == d1
+    assert max(t0, t1) < 10.0, (t0, t1)
 
 
 def _planning_fails_on_rank0(rank: int, world: int) -> str:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hipress.secopa.codec import CallableCodec, CodecError, as_codec, cast_codec, load_codec
-from hipress.secopa.profile import Profile, link_network
+from hipress.secopa.costfn import AffineFloor
+from hipress.secopa.profile import Profile, ProfileError, link_network
 from hipress.secopa.profiler import build_profile, fit_alpha_beta, fit_payload, measure_compute
 
 SMALL = (256, 1024, 4096, 16384, 65536)
@@ -86,3 +87,23 @@ def test_non_codecs_are_rejected() -> None:
         as_codec(object())
     with pytest.raises(CodecError, match="cannot load algorithm 'no-such-algorithm'"):
         load_codec("no-such-algorithm")
+
+
+def test_profile_in_the_original_affine_floor_form_is_saved_as_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    codec = cast_codec("fp16")
+    samples = measure_compute(codec, SMALL, 0.3)
+    prof = build_profile(codec, samples, link_network(1e9, 1e-5), form="affine_floor")
+    assert prof.meta["form"] == "affine_floor"
+    for op, fn in prof.compute.items():
+        assert isinstance(fn, AffineFloor), op
+        _, ts = samples.samples[op]
+        assert fn.floor == pytest.approx(min(ts))  # the floor is the fastest measurement
+        assert set(prof.meta["fit_error"][op]) == {"piecewise", "affine_floor"}
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    again = Profile.load(path)
+    assert again.to_dict() == prof.to_dict()
+    assert all(isinstance(fn, AffineFloor) for fn in again.compute.values())
+    assert '"kind": "affine_floor"' in path.read_text()
+    with pytest.raises(ProfileError, match="unknown cost form"):
+        build_profile(codec, samples, link_network(1e9, 1e-5), form="cubic")

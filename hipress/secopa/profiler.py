@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_COMPUTE_SIZES = tuple(4**i for i in range(4, 12))  # 256 .. 4M elements
 DEFAULT_NETWORK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)  # bytes
-DEFAULT_NETWORK_REPS = (20, 16, 8, 4, 2)
+DEFAULT_NETWORK_REPS = (20, 16, 8, 5, 5)
 
 Samples = Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
 
@@ -194,8 +194,9 @@ def measure_network(
     """Measure the four collectives in ``group`` (default: the default group).
 
     Every rank must call this with the same arguments. Each (collective, size) is warmed up
-    once, then timed over ``reps`` back-to-back calls between barriers; the per-rank means are
-    reduced with MAX so every rank returns identical samples and fits. Alpha and beta are fitted
+    once, then ``reps`` back-to-back calls after a barrier are timed one by one; the per-rank
+    medians (robust to a call that lost the CPU on a busy machine, which a mean of two calls at
+    8 MiB is not) are reduced with MAX so every rank returns identical samples and fits. Alpha and beta are fitted
     per collective with the first of its ``algorithms`` at this world size; the profile then
     extrapolates with all of them. ``send``/``gather``/``bcast`` (the original's primitives)
     reuse the allreduce per-step alpha and beta.
@@ -213,10 +214,7 @@ def measure_network(
             call = _collective(op, nbytes, world, group)
             call()
             dist.barrier(group=group)
-            t0 = time.perf_counter()
-            for _ in range(r):
-                call()
-            results.append((time.perf_counter() - t0) * 1e3 / r)
+            results.append(_time_calls(call, r, "median"))
     timing = torch.tensor(results, dtype=torch.float64)
     dist.all_reduce(timing, op=dist.ReduceOp.MAX, group=group)
     flat = timing.tolist()
