@@ -56,6 +56,7 @@ def _assert_check(output: str, name: str) -> None:
     "check",
     [
         "uncompressed_equals_horovod",
+        "horovod_call_forms",
         "compressed_equals_reference",
         "backward_passes_per_step_2",
         "state_dict_roundtrip",

@@ -11,6 +11,7 @@ waits for everything and writes the averaged gradients into ``.grad``.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,6 +134,15 @@ class _HiPressOptimizerMixin:
     def step(self, closure: Any = None) -> Any:
         """Synchronise (unless inside :meth:`skip_synchronize`), then the wrapped step."""
         if self._should_synchronize:
+            if self._synchronized:
+                # as Horovod warns; here a second synchronisation also re-compresses the
+                # already averaged gradients and advances the error-feedback states
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): gradients are synchronised (and compressed) "
+                    "again; wrap step() in `with optimizer.skip_synchronize():`",
+                    stacklevel=2,
+                )
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)  # type: ignore[misc]
@@ -238,9 +248,6 @@ def _check_unsupported(hvd: Any, op: Any, num_groups: int, groups: Any, process_
 def DistributedOptimizer(
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-    algorithm: Any = "terngrad",
-    params: Mapping[str, Any] | None = None,
-    plan: Plan | str | Path | None = None,
     compression: Any = None,
     backward_passes_per_step: int = 1,
     op: Any = None,
@@ -249,6 +256,10 @@ def DistributedOptimizer(
     groups: Any = None,
     sparse_as_dense: bool = False,
     process_set: Any = None,
+    *,
+    algorithm: Any = "terngrad",
+    params: Mapping[str, Any] | None = None,
+    plan: Plan | str | Path | None = None,
     seed: int = 0,
     backend: str = "auto",
     rule: DefaultRule | None = None,
@@ -256,9 +267,10 @@ def DistributedOptimizer(
     """Wrap ``optimizer`` so ``step()`` first averages gradients over Horovod, compressing them
     with a CompLL algorithm where the plan says.
 
-    Takes ``hvd.DistributedOptimizer``'s arguments (``compression`` applies to the uncompressed
-    allreduce entries; ``op`` must be Average; ``num_groups``, ``groups`` and ``process_set``
-    other than the default raise) plus CaSync's: ``algorithm`` (CompLL name, algorithm object or
+    Takes ``hvd.DistributedOptimizer``'s arguments, in its positional order (``compression``
+    applies to the uncompressed allreduce entries; ``op`` must be Average; ``num_groups``,
+    ``groups`` and ``process_set`` other than the default raise), plus CaSync's, keyword-only:
+    ``algorithm`` (CompLL name, algorithm object or
     None), ``params``, ``plan`` (a :class:`~hipress.secopa.Plan`, a plan JSON path, or None for
     the :class:`DefaultRule` ``rule``; ``"auto"`` is not available over Horovod), ``seed``,
     ``backend``. Call after ``hvd.init()``, with the same arguments on every rank.

@@ -10,9 +10,12 @@ compressed paths, which must agree bit for bit.
 from __future__ import annotations
 
 import copy
+import os
 import sys
+import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 
 import horovod.torch as hvd
@@ -93,15 +96,20 @@ def expect_equal(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
                            f"max |diff| {diff})")  # fmt: skip
 
 
-def check_uncompressed_equals_horovod() -> None:
+def compare_uncompressed(**kwargs: object) -> None:
+    """hipress with ``algorithm=None`` and Horovod's ``kwargs`` == ``hvd.DistributedOptimizer``
+    with the same ``kwargs``, bit for bit (gradients and parameters, 3 steps)."""
     plain, ours = model(), model()
     opt_h = hvd.DistributedOptimizer(
-        torch.optim.SGD(plain.parameters(), lr=0.1), named_parameters=plain.named_parameters()
+        torch.optim.SGD(plain.parameters(), lr=0.1),
+        named_parameters=plain.named_parameters(),
+        **kwargs,  # type: ignore[arg-type]
     )
     opt_o = hipress.horovod.DistributedOptimizer(
         torch.optim.SGD(ours.parameters(), lr=0.1),
         named_parameters=ours.named_parameters(),
         algorithm=None,
+        **kwargs,
     )
     for step in range(3):
         for m, opt in ((plain, opt_h), (ours, opt_o)):
@@ -111,22 +119,60 @@ def check_uncompressed_equals_horovod() -> None:
             with opt.skip_synchronize():
                 opt.step()
         for (n, a), b in zip(plain.named_parameters(), ours.parameters(), strict=True):
-            expect_equal(f"step {step} grad {n}", b.grad, a.grad)
-            expect_equal(f"step {step} param {n}", b.data, a.data)
+            expect_equal(f"{kwargs} step {step} grad {n}", b.grad, a.grad)
+            expect_equal(f"{kwargs} step {step} param {n}", b.data, a.data)
 
 
-def run_compressed(algorithm: str, params: dict, bpps: int, steps: int = 3) -> None:
+def check_uncompressed_equals_horovod() -> None:
+    compare_uncompressed()
+    compare_uncompressed(compression=hvd.Compression.fp16, gradient_predivide_factor=2.0)
+
+
+def check_horovod_call_forms() -> None:
+    """Horovod's positional order is accepted (drop-in), and step() right after synchronize()
+    warns as Horovod does."""
+    m = model()
+    opt = hipress.horovod.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), hvd.Compression.fp16, 1
+    )
+    sync = opt.hipress_sync
+    if sync.compression is not hvd.Compression.fp16 or opt.backward_passes_per_step != 1:
+        raise CheckFailure("positional compression/backward_passes_per_step were not taken")
+    if not isinstance(opt, torch.optim.SGD):
+        raise CheckFailure(f"{type(opt).__mro__} is not an SGD")
+    opt.zero_grad()
+    backward(m, 0)
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    if not any("skip_synchronize" in str(w.message) for w in caught):
+        raise CheckFailure(f"no warning for step() after synchronize(): {caught}")
+
+
+def run_compressed(
+    algorithm: str, params: dict, bpps: int, steps: int = 3, plan_file: bool = False
+) -> None:
     m = model()
     plan = mixed_plan(m, algorithm, params)
+    given: Plan | str = plan
+    if plan_file:  # a SeCoPa plan JSON file, as the DDP hook takes it
+        fd, given = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        plan.save(given)
     opt = hipress.horovod.DistributedOptimizer(
         torch.optim.SGD(m.parameters(), lr=0.05),
         named_parameters=m.named_parameters(),
         algorithm=algorithm,
         params=params,
-        plan=plan,
+        plan=given,
         backward_passes_per_step=bpps,
         seed=7,
     )
+    if plan_file:
+        os.unlink(given)
+        if opt.hipress_sync.plan.digest() != plan.digest():
+            raise CheckFailure("the plan read from its JSON file differs from the one saved")
     ref = ReferenceSync(opt.hipress_sync.algorithm, plan, hvd.size(), seed=7)
     for step in range(steps):
         # this rank's own gradients, from a twin without hooks (allreduce entries are
@@ -153,7 +199,8 @@ def run_compressed(algorithm: str, params: dict, bpps: int, steps: int = 3) -> N
 
 def check_compressed_equals_reference() -> None:
     run_compressed("terngrad", {"bitwidth": 2}, bpps=1)
-    run_compressed("onebit", {}, bpps=1)  # error feedback: states carry over between steps
+    # error feedback: states carry over between steps; the plan comes from a JSON file
+    run_compressed("onebit", {}, bpps=1, plan_file=True)
 
 
 def check_backward_passes_per_step_2() -> None:
@@ -268,7 +315,14 @@ def check_state_dict_roundtrip() -> None:
 
 def check_unsupported_options() -> None:
     m = model()
-    for kwargs in ({"op": hvd.Adasum}, {"num_groups": 2}):
+    unsupported: list[dict[str, object]] = [
+        {"op": hvd.Adasum},
+        {"op": hvd.Sum},
+        {"num_groups": 2},
+        {"groups": 2},
+        {"process_set": hvd.ProcessSet([0])},
+    ]
+    for kwargs in unsupported:
         try:
             hipress.horovod.DistributedOptimizer(
                 torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), **kwargs
@@ -321,6 +375,7 @@ def check_non_finite() -> None:
 
 CHECKS = [
     check_uncompressed_equals_horovod,
+    check_horovod_call_forms,
     check_compressed_equals_reference,
     check_backward_passes_per_step_2,
     check_state_dict_roundtrip,
