@@ -334,11 +334,14 @@ decode(p) {
 """
 
 ROTATIONS = """
-algorithm t_rot "rotated reads x[(i + h) % n]: contiguous where a tile does not wrap";
+algorithm t_rot "rotated x[(i + h) % n] and segment x[i / d] reads of tile loops";
+param dz: i64 = 0;
 state tick: i64;
+state r: f32[n];
 payload {
     a: f32[n]; b: f32[n]; cc: u8[n]; q: uint<2>[n]; mx: f32; cnt: i64; idx: i32[min(n, 9)];
-    cnt2: i64; idx2: i32[min(n, 9)]; d: f32[n];
+    cnt2: i64; idx2: i32[min(n, 9)]; d: f32[n]; sg: f32[n]; sg2: f32[n]; sg3: f32[n];
+    sgi: i32[min(n, 300)]; sgc: i64;
 }
 encode(g) {
     let off = randint(0, n, 1) + tick % 3;  // in [0, n + 2): may equal n or more
@@ -352,8 +355,15 @@ encode(g) {
     let (idx, cnt) = filter(min(n, 9), n, j => c[(j + off) % n] > 2.5);
     let (idx2, cnt2) = filter(min(n, 9), n, j => g[(j + (0 - off)) % n] < -0.5);
     let d = map(n, i => g[(i + off) % (n + 1)] + g[(i + off) % 7]);  // not the loop length
+    let per = map((n + 6) / 7, s => g[s * 7] - 1.0);
+    let h = tick % 5 - 2;  // -2 .. 2: zero and negative divisors
+    let sg = map(n, i => per[i / 7] + f32(q[i / 3]));  // (separate sums: one NaN hides all)
+    let sg2 = map(n, i => r[i / 2] + per[i / (h + 3)]);
+    let sg3 = map(n, i => g[i / h] + per[i / dz]);
+    let (sgi, sgc) = filter(min(n, 300), n, j => per[j / 7] > 0.0 && f32(q[j / 5]) < 2.0);
+    r = map(n, i => r[i / 2] + g[i]);  // reads the old state while writing it
     tick = tick + 1;
-    return concat(a, b, cc, q, mx, cnt, idx, cnt2, idx2, d);
+    return concat(a, b, cc, q, mx, cnt, idx, cnt2, idx2, d, sg, sg2, sg3, sgi, sgc);
 }
 decode(p) {
     return map(n, i => p.a[i] + p.b[i]);

@@ -775,16 +775,31 @@ int hp_encode(const hp_enc_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        float seg8[HP_TILE];
+        {
+          const int64_t sd = INT64_C(256);
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg8[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg8[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
         
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int64_t ix8 = hp_div_i64(i, INT64_C(256));
-          const float r9 = hp_sel_f32((uint64_t)ix8 < (uint64_t)L1, rp_scale[hp_clampi(ix8, L1)], 0x0.0p+0f);
-          const float l7 = r9;
-          const float r11 = s_grad[i];
-          const float l10 = hp_sel_f32(((bool)((l7 > 0x0.0p+0f) & (fabsf(l7) < HP_INF_F))), hp_round_f32((r11 / l7)), 0x0.0p+0f);
-          f_q[i] = hp_f32_to_i8(hp_min_f32(hp_max_f32(l10, -0x1.fc00000000000p+6f), 0x1.fc00000000000p+6f));
+          const float l7 = seg8[t];
+          const float r10 = s_grad[i];
+          const float l9 = hp_sel_f32(((bool)((l7 > 0x0.0p+0f) & (fabsf(l7) < HP_INF_F))), hp_round_f32((r10 / l7)), 0x0.0p+0f);
+          f_q[i] = hp_f32_to_i8(hp_min_f32(hp_max_f32(l9, -0x1.fc00000000000p+6f), 0x1.fc00000000000p+6f));
         }
       }
     }
@@ -837,14 +852,29 @@ int hp_decode(const hp_dec_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        float seg2[HP_TILE];
+        {
+          const int64_t sd = INT64_C(256);
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg2[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg2[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
         
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const int8_t r1 = f_q[i];
-          const int64_t ix2 = hp_div_i64(i, INT64_C(256));
-          const float r3 = hp_sel_f32((uint64_t)ix2 < (uint64_t)L1, rp_p_scale[hp_clampi(ix2, L1)], 0x0.0p+0f);
-          out[i] = (((float)(r1)) * r3);
+          out[i] = (((float)(r1)) * seg2[t]);
         }
       }
     }
@@ -897,14 +927,29 @@ int hp_decode_acc(const hp_dec_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        float seg2[HP_TILE];
+        {
+          const int64_t sd = INT64_C(256);
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg2[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg2[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
         
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const int8_t r1 = f_q[i];
-          const int64_t ix2 = hp_div_i64(i, INT64_C(256));
-          const float r3 = hp_sel_f32((uint64_t)ix2 < (uint64_t)L1, rp_p_scale[hp_clampi(ix2, L1)], 0x0.0p+0f);
-          out[i] = out[i] + (((float)(r1)) * r3);
+          out[i] = out[i] + (((float)(r1)) * seg2[t]);
         }
       }
     }

@@ -774,39 +774,52 @@ int hp_encode(const hp_enc_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        uint8_t pk13[HP_TILE];
-        uint32_t rnd11[HP_TILE];
-        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd11);
+        uint8_t pk12[HP_TILE];
+        float seg6[HP_TILE];
+        {
+          const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg6[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
+        uint32_t rnd10[HP_TILE];
+        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd10);
         if (fastdiv5) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int64_t ix6 = (1 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
-          const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_norm[hp_clampi(ix6, L1)], 0x0.0p+0f);
-          const float l4 = r7;
-          const float r9 = s_grad[i];
-          const float l8 = hp_sel_f32(((bool)((l4 > 0x0.0p+0f) & (fabsf(l4) < HP_INF_F))), ((fabsf(r9) / l4) * 0x1.c000000000000p+2f), 0x0.0p+0f);
-          const uint32_t l10 = hp_f32_to_u32(hp_min_f32(hp_max_f32(hp_floor_f32((l8 + hp_uniform(rnd11[t]))), 0x0.0p+0f), 0x1.c000000000000p+2f));
-          const uint32_t l12 = hp_sel_u32((r9 < 0x0.0p+0f), UINT32_C(1), UINT32_C(0));
-          pk13[t] = ((uint8_t)(((uint8_t)(((uint32_t)(hp_shl_u32(l12, UINT32_C(3)) | l10)))) & ((uint8_t)15)));
+          const float l4 = seg6[t];
+          const float r8 = s_grad[i];
+          const float l7 = hp_sel_f32(((bool)((l4 > 0x0.0p+0f) & (fabsf(l4) < HP_INF_F))), ((fabsf(r8) / l4) * 0x1.c000000000000p+2f), 0x0.0p+0f);
+          const uint32_t l9 = hp_f32_to_u32(hp_min_f32(hp_max_f32(hp_floor_f32((l7 + hp_uniform(rnd10[t]))), 0x0.0p+0f), 0x1.c000000000000p+2f));
+          const uint32_t l11 = hp_sel_u32((r8 < 0x0.0p+0f), UINT32_C(1), UINT32_C(0));
+          pk12[t] = ((uint8_t)(((uint8_t)(((uint32_t)(hp_shl_u32(l11, UINT32_C(3)) | l9)))) & ((uint8_t)15)));
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int64_t ix6 = (0 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
-          const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_norm[hp_clampi(ix6, L1)], 0x0.0p+0f);
-          const float l4 = r7;
-          const float r9 = s_grad[i];
-          const float l8 = hp_sel_f32(((bool)((l4 > 0x0.0p+0f) & (fabsf(l4) < HP_INF_F))), ((fabsf(r9) / l4) * 0x1.c000000000000p+2f), 0x0.0p+0f);
-          const uint32_t l10 = hp_f32_to_u32(hp_min_f32(hp_max_f32(hp_floor_f32((l8 + hp_uniform(rnd11[t]))), 0x0.0p+0f), 0x1.c000000000000p+2f));
-          const uint32_t l12 = hp_sel_u32((r9 < 0x0.0p+0f), UINT32_C(1), UINT32_C(0));
-          pk13[t] = ((uint8_t)(((uint8_t)(((uint32_t)(hp_shl_u32(l12, UINT32_C(3)) | l10)))) & ((uint8_t)15)));
+          const float l4 = seg6[t];
+          const float r8 = s_grad[i];
+          const float l7 = hp_sel_f32(((bool)((l4 > 0x0.0p+0f) & (fabsf(l4) < HP_INF_F))), ((fabsf(r8) / l4) * 0x1.c000000000000p+2f), 0x0.0p+0f);
+          const uint32_t l9 = hp_f32_to_u32(hp_min_f32(hp_max_f32(hp_floor_f32((l7 + hp_uniform(rnd10[t]))), 0x0.0p+0f), 0x1.c000000000000p+2f));
+          const uint32_t l11 = hp_sel_u32((r8 < 0x0.0p+0f), UINT32_C(1), UINT32_C(0));
+          pk12[t] = ((uint8_t)(((uint8_t)(((uint32_t)(hp_shl_u32(l11, UINT32_C(3)) | l9)))) & ((uint8_t)15)));
         }
         }
-        for (int64_t t = tl; t < (tl + 1) / 2 * 2; t++) pk13[t] = 0;
+        for (int64_t t = tl; t < (tl + 1) / 2 * 2; t++) pk12[t] = 0;
         #pragma omp simd
-        for (int64_t q = 0; q < (tl + 1) / 2; q++) f_q[i0 / 2 + q] = (uint8_t)((pk13[2 * q + 0] << 0) | (pk13[2 * q + 1] << 4));
+        for (int64_t q = 0; q < (tl + 1) / 2; q++) f_q[i0 / 2 + q] = (uint8_t)((pk12[2 * q + 0] << 0) | (pk12[2 * q + 1] << 4));
       }
     }
   }
@@ -859,6 +872,23 @@ int hp_decode(const hp_dec_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        float seg6[HP_TILE];
+        {
+          const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg6[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
         uint8_t unp2[HP_TILE];
         for (int64_t q = 0; q < (tl + 1) / 2; q++) {
           const uint8_t b = f_q[i0 / 2 + q];
@@ -870,9 +900,7 @@ int hp_decode(const hp_dec_args* a) {
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const int64_t ix6 = (1 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
-          const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_p_norm[hp_clampi(ix6, L1)], 0x0.0p+0f);
-          const float l4 = (r7 * (((float)(l1)) / 0x1.c000000000000p+2f));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
           out[i] = hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
         }
         } else {
@@ -881,9 +909,7 @@ int hp_decode(const hp_dec_args* a) {
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const int64_t ix6 = (0 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
-          const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_p_norm[hp_clampi(ix6, L1)], 0x0.0p+0f);
-          const float l4 = (r7 * (((float)(l1)) / 0x1.c000000000000p+2f));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
           out[i] = hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
         }
         }
@@ -939,6 +965,23 @@ int hp_decode_acc(const hp_dec_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        float seg6[HP_TILE];
+        {
+          const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg6[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
         uint8_t unp2[HP_TILE];
         for (int64_t q = 0; q < (tl + 1) / 2; q++) {
           const uint8_t b = f_q[i0 / 2 + q];
@@ -950,9 +993,7 @@ int hp_decode_acc(const hp_dec_args* a) {
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const int64_t ix6 = (1 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
-          const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_p_norm[hp_clampi(ix6, L1)], 0x0.0p+0f);
-          const float l4 = (r7 * (((float)(l1)) / 0x1.c000000000000p+2f));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
           out[i] = out[i] + hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
         }
         } else {
@@ -961,9 +1002,7 @@ int hp_decode_acc(const hp_dec_args* a) {
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const int64_t ix6 = (0 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
-          const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_p_norm[hp_clampi(ix6, L1)], 0x0.0p+0f);
-          const float l4 = (r7 * (((float)(l1)) / 0x1.c000000000000p+2f));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
           out[i] = out[i] + hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
         }
         }

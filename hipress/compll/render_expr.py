@@ -104,6 +104,7 @@ class Body:
     tile_pre: list[str] = field(default_factory=list)  # per-tile code the rotations need
     rot_results: dict[str, Rotation] = field(default_factory=dict)  # C index expr -> Rotation
     safe: dict[str, str] = field(default_factory=dict)  # C index var -> repr(length) it is below
+    segments: dict[str, str] = field(default_factory=dict)  # "array/divisor" -> tile buffer
 
 
 @dataclass(frozen=True)
@@ -413,6 +414,10 @@ class Emitter:
         if key in body.memo:
             return body.memo[key]
         a = self.plan.arrays[x.array]
+        seg = self._segment_read(x, body, env)
+        if seg is not None:
+            body.memo[key] = seg
+            return seg
         rot = body.rot_results.get(idx)
         if rot is not None and repr(a.length) == rot.length:
             # unswitched: a contiguous read where the tile does not wrap, else the exact one
@@ -424,6 +429,57 @@ class Emitter:
         body.lines.append(f"const {ctype(a.dtype)} {v} = {val};")
         body.memo[key] = v
         return v
+
+    def _segment_read(self, x: ir.Load, body: Body, env: dict[str, str]) -> str | None:
+        """``x.array[index / d]`` (``d`` loop-invariant, the array in memory) in a tile loop:
+        a tile buffer filled before the loop, one read per segment of ``d`` elements (instead
+        of a gather per element); None if ``x`` is not such a read."""
+        e = x.index
+        if not (
+            body.tile is not None
+            and isinstance(e, ir.Binary)
+            and e.op == "div"
+            and e.dtype.name == "i64"
+            and isinstance(e.a, ir.Ref)
+            and env.get(e.a.name) == body.index
+            and self._invariant(e.b, env)
+        ):
+            return None
+        plan = self.plan
+        if plan.is_virtual(x.array) or (
+            body.fuse and not body.copy and plan.inline_read(x.array, body.level, False)
+        ):
+            return None
+        host = Body(level=body.level)
+        d = self.expr(e.b, host, {})
+        if host.lines:  # pragma: no cover - invariant expressions read no arrays
+            return None
+        key = f"{x.array}/{d}/{body.tile}"
+        buf = body.segments.get(key)
+        if buf is None:
+            buf = body.segments[key] = self.names.fresh("seg")
+            a = plan.arrays[x.array]
+            at = self._mem_read(x.array, "sq", False, host)
+            body.tile_pre += [
+                f"{ctype(a.dtype)} {buf}[HP_TILE];",
+                "{",
+                f"  const int64_t sd = {d};",
+                "  if (sd > 0 && i0 >= 0) {",
+                "    for (int64_t t = 0; t < tl;) {",
+                "      const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;",
+                "      const int64_t e = rem >= tl - t ? tl : t + rem;",
+                f"      const {ctype(a.dtype)} sv = {at};",
+                f"      for (; t < e; t++) {buf}[t] = sv;",
+                "    }",
+                "  } else {",
+                "    for (int64_t t = 0; t < tl; t++) {",
+                "      const int64_t sq = hp_div_i64(i0 + t, sd);",
+                f"      {buf}[t] = {at};",
+                "    }",
+                "  }",
+                "}",
+            ]
+        return f"{buf}[{body.tile}]"
 
     def _read(self, x: ir.Load, idx: str, body: Body, direct: bool = False) -> str:
         """C for ``x.array[idx]``; ``direct``: ``idx`` is known to be within the array."""
