@@ -313,7 +313,8 @@ def _dead_peer(rank: int, world_size: int, how: str, pg_timeout: float) -> tuple
     model = _model(0)
     ddp = _ddp(model)
     register(ddp, "terngrad", plan=_plan("terngrad", model, world_size))
-    for step in range(2):
+    first = 0 if how == "first" else 2  # "first": gone before the first step's config check
+    for step in range(first):
         _step(ddp, rank, step, torch.float32)
     if rank == world_size - 1:
         if how == "stall":  # alive but silent past the timeout
@@ -321,11 +322,11 @@ def _dead_peer(rank: int, world_size: int, how: str, pg_timeout: float) -> tuple
         os._exit(0)  # gone without a word
     t = time.monotonic()
     with pytest.raises(CaSyncError) as info:
-        _step(ddp, rank, 2, torch.float32)
+        _step(ddp, rank, first, torch.float32)
     return time.monotonic() - t, f"{type(info.value).__name__}: {info.value}"
 
 
-@pytest.mark.parametrize("how", ["exit", "stall"])
+@pytest.mark.parametrize("how", ["exit", "stall", "first"])
 def test_dead_peer_fails_the_step_within_the_timeout(how: str) -> None:
     pg_timeout = 4.0
     results = run_workers(_dead_peer, 3, how, pg_timeout, pg_timeout=pg_timeout, timeout=60)

@@ -158,3 +158,54 @@ def _resubmit(rank: int, world_size: int) -> str:
 def test_a_layout_in_flight_cannot_be_submitted_again() -> None:
     for msg in run_workers(_resubmit, 2):
         assert "submitted again before its previous synchronisation completed" in msg
+
+
+# ---- pipelining ------------------------------------------------------------------
+
+PIPE = [("p", 30_000, PS, 3), ("q", 20_000, AG, 3), ("r", 100, AR, 1), ("s", 50, AR, 1)]
+FIRST, SECOND = ["p", "q", "r"], ["s"]  # two buckets: the step's last one issues PS phase 2
+
+
+def _pipe_state(world_size: int, alg_name: str = "terngrad") -> CaSyncState:
+    return CaSyncState(
+        make_algorithm(alg_name),
+        named_parameters=[(n, k) for n, k, _, _ in PIPE],
+        plan=Plan(
+            make_algorithm(alg_name).name,
+            {},
+            world_size,
+            tuple(TensorPlan(n, k, s is not AR, s, p) for n, k, s, p in PIPE),
+        ),
+        log_every=0,
+    )
+
+
+def _pipelined(rank: int, world_size: int, delay: float) -> tuple[float, bool, float, int]:
+    import time
+
+    state = _pipe_state(world_size)
+    first, second = torch.randn(30_000 + 20_000 + 100), torch.randn(50)
+
+    def step() -> tuple[float, bool, float]:
+        t = time.perf_counter()
+        fut = state.submit(first.clone(), FIRST, last=False)
+        issued = time.perf_counter() - t
+        pending = not fut.done()
+        state.submit(second.clone(), SECOND, last=True).wait()
+        fut.wait()
+        return issued, pending, time.perf_counter() - t
+
+    step()  # allocates the layouts
+    if rank == 1:
+        time.sleep(delay)  # the peer is late: nothing can arrive before it submits
+    return (*step(), state.stats.steps[-1].collectives)
+
+
+def test_partitions_are_encoded_and_issued_without_waiting_for_the_wire() -> None:
+    """Rank 0 encodes and issues all K partitions of both strategies while partition 0 is
+    still on the wire (rank 1 has not even submitted), and returns; the results arrive later."""
+    delay = 2.0
+    issued, pending, total, collectives = run_workers(_pipelined, 2, delay)[0]
+    # bucket 1: allreduce, 3 allgather rounds, 3 PS rounds of 2; bucket 2: allreduce
+    assert collectives == 1 + 3 + 3 * 2 + 1
+    assert pending and issued < delay / 2 < total, (issued, total)

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync.algorithm import CompressionAlgorithm, init_chunk_states, resolve_algorithm
 from hipress.casync.bulk import BucketSchedule, Workspace, build_schedule
-from hipress.casync.errors import CaSyncError, ConfigMismatchError
+from hipress.casync.errors import CaSyncError, CommError, ConfigMismatchError
 from hipress.casync.planning import DefaultRule, resolve_plan
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies import BucketOp, SyncContext, all_gather
@@ -254,11 +254,21 @@ class CaSyncState:
         layouts in the same order. Returns a future completing with ``buffer``, averaged.
 
         Raises :class:`ConfigMismatchError` at the first call if ranks disagree, and
-        :class:`CommError` if a collective of an earlier bucket of this step failed.
+        :class:`CommError` if that check or a collective of an earlier bucket of this step
+        failed (a peer died or stalled past the process group's timeout).
         """
         with self._lock:
             if not self._agreed:
-                self._check_agreement()
+                try:
+                    self._check_agreement()
+                except CaSyncError:
+                    raise
+                except Exception as exc:  # gloo/NCCL error: a peer died or timed out
+                    raise CommError(
+                        "CaSync: the first step's configuration check failed (a peer may have "
+                        "exited or stalled past the process group's timeout; see the other "
+                        f"ranks' logs): {exc}"
+                    ) from exc
             earlier, self._pending = self._pending, []
             op: BucketOp | None = None
             try:
