@@ -468,7 +468,9 @@ def test_nonfinite_inputs_stay_visible(name: str) -> None:
         for i, v in bad:
             x[i] = v
         y = alg.decode(alg.encode(x, st_), n)
-        assert not torch.isfinite(y).all(), f"{name} {case}: NaN/Inf vanished"
+        # every non-finite element comes back non-finite (never as a finite number)
+        at = torch.tensor([i for i, _ in bad])
+        assert not torch.isfinite(y[at]).any(), f"{name} {case}: NaN/Inf came back finite"
         # a non-finite step leaves the state as it was (AMP skips the step)
         for k, v in st_.tensors.items():
             assert torch.equal(v, before[k]), f"{name} {case}: state {k} changed"

@@ -151,10 +151,12 @@ def test_param_values_validated() -> None:
     cases = [
         ({"ratio": 1.5}, "`ratio` = 1.5 is outside its allowed values [0.0, 1.0]"),
         ({"bits": 3}, "`bits` = 3 is outside its allowed values {1, 2, 4, 8}"),
-        ({"bits": 2.5}, "must be an integer"),
-        ({"flag": 1}, "must be a bool"),
-        ({"ratio": "x"}, "must be a number"),
-        ({"bits": True}, "must be an integer"),
+        ({"bits": 2.5}, "`bits` must be an integer (u32), got 2.5 (allowed values {1, 2, 4, 8})"),
+        ({"flag": 1}, "`flag` must be a bool, got 1"),
+        ({"ratio": "x"}, "`ratio` must be a number, got 'x' (allowed values [0.0, 1.0])"),
+        ({"ratio": float("nan")}, "`ratio` must not be NaN (allowed values [0.0, 1.0])"),
+        ({"ratio": float("inf")}, "`ratio` = inf is outside its allowed values [0.0, 1.0]"),
+        ({"bits": True}, "`bits` must be an integer (u32), got True (allowed values {1, 2, 4, 8})"),
         ({"nope": 1}, "unknown parameter `nope` (this algorithm's parameters: bits, flag, ratio)"),
     ]
     for params, msg in cases:

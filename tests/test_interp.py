@@ -177,3 +177,40 @@ def test_packed_roundtrip(n: int) -> None:
     assert torch.equal(a.decode(p, n), torch.remainder(g, 16))
     if n >= 2:  # LSB first: element 0 in the low nibble
         assert int(p[0]) == 0 | (1 << 4)
+
+
+def test_gather_math_builtins_and_bit_operators() -> None:
+    g = torch.tensor([4.0, -2.25, 0.5, 9.0, -0.0])
+    body = "let idx = map(3, j => i32(4 - 2 * j)); return concat(gather(g, idx));"
+    assert enc(body, g, "f32[3]").tolist() == [-0.0, 0.5, 4.0]
+    assert math.copysign(1, enc(body, g, "f32[3]")[0]) == -1.0
+    for fn, want in (
+        ("abs", [4.0, 2.25, 0.5, 9.0, 0.0]),
+        ("floor", [4.0, -3.0, 0.0, 9.0, -0.0]),
+        ("ceil", [4.0, -2.0, 1.0, 9.0, -0.0]),
+    ):
+        assert enc(f"return concat(map(n, i => {fn}(g[i])));", g).tolist() == want, fn
+    got = enc("return concat(map(n, i => sqrt(g[i])));", g)
+    want = torch.tensor([2.0, math.sqrt(0.5), 3.0], dtype=torch.float32)  # correctly rounded
+    assert torch.equal(got[[0, 2, 3]], want) and math.isnan(got[1])
+    assert scalar("f32(g.size)", "f32", g) == 5.0
+    assert scalar("(u32(12) & u32(10)) | (u32(1) << u32(8))", "u32") == 8 | 256
+    assert scalar("(u32(12) ^ u32(10)) + (u32(255) >> u32(4))", "u32") == 6 + 15
+    assert scalar("i32(-16) >> i32(2)", "i32") == -4  # arithmetic shift for signed
+
+
+def test_extract_unpacks_the_payload_in_decode() -> None:
+    text = """algorithm t;
+payload { s: f32; k: i32; q: uint<4>[n]; }
+encode(g) {
+    let q: uint<4>[n] = map(n, i => u8(i % 16));
+    return concat(2.5, i32(-3), q);
+}
+decode(p) {
+    let (s, k, q) = extract(p);
+    return map(n, i => f32(q[i]) * s + f32(k));
+}"""
+    a = load_source(SourceFile("t.cll", text), backend="reference")
+    n = 37
+    y = a.decode(a.encode(torch.zeros(n), a.init_state(n)), n)
+    assert y.tolist() == [(i % 16) * 2.5 - 3.0 for i in range(n)]

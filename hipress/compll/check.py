@@ -203,29 +203,32 @@ class Elaborator(BodyChecker):
         return "{" + ", ".join(repr(v) for v in allowed[1]) + "}"
 
     def _check_param_value(self, d: ast.ParamDecl, t: DType, v: Any, allowed: Any) -> Any:
-        bad = CllParamError
+        # every rejection names the parameter and, when it has one, its allowed values
+        rng = "" if allowed is None else f" (allowed values {self._describe_allowed(allowed)})"
+
+        def bad(msg: str) -> CllParamError:
+            return CllParamError(f"parameter `{d.name}` {msg}{rng}", self.src, d.span)
+
         if t.is_bool:
             if not isinstance(v, bool):
-                raise bad(f"parameter `{d.name}` must be a bool, got {v!r}", self.src, d.span)
+                raise bad(f"must be a bool, got {v!r}")
         elif t.is_int:
             if isinstance(v, bool) or not isinstance(v, int | float) or int(v) != v:
-                raise bad(
-                    f"parameter `{d.name}` must be an integer ({t}), got {v!r}", self.src, d.span
-                )
+                raise bad(f"must be an integer ({t}), got {v!r}")
             v = int(v)
             lo, hi = semantics.int_range(t)
             if not lo <= v <= hi:
-                raise bad(f"parameter `{d.name}` = {v} does not fit {t}", self.src, d.span)
+                raise bad(f"= {v} does not fit {t}")
         else:
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise bad(f"parameter `{d.name}` must be a number, got {v!r}", self.src, d.span)
+                raise bad(f"must be a number, got {v!r}")
             v = float(v)
             if v != v:
-                raise bad(f"parameter `{d.name}` must not be NaN", self.src, d.span)
+                raise bad("must not be NaN")
             if t == F32:
                 v = float(torch.tensor(v, dtype=torch.float32).item())
         if not self._allowed(v, allowed):
-            raise bad(
+            raise CllParamError(
                 f"parameter `{d.name}` = {v!r} is outside its allowed values "
                 f"{self._describe_allowed(allowed)}",
                 self.src,

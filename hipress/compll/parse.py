@@ -173,6 +173,15 @@ _READABLE = {
 }
 
 
+# Tokens that continue an expression. After a complete expression they are all acceptable, and
+# listing them would bury the one a user most likely forgot (`;`, `)`, `,`): they are summarised
+# as "an operator" when there are many.
+_OPERATORS = frozenset(
+    {"||", "&&", "|", "^", "&", "==", "!=", "<", "<=", ">", ">=", "<<", ">>"}
+    | {"+", "-", "*", "/", "%", "?", ".", "["}
+)
+
+
 def _describe(parser: lark.Lark, names: set[str]) -> str:
     out = []
     for name in sorted(names):
@@ -189,8 +198,11 @@ def _describe(parser: lark.Lark, names: set[str]) -> str:
         else:
             out.append(name.lower())
     out = sorted(set(out))
-    if len(out) > 8:
-        out = [*out[:8], "..."]
+    ops = [t for t in out if t[1:-1] in _OPERATORS and t.startswith("'")]
+    if len(out) > 10 and len(ops) > 2:
+        out = [*(t for t in out if t not in ops), "an operator"]
+    if len(out) > 10:
+        out = [*out[:10], "..."]
     return ", ".join(out)
 
 
