@@ -189,9 +189,24 @@ def _check_algorithm(name: str, params: dict[str, Any]) -> None:
         raise DemoError(f"--algorithm {name}: {exc}") from None
 
 
-def _run(config: DemoConfig, runs: Any, corpus: Any, net_mbit: float) -> DemoResult:
+DEFAULT_NET_MBIT = 1000.0  # the NIC the demo simulates when it can (root + iproute2)
+
+
+def _run(config: DemoConfig, runs: Any, corpus: Any, net_mbit: float | None) -> DemoResult:
     from hipress.demo.train import run_demo
 
+    if net_mbit is None:  # auto: a simulated 1 Gbit/s cluster where possible, else loopback
+        from hipress.netsim import shaping_unavailable_reason
+
+        reason = shaping_unavailable_reason()
+        if reason is not None:
+            print(
+                f"network: loopback (cannot simulate a {DEFAULT_NET_MBIT:.0f} Mbit/s NIC per "
+                f"worker: {reason})",
+                flush=True,
+            )
+            return run_demo(config, runs, corpus)
+        net_mbit = DEFAULT_NET_MBIT
     if net_mbit <= 0:
         print("network: loopback (127.0.0.1)", flush=True)
         return run_demo(config, runs, corpus)
@@ -286,10 +301,11 @@ def add_parsers(sub: Any, bench_sub: Any) -> None:
     d.add_argument(
         "--net-mbit",
         type=float,
-        default=0.0,
+        default=None,
         metavar="RATE",
         help="give each worker a simulated NIC of RATE Mbit/s (network namespaces + tc; needs "
-        "root and iproute2); 0: loopback (default)",
+        f"root and iproute2); 0: plain loopback. Default: {DEFAULT_NET_MBIT:.0f} where the "
+        "simulation can run, else loopback",
     )
     d.add_argument("--out", default="bench/results", help="directory for demo.json/demo.png")
     d.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
