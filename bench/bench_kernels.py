@@ -2,6 +2,21 @@
 torch-ops implementations of the same algorithms, with the machine's copy bandwidth (measured
 in the same run) as the roofline. GB/s counts gradient input bytes (4 per element).
 
+Roofline per algorithm: ``dst.copy_(src)`` moves 12 bytes of memory traffic per element (read,
+read-for-ownership of the destination line, write), so the traffic rate is 3 x copy GB/s. An
+encode must at least read the gradient (4 B), read and write its per-element state (2 x state
+bytes) and write the payload (2 x payload bytes, read-for-ownership included); a decode reads
+the payload and writes 4 B (+4 B read-for-ownership). The roofline is the rate at which that
+compulsory traffic moves; "% roof" is how close a kernel gets (passes beyond the first, e.g. a
+reduction before its map, are what keeps multi-pass algorithms below it).
+
+OpenMP threads: the run re-executes itself with ``OMP_WAIT_POLICY=PASSIVE`` unless that variable
+is set. With libgomp's default (spin before sleeping), every parallel region on a 2-core machine
+shared with other processes waits for a spinning or descheduled thread: measured here under a
+load average of 3, a 4 MB ``copy_`` ran at 0.95 GB/s with the default policy and 54 GB/s with
+PASSIVE (the same held for the kernels: 0.17 vs 11.8 GB/s, onebit encode of 1M floats). The policy
+in force and the load average are recorded in the JSON.
+
     hipress bench kernels [--sizes 1K,1M,64M] [--algorithms onebit,topk] [--reps 5]
     python bench/bench_kernels.py ...          (same options)
 
@@ -14,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -166,6 +183,11 @@ def torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if "OMP_WAIT_POLICY" not in os.environ:
+        # libgomp reads it once, when torch loads it: set it and run this command again
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        print("[bench kernels] re-running with OMP_WAIT_POLICY=PASSIVE", flush=True)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
     names = [a for a in args.algorithms.split(",") if a] or algorithms()
     results: dict[str, Any] = {
@@ -173,14 +195,17 @@ def run(args: argparse.Namespace) -> int:
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "load_average_start": os.getloadavg()[0],
         },
         "units": "GB/s of float32 gradient input (4 bytes per element); copy = dst.copy_(src)",
         "copy": {},
         "kernels": {},
     }
     gen = torch.Generator().manual_seed(0)
-    print(f"{'algorithm':10s} {'n':>9s} {'C enc':>8s} {'C dec':>8s} {'torch enc':>10s} "
-          f"{'torch dec':>10s} {'enc x':>6s} {'copy':>7s}")  # fmt: skip
+    print(f"{'algorithm':10s} {'n':>9s} {'C enc':>8s} {'roof':>6s} {'%':>4s} {'C dec':>8s} "
+          f"{'roof':>6s} {'%':>4s} {'torch enc':>10s} {'torch dec':>10s} {'enc x':>6s} "
+          f"{'copy':>7s}")  # fmt: skip
     for n in sizes:
         x = torch.randn(n, generator=gen)
         y = torch.empty(n)
@@ -192,8 +217,16 @@ def run(args: argparse.Namespace) -> int:
             pay = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8)
             te = best(lambda: alg.encode(x, st, pay), args.reps)  # noqa: B023
             td = best(lambda: alg.decode(pay, n, y), args.reps)  # noqa: B023
+            state_b = sum(t.numel() * t.element_size() for t in st.tensors.values()
+                          if t.numel() >= n)  # fmt: skip
+            enc_b = (4 * n + 2 * state_b + 2 * pay.numel()) / n
+            dec_b = (pay.numel() + 8 * n) / n
             row: dict[str, Any] = {"encode": 4 * n / te / 1e9, "decode": 4 * n / td / 1e9,
-                                   "encode_s": te, "decode_s": td, "copy": copy}  # fmt: skip
+                                   "encode_s": te, "decode_s": td, "copy": copy,
+                                   "encode_bytes_per_elem": enc_b,
+                                   "decode_bytes_per_elem": dec_b,
+                                   "encode_roofline": 12 * copy / enc_b,
+                                   "decode_roofline": 12 * copy / dec_b}  # fmt: skip
             if not args.no_torch and n % 512 == 0:
                 enc, dec = torch_versions(name, x)
                 row["torch_encode"] = 4 * n / best(enc, max(1, args.reps // 2)) / 1e9
@@ -201,9 +234,13 @@ def run(args: argparse.Namespace) -> int:
             results["kernels"].setdefault(name, {})[str(n)] = row
             te_t, td_t = row.get("torch_encode"), row.get("torch_decode")
             ratio = f"{row['encode'] / te_t:6.1f}" if te_t else "     -"
-            print(f"{name:10s} {n:>9d} {row['encode']:8.2f} {row['decode']:8.2f} "
+            er, dr = row["encode_roofline"], row["decode_roofline"]
+            print(f"{name:10s} {n:>9d} {row['encode']:8.2f} {er:6.1f} "
+                  f"{100 * row['encode'] / er:4.0f} {row['decode']:8.2f} {dr:6.1f} "
+                  f"{100 * row['decode'] / dr:4.0f} "
                   f"{te_t if te_t else float('nan'):10.2f} {td_t if td_t else float('nan'):10.2f} "
                   f"{ratio} {copy:7.2f}", flush=True)  # fmt: skip
+    results["machine"]["load_average_end"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
