@@ -44,6 +44,7 @@ from typing import Any
 __all__ = [
     "NETNS_DIR",
     "PREFIX",
+    "STORE_PORT",
     "LoopbackNetwork",
     "NetSimError",
     "NetSimUnavailable",
@@ -54,6 +55,7 @@ __all__ = [
     "list_namespaces",
     "open_network",
     "run_in_network",
+    "run_rank",
     "shaping_unavailable_reason",
 ]
 
@@ -63,7 +65,7 @@ PREFIX = "hpns"
 NETNS_DIR = Path("/var/run/netns")
 _CLONE_NEWNET = 0x40000000
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]+)-")
-_STORE_PORT = 29500  # the namespace is fresh, so this port is always free there
+STORE_PORT = 29500  # the namespace is fresh, so this port is always free there
 
 
 class NetSimError(RuntimeError):
@@ -349,34 +351,43 @@ def open_network(world_size: int, rate_mbit: float | None, *, shaped: bool = Tru
 # ---- running workers ----------------------------------------------------------------------------
 
 
-def _worker(
-    net: Network,
+def run_rank(
+    net: Network | None,
     fn: Callable[..., Any],
     rank: int,
+    world: int,
     port: int,
     outdir: str,
     pg_timeout: float,
     threads: int,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
 ) -> None:
+    """The body of one worker process: join a gloo group, run ``fn(rank, world, *args,
+    **kwargs)``, leave ``result<rank>.pkl`` (or ``error<rank>.txt`` with the traceback) in
+    ``outdir``, and end the process.
+
+    With ``net``, the process first moves into rank's namespace and rank 0 hosts the TCP store
+    at its address there; without, the store is the parent's, on 127.0.0.1:``port``.
+    """
     out = Path(outdir)
     try:
         import torch
         import torch.distributed as dist
 
-        net.enter(rank)
-        os.environ["GLOO_SOCKET_IFNAME"] = net.iface
+        if net is not None:
+            net.enter(rank)  # before any socket exists
+            os.environ["GLOO_SOCKET_IFNAME"] = net.iface
+            addr, master = net.store_addr(rank), rank == 0
+        else:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            addr, master = "127.0.0.1", False
         torch.set_num_threads(threads)
         timeout = datetime.timedelta(seconds=pg_timeout)
-        store = dist.TCPStore(
-            net.store_addr(rank), port, net.world_size, is_master=rank == 0, timeout=timeout
-        )
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=net.world_size, timeout=timeout
-        )
+        store = dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         try:
-            result = fn(rank, net.world_size, *args, **kwargs)
+            result = fn(rank, world, *args, **(kwargs or {}))
         finally:
             dist.destroy_process_group()
         tmp = out / f"result{rank}.tmp"
@@ -421,12 +432,12 @@ def run_in_network(
     """
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
-    port = _STORE_PORT if isinstance(net, ShapedNetwork) else _free_loopback_port()
+    port = STORE_PORT if isinstance(net, ShapedNetwork) else _free_loopback_port()
     with tempfile.TemporaryDirectory(prefix="hipress-netsim-") as outdir:
         procs = [
             ctx.Process(
-                target=_worker,
-                args=(net, fn, r, port, outdir, pg_timeout, threads, args, kwargs),
+                target=run_rank,
+                args=(net, fn, r, net.world_size, port, outdir, pg_timeout, threads, args, kwargs),
                 name=f"rank{r}",
             )
             for r in range(net.world_size)

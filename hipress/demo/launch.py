@@ -16,71 +16,23 @@ namespace, and rank 0 hosts the rendezvous store at its address there.
 
 from __future__ import annotations
 
-import datetime
-import os
 import pickle
-import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hipress.demo.config import DemoError
+from hipress.netsim import STORE_PORT, run_rank
 
 __all__ = ["launch"]
 
 _GRACE_S = 3.0  # after one worker fails, how long the others get to exit on their own
 _POLL_S = 0.1
-_NETNS_STORE_PORT = 29500  # inside a fresh network namespace every port is free
-
-
-def _worker(
-    fn: Callable[..., Any],
-    rank: int,
-    world: int,
-    port: int,
-    outdir: str,
-    threads: int,
-    pg_timeout: float,
-    net: Any,
-    args: tuple[Any, ...],
-) -> None:
-    out = Path(outdir)
-    try:
-        torch.set_num_threads(threads)
-        timeout = datetime.timedelta(seconds=pg_timeout)
-        if net is None:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
-        else:
-            net.enter(rank)  # before any socket exists
-            os.environ["GLOO_SOCKET_IFNAME"] = net.iface
-            store = dist.TCPStore(
-                net.store_addr(rank), port, world, is_master=rank == 0, timeout=timeout
-            )
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-        try:
-            result = fn(rank, world, *args)
-        finally:
-            dist.destroy_process_group()
-        tmp = out / f"result{rank}.tmp"
-        tmp.write_bytes(pickle.dumps(result))
-        tmp.rename(out / f"result{rank}.pkl")
-        # Leave without running C++ destructors: rank 0 may host the rendezvous store, whose
-        # server thread, torn down while a peer is still connected, aborts the process
-        # ("terminate called without an active exception", seen once in ~4 demo runs).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    except BaseException as exc:
-        (out / f"error{rank}.txt").write_text("".join(traceback.format_exception(exc)))
-        os._exit(1)
 
 
 def _stop(procs: Sequence[Any]) -> None:
@@ -140,13 +92,13 @@ def launch(
         )
         port = store.port
     else:
-        port = _NETNS_STORE_PORT
+        port = STORE_PORT
     with tempfile.TemporaryDirectory(prefix="hipress-demo-") as outdir:
         out = Path(outdir)
         procs = [
             ctx.Process(
-                target=_worker,
-                args=(fn, r, world_size, port, outdir, threads, pg_timeout, net, args),
+                target=run_rank,
+                args=(net, fn, r, world_size, port, outdir, pg_timeout, threads, args),
                 name=f"hipress-demo-rank{r}",
             )
             for r in range(world_size)
