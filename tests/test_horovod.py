@@ -58,6 +58,8 @@ def _assert_check(output: str, name: str) -> None:
         "uncompressed_equals_horovod",
         "horovod_call_forms",
         "compressed_equals_reference",
+        "profile_over_horovod",
+        "auto_plan",
         "backward_passes_per_step_2",
         "state_dict_roundtrip",
         "unsupported_options",

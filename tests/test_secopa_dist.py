@@ -12,11 +12,12 @@ import torch.distributed as dist
 
 from hipress.secopa.cli import main
 from hipress.secopa.codec import cast_codec
+from hipress.secopa.comm import TorchComm
 from hipress.secopa.localgroup import LocalGroupError, run_local
 from hipress.secopa.models import resolve_model
 from hipress.secopa.plan import PlanError
 from hipress.secopa.profile import Profile
-from hipress.secopa.profiler import measure_network
+from hipress.secopa.profiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.runtime import auto_plan, plan_for_model
 
 
@@ -24,7 +25,12 @@ def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
     named = resolve_model("mlp").named_numels()
     net = measure_network(sizes=(1 << 10, 1 << 16, 1 << 20), reps=(5, 3, 2))
     plan = auto_plan(cast_codec("fp16"), named, world, compute_budget_s=0.3)
+    # the same measurement over an explicit transport (what hipress.horovod passes its own)
+    comm = TorchComm()
+    via = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm)
+    overlap = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12)
     return {
+        "via_comm": (via.samples, network_meta(via)["network_source"]["backend"], overlap),
         "samples": net.samples,
         "alpha_beta": {k: (v.alpha_ms, v.beta_ms_per_byte) for k, v in net.ops.items()},
         "plan": plan.to_json(),
@@ -43,6 +49,9 @@ def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> No
     # compute was measured on each rank separately, yet the plan is rank 0's on both
     assert r0["digest"] == r1["digest"] and r0["plan"] == r1["plan"]
     assert r0["group_world"] == 2
+    assert r0["via_comm"] == r1["via_comm"] and r0["via_comm"][1] == "gloo"
+    assert set(r0["via_comm"][0]) == {"allreduce", "all_gather", "all_to_all", "broadcast"}
+    assert 0.0 <= r0["via_comm"][2] <= 1.0
 
 
 def _auto_plan_timed(rank: int, world: int) -> tuple[float, str]:

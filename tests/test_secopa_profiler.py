@@ -9,9 +9,17 @@ import pytest
 import torch
 
 from hipress.secopa.codec import CallableCodec, CodecError, as_codec, cast_codec, load_codec
+from hipress.secopa.comm import TorchComm
 from hipress.secopa.costfn import AffineFloor
 from hipress.secopa.profile import Profile, ProfileError, link_network
-from hipress.secopa.profiler import build_profile, fit_alpha_beta, fit_payload, measure_compute
+from hipress.secopa.profiler import (
+    build_profile,
+    fit_alpha_beta,
+    fit_payload,
+    measure_compute,
+    measure_network,
+    measure_overlap,
+)
 
 SMALL = (256, 1024, 4096, 16384, 65536)
 
@@ -107,3 +115,12 @@ def test_profile_in_the_original_affine_floor_form_is_saved_as_json(tmp_path) ->
     assert '"kind": "affine_floor"' in path.read_text()
     with pytest.raises(ProfileError, match="unknown cost form"):
         build_profile(codec, samples, link_network(1e9, 1e-5), form="cubic")
+
+
+def test_network_measurement_without_a_group_says_so() -> None:
+    with pytest.raises(ProfileError, match="TorchComm needs an initialised"):
+        TorchComm()
+    with pytest.raises(ProfileError, match="measure_network needs an initialised process group"):
+        measure_network()
+    with pytest.raises(ProfileError, match="measure_overlap needs an initialised process group"):
+        measure_overlap(cast_codec("fp16"))

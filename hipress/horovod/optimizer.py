@@ -11,6 +11,7 @@ waits for everything and writes the averaged gradients into ``.grad``.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -19,12 +20,14 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import resolve_algorithm
+from hipress.casync.algorithm import CompressionAlgorithm, resolve_algorithm
 from hipress.casync.errors import CaSyncError
 from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.horovod.comm import HorovodComm
 from hipress.horovod.errors import HorovodSyncError, import_horovod
 from hipress.horovod.sync import HorovodSync, Pending
 from hipress.secopa.plan import Plan, PlanError
+from hipress.secopa.runtime import auto_plan
 
 __all__ = ["DistributedOptimizer"]
 
@@ -245,6 +248,21 @@ def _check_unsupported(hvd: Any, op: Any, num_groups: int, groups: Any, process_
         raise HorovodSyncError("process_set is not supported: hipress synchronises over all ranks")
 
 
+def _auto_plan(
+    hvd: Any, alg: CompressionAlgorithm | None, named_numels: list[tuple[str, int]]
+) -> Plan:
+    """SeCoPa's ``plan="auto"`` over Horovod: profile with Horovod's operations on every rank
+    (a few seconds), plan on rank 0, broadcast; the same plan on every rank."""
+    if alg is None:
+        raise PlanError("plan='auto' needs a compression algorithm")
+    t0 = time.perf_counter()
+    plan = auto_plan(alg, named_numels, hvd.size(), comm=HorovodComm(hvd))
+    log.info(
+        "hipress.horovod: plan='auto' profiled and planned in %.1f s", time.perf_counter() - t0
+    )
+    return plan
+
+
 def DistributedOptimizer(
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
@@ -271,9 +289,11 @@ def DistributedOptimizer(
     applies to the uncompressed allreduce entries; ``op`` must be Average; ``num_groups``,
     ``groups`` and ``process_set`` other than the default raise), plus CaSync's, keyword-only:
     ``algorithm`` (CompLL name, algorithm object or
-    None), ``params``, ``plan`` (a :class:`~hipress.secopa.Plan`, a plan JSON path, or None for
-    the :class:`DefaultRule` ``rule``; ``"auto"`` is not available over Horovod), ``seed``,
-    ``backend``. Call after ``hvd.init()``, with the same arguments on every rank.
+    None), ``params``, ``plan`` (a :class:`~hipress.secopa.Plan`, a plan JSON path, ``"auto"``
+    or None for the :class:`DefaultRule` ``rule``), ``seed``, ``backend``. Call after
+    ``hvd.init()``, with the same arguments on every rank. ``plan="auto"`` is SeCoPa's, as in
+    the DDP hook: every rank profiles the network with Horovod's operations and the algorithm's
+    compute costs (a few seconds), rank 0 plans, and every rank gets rank 0's plan.
 
     Returns an instance of a class built around ``type(optimizer)`` (its param groups, a fresh
     state). Raises :class:`HorovodNotInstalledError` without Horovod, :class:`HorovodSyncError`
@@ -287,17 +307,14 @@ def DistributedOptimizer(
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
-    if isinstance(plan, str) and plan == "auto":
-        raise PlanError(
-            "plan='auto' needs torch.distributed and is not available over Horovod; make a plan "
-            "with SeCoPa (hipress.secopa) and pass the Plan or its JSON file"
-        )
     try:
         alg = resolve_algorithm(algorithm, params, backend)
     except CaSyncError as exc:
         raise HorovodSyncError(str(exc)) from exc
     names = _names(optimizer, named_parameters)
     named_numels = [(names[p], p.numel()) for p in names if p.requires_grad]
+    if isinstance(plan, str) and plan == "auto":
+        plan = _auto_plan(hvd, alg, named_numels)
     resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule)
     sync = HorovodSync(hvd, alg, resolved, seed, compression, gradient_predivide_factor)
     sync.check_agreement()

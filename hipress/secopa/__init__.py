@@ -4,11 +4,13 @@ Stages: :mod:`~hipress.secopa.profiler` measures a :class:`Profile` (or
 :meth:`Profile.with_link` takes the network from the user); :mod:`~hipress.secopa.costmodel`
 predicts every strategy's time for every K; :mod:`~hipress.secopa.planner` turns a model's
 parameters into a :class:`Plan`; :mod:`~hipress.secopa.runtime` plans once on rank 0 and
-broadcasts it (``auto_plan`` is what CaSync's ``plan="auto"`` calls). See docs/secopa.md.
+broadcasts it (``auto_plan`` is what CaSync's and ``hipress.horovod``'s ``plan="auto"`` call);
+:mod:`~hipress.secopa.comm` is the transport both measure and broadcast over. See docs/secopa.md.
 """
 
 from __future__ import annotations
 
+from hipress.secopa.comm import Comm, TorchComm
 from hipress.secopa.costmodel import CASYNC_FORMULAS, ORIGINAL_FORMULAS, CostModel
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.planner import Planner, PlannerConfig, plan_named
@@ -24,6 +26,7 @@ from hipress.secopa.runtime import (
 __all__ = [
     "CASYNC_FORMULAS",
     "ORIGINAL_FORMULAS",
+    "Comm",
     "CostModel",
     "Plan",
     "PlanError",
@@ -33,6 +36,7 @@ __all__ = [
     "ProfileError",
     "Strategy",
     "TensorPlan",
+    "TorchComm",
     "affine_profile",
     "auto_plan",
     "auto_profile",

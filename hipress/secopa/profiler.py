@@ -6,6 +6,8 @@
   in the current (or given) process group and fits alpha-beta per collective at this world
   size; every rank must call it, and every rank gets the same result.
 - :func:`measure_overlap` estimates how much an encode overlaps an in-flight collective.
+- Both run over a :class:`~hipress.secopa.comm.Comm`: ``torch.distributed`` by default, or
+  Horovod's (``hipress.horovod``'s ``plan="auto"``).
 - :func:`fit_payload` fits the payload size model from ``payload_nbytes``.
 - :func:`build_profile` assembles a profile from these (or from a user-given link).
 
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from hipress.secopa.codec import Codec
+from hipress.secopa.comm import Comm, TorchComm
 from hipress.secopa.costfn import fit_affine_floor, fit_piecewise, relative_error
 from hipress.secopa.profile import (
     ALGORITHMS,
@@ -63,6 +66,7 @@ class NetworkSamples:
     world_size: int
     samples: Samples
     ops: Mapping[str, CommOp]
+    backend: str = ""  # the transport measured over (e.g. gloo, horovod/gloo)
 
 
 def _time_calls(fn: Callable[[], object], reps: int, stat: str = "median") -> float:
@@ -141,33 +145,6 @@ def fit_payload(codec: Codec) -> PayloadModel:
     return PayloadModel(bpe, header)
 
 
-def _all_gather(dst: torch.Tensor, src: torch.Tensor, group: Any, async_op: bool = False) -> Any:
-    # all_gather_single replaces the deprecated all_gather_into_tensor in recent torch.
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(dst, src, group=group, async_op=async_op)
-
-
-def _collective(op: str, nbytes: int, world: int, group: Any) -> Callable[[], object]:
-    """A zero-argument call of collective ``op`` on ``nbytes`` per rank (buffers reused)."""
-    if op == "allreduce":
-        t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
-        return lambda: dist.all_reduce(t, group=group)
-    if op == "all_gather":
-        src = torch.ones(nbytes, dtype=torch.uint8)
-        dst = torch.empty(nbytes * world, dtype=torch.uint8)
-        return lambda: _all_gather(dst, src, group)
-    if op == "all_to_all":
-        n = max(world, nbytes // world * world)
-        src = torch.ones(n, dtype=torch.uint8)
-        dst = torch.empty(n, dtype=torch.uint8)
-        return lambda: dist.all_to_all_single(dst, src, group=group)
-    if op == "broadcast":
-        t = torch.ones(nbytes, dtype=torch.uint8)
-        src_rank = dist.get_global_rank(group, 0) if group is not None else 0
-        return lambda: dist.broadcast(t, src=src_rank, group=group)
-    raise ProfileError(f"unknown collective {op!r}")
-
-
 def fit_alpha_beta(
     op: str, sizes: Sequence[float], times: Sequence[float], world: int, algorithm: str
 ) -> AlphaBeta:
@@ -185,13 +162,25 @@ def fit_alpha_beta(
     return AlphaBeta(alpha, beta, (algorithm,))
 
 
+def _comm(comm: Comm | None, group: Any, what: str) -> Comm:
+    """``comm``, or a :class:`TorchComm` over ``group`` (raises if there is no process group)."""
+    if comm is not None:
+        return comm
+    if not dist.is_initialized():
+        raise ProfileError(f"{what} needs an initialised process group")
+    return TorchComm(group)
+
+
 def measure_network(
     group: Any = None,
     sizes: Sequence[int] = DEFAULT_NETWORK_SIZES,
     reps: Sequence[int] = DEFAULT_NETWORK_REPS,
     algorithms: Mapping[str, tuple[str, ...]] = GLOO_ALGORITHMS,
+    *,
+    comm: Comm | None = None,
 ) -> NetworkSamples:
-    """Measure the four collectives in ``group`` (default: the default group).
+    """Measure the four collectives in ``group`` (default: the default group), or over
+    ``comm`` if given (e.g. Horovod's; ``group`` is then ignored).
 
     Every rank must call this with the same arguments. Each (collective, size) is warmed up
     once, then ``reps`` back-to-back calls after a barrier are timed one by one; the per-rank
@@ -201,9 +190,8 @@ def measure_network(
     extrapolates with all of them. ``send``/``gather``/``bcast`` (the original's primitives)
     reuse the allreduce per-step alpha and beta.
     """
-    if not dist.is_initialized():
-        raise ProfileError("measure_network needs an initialised process group")
-    world = dist.get_world_size(group)
+    comm = _comm(comm, group, "measure_network")
+    world = comm.size
     if world < 2:
         raise ProfileError("measure_network needs at least 2 processes")
     if len(sizes) != len(reps) or len(sizes) < 2:
@@ -211,12 +199,11 @@ def measure_network(
     results = []
     for op in COLLECTIVES:
         for nbytes, r in zip(sizes, reps, strict=True):
-            call = _collective(op, nbytes, world, group)
+            call = comm.collective(op, nbytes)
             call()
-            dist.barrier(group=group)
+            comm.barrier()
             results.append(_time_calls(call, r, "median"))
-    timing = torch.tensor(results, dtype=torch.float64)
-    dist.all_reduce(timing, op=dist.ReduceOp.MAX, group=group)
+    timing = comm.all_reduce(torch.tensor(results, dtype=torch.float64), "max")
     flat = timing.tolist()
     samples: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     ops: dict[str, CommOp] = {}
@@ -232,40 +219,39 @@ def measure_network(
     for op in ("send", "gather", "bcast"):
         if op in algorithms:
             ops[op] = AlphaBeta(ar.alpha_ms, ar.beta_ms_per_byte, tuple(algorithms[op]))
-    return NetworkSamples(world, samples, ops)
+    return NetworkSamples(world, samples, ops, comm.backend)
 
 
-def measure_overlap(codec: Codec, group: Any = None, n: int = 1 << 18) -> float:
+def measure_overlap(
+    codec: Codec, group: Any = None, n: int = 1 << 18, *, comm: Comm | None = None
+) -> float:
     """Fraction in [0, 1] of the shorter of (encode n elements, all_gather of 4n bytes) hidden
-    when both run at once; the mean over ranks. Every rank must call it."""
-    world = dist.get_world_size(group)
+    when both run at once; the mean over ranks. Every rank must call it (over ``group``, or
+    over ``comm`` if given)."""
+    comm = _comm(comm, group, "measure_overlap")
     encode = codec.prepare(n)["encode"]
-    src = torch.ones(4 * n, dtype=torch.uint8)
-    dst = torch.empty(4 * n * world, dtype=torch.uint8)
-
-    def gather() -> object:
-        return _all_gather(dst, src, group)
+    gather = comm.collective("all_gather", 4 * n)
+    start_gather = comm.start_all_gather(4 * n)
 
     encode()
     gather()
-    dist.barrier(group=group)
+    start_gather()()
+    comm.barrier()
     t_c = _time_calls(encode, 3, "median")
-    dist.barrier(group=group)
+    comm.barrier()
     t_w = _time_calls(gather, 3, "median")
     both = []
     for _ in range(3):
-        dist.barrier(group=group)
+        comm.barrier()
         t0 = time.perf_counter()
-        work = _all_gather(dst, src, group, async_op=True)
+        wait = start_gather()
         encode()
-        if work is not None:
-            work.wait()
+        wait()
         both.append((time.perf_counter() - t0) * 1e3)
     t_b = statistics.median(both)
     ov = (t_c + t_w - t_b) / max(min(t_c, t_w), 1e-9)
-    out = torch.tensor([min(1.0, max(0.0, ov))], dtype=torch.float64)
-    dist.all_reduce(out, group=group)
-    return float(out.item()) / world
+    out = comm.all_reduce(torch.tensor([min(1.0, max(0.0, ov))], dtype=torch.float64), "sum")
+    return float(out.item()) / comm.size
 
 
 def build_profile(
@@ -315,7 +301,7 @@ def network_meta(net: NetworkSamples) -> dict[str, Any]:
     return {
         "network_source": {
             "kind": "measured",
-            "backend": dist.get_backend() if dist.is_initialized() else "gloo",
+            "backend": net.backend or (dist.get_backend() if dist.is_initialized() else "gloo"),
             "world_size": net.world_size,
             "samples": {op: [list(x), list(t)] for op, (x, t) in net.samples.items()},
         }

@@ -5,7 +5,8 @@
   without a process group it just plans.
 - :func:`auto_plan` is what ``plan="auto"`` in the DDP hook calls: it measures the network in
   the current group and the algorithm's compute costs (a few seconds in all), then plans as
-  above.
+  above. ``hipress.horovod``'s ``plan="auto"`` calls it with ``comm=`` a Horovod
+  :class:`~hipress.secopa.comm.Comm`, so the same measurement and broadcast run over Horovod.
 - :func:`load_plan_for_model` / :func:`check_plan` reject a plan that does not fit the model or
   the world size, with a message saying what differs.
 """
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hipress.secopa.codec import as_codec
+from hipress.secopa.comm import Comm, TorchComm
 from hipress.secopa.plan import Plan, PlanError
 from hipress.secopa.planner import PlannerConfig, plan_named
 from hipress.secopa.profile import Profile
@@ -69,26 +71,20 @@ def load_plan_for_model(
     return plan
 
 
-def _group_info(group: Any) -> tuple[int, int, int]:
-    """(rank in group, group size, global rank of the group's rank 0)."""
-    rank = dist.get_rank(group)
-    world = dist.get_world_size(group)
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    return rank, world, src
-
-
-def broadcast_plan(plan: Plan | Exception | None, group: Any = None) -> Plan:
-    """Send the plan from the group's rank 0 to every rank; return it on every rank.
+def broadcast_plan(
+    plan: Plan | Exception | None, group: Any = None, *, comm: Comm | None = None
+) -> Plan:
+    """Send the plan from the group's rank 0 (or ``comm``'s) to every rank; return it on every
+    rank.
 
     Rank 0 passes the plan; the others pass None. If rank 0 passes a :class:`PlanError`
     instead (planning failed), every rank raises it, so no rank waits forever.
     """
-    rank, _, src = _group_info(group)
-    box: list[Any] = [None]
-    if rank == 0:
-        box = [plan.to_dict() if isinstance(plan, Plan) else {"error": str(plan)}]
-    dist.broadcast_object_list(box, src=src, group=group)
-    payload = box[0]
+    comm = comm if comm is not None else TorchComm(group)
+    mine = None
+    if comm.rank == 0:
+        mine = plan.to_dict() if isinstance(plan, Plan) else {"error": str(plan)}
+    payload = comm.broadcast_object(mine)
     if "error" in payload:
         raise PlanError(f"planning failed on rank 0: {payload['error']}")
     return Plan.from_dict(payload)
@@ -100,8 +96,10 @@ def plan_for_model(
     world_size: int | None = None,
     config: PlannerConfig | None = None,
     group: Any = None,
+    *,
+    comm: Comm | None = None,
 ) -> Plan:
-    """Plan a model; in a process group, plan on rank 0 and broadcast.
+    """Plan a model; in a process group (or over ``comm``), plan on rank 0 and broadcast.
 
     Args:
         model: a module (its trainable parameters) or ``(name, numel)`` pairs.
@@ -109,23 +107,25 @@ def plan_for_model(
         world_size: N to plan for (default: the group's size, or 1 without a group).
         config: planner settings.
         group: process group (default: the default group, if initialised).
+        comm: the ranks to plan for, instead of ``group`` (e.g. Horovod's).
     Returns the plan, identical on every rank, checked against ``model``.
     """
     named = named_numels(model)
-    if not dist.is_initialized():
+    if comm is None and not dist.is_initialized():
         if profile is None:
             raise PlanError("plan_for_model needs a profile")
         return plan_named(named, profile, world_size or 1, config)
-    rank, world, _ = _group_info(group)
+    comm = comm if comm is not None else TorchComm(group)
+    world = comm.size
     result: Plan | PlanError | None = None
-    if rank == 0:
+    if comm.rank == 0:
         try:
             if profile is None:
                 raise PlanError("rank 0 has no profile to plan with")
             result = plan_named(named, profile, world_size or world, config)
         except PlanError as exc:
             result = exc
-    plan = broadcast_plan(result, group)
+    plan = broadcast_plan(result, comm=comm)
     check_plan(plan, named)
     log.info("plan %s: %d of %d tensors compressed", plan.digest(), _ncomp(plan), len(named))
     return plan
@@ -141,8 +141,11 @@ def auto_profile(
     compute_budget_s: float = 1.5,
     overlap: bool = True,
     max_numel: int | None = None,
+    *,
+    comm: Comm | None = None,
 ) -> Profile:
-    """Measure a profile in the current process group; every rank must call it.
+    """Measure a profile in the current process group (or over ``comm``, e.g. Horovod's);
+    every rank must call it.
 
     The network (all four collectives) and the overlap are measured together by all ranks;
     compute costs are measured by every rank at the same time (as they will run in training),
@@ -150,8 +153,8 @@ def auto_profile(
     own profile; the network part is identical on all ranks.
     """
     codec = as_codec(algorithm)
-    net = measure_network(group)
-    ov = measure_overlap(codec, group) if overlap else 1.0
+    net = measure_network(group, comm=comm)
+    ov = measure_overlap(codec, group, comm=comm) if overlap else 1.0
     top = max(max_numel, 512) if max_numel is not None else None
     compute = measure_compute(codec, budget_s=compute_budget_s, max_size=top)
     return build_profile(codec, compute, net.ops, overlap=ov, meta=network_meta(net))
@@ -165,6 +168,7 @@ def auto_plan(
     group: Any = None,
     config: PlannerConfig | None = None,
     compute_budget_s: float = 1.5,
+    comm: Comm | None = None,
 ) -> Plan:
     """Profile (see :func:`auto_profile`) and plan on rank 0, broadcast to all ranks.
 
@@ -173,16 +177,20 @@ def auto_plan(
         model: a module or its ``(name, numel)`` pairs.
         world_size: checked against the group's size if given.
         group: the process group CaSync synchronises over (default: the default group).
-    Needs an initialised process group; every rank must call it. Takes a few seconds.
-    Returns the plan, identical on every rank.
+        comm: the transport to profile and broadcast over instead of ``group`` (the Horovod
+            optimizer passes Horovod's, see :mod:`hipress.horovod.comm`).
+    Needs an initialised process group (or ``comm``); every rank must call it. Takes a few
+    seconds. Returns the plan, identical on every rank.
     """
-    if not dist.is_initialized():
-        raise PlanError("auto_plan needs an initialised process group (or plan with a profile)")
-    world = dist.get_world_size(group)
+    if comm is None:
+        if not dist.is_initialized():
+            raise PlanError("auto_plan needs an initialised process group (or plan with a profile)")
+        comm = TorchComm(group)
+    world = comm.size
     if world_size is not None and world_size != world:
         raise PlanError(f"auto_plan asked for {world_size} workers, the group has {world}")
     named = named_numels(model)
     top = max((k for _, k in named), default=None)
-    profile = auto_profile(algorithm, group, compute_budget_s, max_numel=top)
-    rank = dist.get_rank(group)
-    return plan_for_model(named, profile if rank == 0 else None, world, config, group)
+    profile = auto_profile(algorithm, group, compute_budget_s, max_numel=top, comm=comm)
+    mine = profile if comm.rank == 0 else None
+    return plan_for_model(named, mine, world, config, comm=comm)

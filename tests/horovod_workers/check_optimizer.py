@@ -23,7 +23,12 @@ import torch
 
 import hipress.horovod
 from hipress.casync.reference import ReferenceSync
-from hipress.secopa.plan import Plan, Strategy, TensorPlan
+from hipress.horovod.comm import HorovodComm
+from hipress.secopa.codec import cast_codec
+from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.secopa.profile import COLLECTIVES, AlphaBeta
+from hipress.secopa.profiler import measure_network, measure_overlap, network_meta
+from hipress.secopa.runtime import plan_for_model
 
 
 class CheckFailure(Exception):
@@ -151,15 +156,25 @@ def check_horovod_call_forms() -> None:
 
 
 def run_compressed(
-    algorithm: str, params: dict, bpps: int, steps: int = 3, plan_file: bool = False
-) -> None:
-    m = model()
+    algorithm: str,
+    params: dict,
+    bpps: int,
+    steps: int = 3,
+    plan_file: bool = False,
+    auto: bool = False,
+    make: Callable[[], torch.nn.Module] = model,
+) -> tuple[Plan, float]:
+    """Train ``steps`` steps with hipress over a plan with every strategy (or SeCoPa's
+    ``plan="auto"``); each step's gradients must equal ReferenceSync's for that plan.
+    Returns the plan the optimizer ran and the seconds its construction took."""
+    m = make()
     plan = mixed_plan(m, algorithm, params)
-    given: Plan | str = plan
+    given: Plan | str = "auto" if auto else plan
     if plan_file:  # a SeCoPa plan JSON file, as the DDP hook takes it
         fd, given = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         plan.save(given)
+    t0 = time.perf_counter()
     opt = hipress.horovod.DistributedOptimizer(
         torch.optim.SGD(m.parameters(), lr=0.05),
         named_parameters=m.named_parameters(),
@@ -169,15 +184,18 @@ def run_compressed(
         backward_passes_per_step=bpps,
         seed=7,
     )
+    built_s = time.perf_counter() - t0
     if plan_file:
         os.unlink(given)
         if opt.hipress_sync.plan.digest() != plan.digest():
             raise CheckFailure("the plan read from its JSON file differs from the one saved")
+    if auto:
+        plan = opt.hipress_sync.plan
     ref = ReferenceSync(opt.hipress_sync.algorithm, plan, hvd.size(), seed=7)
     for step in range(steps):
         # this rank's own gradients, from a twin without hooks (allreduce entries are
         # averaged in place in .grad while backward() runs, as in Horovod)
-        twin = model()
+        twin = make()
         twin.load_state_dict(m.state_dict())
         opt.zero_grad()
         for sub in range(bpps):
@@ -195,6 +213,67 @@ def run_compressed(
                 raise CheckFailure(f"{algorithm} step {step} {name}: allreduce entry differs")
         with opt.skip_synchronize():
             opt.step()
+    return plan, built_s
+
+
+def wide_model() -> torch.nn.Module:
+    """An MLP with one large layer (8 -> 1024 -> 512 -> 1), for SeCoPa to weigh."""
+    torch.manual_seed(5)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 512), torch.nn.Tanh(),
+        torch.nn.Linear(512, 1),
+    )  # fmt: skip
+
+
+def check_auto_plan() -> None:
+    """``plan="auto"`` profiles over Horovod at construction (timed), plans on rank 0: every
+    rank runs the same plan, it covers every parameter, and training with it gives exactly
+    ReferenceSync's gradients for that plan."""
+    for algorithm, params in (("terngrad", {"bitwidth": 2}), ("onebit", {})):
+        plan, took = run_compressed(algorithm, params, 1, steps=2, auto=True, make=wide_model)
+        digests = hvd.allgather_object(plan.digest(), name=f"check.auto.{algorithm}")
+        if len(set(digests)) != 1:
+            raise CheckFailure(f"{algorithm}: ranks hold different plans: {digests}")
+        want = sorted((n, p.numel()) for n, p in wide_model().named_parameters())
+        have = sorted((e.name, e.numel) for e in plan.entries)
+        if have != want:
+            raise CheckFailure(f"{algorithm}: plan covers {have}, the model has {want}")
+        if plan.world_size != hvd.size() or plan.algorithm != algorithm:
+            raise CheckFailure(f"plan for {plan.algorithm} x{plan.world_size}, not {algorithm}")
+        if hvd.rank() == 0:
+            how = ", ".join(
+                f"{e.name}:{e.strategy.value}x{e.partitions}" if e.compress else f"{e.name}:ar"
+                for e in plan.entries
+            )
+            print(f"[rank 0] plan='auto' {algorithm}: constructed in {took:.1f} s; {how}")
+
+
+def check_profile_over_horovod() -> None:
+    """SeCoPa's network and overlap measurement over Horovod's operations: the four
+    collectives the cost model reads, identical samples and fits on every rank; a planning
+    error on rank 0 reaches every rank."""
+    comm = HorovodComm(hvd)
+    net = measure_network(sizes=(1 << 10, 1 << 16, 1 << 20), reps=(5, 3, 2), comm=comm)
+    if set(net.samples) != set(COLLECTIVES) or not set(COLLECTIVES) <= set(net.ops):
+        raise CheckFailure(f"measured {sorted(net.samples)}, fitted {sorted(net.ops)}")
+    for op in COLLECTIVES:
+        fit = net.ops[op]
+        if not (isinstance(fit, AlphaBeta) and fit.alpha_ms >= 0 and fit.beta_ms_per_byte > 0):
+            raise CheckFailure(f"{op}: bad fit {fit}")
+    mine = (net.samples, network_meta(net)["network_source"]["backend"])
+    every = hvd.allgather_object(mine, name="check.profile.samples")
+    if any(e != every[0] for e in every) or every[0][1] != "horovod/gloo":
+        raise CheckFailure(f"ranks measured differently: {every}")
+    ov = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 14)
+    if not 0.0 <= ov <= 1.0 or len(set(hvd.allgather_object(ov, name="check.ov"))) != 1:
+        raise CheckFailure(f"overlap {ov} out of range or different per rank")
+    try:
+        plan_for_model([("w", 10)], None, comm=comm)  # no profile: rank 0 cannot plan
+    except PlanError as exc:
+        if not str(exc).startswith("planning failed on rank 0"):
+            raise CheckFailure(f"unclear error: {exc}") from exc
+    else:
+        raise CheckFailure("planning without a profile did not fail")
 
 
 def check_compressed_equals_reference() -> None:
@@ -377,6 +456,8 @@ CHECKS = [
     check_uncompressed_equals_horovod,
     check_horovod_call_forms,
     check_compressed_equals_reference,
+    check_profile_over_horovod,
+    check_auto_plan,
     check_backward_passes_per_step_2,
     check_state_dict_roundtrip,
     check_unsupported_options,

@@ -1,0 +1,127 @@
+"""The transport the profiler and the plan broadcast run over.
+
+SeCoPa's online profile (:func:`~hipress.secopa.profiler.measure_network`,
+:func:`~hipress.secopa.profiler.measure_overlap`) and the plan broadcast
+(:func:`~hipress.secopa.runtime.broadcast_plan`) need only a few collective calls; :class:`Comm`
+names them, so the same measurement runs over ``torch.distributed`` (:class:`TorchComm`, the
+default everywhere) or over Horovod (``hipress.horovod.comm.HorovodComm``). A ``Comm`` measures
+the collectives the way its training path issues them, so the profile describes that path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from hipress.secopa.profile import ProfileError
+
+__all__ = ["Comm", "TorchComm", "Wait"]
+
+Wait = Callable[[], object]
+
+
+class Comm(Protocol):
+    """Collectives over a fixed set of ranks; every rank makes the same calls in the same order.
+
+    Attributes:
+        rank: this rank's index in the set (0 .. size-1); rank 0 plans.
+        size: number of ranks.
+        backend: a short name recorded in the profile's provenance (``gloo``, ``horovod/gloo``).
+    """
+
+    rank: int
+    size: int
+    backend: str
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+        ...
+
+    def collective(self, op: str, nbytes: int) -> Callable[[], object]:
+        """A zero-argument blocking call of collective ``op`` (``allreduce``, ``all_gather``,
+        ``all_to_all``, ``broadcast``) with ``nbytes`` per rank; its buffers are allocated once,
+        here. ``all_to_all`` gets a size divisible by :attr:`size`."""
+        ...
+
+    def start_all_gather(self, nbytes: int) -> Callable[[], Wait]:
+        """A zero-argument call that starts an all-gather of ``nbytes`` per rank without
+        waiting and returns a zero-argument call that waits for it."""
+        ...
+
+    def all_reduce(self, values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Elementwise ``sum`` or ``max`` of a float64 vector over all ranks (a new tensor)."""
+        ...
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's picklable ``obj`` on every rank (others pass anything, e.g. None)."""
+        ...
+
+
+def _all_gather(dst: torch.Tensor, src: torch.Tensor, group: Any, async_op: bool = False) -> Any:
+    # all_gather_single replaces the deprecated all_gather_into_tensor in recent torch.
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(dst, src, group=group, async_op=async_op)
+
+
+class TorchComm:
+    """:class:`Comm` over a ``torch.distributed`` process group (default: the default group).
+
+    Needs an initialised process group. Buffers are preallocated and reused, as CaSync does.
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        if not dist.is_initialized():
+            raise ProfileError("TorchComm needs an initialised torch.distributed process group")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+        self._src = dist.get_global_rank(group, 0) if group is not None else 0
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def collective(self, op: str, nbytes: int) -> Callable[[], object]:
+        group, world = self.group, self.size
+        if op == "allreduce":
+            t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+            return lambda: dist.all_reduce(t, group=group)
+        if op == "all_gather":
+            src = torch.ones(nbytes, dtype=torch.uint8)
+            dst = torch.empty(nbytes * world, dtype=torch.uint8)
+            return lambda: _all_gather(dst, src, group)
+        if op == "all_to_all":
+            n = max(world, nbytes // world * world)
+            src = torch.ones(n, dtype=torch.uint8)
+            dst = torch.empty(n, dtype=torch.uint8)
+            return lambda: dist.all_to_all_single(dst, src, group=group)
+        if op == "broadcast":
+            t = torch.ones(nbytes, dtype=torch.uint8)
+            return lambda: dist.broadcast(t, src=self._src, group=group)
+        raise ProfileError(f"unknown collective {op!r}")
+
+    def start_all_gather(self, nbytes: int) -> Callable[[], Wait]:
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.empty(nbytes * self.size, dtype=torch.uint8)
+
+        def start() -> Wait:
+            work = _all_gather(dst, src, self.group, async_op=True)
+            return work.wait if work is not None else (lambda: None)
+
+        return start
+
+    def all_reduce(self, values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+        if op not in ops:
+            raise ProfileError(f"unknown reduction {op!r} (sum, max)")
+        out = values.clone()
+        dist.all_reduce(out, op=ops[op], group=self.group)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=self._src, group=self.group)
+        return box[0]
