@@ -67,10 +67,16 @@ def test_never_compress_unless_predicted_faster(
 ) -> None:
     plan = plan_named(_named(numels), profile, n)
     cm = CostModel(profile, n)
+    sel = plan.meta["selection"]
     for e in plan.entries:
         assert e.uncompressed_ms == pytest.approx(cm.marginal_ms("allreduce", e.numel))
         if e.compress:
-            assert e.predicted_ms < e.uncompressed_ms
+            # faster alone (rule 1), or compressed by a plan-level step that made the
+            # predicted total strictly faster than the per-tensor rules' plan
+            assert e.predicted_ms < e.uncompressed_ms or (
+                sel["how"] != "per-tensor rules"
+                and plan.totals["planned"] < sel["per_tensor_rules_ms"]
+            )
             # the prediction is the cost model's, for this strategy and K
             assert e.predicted_ms == pytest.approx(cm.time(e.strategy.value, e.numel, e.partitions))
         else:
@@ -136,6 +142,88 @@ def test_plan_is_never_predicted_slower_than_all_uncompressed(
     assert planner.predict(plan) == pytest.approx(t["planned"], abs=1e-5)
     both = planner.baseline(_named(numels), compress=True)
     assert both.totals["all_compressed"] == pytest.approx(t["all_compressed"], abs=1e-5)
+
+
+@SETTINGS
+@given(profile=profiles(), numels=sizes, n=worlds)
+def test_plan_is_never_predicted_slower_than_all_compressed_unless_monotonicity_forbids(
+    profile: Profile, numels: list[int], n: int
+) -> None:
+    planner = Planner(profile, n)
+    plan = planner.plan(_named(numels))
+    t, sel = plan.totals, plan.meta["selection"]
+    assert t["planned"] <= sel["per_tensor_rules_ms"] * (1 + 1e-9) + 1e-9
+    if t["planned"] > t["all_compressed"] * (1 + 1e-9) + 1e-9:
+        # only when compressing everything would compress a size whose tensor alone is not
+        # faster compressed at some larger size (monotonicity in size wins)
+        assert sel["guard_blocked"]
+        smallest = min(numels)
+        grid = set(size_grid(smallest, 8)) | set(numels)
+        assert not all(planner._alone_faster(s) for s in grid if s >= smallest)
+    else:
+        assert not sel["guard_blocked"]
+
+
+def _latency_bound_profile(latency_s: float) -> Profile:
+    # GPU-speed compression on a 1 Gbit/s link: the weights gain from compression alone, the
+    # biases do not (their bandwidth share is below encode + decode), but a bucket that keeps
+    # them pays one more allreduce, latency included
+    return affine_profile(
+        "terngrad",
+        encode=(2e-7, 0.002, 0.002),
+        decode=(1e-7, 0.001, 0.001),
+        merge=(5e-8, 0.0005, 0.0005),
+        bytes_per_element=0.25,
+        header=16,
+        bandwidth_bytes_per_s=1.25e8,
+        latency_s=latency_s,
+        params={"bitwidth": 2},
+    )
+
+
+def test_bucket_pass_saves_the_allreduce_a_bucket_keeps_for_its_small_tensors() -> None:
+    named = resolve_model("mlp").named_numels()
+    cm_planner = Planner(_latency_bound_profile(1e-3), 2)
+    plan = cm_planner.plan(named)
+    sel = plan.meta["selection"]
+    by_name = {e.name: e for e in plan.entries}
+    # rule 1 alone would leave the 10-element bias uncompressed ...
+    assert not cm_planner.decide(10).faster
+    # ... and so one allreduce per bucket; with 1 ms per message the pass compresses it all
+    assert sel["how"] == "bucket pass" and sel["threshold"] == 10
+    assert all(e.compress for e in plan.entries)
+    assert plan.totals["planned"] < sel["per_tensor_rules_ms"]
+    assert by_name["fc4.bias"].strategy is Strategy.ALLGATHER
+    # the per-tensor rules' plan paid exactly the extra allreduce rounds it keeps
+    rules = cm_planner.compressed_sizes([k for _, k in named])
+    assert 10 not in rules
+    # with a negligible latency the extra round costs nothing worth a compression pass
+    quiet = Planner(_latency_bound_profile(0.0), 2).plan(named)
+    assert quiet.meta["selection"]["how"] == "per-tensor rules"
+    assert not {e.name: e for e in quiet.entries}["fc4.bias"].compress
+
+
+def test_guard_takes_all_compressed_when_the_rules_plan_is_slower() -> None:
+    # 100 Mbit/s, 0.1 ms per message, 2 workers: a gloo ring allreduce takes two messages, a
+    # compressed all_gather one; compression pays at every larger size too, so the guard may
+    # compress even a 1-element tensor, which the per-size rule (bandwidth share only) would not
+    profile = affine_profile(
+        "alg",
+        encode=(2.4e-6, 0.0, 0.0),
+        decode=(1.7e-6, 0.0, 0.0),
+        merge=(1.5e-6, 0.0, 0.0),
+        bytes_per_element=0.125,
+        header=0.0,
+        bandwidth_bytes_per_s=1.25e7,
+        latency_s=1e-4,
+        overlap=0.0,
+    )
+    planner = Planner(profile, 2)
+    assert not planner.decide(1).faster
+    plan = planner.plan([("w", 1)])
+    assert plan.meta["selection"]["how"] == "all-compressed guard"
+    assert plan.entries[0].compress and plan.entries[0].strategy is Strategy.ALLGATHER
+    assert plan.totals["planned"] == plan.totals["all_compressed"] < plan.totals["all_uncompressed"]
 
 
 @SETTINGS

@@ -20,8 +20,16 @@ Three rules make the decisions safe and predictable (docs/secopa.md explains why
    larger size of the model and of a fixed geometric grid up to 2^32 elements.
 
 The totals (``planned``, ``all_uncompressed``, ``all_compressed``) model DDP's buckets with
-:meth:`CostModel.bucket_ms`. ``planned <= all_uncompressed`` follows from rules 1-2, the
-subadditivity of the bucket model and the concavity of the collectives' costs.
+:meth:`CostModel.bucket_ms`, which charges every round CaSync issues in full (the allreduce of a
+bucket's uncompressed tensors, each batched allgather and PS round), latency included.
+``planned <= all_uncompressed`` for the rules' plan follows from rules 1-2, the subadditivity
+of the bucket model and the concavity of the collectives' costs.
+
+Two plan-level steps follow the rules (:meth:`Planner.select`): a *bucket pass* that lowers the
+size threshold while that makes the bucket totals strictly faster (the rules treat the latency
+of the allreduce a bucket keeps for its small tensors as free), and a *guard* that takes
+all-compressed when it is predicted strictly faster still. Both only lower the total and keep
+"compress exactly the tensors above a size".
 """
 
 from __future__ import annotations
@@ -125,6 +133,7 @@ class Planner:
             profile, world_size, self.config.formulas, self.config.max_partitions
         )
         self._cache: dict[int, Decision] = {}
+        self._alone: dict[int, bool] = {}
         unc = [
             f for f in self.config.formulas if not f.compressed and f.strategy is Strategy.ALLREDUCE
         ]
@@ -165,6 +174,115 @@ class Planner:
         buckets = ddp_buckets(numels, cfg.bucket_cap_mb, cfg.first_bucket_mb)
         return sum(self.model.bucket_ms([pick(i) for i in b]) for b in buckets)
 
+    def _assignment(self, numels: Sequence[int], sizes: set[int]) -> dict[int, Choice]:
+        """Compress exactly ``sizes``, each with its rule-2 candidate (bandwidth-saving)."""
+        out = {}
+        for s in sizes:
+            c = self.decide(s).compressed
+            if c is not None:
+                out[s] = c
+        return out
+
+    def _all_compressed(self, numels: Sequence[int]) -> dict[int, Choice]:
+        """Every size with its best compressed (strategy, K), bandwidth-saving or not."""
+        out = {}
+        for s in sorted(set(numels)):
+            c = self.model.best(s, True, strategies=self.config.strategies)
+            if c is not None:
+                out[s] = c
+        return out
+
+    def _assigned_total(self, numels: Sequence[int], assign: dict[int, Choice]) -> float:
+        """Predicted ms over DDP's buckets when the sizes in ``assign`` are compressed as it
+        says and every other tensor goes into its bucket's allreduce. Every round CaSync
+        issues is charged in full, latency included (:meth:`CostModel.bucket_ms`)."""
+
+        def pick(i: int) -> Member:
+            c = assign.get(numels[i])
+            if c is None:
+                return Member(self.decide(numels[i]).uncompressed.name, numels[i], 1)
+            return Member(c.name, numels[i], c.k)
+
+        return self._total(numels, pick)
+
+    def _alone_faster(self, numel: int) -> bool:
+        """Whether a tensor of ``numel`` elements alone is predicted faster with its best
+        compressed choice than with its own allreduce, latency included on both sides."""
+        if numel not in self._alone:
+            c = self.model.best(numel, True, strategies=self.config.strategies)
+            u = self.model.time(self.decide(numel).uncompressed.name, numel)
+            self._alone[numel] = c is not None and c.ms < u
+        return self._alone[numel]
+
+    def _guard_allowed(self, numels: Sequence[int], smallest: int) -> bool:
+        """The guard may compress every size >= ``smallest`` only if compression alone is
+        faster at each of them and at every larger size of the fixed grid (as rule 3): without
+        this, a tiny tensor could be compressed for an all_gather's lower latency while a
+        larger one is not, and plans would not be monotone in size."""
+        if smallest < 1:
+            return False
+        grid = set(size_grid(smallest, self.config.grid_per_octave))
+        sizes = sorted({s for s in numels if s >= smallest} | grid, reverse=True)
+        return all(self._alone_faster(s) for s in sizes)
+
+    def select(self, numels: Sequence[int]) -> tuple[dict[int, Choice], dict[str, object]]:
+        """The compressed sizes of the plan and how they were chosen.
+
+        1. Rules 1-3 per size give a threshold T0 (:meth:`compressed_sizes`).
+        2. *Bucket pass*: the per-size rule charges an uncompressed tensor only its bandwidth
+           share of the bucket's allreduce, but a bucket that keeps any uncompressed tensor pays
+           that allreduce's latency (and its round in the pipeline). If T0 compressed anything,
+           the pass also tries each lower threshold (every model size below T0 down to the
+           first size with no bandwidth-saving candidate, rule 2) and keeps the one with the
+           lowest predicted total, over DDP's buckets with every round charged; a lower
+           threshold must be strictly faster (ties keep fewer tensors compressed).
+        3. *Guard*: if all-compressed (each tensor's best compressed choice) is predicted
+           strictly faster than that, it is the plan, provided compression alone is faster
+           (latency included) at every size from the model's smallest up the grid, as rule 3
+           asks; otherwise the plan stays as it is and the record says ``guard_blocked`` (a
+           case where all-compressed wins through a tiny tensor's all_gather latency while a
+           larger tensor alone would not gain: monotonicity in size is kept instead).
+           All-uncompressed can never be faster (see the module docstring).
+
+        Every plan considered compresses exactly the tensors above a size, so the result is
+        monotone in size. Returns ``(size -> choice, selection record)``.
+        """
+        sizes = sorted(set(numels), reverse=True)
+        chosen = self.compressed_sizes(numels)
+        assign = self._assignment(numels, chosen)
+        rules_ms = best_ms = self._assigned_total(numels, assign)
+        how = "per-tensor rules"
+        threshold = min(chosen) if chosen else None
+        if chosen:
+            trial = dict(assign)
+            for s in sizes:
+                if s >= min(chosen):
+                    continue
+                c = self.decide(s).compressed
+                if c is None:
+                    break
+                trial[s] = c
+                ms = self._assigned_total(numels, trial)
+                if ms < best_ms:
+                    assign, best_ms, threshold, how = dict(trial), ms, s, "bucket pass"
+        every = self._all_compressed(numels)
+        every_ms = self._assigned_total(numels, every)
+        blocked = False
+        if every_ms < best_ms:
+            if self._guard_allowed(numels, min(every, default=0)):
+                assign, best_ms, how = every, every_ms, "all-compressed guard"
+                threshold = min(every) if every else None
+            else:
+                blocked = True
+        record: dict[str, object] = {
+            "how": how,
+            "threshold": threshold,
+            "guard_blocked": blocked,
+            "per_tensor_rules_ms": round(rules_ms, 6),
+            "planned_ms": round(best_ms, 6),
+        }
+        return assign, record
+
     def plan(self, named: Sequence[tuple[str, int]]) -> Plan:
         """The plan for these parameters (in this order). Raises :class:`PlanError` on
         duplicate names or non-positive sizes."""
@@ -176,48 +294,36 @@ class Planner:
         bad = [n for n, k in named if int(k) < 1]
         if bad:
             raise PlanError(f"parameters with no elements: {bad[:5]}")
-        chosen = self.compressed_sizes(numels)
+        assign, record = self.select(numels)
         entries = []
         for name, numel in zip(names, numels, strict=True):
             d = self.decide(numel)
-            c = d.compressed
-            if numel in chosen and c is not None and c.strategy is not None:
+            c = assign.get(numel)
+            if c is not None and c.strategy is not None:
                 entries.append(
                     TensorPlan(name, numel, True, c.strategy, c.k, c.ms, d.uncompressed_ms)
                 )
             else:
                 ms = d.uncompressed_ms
                 entries.append(TensorPlan(name, numel, False, Strategy.ALLREDUCE, 1, ms, ms))
+        meta = self.meta()
+        meta["selection"] = record
         return Plan(
             algorithm=self.profile.algorithm,
             params=dict(self.profile.params),
             world_size=self.world_size,
             entries=tuple(entries),
-            totals=self.totals(numels, chosen),
-            meta=self.meta(),
+            totals=self.totals(numels, assign),
+            meta=meta,
         )
 
-    def totals(self, numels: Sequence[int], chosen: set[int]) -> dict[str, float]:
-        """Predicted ms: ``planned``, ``all_uncompressed`` and ``all_compressed``."""
-        cm, cfg = self.model, self.config
-
-        def uncompressed(i: int) -> Member:
-            return Member(self.decide(numels[i]).uncompressed.name, numels[i], 1)
-
-        def planned(i: int) -> Member:
-            c = self.decide(numels[i]).compressed
-            if numels[i] in chosen and c is not None:
-                return Member(c.name, numels[i], c.k)
-            return uncompressed(i)
-
-        def compressed(i: int) -> Member:
-            c = cm.best(numels[i], True, strategies=cfg.strategies)
-            return uncompressed(i) if c is None else Member(c.name, numels[i], c.k)
-
+    def totals(self, numels: Sequence[int], assign: dict[int, Choice]) -> dict[str, float]:
+        """Predicted ms: ``planned`` (sizes in ``assign`` compressed as it says),
+        ``all_uncompressed`` and ``all_compressed``."""
         out = {
-            "planned": self._total(numels, planned),
-            "all_uncompressed": self._total(numels, uncompressed),
-            "all_compressed": self._total(numels, compressed),
+            "planned": self._assigned_total(numels, assign),
+            "all_uncompressed": self._assigned_total(numels, {}),
+            "all_compressed": self._assigned_total(numels, self._all_compressed(numels)),
         }
         return {k: round(v, 6) for k, v in out.items()}
 

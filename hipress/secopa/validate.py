@@ -140,6 +140,7 @@ def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None
                 "compressed": sum(e.compress for e in plans[key].entries),
                 "strategies": sorted({e.strategy.value for e in plans[key].entries}),
                 "digest": plans[key].digest(),
+                "selection": plans[key].meta.get("selection"),
                 "casync_stats": stats[key],
             }
             for key in measured
@@ -199,7 +200,17 @@ def run_bench(args: argparse.Namespace, out: TextIO | None = None) -> int:
             f"{'yes' if abs(err) <= TARGET_ERROR else 'NO'} ({err:+.1%})",
             file=out,
         )
+    sel = rows.get("planned", {}).get("selection")
+    if sel:
+        print(
+            f"SeCoPa's plan: {sel['how']} (compresses tensors of >= {sel['threshold']} elements; "
+            f"the per-tensor rules alone predicted {sel['per_tensor_rules_ms']:.2f} ms)",
+            file=out,
+        )
     if set(rows) == set(PLANS):
+        pred = rows["planned"]["predicted_ms"]
+        pred_base = [rows[k]["predicted_ms"] for k in ("all_uncompressed", "all_compressed")]
+        result["plan_predicted_not_slower_than_either"] = pred <= min(pred_base) * (1 + 1e-9)
         planned = rows["planned"]["measured_ms"]
         base = [rows[k]["measured_ms"] for k in ("all_uncompressed", "all_compressed")]
         result["plan_not_slower_than_both"] = planned <= max(base)
