@@ -202,3 +202,19 @@ def test_world_size_one_costs_no_communication() -> None:
     cm = CostModel(_profile(), 1)
     assert cm.time("allreduce", 1 << 20) == 0.0
     assert cm.time("allgather", 1 << 20) > 0.0  # compression still costs its compute
+
+
+def test_a_mixed_bucket_pays_the_latency_of_every_round() -> None:
+    n = 8
+    cm = CostModel(_profile(overlap=0.0), n)
+    members = [Member("allreduce", 10), Member("allreduce", 20), Member("allgather", 1 << 20, 2)]
+    rounds = cm.bucket_rounds(members)
+    assert len(rounds) == 3  # one allreduce of both small tensors, two allgather rounds
+    ar = cm.profile.network["allreduce"]
+    assert isinstance(ar, AlphaBeta)
+    assert rounds[0] == (0.0, pytest.approx(float(ar.time(4 * 30, n))))
+    assert rounds[0][1] > ar.alpha_ms > 0  # latency included
+    # overlap 0: the bucket is the plain sum of its rounds
+    assert cm.bucket_ms(members) == pytest.approx(sum(c + w for c, w in rounds))
+    without = cm.bucket_ms(members[2:])
+    assert cm.bucket_ms(members) - without == pytest.approx(float(ar.time(4 * 30, n)))

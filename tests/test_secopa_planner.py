@@ -317,3 +317,25 @@ def test_ddp_buckets_mirror_ddp() -> None:
     # reverse order; the first bucket closes at 1 MiB, later ones at 25 MiB
     assert buckets == [[6, 5], [4, 3], [2, 1, 0]]  # 16 MB; 8 + 20 MB >= 25 MiB; the rest
     assert ddp_buckets([1 << 30], 25, 1) == [[0]]
+
+
+@pytest.mark.parametrize("bandwidth", [1.25e7, 1.25e8, 1.25e9, 1.25e10])
+@pytest.mark.parametrize("n", [2, 4, 16])
+def test_predicted_rounds_are_the_rounds_casync_issues(bandwidth: float, n: int) -> None:
+    from hipress.casync.bulk import build_schedule
+
+    named = resolve_model("resnet50").named_numels()
+    planner = Planner(_gpu_profile(bandwidth), n)
+    for plan in (
+        planner.plan(named),
+        planner.baseline(named, compress=True),
+        planner.baseline(named, compress=False),
+    ):
+        issued = 0
+        for b in ddp_buckets([e.numel for e in plan.entries]):
+            es = [plan.entries[i] for i in b]
+            sched = build_schedule(
+                [e.name for e in es], [e.numel for e in es], es, n, lambda k: 8 * ((k + 63) // 64)
+            )
+            issued += len(sched.rounds) + (1 if sched.allreduce_ranges else 0)
+        assert planner.breakdown(plan)["rounds"] == issued

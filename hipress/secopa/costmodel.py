@@ -219,7 +219,12 @@ class CostModel:
         return (1 - ov) * serial + ov * f2
 
     def bucket_ms(self, members: Sequence[Member]) -> float:
-        """Predicted ms of one DDP bucket as CaSync runs it.
+        """Predicted ms of one DDP bucket as CaSync runs it: :meth:`pipeline_ms` of
+        :meth:`bucket_rounds`."""
+        return self.pipeline_ms(self.bucket_rounds(members))
+
+    def bucket_rounds(self, members: Sequence[Member]) -> list[tuple[float, float]]:
+        """The rounds ``(compute ms, comm ms)`` CaSync issues for one DDP bucket.
 
         Each pipelined formula's members are batched into rounds: round r carries partition r
         of every member with more than r partitions, its compute is the members' and each of its
@@ -254,7 +259,7 @@ class CostModel:
                     for t, size in zip(f.comm, sizes, strict=True)
                 )
                 rounds.append((comp, comm))
-        return self.pipeline_ms(rounds)
+        return rounds
 
 
 @dataclass(frozen=True)

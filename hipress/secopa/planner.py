@@ -345,6 +345,31 @@ class Planner:
 
         return self._total(numels, pick)
 
+    def breakdown(self, plan: Plan) -> dict[str, float]:
+        """What :meth:`predict` adds up, per step: ``rounds`` (collective rounds CaSync
+        issues), ``compute_ms`` and ``comm_ms`` (their serial sums, before pipelining)."""
+        entries, cfg = plan.entries, self.config
+        buckets = ddp_buckets([e.numel for e in entries], cfg.bucket_cap_mb, cfg.first_bucket_mb)
+        rounds = [
+            r
+            for b in buckets
+            for r in self.model.bucket_rounds(
+                [
+                    Member(
+                        self.formula_for(entries[i].strategy),
+                        entries[i].numel,
+                        entries[i].partitions,
+                    )
+                    for i in b
+                ]
+            )
+        ]
+        return {
+            "rounds": float(len(rounds)),
+            "compute_ms": round(sum(c for c, _ in rounds), 6),
+            "comm_ms": round(sum(w for _, w in rounds), 6),
+        }
+
     def baseline(self, named: Sequence[tuple[str, int]], compress: bool) -> Plan:
         """All-uncompressed, or all-compressed (each tensor's best compressed strategy and K;
         a tensor no compressed strategy can run stays uncompressed)."""

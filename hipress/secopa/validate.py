@@ -94,6 +94,7 @@ def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None
     profile = auto_profile(codec.alg, compute_budget_s=cfg["budget"], max_numel=top)
     plans: dict[str, Plan] = {}
     planner = Planner(profile, world, PlannerConfig()) if rank == 0 else None
+    breakdown: dict[str, dict[str, float]] = {}
     for key in PLANS:
         mine = None
         if planner is not None:
@@ -101,6 +102,7 @@ def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None
                 mine = planner.plan(named)
             else:
                 mine = planner.baseline(named, compress=key == "all_compressed")
+            breakdown[key] = planner.breakdown(mine)
         plans[key] = broadcast_plan(mine)
     names = [n for n, _ in named]
     numels = [k for _, k in named]
@@ -141,6 +143,7 @@ def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None
                 "strategies": sorted({e.strategy.value for e in plans[key].entries}),
                 "digest": plans[key].digest(),
                 "selection": plans[key].meta.get("selection"),
+                "predicted_breakdown": breakdown[key],
                 "casync_stats": stats[key],
             }
             for key in measured
