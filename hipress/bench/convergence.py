@@ -101,7 +101,9 @@ def _train(
         import hipress.casync
 
         hipress.casync.register(ddp, algorithm=algorithm, plan=opts.plan)
-    opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr, momentum=opts.momentum)
+    # an algorithm with its own momentum correction (DGC) replaces the optimizer's momentum
+    momentum = 0.0 if algorithm is not None and _own_momentum(algorithm) else opts.momentum
+    opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr, momentum=momentum)
     train = _windows(data["train"], opts.bptt)
     per_step = world_size * opts.batch
     steps_per_epoch = len(train) // per_step
@@ -120,13 +122,25 @@ def _train(
             losses.append(float(loss.detach()))
     seconds = time.perf_counter() - t0
     dist.barrier()
-    out: dict[str, Any] = {"seconds": seconds, "steps": len(losses), "train_loss": losses[-1]}
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "steps": len(losses),
+        "train_loss": losses[-1],
+        "optimizer_momentum": momentum,
+    }
     if rank == 0:
         acc, vloss = _evaluate(model, _windows(data["valid"], opts.bptt))
         out.update(accuracy=acc, valid_loss=vloss)
         finite = all(torch.isfinite(p).all() for p in model.parameters())
         out["finite"] = bool(finite)
     return out
+
+
+def _own_momentum(name: str) -> bool:
+    """Whether algorithm ``name`` keeps a momentum of its own (a ``momentum`` parameter > 0)."""
+    from hipress.compll import load
+
+    return float(load(name, backend="reference").params.get("momentum", 0.0)) > 0.0
 
 
 def _has_ef(name: str) -> bool:
@@ -189,7 +203,8 @@ def convergence_markdown(results: dict[str, Any]) -> str:
         f"tokens, {m['batch']} x {m['bptt']}-token windows per worker per step, SGD lr "
         f"{m['lr']} momentum {m['momentum']}, clip {m['clip']}; next-word accuracy on "
         f"{m['eval_tokens']} held-out tokens. CaSync plan: {m['plan'] or 'default rule'}. "
-        f"{m['date']}. Command: `{m.get('command', '?')}`",
+        "An algorithm with its own momentum correction (dgc) runs with the optimizer's momentum "
+        f"at 0 (it replaces it). {m['date']}. Command: `{m.get('command', '?')}`",
         "",
         "| algorithm | EF | accuracy % | vs uncompressed (points) | valid loss | train s |",
         "|---|---|---:|---:|---:|---:|",
