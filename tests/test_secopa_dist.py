@@ -16,7 +16,7 @@ from hipress.secopa.comm import TorchComm
 from hipress.secopa.localgroup import LocalGroupError, run_local
 from hipress.secopa.models import resolve_model
 from hipress.secopa.plan import PlanError
-from hipress.secopa.profile import Profile
+from hipress.secopa.profile import MeasuredComm, Profile
 from hipress.secopa.profiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.runtime import auto_plan, plan_for_model
 
@@ -32,7 +32,12 @@ def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
     return {
         "via_comm": (via.samples, network_meta(via)["network_source"]["backend"], overlap),
         "samples": net.samples,
-        "alpha_beta": {k: (v.alpha_ms, v.beta_ms_per_byte) for k, v in net.ops.items()},
+        "alpha_beta": {
+            k: (m.alpha_ms, m.beta_ms_per_byte)
+            for k, v in net.ops.items()
+            for m in [v.model if isinstance(v, MeasuredComm) else v]
+        },
+        "measured": sorted(k for k, v in net.ops.items() if isinstance(v, MeasuredComm)),
         "plan": plan.to_json(),
         "digest": plan.digest(),
         "group_world": dist.get_world_size(),
@@ -46,6 +51,8 @@ def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> No
     assert r0["alpha_beta"] == r1["alpha_beta"]
     for alpha, beta in r0["alpha_beta"].values():
         assert alpha >= 0 and beta > 0
+    # the four collectives keep their samples for this world size
+    assert r0["measured"] == ["all_gather", "all_to_all", "allreduce", "broadcast"]
     # compute was measured on each rank separately, yet the plan is rank 0's on both
     assert r0["digest"] == r1["digest"] and r0["plan"] == r1["plan"]
     assert r0["group_world"] == 2

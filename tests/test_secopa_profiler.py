@@ -11,7 +11,14 @@ import torch
 from hipress.secopa.codec import CallableCodec, CodecError, as_codec, cast_codec, load_codec
 from hipress.secopa.comm import TorchComm
 from hipress.secopa.costfn import AffineFloor
-from hipress.secopa.profile import Profile, ProfileError, link_network
+from hipress.secopa.profile import (
+    AlphaBeta,
+    MeasuredComm,
+    Profile,
+    ProfileError,
+    comm_op_from_dict,
+    link_network,
+)
 from hipress.secopa.profiler import (
     build_profile,
     fit_alpha_beta,
@@ -124,3 +131,30 @@ def test_network_measurement_without_a_group_says_so() -> None:
         measure_network()
     with pytest.raises(ProfileError, match="measure_overlap needs an initialised process group"):
         measure_overlap(cast_codec("fp16"))
+
+
+def test_measured_collective_keeps_its_samples_at_its_world_size() -> None:
+    # a 100 Mbit/s shaped all_to_all (2 ranks): the alpha-beta line misses 8 MiB by ~9x
+    xs = (1024.0, 16384.0, 262144.0, 2097152.0, 8388608.0)
+    ts = (0.143, 0.167, 11.83, 165.7, 692.0)
+    fit = fit_alpha_beta("all_to_all", xs, ts, 2, "pairwise_alltoall")
+    model = AlphaBeta(fit.alpha_ms, fit.beta_ms_per_byte, ("pairwise_alltoall",))
+    op = MeasuredComm(2, xs, ts, model)
+    assert float(model.time(xs[-1], 2)) < 0.5 * ts[-1]  # what the line alone would predict
+    assert op.time(np.array(xs), 2) == pytest.approx(ts)  # exact at the samples
+    mid = float(op.time(5_000_000, 2))
+    assert ts[3] < mid < ts[4]
+    last = (ts[4] - ts[3]) / (xs[4] - xs[3])  # above the samples: the last segment's slope
+    assert float(op.time(2 * xs[4], 2)) == pytest.approx(ts[4] + last * xs[4])
+    assert float(op.time(10, 2)) == pytest.approx(ts[0])
+    # other world sizes extrapolate with the alpha-beta model
+    assert float(op.time(1 << 20, 8)) == pytest.approx(float(model.time(1 << 20, 8)))
+    assert op.slopes(8) == model.slopes(8)
+    lo, hi = op.slopes(2)
+    assert 0.0 <= lo <= hi
+    # non-decreasing even if a larger size measured faster (noise)
+    noisy = MeasuredComm(2, (1.0, 2.0, 3.0), (5.0, 4.0, 6.0), model)
+    assert list(noisy.time(np.array([1.0, 2.0, 3.0]), 2)) == [5.0, 5.0, 6.0]
+    assert comm_op_from_dict(op.to_dict()) == op
+    with pytest.raises(ProfileError, match="increasing"):
+        MeasuredComm(2, (2.0, 1.0), (1.0, 2.0), model)

@@ -42,7 +42,7 @@ import numpy as np
 
 from hipress.secopa.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
-from hipress.secopa.profile import AlphaBeta, Profile
+from hipress.secopa.profile import AlphaBeta, MeasuredComm, Profile
 
 log = logging.getLogger(__name__)
 
@@ -412,7 +412,13 @@ class Planner:
                 "formulas": [f.name for f in cfg.formulas],
             },
             "network": {k: v for k, v in dict(net).items() if k != "samples"},
-            "allreduce_alpha_ms": ar.alpha_ms if isinstance(ar, AlphaBeta) else None,
+            "allreduce_alpha_ms": (
+                ar.model.alpha_ms
+                if isinstance(ar, MeasuredComm)
+                else ar.alpha_ms
+                if isinstance(ar, AlphaBeta)
+                else None
+            ),
             "overlap": self.profile.overlap,
         }
 

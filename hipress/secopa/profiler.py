@@ -38,6 +38,7 @@ from hipress.secopa.profile import (
     GLOO_ALGORITHMS,
     AlphaBeta,
     CommOp,
+    MeasuredComm,
     PayloadModel,
     Profile,
     ProfileError,
@@ -214,7 +215,9 @@ def measure_network(
             xs = tuple(float(max(world, s // world * world)) for s in sizes)
         samples[op] = (xs, ts)
         fit = fit_alpha_beta(op, xs, ts, world, algorithms[op][0])
-        ops[op] = AlphaBeta(fit.alpha_ms, fit.beta_ms_per_byte, tuple(algorithms[op]))
+        model = AlphaBeta(fit.alpha_ms, fit.beta_ms_per_byte, tuple(algorithms[op]))
+        # at this world size the samples themselves; elsewhere the alpha-beta extrapolation
+        ops[op] = MeasuredComm(world, xs, ts, model)
     ar = fit_alpha_beta("allreduce", *samples["allreduce"], world, algorithms["allreduce"][0])
     for op in ("send", "gather", "bcast"):
         if op in algorithms:
@@ -310,6 +313,13 @@ def network_meta(net: NetworkSamples) -> dict[str, Any]:
 
 def bandwidth_summary(op: CommOp) -> str:
     """A human summary such as ``alpha 12.0 us, 1.25 GB/s`` of one network op."""
+    if isinstance(op, MeasuredComm):
+        xs, ts = op.sizes, op.times_ms
+        rate = (xs[-1] - xs[0]) / max(ts[-1] - ts[0], 1e-9) * 1e3 / 1e9
+        return (
+            f"measured at N={op.world_size}: {ts[0] * 1e3:.1f} us at {xs[0]:.0f} B, "
+            f"{rate:.3g} GB/s up to {xs[-1]:.0f} B; elsewhere {bandwidth_summary(op.model)}"
+        )
     if isinstance(op, AlphaBeta):
         gbs = 1e3 / op.beta_ms_per_byte / 1e9
         return f"alpha {op.alpha_ms * 1e3:.1f} us, {gbs:.3g} GB/s"

@@ -26,7 +26,7 @@ from hipress.casync.reference import ReferenceSync
 from hipress.horovod.comm import HorovodComm
 from hipress.secopa.codec import cast_codec
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
-from hipress.secopa.profile import COLLECTIVES, AlphaBeta
+from hipress.secopa.profile import COLLECTIVES, AlphaBeta, MeasuredComm
 from hipress.secopa.profiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.runtime import plan_for_model
 
@@ -257,9 +257,10 @@ def check_profile_over_horovod() -> None:
     if set(net.samples) != set(COLLECTIVES) or not set(COLLECTIVES) <= set(net.ops):
         raise CheckFailure(f"measured {sorted(net.samples)}, fitted {sorted(net.ops)}")
     for op in COLLECTIVES:
-        fit = net.ops[op]
+        op_cost = net.ops[op]
+        fit = op_cost.model if isinstance(op_cost, MeasuredComm) else None
         if not (isinstance(fit, AlphaBeta) and fit.alpha_ms >= 0 and fit.beta_ms_per_byte > 0):
-            raise CheckFailure(f"{op}: bad fit {fit}")
+            raise CheckFailure(f"{op}: bad fit {op_cost}")
     mine = (net.samples, network_meta(net)["network_source"]["backend"])
     every = hvd.allgather_object(mine, name="check.profile.samples")
     if any(e != every[0] for e in every) or every[0][1] != "horovod/gloo":
