@@ -83,10 +83,15 @@ def format_summary(result: DemoResult) -> str:
             f"decode {sync.get('decode_ms', 0):.1f} ms, sync {sync.get('sync_ms', 0):.1f} ms"
         )
         if r.compressed_tensors == 0:
+            slower = (
+                "--net-mbit 100 (a slower simulated NIC)"
+                if result.network.startswith(tuple("0123456789"))
+                else "--net-mbit 1000 (a simulated 1 Gbit/s NIC per worker, needs root)"
+            )
             out.append(
-                f"  SeCoPa compressed nothing: on this network ({result.network}) compressing "
-                "costs more time than it saves. Try --net-mbit 1000 (a simulated 1 Gbit/s NIC "
-                "per worker) or --plan default (always compress large tensors)."
+                f"  SeCoPa compressed nothing: on this network ({result.network}) and with this "
+                "CPU's current load, compressing was measured to cost more time than it saves. "
+                f"Try {slower} or --plan default (always compress large tensors)."
             )
     return "\n".join(out)
 

@@ -16,10 +16,12 @@ namespace, and rank 0 hosts the rendezvous store at its address there.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,23 @@ __all__ = ["launch"]
 
 _GRACE_S = 3.0  # after one worker fails, how long the others get to exit on their own
 _POLL_S = 0.1
+
+
+@contextlib.contextmanager
+def _quiet_store_lookups(on: bool) -> Iterator[None]:
+    """Spawn workers with torch's C++ log level at ERROR (unless the user set one): inside a
+    network namespace, rank 0's store cannot resolve its peers' names and c10d logs a warning
+    per connection ("The hostname of the client socket cannot be retrieved"), which is
+    harmless and only clutters the demo's output."""
+    key = "TORCH_CPP_LOG_LEVEL"
+    if not on or key in os.environ:
+        yield
+        return
+    os.environ[key] = "ERROR"
+    try:
+        yield
+    finally:
+        del os.environ[key]
 
 
 def _stop(procs: Sequence[Any]) -> None:
@@ -104,8 +123,9 @@ def launch(
             for r in range(world_size)
         ]
         try:
-            for p in procs:
-                p.start()
+            with _quiet_store_lookups(net is not None):
+                for p in procs:
+                    p.start()
             deadline = time.monotonic() + timeout
             failed: list[int] = []
             while True:
