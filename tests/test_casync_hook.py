@@ -352,3 +352,57 @@ def _auto(rank: int, world_size: int) -> str:
 def test_auto_plan_from_secopa_is_shared_by_every_rank() -> None:
     digests = run_workers(_auto, 2, timeout=120)
     assert digests[0] == digests[1]
+
+
+# ---- warm-up: the first steps uncompressed, states untouched ----------------------------------
+
+
+def _residuals_zero(state: CaSyncState) -> bool:
+    return all(
+        bool((t == 0).all()) for s in state.worker_states.values() for t in s.tensors.values()
+    )
+
+
+def _warmup(rank: int, world_size: int) -> tuple[list[tuple[bool, bool, bool]], int, bool]:
+    plain, hooked = _model(0), _model(0)
+    ddp_plain, ddp_hooked = _ddp(plain), _ddp(hooked)
+    plan = _plan("onebit", hooked, world_size)
+    state = register(ddp_hooked, make_algorithm("onebit"), plan=plan, warmup_steps=2)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, hooked)]
+    seen = []
+    for step in range(4):
+        for ddp, opt in zip((ddp_plain, ddp_hooked), opts, strict=True):
+            opt.zero_grad()
+            _step(ddp, rank, step, torch.float32)
+        same = all(
+            torch.equal(a.grad, b.grad)
+            for a, b in zip(plain.parameters(), hooked.parameters(), strict=True)
+        )
+        last = state.stats.last
+        assert last is not None
+        seen.append((same, last.bytes_sent < last.bytes_uncompressed, _residuals_zero(state)))
+        for opt in opts:
+            opt.step()
+    sd = state.state_dict()
+    # a resumed state continues after the warm-up: its next step is compressed
+    ddp_again = _ddp(_model(0))
+    state2 = register(ddp_again, make_algorithm("onebit"), plan=plan, warmup_steps=2)
+    state2.load_state_dict(sd)
+    _step(ddp_again, rank, 4, torch.float32)
+    last2 = state2.stats.last
+    assert last2 is not None
+    return seen, sd["step"], last2.bytes_sent < last2.bytes_uncompressed
+
+
+def test_warmup_steps_are_ddp_allreduce_then_compression_starts() -> None:
+    for seen, step, resumed in run_workers(_warmup, 2):
+        # steps 0-1: DDP's allreduce bit for bit, nothing compressed, error feedback untouched
+        assert seen[:2] == [(True, False, True)] * 2
+        # steps 2-3: compressed, different from DDP, residuals in use
+        assert all(not same and compressed and not zero for same, compressed, zero in seen[2:])
+        assert step == 4 and resumed
+
+
+def test_warmup_steps_are_validated() -> None:
+    with pytest.raises(CaSyncError, match="warmup_steps"):
+        CaSyncState(None, named_parameters=[("w", 4)], warmup_steps=-1)

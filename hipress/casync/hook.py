@@ -69,6 +69,10 @@ class CaSyncState:
         check_finite: look for NaN/Inf in every bucket (one pass) so they reach every rank
             and do not poison error feedback. Disable only if the model cannot produce them.
         log_every: log a summary every this many steps (0: never).
+        warmup_steps: synchronise the first this many steps uncompressed (DDP's own allreduce,
+            bit for bit), leaving every algorithm state untouched; compression starts at step
+            ``warmup_steps`` (like ``start_powerSGD_iter`` of PyTorch's PowerSGD hook, and
+            DGC's warm-up). The step count is kept in :meth:`state_dict`.
 
     Fields:
         algorithm, plan, rank, world_size, seed: as resolved at construction (plan always set).
@@ -93,7 +97,10 @@ class CaSyncState:
         rule: DefaultRule | None = None,
         check_finite: bool = True,
         log_every: int = 100,
+        warmup_steps: int = 0,
     ) -> None:
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise CaSyncError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         if not dist.is_initialized():
             raise CaSyncError("torch.distributed is not initialised: call init_process_group first")
         named = list(named_parameters)
@@ -113,6 +120,7 @@ class CaSyncState:
         )
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
+        self.warmup_steps = warmup_steps
         self.stats = SyncStats(log_every=log_every)
         self._decisions = {e.name: e for e in self.plan.entries}
         if self.algorithm is None:
@@ -174,7 +182,14 @@ class CaSyncState:
             "algorithm": alg.digest if alg is not None else "none",
             "plan": self.plan.digest(),
             "options": _hash(
-                json.dumps({"format": _FORMAT, "seed": self.seed, "finite": self.check_finite})
+                json.dumps(
+                    {
+                        "format": _FORMAT,
+                        "seed": self.seed,
+                        "finite": self.check_finite,
+                        "warmup": self.warmup_steps,
+                    }
+                )
             ).hex(),
         }
 
@@ -184,7 +199,8 @@ class CaSyncState:
         compressed = sum(e.compress for e in self.plan.entries)
         return (
             f"{what}; plan {self.plan.digest()} ({compressed}/{len(self.plan.entries)} "
-            f"compressed); seed {self.seed}; check_finite {self.check_finite}"
+            f"compressed); seed {self.seed}; check_finite {self.check_finite}; warmup "
+            f"{self.warmup_steps}"
         )
 
     def _check_agreement(self) -> None:
@@ -269,6 +285,11 @@ class CaSyncState:
                         "exited or stalled past the process group's timeout; see the other "
                         f"ranks' logs): {exc}"
                     ) from exc
+            if self._step < self.warmup_steps:
+                fut = self._allreduce_bucket(buffer, last)
+                if last:
+                    self._end_step()
+                return fut
             earlier, self._pending = self._pending, []
             op: BucketOp | None = None
             try:
@@ -293,6 +314,36 @@ class CaSyncState:
                 self._end_step()
             return op.future
 
+    def _allreduce_bucket(
+        self, buffer: torch.Tensor, last: bool
+    ) -> torch.futures.Future[torch.Tensor]:
+        """A warm-up step's bucket: DDP's default hook (divide, then allreduce)."""
+        stats = self.stats
+        nbytes = buffer.numel() * buffer.element_size()
+        stats.bucket_submitted(last)
+        stats.add(bytes_uncompressed=nbytes, bytes_sent=nbytes, collectives=1)
+        buffer.div_(self.world_size)
+        try:
+            work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
+        except Exception as exc:
+            stats.abandon_step()
+            raise CommError(f"CaSync: warm-up allreduce could not be issued: {exc}") from exc
+
+        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            # runs on the backend's thread: holds the stats, never the process group
+            try:
+                out = fut.value()[0]
+            except Exception as exc:
+                stats.abandon_step()
+                raise CommError(
+                    "CaSync: warm-up allreduce failed (a peer may have exited or stalled past "
+                    f"the process group's timeout; see the other ranks' logs): {exc}"
+                ) from exc
+            stats.bucket_finished()
+            return out
+
+        return work.get_future().then(done)
+
     def _end_step(self) -> None:
         stale = [k for k, (_, _, used) in self._cache.items() if used < self._step]
         for k in stale:  # layouts of buckets DDP rebuilt: free their buffers
@@ -311,6 +362,7 @@ class CaSyncState:
             "rank": self.rank,
             "world_size": self.world_size,
             "config": self.config_digest(),
+            "step": self._step,
             "worker": {k: s.state_dict() for k, s in self.worker_states.items()},
             "server": {k: s.state_dict() for k, s in self.server_states.items()},
         }
@@ -334,6 +386,7 @@ class CaSyncState:
                 raise CaSyncError(f"state dict {part} states do not match this plan")
             for k, s in states.items():
                 s.load_state_dict(sd[part][k])
+        self._step = int(sd.get("step", 0))  # where warm-up stands
 
     def __getstate__(self) -> dict[str, Any]:
         runtime = ("process_group", "_ctx", "_param_names", "_cache", "_pending", "_lock")
