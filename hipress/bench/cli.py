@@ -92,6 +92,7 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
         train_tokens=args.train_tokens,
         plan=None if args.plan == "default" else args.plan,
         threads=args.threads,
+        warmup_steps=args.warmup_steps,
     )
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = run_convergence(opts, progress=_progress)
@@ -142,5 +143,8 @@ def add_parsers(sub: Any, bench_sub: Any) -> None:
     c.add_argument("--train-tokens", type=int, default=160_000, help="training tokens per epoch")
     c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
     c.add_argument("--threads", type=int, default=1)
+    c.add_argument(
+        "--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps"
+    )
     c.add_argument("--out", default=default_out)
     c.set_defaults(func=_cmd_convergence)

@@ -36,7 +36,8 @@ class ConvergenceOptions:
     ``bptt``, ``batch`` windows per rank per step, SGD (``lr``, ``momentum``, gradient norm
     clipped to ``clip``), a ``vocab``-word vocabulary; accuracy on ``eval_tokens`` held-out
     tokens. ``algorithms``: names, or ("all",) for every shipped one. ``plan``: CaSync's plan
-    ("auto", a file, or None for its default rule)."""
+    ("auto", a file, or None for its default rule); ``warmup_steps``: CaSync's uncompressed
+    warm-up."""
 
     workers: int = 4
     algorithms: tuple[str, ...] = ("all",)
@@ -51,6 +52,7 @@ class ConvergenceOptions:
     lr: float = 0.5
     momentum: float = 0.9
     clip: float = 1.0
+    warmup_steps: int = 0
     timeout: float = 3600.0
 
     def resolved_algorithms(self) -> list[str]:
@@ -100,7 +102,9 @@ def _train(
     if algorithm is not None:
         import hipress.casync
 
-        hipress.casync.register(ddp, algorithm=algorithm, plan=opts.plan)
+        hipress.casync.register(
+            ddp, algorithm=algorithm, plan=opts.plan, warmup_steps=opts.warmup_steps
+        )
     # an algorithm with its own momentum correction (DGC) replaces the optimizer's momentum
     momentum = 0.0 if algorithm is not None and _own_momentum(algorithm) else opts.momentum
     opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr, momentum=momentum)
@@ -203,6 +207,7 @@ def convergence_markdown(results: dict[str, Any]) -> str:
         f"tokens, {m['batch']} x {m['bptt']}-token windows per worker per step, SGD lr "
         f"{m['lr']} momentum {m['momentum']}, clip {m['clip']}; next-word accuracy on "
         f"{m['eval_tokens']} held-out tokens. CaSync plan: {m['plan'] or 'default rule'}. "
+        f"CaSync warm-up: {m.get('warmup_steps', 0)} uncompressed step(s). "
         "An algorithm with its own momentum correction (dgc) runs with the optimizer's momentum "
         f"at 0 (it replaces it). {m['date']}. Command: `{m.get('command', '?')}`",
         "",
