@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,20 @@ def test_bad_param_is_reported(capsys) -> None:
     assert main(["show", str(shipped_path("terngrad")), "--param", "bitwidth=3"]) == 1
     err = capsys.readouterr().err
     assert "`bitwidth` = 3 is outside its allowed values {1, 2, 4, 8}" in err
+
+
+def test_bench_kernels_quick_writes_rooflines(tmp_path: Path) -> None:
+    out = tmp_path / "k.json"
+    r = _run(
+        "bench", "kernels", "--sizes", "4K", "--algorithms", "onebit", "--reps", "1",
+        "--no-torch", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "re-running with OMP_WAIT_POLICY=PASSIVE" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["machine"]["omp_wait_policy"] == "PASSIVE"
+    row = data["kernels"]["onebit"]["4096"]
+    # onebit: gradient 4 B + residual read and written 8 B + payload (signs + scales) x 2
+    assert 12.25 < row["encode_bytes_per_elem"] < 12.5
+    assert row["encode"] > 0
+    assert abs(row["encode_roofline"] - 12 * row["copy"] / row["encode_bytes_per_elem"]) < 1e-9
