@@ -446,9 +446,7 @@ class Emitter:
         ):
             return None
         plan = self.plan
-        if plan.is_virtual(x.array) or (
-            body.fuse and not body.copy and plan.inline_read(x.array, body.level, False)
-        ):
+        if self._inlined(x.array, body, aligned=False):
             return None
         host = Body(level=body.level)
         d = self.expr(e.b, host, {})
@@ -481,15 +479,19 @@ class Emitter:
             ]
         return f"{buf}[{body.tile}]"
 
+    def _inlined(self, name: str, body: Body, aligned: bool) -> bool:
+        """Whether a read of ``name`` in ``body`` recomputes its map instead of loading it."""
+        plan = self.plan
+        return plan.is_virtual(name) or (
+            body.fuse and not body.copy and plan.inline_read(name, body.level, aligned)
+        )
+
     def _read(self, x: ir.Load, idx: str, body: Body, direct: bool = False) -> str:
         """C for ``x.array[idx]``; ``direct``: ``idx`` is known to be within the array."""
         plan = self.plan
         a = plan.arrays[x.array]
         aligned = body.index is not None and idx == body.index and a.length == body.loop_len
-        inline = plan.is_virtual(x.array) or (
-            body.fuse and not body.copy and plan.inline_read(x.array, body.level, aligned)
-        )
-        if not inline:
+        if not self._inlined(x.array, body, aligned):
             return self._mem_read(x.array, idx, aligned, body, direct)
         m = plan.maps[x.array]
         if aligned or direct:

@@ -3,8 +3,9 @@
 - :func:`measure_compute` times a codec's encode and decode and a float32 merge at a handful of
   sizes, adaptively, within a time budget (one process, no process group needed).
 - :func:`measure_network` times allreduce, all_gather, all_to_all and broadcast at a few sizes
-  in the current (or given) process group and fits alpha-beta per collective at this world
-  size; every rank must call it, and every rank gets the same result.
+  in the current (or given) process group; each collective keeps its samples (its cost at
+  this world size) and an alpha-beta fit (its cost at other world sizes); every rank must call
+  it, and every rank gets the same result.
 - :func:`measure_overlap` estimates how much an encode overlaps an in-flight collective.
 - Both run over a :class:`~hipress.secopa.comm.Comm`: ``torch.distributed`` by default, or
   Horovod's (``hipress.horovod``'s ``plan="auto"``).
@@ -186,10 +187,11 @@ def measure_network(
     Every rank must call this with the same arguments. Each (collective, size) is warmed up
     once, then ``reps`` back-to-back calls after a barrier are timed one by one; the per-rank
     medians (robust to a call that lost the CPU on a busy machine, which a mean of two calls at
-    8 MiB is not) are reduced with MAX so every rank returns identical samples and fits. Alpha and beta are fitted
-    per collective with the first of its ``algorithms`` at this world size; the profile then
-    extrapolates with all of them. ``send``/``gather``/``bcast`` (the original's primitives)
-    reuse the allreduce per-step alpha and beta.
+    8 MiB is not) are reduced with MAX so every rank returns identical samples and fits. Each
+    collective becomes a :class:`MeasuredComm`: its samples price it at this world size, and
+    an alpha-beta fit with the first of its ``algorithms`` extrapolates it (with all of them) to
+    other world sizes. ``send``/``gather``/``bcast`` (the original's primitives) reuse the
+    allreduce's fitted per-step alpha and beta.
     """
     comm = _comm(comm, group, "measure_network")
     world = comm.size
@@ -218,7 +220,9 @@ def measure_network(
         model = AlphaBeta(fit.alpha_ms, fit.beta_ms_per_byte, tuple(algorithms[op]))
         # at this world size the samples themselves; elsewhere the alpha-beta extrapolation
         ops[op] = MeasuredComm(world, xs, ts, model)
-    ar = fit_alpha_beta("allreduce", *samples["allreduce"], world, algorithms["allreduce"][0])
+    ar = ops["allreduce"]
+    assert isinstance(ar, MeasuredComm)
+    ar = ar.model
     for op in ("send", "gather", "bcast"):
         if op in algorithms:
             ops[op] = AlphaBeta(ar.alpha_ms, ar.beta_ms_per_byte, tuple(algorithms[op]))
