@@ -20,11 +20,11 @@ from hipress.casync import CaSyncError, CaSyncState, ConfigMismatchError, regist
 from hipress.casync.reference import ReferenceSync
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 
-AG, PS, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.ALLREDUCE
+AG, PS, RING, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.RING, Strategy.ALLREDUCE
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # "0.weight" 4096, "2.weight" 12288, "4.weight" 768 elements; biases 128, 96, 8
 LAYOUT = {
-    "0.weight": (PS, 2),
+    "0.weight": (RING, 2),
     "0.bias": (AR, 1),
     "2.weight": (AG, 3),
     "2.bias": (AR, 1),
@@ -109,8 +109,10 @@ def _through_ddp(rank: int, world_size: int, alg_name: str, dtype_name: str, ste
     records = []
     for step in range(steps):
         handles = []
-        if step == NAN_STEP and rank == 0:  # one NaN in one rank's gradient of a PS tensor
-            handles = [m[0].weight.register_hook(_poison) for m in (model, replica)]
+        # one NaN in one rank's gradient of the ring tensor, and in another's of a PS tensor
+        if step == NAN_STEP and rank in (0, world_size - 1):
+            layer = 0 if rank == 0 else 4
+            handles = [m[layer].weight.register_hook(_poison) for m in (model, replica)]
         replica.load_state_dict(model.state_dict())
         replica.zero_grad()
         _step(replica, rank, step, dtype)
@@ -148,12 +150,16 @@ def _check_against_reference(
                     )
                 else:
                     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=where)
-        # the NaN reached every rank, and only the partition that held it
+        # the NaNs reached every rank, and only the partitions that held them
         if step == NAN_STEP:
             for rank in range(world_size):
-                g = results[rank][step][1]["0.weight"].reshape(-1)
+                synced = results[rank][step][1]
+                g = synced["0.weight"].reshape(-1)
                 half = g.numel() // 2
                 assert g[:half].isnan().all() and g[half:].isfinite().all(), f"rank {rank}"
+                assert synced["4.weight"].isnan().all(), f"rank {rank}"
+                for name in ("0.bias", "2.weight", "2.bias", "4.bias"):
+                    assert synced[name].isfinite().all(), f"rank {rank} {name}"
     # DDP used one bucket, then rebuilt into two: state keyed by parameter survived it
     assert [results[0][s][2].buckets for s in range(len(results[0]))][:2] == [1, 2]
 
@@ -312,7 +318,13 @@ def test_disagreeing_ranks_get_a_clear_error(what: str) -> None:
 def _dead_peer(rank: int, world_size: int, how: str, pg_timeout: float) -> tuple | None:
     model = _model(0)
     ddp = _ddp(model)
-    register(ddp, "terngrad", plan=_plan("terngrad", model, world_size))
+    plan = _plan("terngrad", model, world_size)
+    if how.startswith("ring-"):  # every tensor on the ring: no collective is left to fail
+        how = how.removeprefix("ring-")
+        plan = Plan(plan.algorithm, {}, world_size, tuple(
+            TensorPlan(e.name, e.numel, True, RING, 1) for e in plan.entries
+        ))  # fmt: skip
+    register(ddp, "terngrad", plan=plan)
     first = 0 if how == "first" else 2  # "first": gone before the first step's config check
     for step in range(first):
         _step(ddp, rank, step, torch.float32)
@@ -326,7 +338,7 @@ def _dead_peer(rank: int, world_size: int, how: str, pg_timeout: float) -> tuple
     return time.monotonic() - t, f"{type(info.value).__name__}: {info.value}"
 
 
-@pytest.mark.parametrize("how", ["exit", "stall", "first"])
+@pytest.mark.parametrize("how", ["exit", "stall", "first", "ring-exit", "ring-stall"])
 def test_dead_peer_fails_the_step_within_the_timeout(how: str) -> None:
     pg_timeout = 4.0
     results = run_workers(_dead_peer, 3, how, pg_timeout, pg_timeout=pg_timeout, timeout=60)

@@ -1,7 +1,7 @@
 """CaSync's strategies on real gloo groups of 2 and 4 processes, against the single-process
 reference (hipress.casync.reference).
 
-For every algorithm, strategy (allgather, PS), partition count K and bucket dtype, the gradients
+For every algorithm, strategy (allgather, PS, ring), partition count K and bucket dtype, the gradients
 each rank gets must equal the reference's bit for bit where compressed (same states, same random
 streams, same order of float operations) and up to the allreduce's summation order where not.
 One process group per world size runs every case; the tests then check one case each.
@@ -18,16 +18,20 @@ from hipress.casync import CaSyncError, CaSyncState
 from hipress.casync.reference import ReferenceSync
 from hipress.secopa.plan import Plan, Strategy, TensorPlan
 
-AG, PS, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.ALLREDUCE
+AG, PS, RING, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.RING, Strategy.ALLREDUCE
 STEPS = 2  # the second step runs on states the first one advanced
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # two buckets per step; every (strategy, K) combination, sizes that do not divide evenly,
 # uncompressed tensors between compressed ones (so the allreduce needs staging)
+# fmt: off
 BUCKETS: list[list[tuple[str, int, Strategy, int]]] = [
-    [("a", 1000, PS, 3), ("b", 37, AR, 1), ("c", 513, AG, 1), ("g", 5, AR, 1), ("h", 300, AG, 1)],
-    [("d", 2001, AG, 3), ("e", 64, PS, 1), ("f", 10, AR, 1), ("i", 999, PS, 3)],
+    [("a", 1000, PS, 3), ("b", 37, AR, 1), ("c", 513, AG, 1), ("g", 5, AR, 1), ("h", 300, AG, 1),
+     ("j", 701, RING, 2), ("k", 129, RING, 1)],
+    [("d", 2001, AG, 3), ("e", 64, PS, 1), ("f", 10, AR, 1), ("i", 999, PS, 3),
+     ("l", 1502, RING, 3)],
 ]
+# fmt: on
 TENSORS = [t for b in BUCKETS for t in b]
 
 
@@ -127,12 +131,15 @@ def test_matches_reference(synced: tuple[int, list[dict]], case: tuple[str, str]
 def test_bulk_collectives_and_bytes(synced: tuple[int, list[dict]]) -> None:
     """Many tensors share a collective: the count per step is fixed by the rounds, not the
     number of tensors; compressed blocks are smaller than the gradients."""
-    _, results = synced
+    n, results = synced
     case = _cases()[0]
     stats = results[0][case]["stats"]
     # bucket 1: allreduce + AG round {c, h} + PS rounds {a0}, {a1}, {a2} (2 collectives each)
+    #   + ring rounds {j0, k}, {j1} (2(N-1) messages each)
     # bucket 2: allreduce + AG rounds {d0}, {d1}, {d2} + PS rounds {e, i0}, {i1}, {i2}
-    assert stats.collectives == (1 + 1 + 3 * 2) + (1 + 3 + 3 * 2)
+    #   + ring rounds {l0}, {l1}, {l2}
+    ring = 2 * (n - 1)
+    assert stats.collectives == (1 + 1 + 3 * 2 + 2 * ring) + (1 + 3 + 3 * 2 + 3 * ring)
     assert stats.buckets == 2
     assert stats.bytes_uncompressed == sum(n for _, n, _, _ in TENSORS) * 4
     assert stats.bytes_sent > 0

@@ -110,9 +110,9 @@ def chunk_key(
     """The state key of one compressed unit of parameter ``name``.
 
     A unit is partition ``part`` of ``parts`` (ALLGATHER), or shard ``shard`` of that partition
-    (PS, where every shard is encoded on its own). Worker-side states (``server=False``) compress
-    the worker's own gradient; server-side states (PS) re-compress the aggregate of the shard the
-    worker serves.
+    (PS and RING, where every shard is encoded on its own). Worker-side states (``server=False``)
+    compress the worker's own gradient (RING: plus the partial sum it received); server-side
+    states (PS, RING) re-compress the aggregate of the shard the worker serves.
     """
     key = f"{name}#{part}/{parts}"
     if shard is not None:
@@ -136,8 +136,8 @@ def init_chunk_states(
     """Create every algorithm state rank ``rank`` needs under ``plan``, all zero.
 
     Returns ``(worker, server)``, dicts from :func:`chunk_key` to state: one worker state per
-    ALLGATHER partition and per PS shard of each compressed parameter, and one server state per
-    PS partition (for the shard ``rank`` serves). States live on ``devices[name]`` (default CPU)
+    ALLGATHER partition, per PS shard and per RING shard but ``rank``'s own, of each compressed
+    parameter, and one server state per PS or RING partition (for the shard ``rank`` serves). States live on ``devices[name]`` (default CPU)
     and draw from key :func:`rank_seed` and stream :func:`chunk_tensor_id`.
     """
     worker: dict[str, Any] = {}
@@ -158,6 +158,8 @@ def init_chunk_states(
                 continue
             shards = split_sizes(size, world_size)
             for j, s in enumerate(shards):
+                if e.strategy is Strategy.RING and j == rank:
+                    continue  # in a ring, a worker's own shard is only encoded as the aggregate
                 key = chunk_key(e.name, k, e.partitions, shard=j)
                 worker[key] = make(key, s, device)
             key = chunk_key(e.name, k, e.partitions, shard=rank, server=True)

@@ -13,6 +13,8 @@ A round's message is a block of bytes per worker, identical in layout on every r
 - PS: a chunk is split into N shards; the block sent to worker j holds every chunk's shard j
   (all_to_all), and the block worker j all-gathers holds its re-encoded aggregate of shard j. A
   slot is sized for the largest shard, so all blocks have one size ``B``.
+- RING: shards as in PS; each hop sends one block: shard s of every chunk (a partial sum, later
+  the aggregate), see :mod:`hipress.casync.ring`.
 
 :class:`Workspace` holds the message buffers of one layout, allocated once and reused.
 
@@ -53,8 +55,8 @@ class Chunk:
         part, parts: partition index k and count K.
         offset: first element of the chunk in the bucket buffer.
         numel: element count.
-        shards: PS only: element counts of the N shards (contiguous, in order); else ``()``.
-        slot: bytes reserved for the chunk's payload (PS: for one shard's payload) in a block.
+        shards: PS and RING: element counts of the N shards (contiguous, in order); else ``()``.
+        slot: bytes reserved for the chunk's payload (PS, RING: one shard's payload) in a block.
     """
 
     name: str
@@ -75,7 +77,7 @@ class Round:
     """One batched collective round: chunks of one strategy sharing one message.
 
     Fields:
-        strategy: ALLGATHER or PS.
+        strategy: ALLGATHER, PS or RING.
         chunks: the chunks it carries, in bucket order.
         slot_offsets: byte offset of each chunk's slot inside a block.
         flags_offset: byte offset of the non-finite flags (one byte per chunk).
@@ -110,7 +112,8 @@ class BucketSchedule:
         names: parameter names in bucket order.
         numel: elements in the bucket buffer.
         allreduce_ranges: coalesced (offset, numel) element ranges sent uncompressed.
-        rounds: the compressed rounds, ALLGATHER rounds first, then PS rounds, each by partition.
+        rounds: the compressed rounds, ALLGATHER rounds first, then PS, then RING rounds, each by
+            partition.
     """
 
     names: tuple[str, ...]
@@ -150,7 +153,8 @@ def build_schedule(
     of 8 or a chunk is too small for its strategy.
     """
     ranges: list[tuple[int, int]] = []
-    by_strategy: dict[Strategy, list[list[Chunk]]] = {Strategy.ALLGATHER: [], Strategy.PS: []}
+    order = (Strategy.ALLGATHER, Strategy.PS, Strategy.RING)
+    by_strategy: dict[Strategy, list[list[Chunk]]] = {s: [] for s in order}
     offset = 0
     for name, numel, d in zip(names, numels, decisions, strict=True):
         if not d.compress:
@@ -165,7 +169,7 @@ def build_schedule(
         rounds = by_strategy[d.strategy]
         pos = offset
         for k, size in enumerate(split_sizes(numel, d.partitions)):
-            if d.strategy is Strategy.PS:
+            if d.strategy in (Strategy.PS, Strategy.RING):
                 if size < world_size:
                     raise ValueError(f"{name}: partition of {size} elements < {world_size} shards")
                 shards = split_sizes(size, world_size)
@@ -182,7 +186,7 @@ def build_schedule(
             rounds[k].append(Chunk(name, k, d.partitions, pos, size, shards, slot))
             pos += size
         offset += numel
-    built = [_make_round(s, cs) for s in (Strategy.ALLGATHER, Strategy.PS) for cs in by_strategy[s]]
+    built = [_make_round(s, cs) for s in order for cs in by_strategy[s]]
     return BucketSchedule(tuple(names), offset, tuple(ranges), tuple(built))
 
 
@@ -192,7 +196,7 @@ class Workspace:
     ``busy`` is True while a synchronisation uses them (one at a time per layout).
 
     Per round: ``send`` and ``recv`` message buffers (compressed size; for PS the all_to_all's
-    send buffer is reused as the all-gather's output) and a float32 ``scratch`` (PS: the largest
+    send buffer is reused as the all-gather's output; RING uses ``recv`` alone) and a float32 ``scratch`` (PS: the largest
     shard, for merging; ALLGATHER: the largest chunk, only when the bucket is not float32). Plus
     ``allreduce``: a staging buffer when the uncompressed tensors are not one contiguous range.
     """
@@ -216,6 +220,9 @@ class Workspace:
             b = rnd.block_nbytes
             if rnd.strategy is Strategy.PS:
                 self.send.append(u8(n * b))
+                self.scratch.append(f32(rnd.max_shard_numel))
+            elif rnd.strategy is Strategy.RING:
+                self.send.append(u8(0))  # the ring sends out of its N blocks in ``recv``
                 self.scratch.append(f32(rnd.max_shard_numel))
             else:
                 self.send.append(u8(b))

@@ -11,7 +11,9 @@ The hook follows DDP's contract: it is a plain function ``casync_hook(state, buc
 future that holds one tensor shaped like ``bucket.buffer()``, averaged over the world size, in the
 bucket's dtype. Every collective is issued from the hook call itself, in bucket order, so every
 rank issues them in the same order (on gloo too). A PS bucket's second phase is issued from the
-next bucket's hook call (or at once for the last bucket), which overlaps it with backward.
+next bucket's hook call (or at once for the last bucket), which overlaps it with backward. Ring
+rounds run on a thread of their own (point-to-point messages take no part in that order). The
+last bucket's call returns once every bucket of the step is synchronised.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class CaSyncState:
         self._param_names: dict[int, str] = {}
         self._cache: dict[tuple[Any, ...], tuple[BucketSchedule, Workspace, int]] = {}
         self._pending: list[BucketOp] = []
+        self._inflight: list[BucketOp] = []  # this step's buckets
         self._agreed = False
         self._step = 0
         self._lock = threading.Lock()
@@ -296,21 +299,29 @@ class CaSyncState:
                 schedule, workspace = self._schedule(names, buffer)
                 self.stats.bucket_submitted(last)
                 op = BucketOp(self._ctx, schedule, workspace, buffer)
+                self._inflight.append(op)
                 op.start(self.process_group)
                 for other in earlier:
                     other.advance(self.process_group)
                 if last:
                     op.advance(self.process_group)
+                    # DDP waits for every bucket right after this call anyway; waiting here
+                    # raises a failure as the CaSyncError it is (DDP cannot unwrap a future
+                    # that a completion callback or the ring thread failed)
+                    for other in self._inflight:
+                        other.future.wait()
                 elif op.deferred:
                     self._pending.append(op)
             except BaseException as exc:
                 # fail every bucket of the step, so no future is left waiting forever
                 err = op.fail(exc) if op is not None else _as_error(exc)
-                for other in earlier:
+                for other in self._inflight:
                     other.fail(err)
+                self._inflight = []
                 self.stats.abandon_step()
                 raise err from exc
             if last:
+                self._inflight = []
                 self._end_step()
             return op.future
 
@@ -389,7 +400,9 @@ class CaSyncState:
         self._step = int(sd.get("step", 0))  # where warm-up stands
 
     def __getstate__(self) -> dict[str, Any]:
-        runtime = ("process_group", "_ctx", "_param_names", "_cache", "_pending", "_lock")
+        runtime = (
+            "process_group", "_ctx", "_param_names", "_cache", "_pending", "_inflight", "_lock"
+        )  # fmt: skip
         d = {k: v for k, v in self.__dict__.items() if k not in (*runtime, "_agreed", "_step")}
         if self._spec is not None:
             d["algorithm"] = None  # reloaded from the spec: compiled kernels do not pickle

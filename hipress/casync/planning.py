@@ -108,8 +108,10 @@ def check_plan(
             "make the plan for the same parameters"
         )
     for e in compressed:
+        if e.strategy is Strategy.RING and world_size < 2:
+            raise PlanError(f"{e.name}: the ring strategy needs at least 2 workers")
         per_part = e.numel // e.partitions
-        need = world_size if e.strategy is Strategy.PS else 1
+        need = world_size if e.strategy in (Strategy.PS, Strategy.RING) else 1
         if per_part < need:
             raise PlanError(
                 f"{e.name}: {e.numel} elements cannot form {e.partitions} partitions of at least "

@@ -13,8 +13,13 @@ Semantics, per parameter and partition (a "chunk"; N workers, ``avg`` = divide b
 - PS: the chunk splits into N shards; for shard j, server j computes
   ``m_j = avg(sum_r decode(encode_r(g_r[j])))`` and every worker receives
   ``decode(encode_server_j(m_j))``.
+- RING: the chunk splits into N shards; shard j's partial sum starts at rank j+1,
+  ``p = encode_{j+1}(g_{j+1}[j])``, and passes through ranks j+2, ..., j-1 (mod N), each
+  computing ``p = encode_r(decode(p) + g_r[j])`` in float32; rank j computes
+  ``m_j = (decode(p) + g_j[j]) / N`` and every worker receives ``decode(encode_server_j(m_j))``.
 - If any rank's chunk holds NaN/Inf, the chunk is all-NaN on every rank and each state that
-  encoded it is reset after encoding.
+  encoded it is reset after encoding (RING: every state that encoded any of its shards, since
+  the partial sums carry other ranks' values).
 
 Results are cast to the gradients' dtype.
 """
@@ -91,6 +96,8 @@ class ReferenceSync:
                 chunk = [g[pos : pos + size] for g in gs]
                 if e.strategy is Strategy.PS:
                     pieces.append(self._ps(e.name, k, e.partitions, chunk))
+                elif e.strategy is Strategy.RING:
+                    pieces.append(self._ring(e.name, k, e.partitions, chunk))
                 else:
                     pieces.append(self._allgather(e.name, k, e.partitions, chunk))
                 pos += size
@@ -143,5 +150,35 @@ class ReferenceSync:
             results.append(alg.decode(back, s, out=torch.empty(s, dtype=torch.float32)))
             pos += s
         if any_bad:
+            return torch.full((size,), float("nan"))
+        return torch.cat(results)
+
+    def _ring(self, name: str, k: int, parts: int, chunk: list[torch.Tensor]) -> torch.Tensor:
+        alg, n = self.algorithm, self.world_size
+        assert alg is not None
+        size = chunk[0].numel()
+        bad = any(not _finite(x) for x in chunk)
+        results = []
+        pos = 0
+        for j, s in enumerate(split_sizes(size, n)):
+            shard = [x[pos : pos + s] for x in chunk]
+            first = (j + 1) % n
+            payload = self._encode(
+                shard[first], self.worker[first][chunk_key(name, k, parts, j)], bad
+            )
+            acc = torch.empty(s, dtype=torch.float32)
+            for step in range(2, n + 1):
+                r = (j + step) % n
+                alg.decode(payload, s, out=acc)
+                acc.add_(shard[r])
+                if r == j:
+                    acc.div_(n)
+                    state = self.server[j][chunk_key(name, k, parts, shard=j, server=True)]
+                else:
+                    state = self.worker[r][chunk_key(name, k, parts, shard=j)]
+                payload = self._encode(acc, state, bad)
+            results.append(alg.decode(payload, s, out=torch.empty(s, dtype=torch.float32)))
+            pos += s
+        if bad:
             return torch.full((size,), float("nan"))
         return torch.cat(results)

@@ -1,5 +1,6 @@
-"""Execution of one bucket's schedule: uncompressed allreduce, compressed allgather and compressed
-PS (scatter-reduce + all-gather), batched into rounds and pipelined.
+"""Execution of one bucket's schedule: uncompressed allreduce, compressed allgather, compressed
+PS (scatter-reduce + all-gather) and compressed ring (:mod:`hipress.casync.ring`), batched into
+rounds and pipelined.
 
 A :class:`BucketOp` runs in two stages, both on the caller's thread (the DDP hook's thread), so
 every rank issues its collectives in the same order (gloo matches collectives by issue order;
@@ -10,6 +11,10 @@ issuing from completion callbacks, as PyTorch's PowerSGD hook does, breaks that)
   the wire.
 - :meth:`BucketOp.advance` (PS rounds only): for each round, wait for its all_to_all, decode and
   merge the shard this rank serves, average, re-encode and issue the all-gather.
+
+Ring rounds use no collective: :meth:`BucketOp.start` hands them to the context's
+:class:`~hipress.casync.ring.RingDriver` thread, whose point-to-point hops do not take part in
+the collectives' issue order.
 
 Decoding needs no collective, so it runs in the collectives' completion callbacks as soon as a
 round arrives. :attr:`BucketOp.future` completes with the bucket buffer, averaged over the world
@@ -34,6 +39,7 @@ import torch.distributed as dist
 from hipress.casync.algorithm import CompressionAlgorithm, chunk_key
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
 from hipress.casync.errors import CaSyncError, CommError
+from hipress.casync.ring import RingDriver
 from hipress.casync.stats import SyncStats
 from hipress.secopa.plan import Strategy
 
@@ -58,10 +64,10 @@ class SyncContext:
         worker_states, server_states: per-chunk states, see ``init_chunk_states``.
         stats: where figures are recorded.
         check_finite: whether to look for NaN/Inf in the input (one extra pass over the bucket).
-        decode_lock: serialises the algorithm's decode calls, which run on the hook's thread
-            and on the backend's completion threads: an algorithm object need not be
-            thread-safe (CompLL's C backend reuses one workspace per size). Encode calls all run
-            on the hook's thread.
+        codec_lock: serialises the algorithm's encode and decode calls, which run on the
+            hook's thread, on the backend's completion threads and on the ring driver's thread:
+            an algorithm object need not be thread-safe.
+        ring: the thread that runs ring rounds (started at the first one).
     """
 
     rank: int
@@ -71,7 +77,8 @@ class SyncContext:
     server_states: Mapping[str, Any]
     stats: SyncStats
     check_finite: bool = True
-    decode_lock: threading.Lock = field(default_factory=threading.Lock)
+    codec_lock: threading.Lock = field(default_factory=threading.Lock)
+    ring: RingDriver = field(default_factory=RingDriver)
 
 
 def _all_finite(x: torch.Tensor) -> bool:
@@ -130,7 +137,7 @@ class BucketOp:
 
     # ---- completion -------------------------------------------------------------------------
 
-    def _part_done(self) -> None:
+    def part_done(self) -> None:
         with self._lock:
             self._remaining -= 1
             if self._remaining or self._done:
@@ -186,11 +193,16 @@ class BucketOp:
         ctx.stats.add(bytes_uncompressed=buf.numel() * buf.element_size())
         if self.schedule.allreduce_ranges:
             self._start_allreduce(group)
+        ring = []
         for i, rnd in enumerate(self.schedule.rounds):
             if rnd.strategy is Strategy.PS:
                 self._start_ps(i, rnd, group)
+            elif rnd.strategy is Strategy.RING:
+                ring.append(i)
             else:
                 self._start_allgather(i, rnd, group)
+        if ring:
+            ctx.ring.submit(self, ring, group)
 
     def _start_allreduce(self, group: dist.ProcessGroup | None) -> None:
         ranges, buf = self.schedule.allreduce_ranges, self.buffer
@@ -219,18 +231,20 @@ class BucketOp:
             for off, n in self.schedule.allreduce_ranges:
                 self.buffer[off : off + n].copy_(flat[pos : pos + n])
                 pos += n
-        self._part_done()
+        self.part_done()
+
+    def local_flags(self, rnd: Round) -> list[bool]:
+        """Whether each of ``rnd``'s chunks holds NaN/Inf on this rank."""
+        if not self._bad:
+            return [False] * len(rnd.chunks)
+        return [not _all_finite(self.buffer[c.offset : c.offset + c.numel]) for c in rnd.chunks]
 
     def _encode_flags(self, rnd: Round, blocks: torch.Tensor) -> list[bool]:
         """Local non-finite flags of ``rnd``'s chunks, written into every block's trailer."""
-        fo, nc = rnd.flags_offset, len(rnd.chunks)
+        fo = rnd.flags_offset
         blocks[:, fo:].zero_()
-        if not self._bad:
-            return [False] * nc
-        flags = []
-        for idx, c in enumerate(rnd.chunks):
-            bad = not _all_finite(self.buffer[c.offset : c.offset + c.numel])
-            flags.append(bad)
+        flags = self.local_flags(rnd)
+        for idx, bad in enumerate(flags):
             if bad:
                 blocks[:, fo + idx] = 1
         return flags
@@ -243,7 +257,8 @@ class BucketOp:
         flags = self._encode_flags(rnd, send.view(1, -1))
         for idx, c, off in rnd.slots():
             state = ctx.worker_states[chunk_key(c.name, c.part, c.parts)]
-            alg.encode(buf[c.offset : c.offset + c.numel], state, out=send[off : off + c.slot])
+            with ctx.codec_lock:
+                alg.encode(buf[c.offset : c.offset + c.numel], state, out=send[off : off + c.slot])
             if flags[idx]:
                 state.reset()
         t_issue = time.perf_counter()
@@ -266,14 +281,14 @@ class BucketOp:
                 region.fill_(float("nan"))
                 continue
             out = region if region.dtype == torch.float32 else self.ws.scratch[i][: c.numel]
-            with ctx.decode_lock:
+            with ctx.codec_lock:
                 for r in range(n):
                     alg.decode(blocks[r, off : off + c.slot], c.numel, out=out, accumulate=r > 0)
             out.div_(n)
             if out is not region:
                 region.copy_(out)
         ctx.stats.add(comm_ms=t - t_issue, decode_ms=time.perf_counter() - t)
-        self._part_done()
+        self.part_done()
 
     @staticmethod
     def _gathered_flags(rnd: Round, blocks: torch.Tensor) -> list[bool]:
@@ -291,7 +306,8 @@ class BucketOp:
             for j, s in enumerate(c.shards):
                 state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=j)]
                 nbytes = alg.payload_nbytes(s)
-                alg.encode(buf[pos : pos + s], state, out=blocks[j, off : off + nbytes])
+                with ctx.codec_lock:
+                    alg.encode(buf[pos : pos + s], state, out=blocks[j, off : off + nbytes])
                 if flags[idx]:
                     state.reset()
                 pos += s
@@ -329,14 +345,15 @@ class BucketOp:
             s = c.shards[rank]
             nbytes = alg.payload_nbytes(s)
             merged = self.ws.scratch[i][:s]
-            with ctx.decode_lock:
+            with ctx.codec_lock:
                 for r in range(n):
                     alg.decode(blocks[r, off : off + nbytes], s, out=merged, accumulate=r > 0)
             merged.div_(n)
             t0 = time.perf_counter()
             state = ctx.server_states[chunk_key(c.name, c.part, c.parts, shard=rank, server=True)]
             # overwrites this rank's own slot of chunk idx, which was decoded just above
-            alg.encode(merged, state, out=own[off : off + nbytes])
+            with ctx.codec_lock:
+                alg.encode(merged, state, out=own[off : off + nbytes])
             if flags[idx]:
                 state.reset()
             t_enc += time.perf_counter() - t0
@@ -371,10 +388,10 @@ class BucketOp:
             for j, s in enumerate(c.shards):
                 region = buf[pos : pos + s]
                 out = region if region.dtype == torch.float32 else self.ws.scratch[i][:s]
-                with ctx.decode_lock:
+                with ctx.codec_lock:
                     alg.decode(blocks[j, off : off + alg.payload_nbytes(s)], s, out=out)
                 if out is not region:
                     region.copy_(out)
                 pos += s
         ctx.stats.add(comm_ms=t - t_issue, decode_ms=time.perf_counter() - t)
-        self._part_done()
+        self.part_done()

@@ -28,11 +28,16 @@ class Strategy(str, Enum):
     PS: compressed scatter-reduce + all-gather (the original's PS with co-located servers): N
         shards, encode each, all_to_all, decode and merge own shard, re-encode, all-gather,
         decode.
+    RING: compressed ring: N shards; in N-1 dependent hops each worker decodes the partial sum
+        it receives from its left neighbour, adds its own shard, re-encodes and passes it on;
+        the worker that ends with a shard's full sum averages and re-encodes it, and the N
+        aggregates travel the ring compressed (N-1 more hops), decoded where they arrive.
     """
 
     ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"
     PS = "ps"
+    RING = "ring"
 
 
 @dataclass(frozen=True)

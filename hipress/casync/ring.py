@@ -1,0 +1,226 @@
+"""The compressed ring (:attr:`Strategy.RING <hipress.secopa.plan.Strategy.RING>`).
+
+A ring round carries partition r of every RING tensor of a bucket; each chunk splits into N
+shards, laid out like PS (:mod:`hipress.casync.bulk`). Rank r, with right neighbour r+1 and left
+neighbour r-1 (mod N), runs 2(N-1) dependent hops, each a point-to-point send and receive of one
+block (one shard of every chunk, plus the non-finite flags):
+
+- reduce-scatter, hop h = 0 .. N-2: rank r sends shard ``r-h-1``; at hop 0 it encodes its own
+  gradient, later it decodes the partial sum it just received for that shard, adds its own
+  gradient and re-encodes (its worker state of that shard). After the last hop it holds the sum
+  of every rank for shard r: it adds its own, averages and re-encodes it (its server state).
+- all-gather, hop h = 0 .. N-2: rank r forwards aggregate ``r-h`` as it received it and decodes
+  it into the bucket, so every rank decodes the same N payloads.
+
+Every block of the round lives in one buffer of N blocks (``Workspace.recv``): block s holds
+shard s's payload as it passes through this rank, first the partial sums, then the aggregate.
+A block is received into only once the send out of it has completed.
+
+The hops run on a :class:`RingDriver` thread, not on the hook's thread: they depend on each
+other, so issuing them from the hook would stall backward. Point-to-point messages in gloo are
+matched by peer and tag, not by issue order among collectives, so this thread never disturbs
+the order of the hook's collectives. Rounds are pipelined: the driver takes one hop of each
+round in turn, so round r+1's transfer is on the wire while round r decodes and re-encodes.
+
+Non-finite flags travel with the partial sums (each rank ORs in its own), so the aggregate
+carries the flags of every rank. A chunk that is non-finite anywhere comes out all-NaN on every
+rank, and every state that encoded any of its shards is reset afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from hipress.casync.algorithm import chunk_key
+from hipress.casync.bulk import Round
+from hipress.casync.errors import CaSyncError
+
+if TYPE_CHECKING:
+    from hipress.casync.strategies import BucketOp
+
+__all__ = ["RingDriver"]
+
+# a round's messages are told apart by tag (rounds of one bucket may be in flight together)
+_TAG_BASE = 0x4850  # "HP"
+
+
+class RingDriver:
+    """A daemon thread running the ring rounds of bucket operations, in submission order.
+
+    Every rank submits the same operations in the same order (the hook's bucket order), so the
+    k-th message rank r sends to r+1 is the k-th one r+1 expects. After a failure every later
+    operation fails at once with the same error instead of waiting out the timeout again.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[BucketOp, list[int], dist.ProcessGroup | None]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._broken: CaSyncError | None = None
+
+    def submit(self, op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
+        """Run ``op``'s ring rounds (indices into its schedule) on the driver thread."""
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="hipress-casync-ring", daemon=True
+                )
+                self._thread.start()
+        self._queue.put((op, rounds, group))
+
+    def _run(self) -> None:
+        while True:
+            op, rounds, group = self._queue.get()
+            if self._broken is not None:
+                op.fail(self._broken, "ring")
+            else:
+                try:
+                    _run_rounds(op, rounds, group)
+                except BaseException as exc:
+                    self._broken = op.fail(exc, "ring transfer")
+            # hold nothing while idle: the op's buffers and the group belong to the hook
+            del op, rounds, group
+
+
+def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
+    """Drive the rounds' hops round-robin: wait for one round's receive, run its next hop."""
+    stats = op.ctx.stats
+    active = []
+    for i in rounds:
+        gen = _ring_round(op, i, group)
+        active.append((gen, next(gen)))
+    while active:
+        following = []
+        for gen, work in active:
+            t = time.perf_counter()
+            work.wait()
+            stats.add(wait_ms=time.perf_counter() - t)
+            with contextlib.suppress(StopIteration):
+                following.append((gen, next(gen)))
+        active = following
+
+
+def _ring_round(op: BucketOp, i: int, group: dist.ProcessGroup | None) -> Iterator[dist.Work]:
+    """Round ``i``'s 2(N-1) hops; yields each receive to be waited for before going on."""
+    ctx, buf = op.ctx, op.buffer
+    alg, n, r = ctx.algorithm, ctx.world_size, ctx.rank
+    assert alg is not None
+    rnd: Round = op.schedule.rounds[i]
+    blocks = op.ws.recv[i].view(n, rnd.block_nbytes)
+    scratch = op.ws.scratch[i]
+    fo, nc = rnd.flags_offset, len(rnd.chunks)
+    own_flags = op.local_flags(rnd)
+    right, left, tag = (r + 1) % n, (r - 1) % n, _TAG_BASE + i
+    sends: list[dist.Work | None] = [None] * n
+
+    def region(c_offset: int, shards: tuple[int, ...], s: int) -> torch.Tensor:
+        pos = c_offset + sum(shards[:s])
+        return buf[pos : pos + shards[s]]
+
+    def send(s: int) -> None:
+        sends[s] = dist.isend(blocks[s], group=group, tag=tag, group_dst=right)
+
+    def receive(s: int) -> dist.Work:
+        if sends[s] is not None:  # the block still leaving must be gone before it is overwritten
+            sends[s].wait()  # type: ignore[union-attr]
+            sends[s] = None
+        return dist.irecv(blocks[s], group=group, tag=tag, group_src=left)
+
+    # reduce-scatter, hop 0: encode my own shard r-1
+    t = time.perf_counter()
+    s = (r - 1) % n
+    blk = blocks[s]
+    for _, c, off in rnd.slots():
+        state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=s)]
+        nbytes = alg.payload_nbytes(c.shards[s])
+        with ctx.codec_lock:
+            alg.encode(region(c.offset, c.shards, s), state, out=blk[off : off + nbytes])
+    blk[fo:].zero_()
+    for idx, bad in enumerate(own_flags):
+        if bad:
+            blk[fo + idx] = 1
+    ctx.stats.add(encode_ms=time.perf_counter() - t, collectives=1, bytes_sent=rnd.block_nbytes)
+    send(s)
+    yield receive((s - 1) % n)
+
+    # reduce-scatter, hops 1 .. N-2, then the aggregate of shard r
+    flags = own_flags
+    for h in range(1, n):
+        s = (r - h - 1) % n
+        last = h == n - 1  # s == r: the full sum has arrived
+        blk = blocks[s]
+        t, t_enc = time.perf_counter(), 0.0
+        got = blk[fo : fo + nc].tolist()
+        flags = [bool(a) or b for a, b in zip(got, own_flags, strict=True)]
+        for _, c, off in rnd.slots():
+            size = c.shards[s]
+            nbytes = alg.payload_nbytes(size)
+            acc = scratch[:size]
+            with ctx.codec_lock:
+                alg.decode(blk[off : off + nbytes], size, out=acc)
+            acc.add_(region(c.offset, c.shards, s))
+            if last:
+                acc.div_(n)
+                key = chunk_key(c.name, c.part, c.parts, shard=s, server=True)
+                state = ctx.server_states[key]
+            else:
+                state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=s)]
+            t0 = time.perf_counter()
+            with ctx.codec_lock:
+                alg.encode(acc, state, out=blk[off : off + nbytes])
+            t_enc += time.perf_counter() - t0
+        for idx, bad in enumerate(flags):
+            blk[fo + idx] = int(bad)
+        ctx.stats.add(encode_ms=t_enc, decode_ms=time.perf_counter() - t - t_enc)
+        if last:
+            break
+        ctx.stats.add(collectives=1, bytes_sent=rnd.block_nbytes)
+        send(s)
+        yield receive((s - 1) % n)
+
+    # flags now hold every rank's: reset what encoded a non-finite chunk
+    for idx, c, _ in rnd.slots():
+        if flags[idx]:
+            for j in range(n):
+                key = chunk_key(c.name, c.part, c.parts, shard=j, server=j == r)
+                (ctx.server_states if j == r else ctx.worker_states)[key].reset()
+
+    # all-gather: forward aggregate r-h, decode it while the next one arrives
+    for h in range(n):
+        s = (r - h) % n
+        if h < n - 1:
+            ctx.stats.add(collectives=1, bytes_sent=rnd.block_nbytes)
+            send(s)
+            work = receive((s - 1) % n)
+        t = time.perf_counter()
+        for idx, c, off in rnd.slots():
+            if flags[idx]:
+                continue
+            out = region(c.offset, c.shards, s)
+            size = c.shards[s]
+            target = out if out.dtype == torch.float32 else scratch[:size]
+            with ctx.codec_lock:
+                alg.decode(blocks[s, off : off + alg.payload_nbytes(size)], size, out=target)
+            if target is not out:
+                out.copy_(target)
+        ctx.stats.add(decode_ms=time.perf_counter() - t)
+        if h < n - 1:
+            yield work
+
+    for idx, c, _ in rnd.slots():
+        if flags[idx]:
+            buf[c.offset : c.offset + c.numel].fill_(float("nan"))
+    for w in sends:
+        if w is not None:
+            w.wait()
+    op.part_done()
