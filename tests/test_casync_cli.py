@@ -28,11 +28,13 @@ def test_bench_sync_quick_writes_a_table_and_json(
         "fp16_allreduce",
         "terngrad/allgather/K1",
         "terngrad/ps/K1",
+        "terngrad/ring/K1",
     }
     for r in rows:
         assert r["world_size"] == 2 and r["bytes"] == 4096 and r["ms"] > 0
-    ps = next(r for r in rows if r["method"] == "terngrad/ps/K1")
-    assert 0 < ps["ratio"] < 0.25 and ps["speedup"] > 0
+    for method in ("terngrad/ps/K1", "terngrad/ring/K1"):
+        row = next(r for r in rows if r["method"] == method)
+        assert 0 < row["ratio"] < 0.25 and row["speedup"] > 0 and row["comm_ms"] > 0
 
 
 def test_sizes_and_bad_options() -> None:

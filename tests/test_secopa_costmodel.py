@@ -90,7 +90,7 @@ def test_every_k_from_1_to_n_is_predicted() -> None:
     for n in (2, 8, 64, 1024):
         cm = CostModel(_profile(), n)
         table = cm.table(1 << 26)
-        assert set(table) == {"allreduce", "allgather", "ps"}
+        assert set(table) == {"allreduce", "allgather", "ps", "ring"}
         assert all(len(v) == n and np.all(np.isfinite(v)) for v in table.values())
     assert len(CostModel(_profile(), 64, max_partitions=4).times("ps", 1 << 26)) == 4
 
@@ -108,11 +108,28 @@ def test_allgather_k1_by_hand() -> None:
     assert CostModel(p, n).time("allgather", m, 1) == pytest.approx(want)
 
 
+def test_ring_k1_by_hand() -> None:
+    """CaSync's ring: N-1 re-encoding hops plus the aggregate (N encodes of a shard), N-1
+    partial sums and N aggregates decoded (2N-1), N-1 adds and the average, the NaN/Inf check,
+    and 2(N-1) dependent point-to-point hops of one shard's payload."""
+    p, n, m = _profile(), 8, 1 << 20
+    shard = m / n
+    pay = 0.25 * shard + 16
+    want = (
+        n * _c((4e-7, 0.01, 0.01), shard)
+        + (2 * n - 1) * _c((2e-7, 0.005, 0.005), shard)
+        + 2 * n * _c((1e-7, 0.002, 0.002), shard)
+        + 2 * (n - 1) * float(p.network["send"].time(pay, n))
+    )
+    assert CostModel(p, n).time("ring", m, 1) == pytest.approx(want)
+    assert np.isinf(CostModel(p, n).time("ring", n - 1, 1))  # a shard per worker at least
+
+
 @given(
     m=st.integers(1 << 12, 1 << 24),
     k=st.integers(1, 8),
     ov=st.floats(0.0, 1.0),
-    name=st.sampled_from(["allgather", "ps", "allreduce"]),
+    name=st.sampled_from(["allgather", "ps", "ring", "allreduce"]),
 )
 def test_pipelining_formula(m: int, k: int, ov: float, name: str) -> None:
     cm = CostModel(_profile(ov), 8)

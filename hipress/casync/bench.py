@@ -3,7 +3,7 @@ size.
 
 Methods: ``ddp_allreduce`` (what DDP does: divide, allreduce in place), ``fp16_allreduce``
 (PyTorch's ``fp16_compress_hook``: cast, allreduce, cast back), and CaSync with each algorithm,
-strategy (allgather, ps) and partition count K, through :meth:`CaSyncState.submit` (the same path
+strategy (allgather, ps, ring) and partition count K, through :meth:`CaSyncState.submit` (the same path
 as the DDP hook). Each cell is timed as the slowest rank's wall time per sync (median over
 repetitions, after a warm-up that allocates the buffers), with the input refilled before each
 repetition outside the timing.
@@ -44,7 +44,7 @@ class SyncBenchConfig:
         world_sizes: numbers of local workers.
         sizes: tensor sizes in bytes (float32).
         algorithms: CompLL algorithm names (default parameters).
-        strategies: CaSync strategies ("allgather", "ps").
+        strategies: CaSync strategies ("allgather", "ps", "ring").
         partitions: K values; K > 1 only where every partition keeps ``min_partition_numel``.
         reps: timed repetitions per cell (at most).
         budget_s: stop repeating a cell once its timed repetitions took this long (>= 1 rep).
@@ -58,7 +58,7 @@ class SyncBenchConfig:
     world_sizes: tuple[int, ...] = (2, 4)
     sizes: tuple[int, ...] = (KB, 16 * KB, 256 * KB, 4 * MB, 64 * MB, 256 * MB)
     algorithms: tuple[str, ...] = ("onebit", "terngrad")
-    strategies: tuple[str, ...] = ("allgather", "ps")
+    strategies: tuple[str, ...] = ("allgather", "ps", "ring")
     partitions: tuple[int, ...] = (1, 2, 4)
     reps: int = 5
     budget_s: float = 5.0
@@ -73,9 +73,9 @@ class SyncBenchConfig:
             raise ValueError("world_sizes must be >= 2")
         if not self.sizes or min(self.sizes) < 8 or any(s % 4 for s in self.sizes):
             raise ValueError("sizes must be >= 8 bytes and whole float32 tensors")
-        bad = set(self.strategies) - {"allgather", "ps"}
+        bad = set(self.strategies) - {"allgather", "ps", "ring"}
         if bad:
-            raise ValueError(f"unknown strategies {sorted(bad)}; use allgather, ps")
+            raise ValueError(f"unknown strategies {sorted(bad)}; use allgather, ps, ring")
         if not self.partitions or min(self.partitions) < 1:
             raise ValueError("partitions must be >= 1")
         if self.reps < 1 or self.budget_s <= 0:

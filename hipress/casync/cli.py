@@ -66,7 +66,10 @@ def add_sync_arguments(p: argparse.ArgumentParser) -> None:
         help="CompLL algorithms, default parameters (see `hipress algorithms`)",
     )
     p.add_argument(
-        "--strategies", nargs="+", default=["allgather", "ps"], choices=["allgather", "ps"]
+        "--strategies",
+        nargs="+",
+        default=["allgather", "ps", "ring"],
+        choices=["allgather", "ps", "ring"],
     )
     p.add_argument(
         "--partitions",

@@ -101,17 +101,21 @@ def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None
         active.append((gen, next(gen)))
     while active:
         following = []
-        for gen, work in active:
+        for gen, (work, t_post) in active:
             t = time.perf_counter()
             work.wait()
-            stats.add(wait_ms=time.perf_counter() - t)
+            done = time.perf_counter()
+            stats.add(wait_ms=done - t, comm_ms=done - t_post)
             with contextlib.suppress(StopIteration):
                 following.append((gen, next(gen)))
         active = following
 
 
-def _ring_round(op: BucketOp, i: int, group: dist.ProcessGroup | None) -> Iterator[dist.Work]:
-    """Round ``i``'s 2(N-1) hops; yields each receive to be waited for before going on."""
+def _ring_round(
+    op: BucketOp, i: int, group: dist.ProcessGroup | None
+) -> Iterator[tuple[dist.Work, float]]:
+    """Round ``i``'s 2(N-1) hops; yields each receive to be waited for before going on, with
+    the time it was posted."""
     ctx, buf = op.ctx, op.buffer
     alg, n, r = ctx.algorithm, ctx.world_size, ctx.rank
     assert alg is not None
@@ -130,11 +134,12 @@ def _ring_round(op: BucketOp, i: int, group: dist.ProcessGroup | None) -> Iterat
     def send(s: int) -> None:
         sends[s] = dist.isend(blocks[s], group=group, tag=tag, group_dst=right)
 
-    def receive(s: int) -> dist.Work:
+    def receive(s: int) -> tuple[dist.Work, float]:
         if sends[s] is not None:  # the block still leaving must be gone before it is overwritten
             sends[s].wait()  # type: ignore[union-attr]
             sends[s] = None
-        return dist.irecv(blocks[s], group=group, tag=tag, group_src=left)
+        work = dist.irecv(blocks[s], group=group, tag=tag, group_src=left)
+        return work, time.perf_counter()
 
     # reduce-scatter, hop 0: encode my own shard r-1
     t = time.perf_counter()

@@ -26,7 +26,8 @@ from hipress.casync.planning import DefaultRule, resolve_plan
 from hipress.horovod.comm import HorovodComm
 from hipress.horovod.errors import HorovodSyncError, import_horovod
 from hipress.horovod.sync import HorovodSync, Pending
-from hipress.secopa.plan import Plan, PlanError
+from hipress.secopa.plan import Plan, PlanError, Strategy
+from hipress.secopa.planner import PlannerConfig
 from hipress.secopa.runtime import auto_plan
 
 __all__ = ["DistributedOptimizer"]
@@ -256,7 +257,9 @@ def _auto_plan(
     if alg is None:
         raise PlanError("plan='auto' needs a compression algorithm")
     t0 = time.perf_counter()
-    plan = auto_plan(alg, named_numels, hvd.size(), comm=HorovodComm(hvd))
+    # no ring: Horovod has no point-to-point messages
+    config = PlannerConfig(strategies=(Strategy.ALLGATHER, Strategy.PS))
+    plan = auto_plan(alg, named_numels, hvd.size(), comm=HorovodComm(hvd), config=config)
     log.info(
         "hipress.horovod: plan='auto' profiled and planned in %.1f s", time.perf_counter() - t0
     )

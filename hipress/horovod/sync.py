@@ -28,7 +28,7 @@ import torch
 from hipress.casync.algorithm import CompressionAlgorithm, chunk_key, init_chunk_states
 from hipress.casync.bulk import split_sizes
 from hipress.casync.errors import ConfigMismatchError
-from hipress.secopa.plan import Plan, Strategy, TensorPlan
+from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 
 __all__ = ["HorovodSync", "Pending"]
 
@@ -93,6 +93,13 @@ class HorovodSync:
         self.compression = compression if compression is not None else hvd.Compression.none
         self.predivide = gradient_predivide_factor
         self.entries = {e.name: e for e in plan.entries}
+        ring = [e.name for e in plan.entries if e.strategy is Strategy.RING]
+        if ring:
+            raise PlanError(
+                f"{ring[0]}{f' and {len(ring) - 1} more' if len(ring) > 1 else ''}: the ring "
+                "strategy needs point-to-point messages, which Horovod does not offer; plan "
+                "with strategies allgather and ps (hipress plan --strategies allgather,ps)"
+            )
         if algorithm is not None:
             self.worker_states, self.server_states = init_chunk_states(
                 algorithm, plan, self.rank, self.world_size, seed

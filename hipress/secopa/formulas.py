@@ -132,6 +132,20 @@ CASYNC_FORMULAS: tuple[Formula, ...] = (
         ),
         min_part=lambda n: n,
     ),
+    Formula(
+        "ring",
+        compressed=True,
+        strategy=Strategy.RING,
+        compute=(
+            Term("merge", _n, lambda d: d.shard),  # CaSync's NaN/Inf check (one read pass)
+            Term("encode", _n, lambda d: d.shard),  # N-1 hops and the aggregate
+            Term("decode", lambda d: 2.0 * d.n - 1, lambda d: d.shard),  # N-1 partials, N aggr.
+            Term("merge", _n, lambda d: d.shard),  # N-1 adds of my shard, the average
+        ),
+        # 2(N-1) dependent hops, each a send to the right while receiving from the left
+        comm=(Term("send", lambda d: 2.0 * (d.n - 1), lambda d: d.pay(d.shard)),),
+        min_part=lambda n: n,
+    ),
 )
 
 

@@ -412,6 +412,21 @@ def check_unsupported_options() -> None:
                 raise CheckFailure(f"unclear error for {kwargs}: {exc}") from exc
         else:
             raise CheckFailure(f"{kwargs} was accepted")
+    # a plan with ring entries: Horovod has no point-to-point messages
+    ring = mixed_plan(m, "terngrad", {})
+    ring = Plan(ring.algorithm, {}, ring.world_size, tuple(
+        TensorPlan(e.name, e.numel, True, Strategy.RING, 1) if e.name == "4.weight" else e
+        for e in ring.entries
+    ))  # fmt: skip
+    try:
+        hipress.horovod.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), plan=ring
+        )
+    except PlanError as exc:
+        if "4.weight" not in str(exc) or "point-to-point" not in str(exc):
+            raise CheckFailure(f"unclear error for a ring plan: {exc}") from exc
+    else:
+        raise CheckFailure("a ring plan was accepted")
 
 
 def check_config_mismatch() -> None:
