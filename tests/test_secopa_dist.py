@@ -51,13 +51,13 @@ def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> No
     assert r0["alpha_beta"] == r1["alpha_beta"]
     for alpha, beta in r0["alpha_beta"].values():
         assert alpha >= 0 and beta > 0
-    # the four collectives keep their samples for this world size
-    assert r0["measured"] == ["all_gather", "all_to_all", "allreduce", "broadcast"]
+    # the four collectives and the ring hop keep their samples for this world size
+    assert r0["measured"] == ["all_gather", "all_to_all", "allreduce", "broadcast", "send"]
     # compute was measured on each rank separately, yet the plan is rank 0's on both
     assert r0["digest"] == r1["digest"] and r0["plan"] == r1["plan"]
     assert r0["group_world"] == 2
     assert r0["via_comm"] == r1["via_comm"] and r0["via_comm"][1] == "gloo"
-    assert set(r0["via_comm"][0]) == {"allreduce", "all_gather", "all_to_all", "broadcast"}
+    assert set(r0["via_comm"][0]) == {"allreduce", "all_gather", "all_to_all", "broadcast", "send"}
     assert 0.0 <= r0["via_comm"][2] <= 1.0
 
 
@@ -108,7 +108,7 @@ def test_cli_profile_measures_a_local_group(tmp_path: Path, capsys) -> None:  # 
     prof = Profile.load(out_file)
     src = prof.meta["network_source"]
     assert src["kind"] == "measured" and src["world_size"] == 2
-    assert set(src["samples"]) == {"allreduce", "all_gather", "all_to_all", "broadcast"}
+    assert set(src["samples"]) == {"allreduce", "all_gather", "all_to_all", "broadcast", "send"}
     # a measured 2-process profile still plans for 64 workers (alpha-beta extrapolation)
     argv = ["plan", "--model", "resnet50", "--world-size", "64", "--profile", str(out_file)]
     assert main(argv) == 0

@@ -28,6 +28,8 @@ class HorovodComm:
     operations across ranks by name, and a name is reused only after its operation finished.
     """
 
+    point_to_point = False  # Horovod has no send/receive
+
     def __init__(self, hvd: Any) -> None:
         self.hvd = hvd
         self.rank = int(hvd.rank())

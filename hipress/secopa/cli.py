@@ -157,8 +157,8 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--strategies",
         type=_strategies,
-        default=(Strategy.ALLGATHER, Strategy.PS),
-        help="compressed strategies to consider (default allgather,ps)",
+        default=(Strategy.ALLGATHER, Strategy.PS, Strategy.RING),
+        help="compressed strategies to consider (default allgather,ps,ring)",
     )
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--out", default=None, metavar="FILE", help="save the plan as JSON")

@@ -30,11 +30,15 @@ class Comm(Protocol):
         rank: this rank's index in the set (0 .. size-1); rank 0 plans.
         size: number of ranks.
         backend: a short name recorded in the profile's provenance (``gloo``, ``horovod/gloo``).
+        point_to_point: whether :meth:`collective` also offers ``send`` (a ring exchange:
+            every rank sends to the next and receives from the previous at once, one hop of
+            CaSync's ring).
     """
 
     rank: int
     size: int
     backend: str
+    point_to_point: bool
 
     def barrier(self) -> None:
         """Return once every rank has called it."""
@@ -42,8 +46,9 @@ class Comm(Protocol):
 
     def collective(self, op: str, nbytes: int) -> Callable[[], object]:
         """A zero-argument blocking call of collective ``op`` (``allreduce``, ``all_gather``,
-        ``all_to_all``, ``broadcast``) with ``nbytes`` per rank; its buffers are allocated once,
-        here. ``all_to_all`` gets a size divisible by :attr:`size`."""
+        ``all_to_all``, ``broadcast``, and ``send`` if :attr:`point_to_point`) with ``nbytes``
+        per rank; its buffers are allocated once, here. ``all_to_all`` gets a size divisible by
+        :attr:`size`."""
         ...
 
     def start_all_gather(self, nbytes: int) -> Callable[[], Wait]:
@@ -71,6 +76,8 @@ class TorchComm:
 
     Needs an initialised process group. Buffers are preallocated and reused, as CaSync does.
     """
+
+    point_to_point = True
 
     def __init__(self, group: Any = None) -> None:
         if not dist.is_initialized():
@@ -101,6 +108,17 @@ class TorchComm:
         if op == "broadcast":
             t = torch.ones(nbytes, dtype=torch.uint8)
             return lambda: dist.broadcast(t, src=self._src, group=group)
+        if op == "send":  # one ring hop, as CaSync's ring sends it
+            out = torch.ones(nbytes, dtype=torch.uint8)
+            into = torch.empty(nbytes, dtype=torch.uint8)
+            right, left = (self.rank + 1) % world, (self.rank - 1) % world
+
+            def hop() -> None:
+                sent = dist.isend(out, group=group, group_dst=right)
+                dist.irecv(into, group=group, group_src=left).wait()
+                sent.wait()
+
+            return hop
         raise ProfileError(f"unknown collective {op!r}")
 
     def start_all_gather(self, nbytes: int) -> Callable[[], Wait]:

@@ -65,7 +65,7 @@ class PlannerConfig:
     bucket_cap_mb: float = 25.0
     first_bucket_mb: float = 1.0
     max_partitions: int | None = None
-    strategies: tuple[Strategy, ...] = (Strategy.ALLGATHER, Strategy.PS)
+    strategies: tuple[Strategy, ...] = (Strategy.ALLGATHER, Strategy.PS, Strategy.RING)
     formulas: tuple[Formula, ...] = field(default=CASYNC_FORMULAS, repr=False)
     grid_per_octave: int = 8
 

@@ -190,8 +190,9 @@ def measure_network(
     8 MiB is not) are reduced with MAX so every rank returns identical samples and fits. Each
     collective becomes a :class:`MeasuredComm`: its samples price it at this world size, and
     an alpha-beta fit with the first of its ``algorithms`` extrapolates it (with all of them) to
-    other world sizes. ``send``/``gather``/``bcast`` (the original's primitives) reuse the
-    allreduce's fitted per-step alpha and beta.
+    other world sizes. ``send`` (one hop of CaSync's ring) is measured too where ``comm`` has
+    point-to-point messages; ``gather``/``bcast`` (the original's primitives), and ``send``
+    elsewhere, reuse the allreduce's fitted per-step alpha and beta.
     """
     comm = _comm(comm, group, "measure_network")
     world = comm.size
@@ -199,8 +200,9 @@ def measure_network(
         raise ProfileError("measure_network needs at least 2 processes")
     if len(sizes) != len(reps) or len(sizes) < 2:
         raise ProfileError("need as many repetition counts as sizes, at least two sizes")
+    measured = (*COLLECTIVES, "send") if comm.point_to_point else COLLECTIVES
     results = []
-    for op in COLLECTIVES:
+    for op in measured:
         for nbytes, r in zip(sizes, reps, strict=True):
             call = comm.collective(op, nbytes)
             call()
@@ -210,7 +212,7 @@ def measure_network(
     flat = timing.tolist()
     samples: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     ops: dict[str, CommOp] = {}
-    for i, op in enumerate(COLLECTIVES):
+    for i, op in enumerate(measured):
         ts = tuple(flat[i * len(sizes) : (i + 1) * len(sizes)])
         xs = tuple(float(s) for s in sizes)
         if op == "all_to_all":
@@ -224,7 +226,7 @@ def measure_network(
     assert isinstance(ar, MeasuredComm)
     ar = ar.model
     for op in ("send", "gather", "bcast"):
-        if op in algorithms:
+        if op in algorithms and op not in ops:
             ops[op] = AlphaBeta(ar.alpha_ms, ar.beta_ms_per_byte, tuple(algorithms[op]))
     return NetworkSamples(world, samples, ops, comm.backend)
 
