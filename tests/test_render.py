@@ -68,6 +68,46 @@ def test_reduction_feeding_a_map_costs_two_passes() -> None:
         assert not [a for a in plan.ws if a.origin == "map"], name
 
 
+def test_segment_reduction_fuses_with_its_readers() -> None:
+    plan = lower(load("int8", backend="reference").program, "encode")
+    (fu,) = plan.fusions
+    assert [it.op.name for lp in fu.seg_loops for it in lp.items] == ["scale"]
+    assert [it.op.name for lp in fu.elem_loops for it in lp.items] == ["q"]
+    prog = load("int8", backend="reference").program
+    assert "fused with scale, q" in render(prog, "c")
+    assert "segreduce" in render(prog, "cuda")  # other targets run the plain steps
+    # qsgd: a segment length known only at run time (and random numbers, packed output)
+    assert lower(load("qsgd", backend="reference").program, "encode").fusions == ()
+
+
+@pytest.mark.parametrize(
+    "read",
+    ["amax[i / 8 + 1]",  # the next segment: not computed yet in this block
+     "amax[i / 4]",  # another segment length
+     "amax[(i + 8) / 8]",
+     "amax[0]"],
+)  # fmt: skip
+def test_segment_reduction_read_elsewhere_is_not_fused(read: str) -> None:
+    prog = _prog(f"""
+    algorithm t "reads outside the segment"; payload {{ q: f32[n]; }}
+    encode(g) {{
+        let amax = segreduce(absmax, 8, g);
+        return concat(map(n, i => g[i] / {read}));
+    }}
+    decode(p) {{ return map(n, i => p.q[i]); }}
+    """)
+    assert lower(prog, "encode").fusions == ()
+    ok = _prog("""
+    algorithm t "reads the own segment"; payload { q: f32[n]; }
+    encode(g) {
+        let amax = segreduce(absmax, 8, g);
+        return concat(map(n, i => g[i] / amax[i / 8]));
+    }
+    decode(p) { return map(n, i => p.q[i]); }
+    """)
+    assert len(lower(ok, "encode").fusions) == 1
+
+
 def test_state_that_is_still_read_later_is_not_updated_in_place() -> None:
     prog = _prog("""
     algorithm late "old state read after the update"; state r: f32[n];

@@ -307,15 +307,13 @@ HP_FN float hp_unokey_f32(uint32_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f32_to_u8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+8f, 0x1.fffffe0000000p+7f, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8f, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f32_to_u16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+16f, 0x1.fffffe0000000p+15f, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16f, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -328,15 +326,13 @@ HP_FN uint32_t hp_f32_to_u32(float x) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f32_to_i8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+7f, -0x1p+7f, hp_sel_f32(x >= 0x1p+7f, 0x1.fffffe0000000p+6f, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7f, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f32_to_i16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+15f, -0x1p+15f, hp_sel_f32(x >= 0x1p+15f, 0x1.fffffe0000000p+14f, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15f, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -388,43 +384,37 @@ HP_FN double hp_unokey_f64(uint64_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f64_to_u8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+8, 0x1.fffffffffffffp+7, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f64_to_u16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+16, 0x1.fffffffffffffp+15, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint32_t hp_f64_to_u32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+32, 0x1.fffffffffffffp+31, x)));
-  const uint32_t r = (uint32_t)c;
-  return hp_sel_u32(x >= 0x1p+32, (uint32_t)4294967295u, r);
+  return (uint32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f64_to_i8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+7, -0x1p+7, hp_sel_f64(x >= 0x1p+7, 0x1.fffffffffffffp+6, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f64_to_i16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+15, -0x1p+15, hp_sel_f64(x >= 0x1p+15, 0x1.fffffffffffffp+14, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int32_t hp_f64_to_i32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+31, -0x1p+31, hp_sel_f64(x >= 0x1p+31, 0x1.fffffffffffffp+30, x)));
-  const int32_t r = (int32_t)c;
-  return hp_sel_i32(x >= 0x1p+31, (int32_t)INT32_MAX, r);
+  return (int32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */

@@ -279,15 +279,13 @@ HP_FN float hp_unokey_f32(uint32_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f32_to_u8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+8f, 0x1.fffffe0000000p+7f, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8f, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f32_to_u16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+16f, 0x1.fffffe0000000p+15f, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16f, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -300,15 +298,13 @@ HP_FN uint32_t hp_f32_to_u32(float x) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f32_to_i8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+7f, -0x1p+7f, hp_sel_f32(x >= 0x1p+7f, 0x1.fffffe0000000p+6f, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7f, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f32_to_i16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+15f, -0x1p+15f, hp_sel_f32(x >= 0x1p+15f, 0x1.fffffe0000000p+14f, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15f, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -360,43 +356,37 @@ HP_FN double hp_unokey_f64(uint64_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f64_to_u8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+8, 0x1.fffffffffffffp+7, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f64_to_u16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+16, 0x1.fffffffffffffp+15, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint32_t hp_f64_to_u32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+32, 0x1.fffffffffffffp+31, x)));
-  const uint32_t r = (uint32_t)c;
-  return hp_sel_u32(x >= 0x1p+32, (uint32_t)4294967295u, r);
+  return (uint32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f64_to_i8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+7, -0x1p+7, hp_sel_f64(x >= 0x1p+7, 0x1.fffffffffffffp+6, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f64_to_i16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+15, -0x1p+15, hp_sel_f64(x >= 0x1p+15, 0x1.fffffffffffffp+14, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int32_t hp_f64_to_i32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+31, -0x1p+31, hp_sel_f64(x >= 0x1p+31, 0x1.fffffffffffffp+30, x)));
-  const int32_t r = (int32_t)c;
-  return hp_sel_i32(x >= 0x1p+31, (int32_t)INT32_MAX, r);
+  return (int32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -410,8 +400,8 @@ HP_FN int64_t hp_f64_to_i64(double x) {
 
 
 /* ---- roundings without libm calls (vectorisable without -fno-trapping-math): values with
-   |x| < 2^(mantissa bits) go through an exact integer conversion (round: the 2^m magic-number
-   addition, half to even); the sign of x is kept, so -0.0 and -0.3 give -0.0 ---- */
+   |x| < 2^(mantissa bits) go through an exact integer conversion; the sign of x is kept, so
+   -0.0 and -0.3 give -0.0 ---- */
 
 HP_FN float hp_copysign_f32(float m, float s) {
   const uint32_t sb = (uint32_t)1 << 31;
@@ -442,11 +432,9 @@ HP_FN float hp_trunc_f32(float x) {
   return hp_sel_f32(small, hp_copysign_f32(r, x), x);
 }
 
-HP_FN float hp_round_f32(float x) {
-  const float a = fabsf(x);
-  const float r = (a + 0x1p+23f) - 0x1p+23f;
-  return hp_sel_f32(a < 0x1p+23f, hp_copysign_f32(r, x), x);
-}
+/* half to even in the default rounding mode, like the magic-number addition would; gcc
+   inlines and vectorises nearbyint (vrndscale, inexact suppressed), unlike floor/ceil/trunc */
+HP_FN float hp_round_f32(float x) { return __builtin_nearbyintf(x); }
 
 HP_FN double hp_copysign_f64(double m, double s) {
   const uint64_t sb = (uint64_t)1 << 63;
@@ -477,11 +465,9 @@ HP_FN double hp_trunc_f64(double x) {
   return hp_sel_f64(small, hp_copysign_f64(r, x), x);
 }
 
-HP_FN double hp_round_f64(double x) {
-  const double a = fabs(x);
-  const double r = (a + 0x1p+52) - 0x1p+52;
-  return hp_sel_f64(a < 0x1p+52, hp_copysign_f64(r, x), x);
-}
+/* half to even in the default rounding mode, like the magic-number addition would; gcc
+   inlines and vectorises nearbyint (vrndscale, inexact suppressed), unlike floor/ceil/trunc */
+HP_FN double hp_round_f64(double x) { return __builtin_nearbyint(x); }
 
 
 
@@ -682,7 +668,6 @@ int64_t hp_abi_version(void) { return 1; }
 static int64_t hp_encode_layout(int64_t n, char* ws, void** p) {
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
   const int64_t L2 = hp_len(n);
-  const int64_t L3 = hp_len(INT64_C(256));
   int64_t off = 0;
   if (p) p[0] = ws + off;
   off += hp_up64(L1 * (int64_t)sizeof(float));
@@ -702,7 +687,6 @@ int hp_encode(const hp_enc_args* a) {
   (void)wsp;
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
   const int64_t L2 = hp_len(n);
-  const int64_t L3 = hp_len(INT64_C(256));
   const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
   const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
   (void)rk0; (void)rk1; (void)rstep; (void)rtid;
@@ -721,85 +705,72 @@ int hp_encode(const hp_enc_args* a) {
   const int8_t* const rp_q = L2 > 0 ? (const int8_t*)f_q : (const int8_t*)hp_zeros;
 
 
-  { /* level 1: segreduce absmax -> amax */
-    const int64_t gl = L2, gs0 = L3;
-    const int64_t gs = gs0 < 1 ? 1 : gs0;
+{ /* level 1: segreduce absmax -> amax, fused with scale, q (per block of whole segments) */
+    const int64_t gl = L2, gs = INT64_C(256);
     const int64_t gn0 = (gl + gs - 1) / gs, gcap = L1;
     const int64_t gn = gn0 < gcap ? gn0 : gcap;
+    /* a block: as many whole segments as fit a tile, at least one */
+    const int64_t gk = gs < HP_TILE ? HP_TILE / gs : 1;
+    const int64_t nblk = (gn + gk - 1) / gk;
     float* const gout = w_amax;
-    #pragma omp parallel for num_threads(nt) schedule(static) if(gl >= HP_PAR_MIN)
-    for (int64_t sg = 0; sg < gn; sg++) {
-      const int64_t j0 = sg * gs, j1 = j0 + gs < gl ? j0 + gs : gl;
-      int32_t acc2 = (-2139095041);
-      int nan4 = 0;
-      #pragma omp simd reduction(max:acc2) reduction(|:nan4)
-      for (int64_t j = j0; j < j1; j++) {
-        const float r1 = s_grad[j];
-        const float x3 = fabsf(r1);
-        const int32_t k5 = hp_key_f32(x3);
-        acc2 = k5 > acc2 ? k5 : acc2;
-        nan4 |= (x3 != x3);
-      }
-      gout[sg] = (nan4 ? hp_f32_from_bits(0x7fc00000u) : ((j1 - j0) == 0 ? 0x0.0p+0f : hp_unkey_f32(acc2)));
-    }
-  }
-
-
-  { /* level 2: scale */
-    const int64_t L = L1;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    #pragma omp parallel num_threads(nt) if(gl >= HP_PAR_MIN)
     {
       #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const float r6 = w_amax[i];
-          f_scale[i] = hp_canon_f32((r6 / 0x1.fc00000000000p+6f));
+      for (int64_t bk = 0; bk < nblk; bk++) {
+        const int64_t sg0 = bk * gk, sg1 = sg0 + gk < gn ? sg0 + gk : gn;
+        for (int64_t sg = sg0; sg < sg1; sg++) {
+          const int64_t j0 = sg * gs, j1 = j0 + gs < gl ? j0 + gs : gl;
+          int32_t acc2 = 0;
+          #pragma omp simd reduction(max:acc2)
+          for (int64_t j = j0; j < j1; j++) {
+            const float r1 = s_grad[j];
+            const int32_t k3 = (int32_t)(hp_f32_bits(r1) & (((uint32_t)1 << 31) - 1));
+            acc2 = k3 > acc2 ? k3 : acc2;
+          }
+          gout[sg] = (acc2 > 0x7f800000 ? hp_f32_from_bits(0x7fc00000u) : hp_f32_from_bits((uint32_t)acc2));
         }
-      }
-    }
-  }
-
-
-  { /* level 3: q */
-    const int64_t L = L2;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        float seg8[HP_TILE];
-        {
-          const int64_t sd = INT64_C(256);
-          if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
-              const int64_t e = rem >= tl - t ? tl : t + rem;
-              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
-              for (; t < e; t++) seg8[t] = sv;
-            }
-          } else {
-            for (int64_t t = 0; t < tl; t++) {
-              const int64_t sq = hp_div_i64(i0 + t, sd);
-              seg8[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
-            }
+        { /* scale: this block's segments */
+          const int64_t i0 = sg0, tl = sg1 - sg0;
+          
+          #pragma omp simd
+          for (int64_t t = 0; t < tl; t++) {
+            const int64_t i = i0 + t;
+            const float r4 = w_amax[i];
+            f_scale[i] = hp_canon_f32((r4 / 0x1.fc00000000000p+6f));
           }
         }
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const float l7 = seg8[t];
-          const float r10 = s_grad[i];
-          const float l9 = hp_sel_f32(((bool)((l7 > 0x0.0p+0f) & (fabsf(l7) < HP_INF_F))), hp_round_f32((r10 / l7)), 0x0.0p+0f);
-          f_q[i] = hp_f32_to_i8(hp_min_f32(hp_max_f32(l9, -0x1.fc00000000000p+6f), 0x1.fc00000000000p+6f));
+        const int64_t ie = sg1 * gs < gl ? sg1 * gs : gl;
+        for (int64_t i0 = sg0 * gs; i0 < ie; i0 += HP_TILE) {
+          const int64_t tl = ie - i0 < HP_TILE ? ie - i0 : HP_TILE;
+          { /* q */
+          float seg6[HP_TILE];
+          {
+            const int64_t sd = INT64_C(256);
+            if (sd > 0 && i0 >= 0) {
+              for (int64_t t = 0; t < tl;) {
+                const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+                const int64_t e = rem >= tl - t ? tl : t + rem;
+                const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+                for (; t < e; t++) seg6[t] = sv;
+              }
+            } else {
+              for (int64_t t = 0; t < tl; t++) {
+                const int64_t sq = hp_div_i64(i0 + t, sd);
+                seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              }
+            }
+          }
+          
+          #pragma omp simd
+          for (int64_t t = 0; t < tl; t++) {
+            const int64_t i = i0 + t;
+            const float l5 = seg6[t];
+            const float r8 = s_grad[i];
+            const float l7 = hp_sel_f32(((bool)((l5 > 0x0.0p+0f) & (fabsf(l5) < HP_INF_F))), hp_round_f32((r8 / l5)), 0x0.0p+0f);
+            const float m9 = hp_sel_f32((-0x1.fc00000000000p+6f >= l7), -0x1.fc00000000000p+6f, l7);
+            f_q[i] = hp_f32_to_i8(hp_sel_f32((0x1.fc00000000000p+6f <= m9), 0x1.fc00000000000p+6f, m9));
+          }
+          }
         }
       }
     }

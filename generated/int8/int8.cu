@@ -307,15 +307,13 @@ HP_FN float hp_unokey_f32(uint32_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f32_to_u8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+8f, 0x1.fffffe0000000p+7f, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8f, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f32_to_u16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+16f, 0x1.fffffe0000000p+15f, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16f, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -328,15 +326,13 @@ HP_FN uint32_t hp_f32_to_u32(float x) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f32_to_i8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+7f, -0x1p+7f, hp_sel_f32(x >= 0x1p+7f, 0x1.fffffe0000000p+6f, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7f, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f32_to_i16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+15f, -0x1p+15f, hp_sel_f32(x >= 0x1p+15f, 0x1.fffffe0000000p+14f, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15f, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -388,43 +384,37 @@ HP_FN double hp_unokey_f64(uint64_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f64_to_u8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+8, 0x1.fffffffffffffp+7, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f64_to_u16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+16, 0x1.fffffffffffffp+15, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint32_t hp_f64_to_u32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+32, 0x1.fffffffffffffp+31, x)));
-  const uint32_t r = (uint32_t)c;
-  return hp_sel_u32(x >= 0x1p+32, (uint32_t)4294967295u, r);
+  return (uint32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f64_to_i8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+7, -0x1p+7, hp_sel_f64(x >= 0x1p+7, 0x1.fffffffffffffp+6, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f64_to_i16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+15, -0x1p+15, hp_sel_f64(x >= 0x1p+15, 0x1.fffffffffffffp+14, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int32_t hp_f64_to_i32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+31, -0x1p+31, hp_sel_f64(x >= 0x1p+31, 0x1.fffffffffffffp+30, x)));
-  const int32_t r = (int32_t)c;
-  return hp_sel_i32(x >= 0x1p+31, (int32_t)INT32_MAX, r);
+  return (int32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -584,14 +574,11 @@ extern "C" __global__ void hp_encode_x1_0(const hp_enc_args A, const int64_t p0)
   const int64_t gn = gn0 < gcap ? gn0 : gcap;
   for (int64_t sg = blockIdx.x; sg < gn; sg += gridDim.x) {
     const int64_t j0 = sg * gs, j1 = j0 + gs < gl ? j0 + gs : gl;
-    int32_t acc2 = (-2139095041);
-    int nan4 = 0;
+    int32_t acc2 = 0;
     for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
       const float r1 = s_grad[j];
-      const float x3 = fabsf(r1);
-      const int32_t k5 = hp_key_f32(x3);
-      acc2 = k5 > acc2 ? k5 : acc2;
-      nan4 |= (x3 != x3);
+      const int32_t k3 = (int32_t)(hp_f32_bits(r1) & (((uint32_t)1 << 31) - 1));
+      acc2 = k3 > acc2 ? k3 : acc2;
     }
     {
       __shared__ int32_t sh[HP_NT];
@@ -604,18 +591,7 @@ extern "C" __global__ void hp_encode_x1_0(const hp_enc_args A, const int64_t p0)
       acc2 = sh[0];
       __syncthreads();
     }
-    {
-      __shared__ int sh[HP_NT];
-      sh[threadIdx.x] = nan4;
-      __syncthreads();
-      for (int s = HP_NT / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) { sh[threadIdx.x] |= sh[threadIdx.x + s]; }
-        __syncthreads();
-      }
-      nan4 = sh[0];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) w_amax[sg] = (nan4 ? hp_f32_from_bits(0x7fc00000u) : ((j1 - j0) == 0 ? 0x0.0p+0f : hp_unkey_f32(acc2)));
+    if (threadIdx.x == 0) w_amax[sg] = (acc2 > 0x7f800000 ? hp_f32_from_bits(0x7fc00000u) : hp_f32_from_bits((uint32_t)acc2));
   }
 }
 
@@ -652,8 +628,8 @@ extern "C" __global__ void hp_encode_s2_0(const hp_enc_args A, const int64_t p0)
     for (int u = 0; u < 1; u++) {
       const int64_t i = g * 1 + u;
       if (i < L) {
-        const float r6 = w_amax[i];
-        f_scale[i] = hp_canon_f32((r6 / 0x1.fc00000000000p+6f));
+        const float r4 = w_amax[i];
+        f_scale[i] = hp_canon_f32((r4 / 0x1.fc00000000000p+6f));
       }
     }
   }
@@ -693,12 +669,13 @@ extern "C" __global__ void hp_encode_s3_0(const hp_enc_args A, const int64_t p0)
     for (int u = 0; u < 1; u++) {
       const int64_t i = g * 1 + u;
       if (i < L) {
-        const int64_t ix8 = hp_div_i64(i, INT64_C(256));
-        const float r9 = hp_sel_f32((uint64_t)ix8 < (uint64_t)L1, rp_scale[hp_clampi(ix8, L1)], 0x0.0p+0f);
-        const float l7 = r9;
-        const float r11 = s_grad[i];
-        const float l10 = hp_sel_f32(((bool)((l7 > 0x0.0p+0f) & (fabsf(l7) < HP_INF_F))), hp_round_f32((r11 / l7)), 0x0.0p+0f);
-        f_q[i] = hp_f32_to_i8(hp_min_f32(hp_max_f32(l10, -0x1.fc00000000000p+6f), 0x1.fc00000000000p+6f));
+        const int64_t ix6 = hp_div_i64(i, INT64_C(256));
+        const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_scale[hp_clampi(ix6, L1)], 0x0.0p+0f);
+        const float l5 = r7;
+        const float r9 = s_grad[i];
+        const float l8 = hp_sel_f32(((bool)((l5 > 0x0.0p+0f) & (fabsf(l5) < HP_INF_F))), hp_round_f32((r9 / l5)), 0x0.0p+0f);
+        const float m10 = hp_sel_f32((-0x1.fc00000000000p+6f >= l8), -0x1.fc00000000000p+6f, l8);
+        f_q[i] = hp_f32_to_i8(hp_sel_f32((0x1.fc00000000000p+6f <= m10), 0x1.fc00000000000p+6f, m10));
       }
     }
   }

@@ -307,15 +307,13 @@ HP_FN float hp_unokey_f32(uint32_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f32_to_u8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+8f, 0x1.fffffe0000000p+7f, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8f, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f32_to_u16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+16f, 0x1.fffffe0000000p+15f, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16f, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -328,15 +326,13 @@ HP_FN uint32_t hp_f32_to_u32(float x) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f32_to_i8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+7f, -0x1p+7f, hp_sel_f32(x >= 0x1p+7f, 0x1.fffffe0000000p+6f, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7f, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f32_to_i16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+15f, -0x1p+15f, hp_sel_f32(x >= 0x1p+15f, 0x1.fffffe0000000p+14f, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15f, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -388,43 +384,37 @@ HP_FN double hp_unokey_f64(uint64_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f64_to_u8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+8, 0x1.fffffffffffffp+7, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f64_to_u16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+16, 0x1.fffffffffffffp+15, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint32_t hp_f64_to_u32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+32, 0x1.fffffffffffffp+31, x)));
-  const uint32_t r = (uint32_t)c;
-  return hp_sel_u32(x >= 0x1p+32, (uint32_t)4294967295u, r);
+  return (uint32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f64_to_i8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+7, -0x1p+7, hp_sel_f64(x >= 0x1p+7, 0x1.fffffffffffffp+6, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f64_to_i16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+15, -0x1p+15, hp_sel_f64(x >= 0x1p+15, 0x1.fffffffffffffp+14, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int32_t hp_f64_to_i32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+31, -0x1p+31, hp_sel_f64(x >= 0x1p+31, 0x1.fffffffffffffp+30, x)));
-  const int32_t r = (int32_t)c;
-  return hp_sel_i32(x >= 0x1p+31, (int32_t)INT32_MAX, r);
+  return (int32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -679,25 +669,26 @@ extern "C" __global__ void hp_encode_s3_0(const hp_enc_args A, const int64_t p0)
   const int64_t L = L2;
   const int64_t ng = (L + 1) / 2;
   for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += (int64_t)gridDim.x * blockDim.x) {
-    uint8_t pk12[2];
+    uint8_t pk13[2];
     for (int u = 0; u < 2; u++) {
       const int64_t i = g * 2 + u;
-      pk12[u] = 0;
+      pk13[u] = 0;
       if (i < L) {
         const int64_t ix6 = (fastdiv5 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
         const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L1, rp_norm[hp_clampi(ix6, L1)], 0x0.0p+0f);
         const float l4 = r7;
         const float r9 = s_grad[i];
         const float l8 = hp_sel_f32(((bool)((l4 > 0x0.0p+0f) & (fabsf(l4) < HP_INF_F))), ((fabsf(r9) / l4) * 0x1.c000000000000p+2f), 0x0.0p+0f);
-        const uint32_t l10 = hp_f32_to_u32(hp_min_f32(hp_max_f32(hp_floor_f32((l8 + hp_uniform(hp_philox(i, 0u, rk0, rk1, rstep, rtid)))), 0x0.0p+0f), 0x1.c000000000000p+2f));
-        const uint32_t l11 = hp_sel_u32((r9 < 0x0.0p+0f), UINT32_C(1), UINT32_C(0));
-        pk12[u] = ((uint8_t)(((uint8_t)(((uint32_t)(hp_shl_u32(l11, UINT32_C(3)) | l10)))) & ((uint8_t)15)));
+        const float m11 = hp_max_f32(hp_floor_f32((l8 + hp_uniform(hp_philox(i, 0u, rk0, rk1, rstep, rtid)))), 0x0.0p+0f);
+        const uint32_t l10 = hp_f32_to_u32(hp_sel_f32((0x1.c000000000000p+2f <= m11), 0x1.c000000000000p+2f, m11));
+        const uint32_t l12 = hp_sel_u32((r9 < 0x0.0p+0f), UINT32_C(1), UINT32_C(0));
+        pk13[u] = ((uint8_t)(((uint8_t)(((uint32_t)(hp_shl_u32(l12, UINT32_C(3)) | l10)))) & ((uint8_t)15)));
       }
     }
     for (int q = 0; q < 1; q++) {
       const int64_t byte = g * 1 + q;
       uint8_t v = 0;
-      for (int j = 0; j < 2; j++) v |= (uint8_t)(pk12[q * 2 + j] << (j * 4));
+      for (int j = 0; j < 2; j++) v |= (uint8_t)(pk13[q * 2 + j] << (j * 4));
       if (byte < (L + 1) / 2) f_q[byte] = v;
     }
   }

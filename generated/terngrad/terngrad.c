@@ -279,15 +279,13 @@ HP_FN float hp_unokey_f32(uint32_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f32_to_u8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+8f, 0x1.fffffe0000000p+7f, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8f, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f32_to_u16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+16f, 0x1.fffffe0000000p+15f, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16f, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -300,15 +298,13 @@ HP_FN uint32_t hp_f32_to_u32(float x) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f32_to_i8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+7f, -0x1p+7f, hp_sel_f32(x >= 0x1p+7f, 0x1.fffffe0000000p+6f, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7f, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f32_to_i16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+15f, -0x1p+15f, hp_sel_f32(x >= 0x1p+15f, 0x1.fffffe0000000p+14f, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15f, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -360,43 +356,37 @@ HP_FN double hp_unokey_f64(uint64_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f64_to_u8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+8, 0x1.fffffffffffffp+7, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f64_to_u16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+16, 0x1.fffffffffffffp+15, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint32_t hp_f64_to_u32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+32, 0x1.fffffffffffffp+31, x)));
-  const uint32_t r = (uint32_t)c;
-  return hp_sel_u32(x >= 0x1p+32, (uint32_t)4294967295u, r);
+  return (uint32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f64_to_i8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+7, -0x1p+7, hp_sel_f64(x >= 0x1p+7, 0x1.fffffffffffffp+6, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f64_to_i16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+15, -0x1p+15, hp_sel_f64(x >= 0x1p+15, 0x1.fffffffffffffp+14, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int32_t hp_f64_to_i32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+31, -0x1p+31, hp_sel_f64(x >= 0x1p+31, 0x1.fffffffffffffp+30, x)));
-  const int32_t r = (int32_t)c;
-  return hp_sel_i32(x >= 0x1p+31, (int32_t)INT32_MAX, r);
+  return (int32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -410,8 +400,8 @@ HP_FN int64_t hp_f64_to_i64(double x) {
 
 
 /* ---- roundings without libm calls (vectorisable without -fno-trapping-math): values with
-   |x| < 2^(mantissa bits) go through an exact integer conversion (round: the 2^m magic-number
-   addition, half to even); the sign of x is kept, so -0.0 and -0.3 give -0.0 ---- */
+   |x| < 2^(mantissa bits) go through an exact integer conversion; the sign of x is kept, so
+   -0.0 and -0.3 give -0.0 ---- */
 
 HP_FN float hp_copysign_f32(float m, float s) {
   const uint32_t sb = (uint32_t)1 << 31;
@@ -442,11 +432,9 @@ HP_FN float hp_trunc_f32(float x) {
   return hp_sel_f32(small, hp_copysign_f32(r, x), x);
 }
 
-HP_FN float hp_round_f32(float x) {
-  const float a = fabsf(x);
-  const float r = (a + 0x1p+23f) - 0x1p+23f;
-  return hp_sel_f32(a < 0x1p+23f, hp_copysign_f32(r, x), x);
-}
+/* half to even in the default rounding mode, like the magic-number addition would; gcc
+   inlines and vectorises nearbyint (vrndscale, inexact suppressed), unlike floor/ceil/trunc */
+HP_FN float hp_round_f32(float x) { return __builtin_nearbyintf(x); }
 
 HP_FN double hp_copysign_f64(double m, double s) {
   const uint64_t sb = (uint64_t)1 << 63;
@@ -477,11 +465,9 @@ HP_FN double hp_trunc_f64(double x) {
   return hp_sel_f64(small, hp_copysign_f64(r, x), x);
 }
 
-HP_FN double hp_round_f64(double x) {
-  const double a = fabs(x);
-  const double r = (a + 0x1p+52) - 0x1p+52;
-  return hp_sel_f64(a < 0x1p+52, hp_copysign_f64(r, x), x);
-}
+/* half to even in the default rounding mode, like the magic-number addition would; gcc
+   inlines and vectorises nearbyint (vrndscale, inexact suppressed), unlike floor/ceil/trunc */
+HP_FN double hp_round_f64(double x) { return __builtin_nearbyint(x); }
 
 
 
@@ -782,7 +768,7 @@ int hp_encode(const hp_enc_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        uint8_t pk18[HP_TILE];
+        uint8_t pk19[HP_TILE];
         uint32_t rnd17[HP_TILE];
         hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd17);
         
@@ -792,18 +778,19 @@ int hp_encode(const hp_enc_args* a) {
           const float r15 = s_grad[i];
           const float l14 = hp_sel_f32(s_ok, ((r15 - s_lo) / s_gap), 0x0.0p+0f);
           const float l16 = hp_uniform(rnd17[t]);
-          pk18[t] = ((uint8_t)(hp_f32_to_u8(hp_min_f32(hp_max_f32(hp_floor_f32((l14 + l16)), 0x0.0p+0f), 0x1.8000000000000p+1f)) & ((uint8_t)3)));
+          const float m18 = hp_max_f32(hp_floor_f32((l14 + l16)), 0x0.0p+0f);
+          pk19[t] = ((uint8_t)(hp_f32_to_u8(hp_sel_f32((0x1.8000000000000p+1f <= m18), 0x1.8000000000000p+1f, m18)) & ((uint8_t)3)));
         }
-        for (int64_t t = tl; t < (tl + 3) / 4 * 4; t++) pk18[t] = 0;
+        for (int64_t t = tl; t < (tl + 3) / 4 * 4; t++) pk19[t] = 0;
         #pragma omp simd
-        for (int64_t q = 0; q < (tl + 3) / 4; q++) f_q[i0 / 4 + q] = (uint8_t)((pk18[4 * q + 0] << 0) | (pk18[4 * q + 1] << 2) | (pk18[4 * q + 2] << 4) | (pk18[4 * q + 3] << 6));
+        for (int64_t q = 0; q < (tl + 3) / 4; q++) f_q[i0 / 4 + q] = (uint8_t)((pk19[4 * q + 0] << 0) | (pk19[4 * q + 1] << 2) | (pk19[4 * q + 2] << 4) | (pk19[4 * q + 3] << 6));
       }
     }
   }
 
 
-  { const float fv19 = (float)(hp_canon_f32(s_lo)); memcpy(pay + po0, &fv19, 4); }
-  { const float fv20 = (float)(hp_canon_f32(s_hi)); memcpy(pay + po1, &fv20, 4); }
+  { const float fv20 = (float)(hp_canon_f32(s_lo)); memcpy(pay + po0, &fv20, 4); }
+  { const float fv21 = (float)(hp_canon_f32(s_hi)); memcpy(pay + po1, &fv21, 4); }
   return 0;
 }
 

@@ -279,15 +279,13 @@ HP_FN float hp_unokey_f32(uint32_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f32_to_u8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+8f, 0x1.fffffe0000000p+7f, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8f, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f32_to_u16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < 0.0f, 0.0f, hp_sel_f32(x >= 0x1p+16f, 0x1.fffffe0000000p+15f, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16f, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -300,15 +298,13 @@ HP_FN uint32_t hp_f32_to_u32(float x) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f32_to_i8(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+7f, -0x1p+7f, hp_sel_f32(x >= 0x1p+7f, 0x1.fffffe0000000p+6f, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7f, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f32_to_i16(float x) {
   const float c = hp_sel_f32(x != x, (float)0, hp_sel_f32(x < -0x1p+15f, -0x1p+15f, hp_sel_f32(x >= 0x1p+15f, 0x1.fffffe0000000p+14f, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15f, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -360,43 +356,37 @@ HP_FN double hp_unokey_f64(uint64_t k) {
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint8_t hp_f64_to_u8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+8, 0x1.fffffffffffffp+7, x)));
-  const uint8_t r = (uint8_t)c;
-  return hp_sel_u8(x >= 0x1p+8, (uint8_t)255u, r);
+  return (uint8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint16_t hp_f64_to_u16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+16, 0x1.fffffffffffffp+15, x)));
-  const uint16_t r = (uint16_t)c;
-  return hp_sel_u16(x >= 0x1p+16, (uint16_t)65535u, r);
+  return (uint16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN uint32_t hp_f64_to_u32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < 0.0, 0.0, hp_sel_f64(x >= 0x1p+32, 0x1.fffffffffffffp+31, x)));
-  const uint32_t r = (uint32_t)c;
-  return hp_sel_u32(x >= 0x1p+32, (uint32_t)4294967295u, r);
+  return (uint32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int8_t hp_f64_to_i8(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+7, -0x1p+7, hp_sel_f64(x >= 0x1p+7, 0x1.fffffffffffffp+6, x)));
-  const int8_t r = (int8_t)c;
-  return hp_sel_i8(x >= 0x1p+7, (int8_t)127, r);
+  return (int8_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int16_t hp_f64_to_i16(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+15, -0x1p+15, hp_sel_f64(x >= 0x1p+15, 0x1.fffffffffffffp+14, x)));
-  const int16_t r = (int16_t)c;
-  return hp_sel_i16(x >= 0x1p+15, (int16_t)32767, r);
+  return (int16_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
 HP_FN int32_t hp_f64_to_i32(double x) {
   const double c = hp_sel_f64(x != x, (double)0, hp_sel_f64(x < -0x1p+31, -0x1p+31, hp_sel_f64(x >= 0x1p+31, 0x1.fffffffffffffp+30, x)));
-  const int32_t r = (int32_t)c;
-  return hp_sel_i32(x >= 0x1p+31, (int32_t)INT32_MAX, r);
+  return (int32_t)c;
 }
 
 /* trunc, saturate, NaN -> 0: convert a value already clamped into range */
@@ -410,8 +400,8 @@ HP_FN int64_t hp_f64_to_i64(double x) {
 
 
 /* ---- roundings without libm calls (vectorisable without -fno-trapping-math): values with
-   |x| < 2^(mantissa bits) go through an exact integer conversion (round: the 2^m magic-number
-   addition, half to even); the sign of x is kept, so -0.0 and -0.3 give -0.0 ---- */
+   |x| < 2^(mantissa bits) go through an exact integer conversion; the sign of x is kept, so
+   -0.0 and -0.3 give -0.0 ---- */
 
 HP_FN float hp_copysign_f32(float m, float s) {
   const uint32_t sb = (uint32_t)1 << 31;
@@ -442,11 +432,9 @@ HP_FN float hp_trunc_f32(float x) {
   return hp_sel_f32(small, hp_copysign_f32(r, x), x);
 }
 
-HP_FN float hp_round_f32(float x) {
-  const float a = fabsf(x);
-  const float r = (a + 0x1p+23f) - 0x1p+23f;
-  return hp_sel_f32(a < 0x1p+23f, hp_copysign_f32(r, x), x);
-}
+/* half to even in the default rounding mode, like the magic-number addition would; gcc
+   inlines and vectorises nearbyint (vrndscale, inexact suppressed), unlike floor/ceil/trunc */
+HP_FN float hp_round_f32(float x) { return __builtin_nearbyintf(x); }
 
 HP_FN double hp_copysign_f64(double m, double s) {
   const uint64_t sb = (uint64_t)1 << 63;
@@ -477,11 +465,9 @@ HP_FN double hp_trunc_f64(double x) {
   return hp_sel_f64(small, hp_copysign_f64(r, x), x);
 }
 
-HP_FN double hp_round_f64(double x) {
-  const double a = fabs(x);
-  const double r = (a + 0x1p+52) - 0x1p+52;
-  return hp_sel_f64(a < 0x1p+52, hp_copysign_f64(r, x), x);
-}
+/* half to even in the default rounding mode, like the magic-number addition would; gcc
+   inlines and vectorises nearbyint (vrndscale, inexact suppressed), unlike floor/ceil/trunc */
+HP_FN double hp_round_f64(double x) { return __builtin_nearbyint(x); }
 
 
 

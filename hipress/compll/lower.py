@@ -89,6 +89,22 @@ class Step:
     lets: list[ir.Let] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SegFusion:
+    """A segment reduction (the only special of its level, ``level``) run block by block of
+    whole segments together with the loops that consume it (C target; see hipress/compll/fuse.py):
+    per block, the segments are reduced, then ``seg_loops`` (one iteration per segment) run over
+    the block's segments and ``elem_loops`` (as long as the reduction) over its elements, while
+    they are in cache. The fused loops stay in ``Plan.steps`` too (other targets run them
+    unfused); ``seg`` is the constant segment length (>= 1)."""
+
+    level: int
+    special: Special
+    seg: int
+    seg_loops: tuple[Loop, ...]
+    elem_loops: tuple[Loop, ...]
+
+
 @dataclass
 class Plan:
     """The executable structure of encode or decode.
@@ -108,6 +124,7 @@ class Plan:
     final_state: list[ir.StoreState]
     cost: dict[str, int]
     accumulate: bool = False
+    fusions: tuple[SegFusion, ...] = ()
 
     def is_virtual(self, name: str) -> bool:
         return name in self.maps and name not in self.homes
@@ -635,7 +652,11 @@ def lower(prog: ir.Program, fn: str, accumulate: bool = False) -> Plan:
     """Plan ``prog``'s ``fn`` ("encode" or "decode"; decode with or without accumulation)."""
     if fn not in ("encode", "decode"):
         raise ValueError(f"fn must be 'encode' or 'decode', got {fn!r}")
-    return _Planner(prog, fn, accumulate).plan()
+    from hipress.compll.fuse import segment_fusions
+
+    plan = _Planner(prog, fn, accumulate).plan()
+    plan.fusions = segment_fusions(plan)
+    return plan
 
 
 __all__ = [
@@ -645,6 +666,7 @@ __all__ = [
     "Loop",
     "Plan",
     "ScatterAdd",
+    "SegFusion",
     "Special",
     "Step",
     "Target",

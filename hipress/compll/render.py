@@ -30,7 +30,7 @@ MAXT = 64
 PAR_MIN = 16384
 
 # the generator's files whose text decides what is generated for each target (cache keys)
-_COMMON_MODULES = ("lower.py", "render.py", "render_expr.py")
+_COMMON_MODULES = ("lower.py", "fuse.py", "render.py", "render_expr.py")
 _TARGET_MODULES = {"c": ("render_c.py",), "cuda": ("render_cuda.py",)}
 
 
@@ -113,7 +113,10 @@ def _float_table() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
             "f32": f"{struct.unpack('<f', struct.pack('<I', ((127 + hi1) << 23) - 1))[0].hex()}f",
             "f64": float(2**hi1 - 2 ** (hi1 - 53)).hex(),
         }
-        f2i.append({"n": n, "c": c, "hi": hi, "lo": lo, "hib": below,
+        # the clamp alone saturates where the float below 2**hi1 truncates to the maximum
+        # (hi1 within the mantissa); wider targets need the final select
+        exact = {"f32": hi1 <= 24, "f64": hi1 <= 53}
+        f2i.append({"n": n, "c": c, "hi": hi, "lo": lo, "hib": below, "exact": exact,
                     "hi1": {"f32": f"0x1p+{hi1}f", "f64": f"0x1p+{hi1}"}, "lo1": lo1})  # fmt: skip
     return floats, f2i
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jinja2
 
 from hipress.compll import ir
-from hipress.compll.lower import Item, Loop, Plan, ScatterAdd, Special, Target
+from hipress.compll.lower import Item, Loop, Plan, ScatterAdd, SegFusion, Special, Target
 from hipress.compll.render_expr import Body, Emitter, Mem, Names, const, ctype, mtype
 from hipress.compll.types import ArrayType, DType
 
@@ -62,6 +62,18 @@ def reduction(op: str, v: str, dt: DType, out: DType, length: str, names: Names)
     if op in ("any", "all"):
         init, sym = ("0", "|") if op == "any" else ("1", "&")
         return Reduction((Acc("int", a, init, sym),), (f"{a} {sym}= (int)({v});",), f"({a} != 0)")
+    if op == "absmax" and dt.name in ("f32", "f64"):
+        # the bits of |x| order like |x|, and NaNs (cleared sign) above every other value
+        kt, ut, w = ("int32_t", "uint32_t", 31) if dt.bits == 32 else ("int64_t", "uint64_t", 63)
+        kx = names.fresh("k")
+        inf = "0x7f800000" if dt.bits == 32 else "INT64_C(0x7ff0000000000000)"
+        upd = (
+            f"const {kt} {kx} = ({kt})(hp_{dt.name}_bits({v}) & ((({ut})1 << {w}) - 1));",
+            f"{a} = {kx} > {a} ? {kx} : {a};",
+        )
+        val = f"hp_{dt.name}_from_bits(({ut}){a})"
+        final = f"({a} > {inf} ? {const(float('nan'), dt)} : {val})"
+        return Reduction((Acc(kt, a, "0", "max"),), upd, final)
     # min, max, absmax
     which = "min" if op == "min" else "max"
     x = names.fresh("x")
@@ -110,6 +122,21 @@ def combine_acc(acc: Acc, tot: str, part: str) -> str:
         return f"{tot} {acc.clause}= {part};"
     cmp = "<" if acc.clause == "min" else ">"
     return f"{tot} = {part} {cmp} {tot} ? {part} : {tot};"
+
+
+@dataclass
+class Tile:
+    """The rendered parts of one fused loop (see :meth:`CFunction._tile`)."""
+
+    titles: list[str] = field(default_factory=list)
+    hoist: str = ""
+    decls: list[str] = field(default_factory=list)
+    partials: list[dict[str, str]] = field(default_factory=list)
+    clauses: list[str] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)
+    pre: list[str] = field(default_factory=list)
+    variants: list[dict[str, object]] = field(default_factory=list)
+    post: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- one function
@@ -287,11 +314,15 @@ class CFunction:
         self._inputs()
         self._arrays()
         stages: list[str] = []
+        fused = {id(lp) for f in self.plan.fusions for lp in f.seg_loops + f.elem_loops}
+        groups = {id(f.special): f for f in self.plan.fusions}
         for step in self.plan.steps:
             for lp in step.loops:
-                stages.append(self.loop(lp))
+                if id(lp) not in fused:
+                    stages.append(self.loop(lp))
             for sp in step.specials:
-                stages.append(self.special(sp))
+                f = groups.get(id(sp))
+                stages.append(self.special(sp) if f is None else self.segfused(f))
             for let in step.lets:
                 body = Body(level=step.level)
                 v = self.em.expr(let.value, body, {})
@@ -343,59 +374,85 @@ class CFunction:
         return f"  {ctype(dt)} {var};"
 
     def loop(self, lp: Loop) -> str:
+        tile = self._tile(lp)
+        tpl = self.env.get_template("c_loop.c.j2")
+        text = tile.hoist + tpl.render(
+            level=lp.level, title=", ".join(tile.titles), length=self.length(lp.length),
+            partials=tile.partials, pre=tile.pre, clauses="".join(tile.clauses),
+            variants=tile.variants, post=tile.post, finish=tile.finish,
+        )  # fmt: skip
+        return "\n".join([*tile.decls, text])
+
+    def _tile(self, lp: Loop) -> Tile:
+        """The parts of ``lp``'s tile loop: per-tile code before and after, the body variants,
+        reduction partials, and host code to run before the loop."""
         ln = self.length(lp.length)
         body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
-        partials: list[dict[str, str]] = []
-        clauses: list[str] = []
-        finish: list[str] = []
-        decls: list[str] = []
+        tile = Tile()
         stores: list[str] = []
         packs: list[tuple[str, str, int]] = []  # (buffer, dst pointer, bits)
-        titles: list[str] = []
         for it in lp.items:
             body.copy = it.copy
             if it.kind == "store":
                 assert isinstance(it.op, ir.Map)
-                titles.append(it.op.name)
+                tile.titles.append(it.op.name)
                 v = self.em.apply(it.op.fn, ["i"], body)
                 self._stores(it, v, stores, packs)
             else:
                 assert isinstance(it.op, ir.Reduce)
-                titles.append(it.op.name)
+                tile.titles.append(it.op.name)
                 v = self.em.apply(it.op.fn, ["i"], body)
                 red = reduction(it.op.op, v, it.op.fn.result.dtype, it.op.dtype, ln, self.names)
                 body.lines += red.update
-                final = red.final
                 for acc in red.accs:
                     part = self.names.fresh("part")
-                    partials.append(
+                    tile.partials.append(
                         {"ctype": acc.ctype, "name": part, "acc": acc.name, "init": acc.init}
                     )
-                    clauses.append(f" reduction({acc.clause}:{acc.name})")
-                    finish.append(f"{acc.ctype} {acc.name} = {acc.init};")
-                    finish.append(
+                    tile.clauses.append(f" reduction({acc.clause}:{acc.name})")
+                    tile.finish.append(f"{acc.ctype} {acc.name} = {acc.init};")
+                    tile.finish.append(
                         f"for (int k = 0; k < nt; k++) {combine_acc(acc, acc.name, f'{part}[k]')}"
                     )
                 var = self.names.get(it.op.name)
-                decls.append(f"  {ctype(it.op.dtype)} {var};")
-                finish.append(f"{var} = {final};")
+                tile.decls.append(f"  {ctype(it.op.dtype)} {var};")
+                tile.finish.append(f"{var} = {red.final};")
         body.copy = False
-        pre = self._tile_pre(body)
-        post = self._tile_post(packs)
+        tile.pre = self._tile_pre(body)
+        tile.post = self._tile_post(packs)
         for buf, ptr, canon, _ in self.f16_tiles:
-            pre.append(f"float {buf}[HP_TILE];")
-            post.append(f"hp_tile_f32_to_f16({buf}, {ptr} + i0, tl, {int(canon)});")
+            tile.pre.append(f"float {buf}[HP_TILE];")
+            tile.post.append(f"hp_tile_f32_to_f16({buf}, {ptr} + i0, tl, {int(canon)});")
         self.f16_tiles = []
         for buf, _, _ in packs:
-            pre.insert(0, f"uint8_t {buf}[HP_TILE];")
-        hoist = "".join(f"  {ln}\n" for ln in body.hoist)
-        tpl = self.env.get_template("c_loop.c.j2")
-        text = hoist + tpl.render(
-            level=lp.level, title=", ".join(titles), length=ln, partials=partials, pre=pre,
-            clauses="".join(clauses), variants=variants(body, body.lines + stores), post=post,
-            finish=finish,
+            tile.pre.insert(0, f"uint8_t {buf}[HP_TILE];")
+        tile.hoist = "".join(f"  {ln}\n" for ln in body.hoist)
+        tile.variants = variants(body, body.lines + stores)
+        return tile
+
+    def segfused(self, fu: SegFusion) -> str:
+        """A segment reduction and its consumer loops, block by block (lower.SegFusion)."""
+        op = fu.special.op
+        assert isinstance(op, ir.SegReduce) and fu.special.home is not None
+        self.hoisted = []
+        body, res = self._lambda(op.fn, op.length, fu.level)
+        red = reduction(op.op, res, op.fn.result.dtype, op.dtype, "(j1 - j0)", self.names)
+        seg_tiles = [self._tile(lp) for lp in fu.seg_loops]
+        elem_tiles = [self._tile(lp) for lp in fu.elem_loops]
+        hoist = "".join(f"  {ln}\n" for ln in self.hoisted)
+        hoist += "".join(t.hoist for t in seg_tiles + elem_tiles)
+        titles = ", ".join(x for t in seg_tiles + elem_tiles for x in t.titles)
+        tpl = self.env.get_template("c_segfused.c.j2")
+        return hoist + tpl.render(
+            level=fu.level, op=op.op, out_name=op.name, titles=titles,
+            length=self.length(op.length), seg=const(fu.seg, op.seg.dtype),
+            out_len=self.length(self.plan.arrays[op.name].length),
+            out=self.target_ptr(fu.special.home), vt=mtype(op.dtype),
+            acc_decls=[f"{a.ctype} {a.name} = {a.init};" for a in red.accs],
+            clauses="".join(f" reduction({a.clause}:{a.name})" for a in red.accs),
+            body=body, update=list(red.update), final=red.final, seg_tiles=seg_tiles,
+            elem_tiles=elem_tiles,
         )  # fmt: skip
-        return "\n".join([*decls, text])
 
     def _stores(
         self, it: Item, v: str, stores: list[str], packs: list[tuple[str, str, int]]

@@ -125,6 +125,17 @@ def _sum(terms: list[ir.Expr]) -> ir.Expr:
     return out
 
 
+def _minmax_const(e: ir.Binary) -> tuple[ir.Const, bool] | None:
+    """For ``min``/``max`` of a float and a constant that is neither NaN nor zero: the
+    constant and whether it is the first operand. Then the result is one compare and select
+    (the constant when it wins or is equal: the same value; else the other operand, NaN
+    included), where the general helpers also order -0 < +0 and propagate either NaN."""
+    for c, first in ((e.a, True), (e.b, False)):
+        if isinstance(c, ir.Const) and c.value == c.value and c.value != 0:
+            return c, first
+    return None
+
+
 def const(value: int | float | bool, dt: DType) -> str:
     """A C literal of exactly ``value`` as ``dt``."""
     if dt.is_bool:
@@ -243,6 +254,15 @@ class Emitter:
                     res = f"({rot.flag} ? {rot.var} : {self.binary(e.op, a, b, e.a.dtype)})"
                     body.rot_results[res] = rot
                     return res
+            mc = _minmax_const(e) if e.op in ("min", "max") and e.dtype.is_float else None
+            if mc is not None and e.dtype.name in ("f32", "f64"):
+                k, x = const(mc[0].value, e.dtype), (b if mc[1] else a)
+                if not _IDENT.match(x):
+                    v = self.names.fresh("m")
+                    body.lines.append(f"const {ctype(e.dtype)} {v} = {x};")
+                    x = v
+                cmp = ">=" if e.op == "max" else "<="
+                return f"hp_sel_{e.dtype.name}(({k} {cmp} {x}), {k}, {x})"
             if e.op in ("div", "mod") and e.a.dtype.name == "i64" and body.index is not None:
                 flag = self._fast_division(e, body, env)
                 if flag is not None:
