@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from hipress.casync.algorithm import chunk_key
-from hipress.casync.bulk import Round
+from hipress.casync.bulk import Chunk, Round
 from hipress.casync.errors import CaSyncError
 
 if TYPE_CHECKING:
@@ -127,9 +127,9 @@ def _ring_round(
     right, left, tag = (r + 1) % n, (r - 1) % n, _TAG_BASE + i
     sends: list[dist.Work | None] = [None] * n
 
-    def region(c_offset: int, shards: tuple[int, ...], s: int) -> torch.Tensor:
-        pos = c_offset + sum(shards[:s])
-        return buf[pos : pos + shards[s]]
+    def region(c: Chunk, s: int) -> torch.Tensor:
+        pos = c.offset + c.shard_offset(s)
+        return buf[pos : pos + c.shards[s]]
 
     def send(s: int) -> None:
         sends[s] = dist.isend(blocks[s], group=group, tag=tag, group_dst=right)
@@ -149,7 +149,7 @@ def _ring_round(
         state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=s)]
         nbytes = alg.payload_nbytes(c.shards[s])
         with ctx.codec_lock:
-            alg.encode(region(c.offset, c.shards, s), state, out=blk[off : off + nbytes])
+            alg.encode(region(c, s), state, out=blk[off : off + nbytes])
     blk[fo:].zero_()
     for idx, bad in enumerate(own_flags):
         if bad:
@@ -173,7 +173,7 @@ def _ring_round(
             acc = scratch[:size]
             with ctx.codec_lock:
                 alg.decode(blk[off : off + nbytes], size, out=acc)
-            acc.add_(region(c.offset, c.shards, s))
+            acc.add_(region(c, s))
             if last:
                 acc.div_(n)
                 key = chunk_key(c.name, c.part, c.parts, shard=s, server=True)
@@ -211,7 +211,7 @@ def _ring_round(
         for idx, c, off in rnd.slots():
             if flags[idx]:
                 continue
-            out = region(c.offset, c.shards, s)
+            out = region(c, s)
             size = c.shards[s]
             target = out if out.dtype == torch.float32 else scratch[:size]
             with ctx.codec_lock:
