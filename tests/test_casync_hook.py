@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hipress.casync import CaSyncError, CaSyncState, ConfigMismatchError, register
 from hipress.casync.reference import ReferenceSync
+from hipress.compll import load
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 
 AG, PS, RING, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.RING, Strategy.ALLREDUCE
@@ -418,3 +419,80 @@ def test_warmup_steps_are_ddp_allreduce_then_compression_starts() -> None:
 def test_warmup_steps_are_validated() -> None:
     with pytest.raises(CaSyncError, match="warmup_steps"):
         CaSyncState(None, named_parameters=[("w", 4)], warmup_steps=-1)
+
+
+# ---- changing the algorithm's parameters between steps ------------------------------------
+
+SPARSE = [("w", 5000, PS, 2), ("v", 3000, RING, 1), ("u", 2000, AG, 1)]
+
+
+def _sparse_plan(world_size: int) -> Plan:
+    entries = tuple(TensorPlan(n, k, True, s, p) for n, k, s, p in SPARSE)
+    return Plan("dgc", {}, world_size, entries)
+
+
+def _sparse_grads(rank: int, step: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(500 * step + rank)
+    return {n: torch.randn(k, generator=gen) for n, k, _, _ in SPARSE}
+
+
+def _scheduled(rank: int, world_size: int, schedule: list) -> tuple[list, dict]:
+    named = [(n, k) for n, k, _, _ in SPARSE]
+    plan = _sparse_plan(world_size)
+    state = CaSyncState("dgc", named_parameters=named, plan=plan, seed=5, params_schedule=schedule)
+    out, resumed = [], {}
+    for step in range(4):
+        grads = _sparse_grads(rank, step)
+        buf = torch.cat([grads[n] for n, *_ in SPARSE])
+        params = dict(state.plan.params)  # in force for this step
+        flat = state.submit(buf, [n for n, *_ in SPARSE], last=True).wait()
+        out.append((flat.clone(), state.stats.last.bytes_sent, params))
+        if step == 1:  # a checkpoint after step 1 resumes with step 2's parameters
+            again = CaSyncState(
+                "dgc", named_parameters=named, plan=plan, seed=5, params_schedule=schedule
+            )
+            again.load_state_dict(state.state_dict())
+            resumed = dict(again.plan.params)
+    return out, resumed
+
+
+def test_params_schedule_changes_the_algorithm_and_keeps_its_states() -> None:
+    world_size = 2
+    schedule = [(2, {"s_percent": 0.05})]  # DGC's warm-up, backwards: denser later
+    results = run_workers(_scheduled, world_size, schedule)
+    ref = ReferenceSync(make_algorithm("dgc"), _sparse_plan(world_size), world_size, seed=5)
+    for step in range(4):
+        if step == 2:  # the same states, now encoded by the denser algorithm
+            ref.algorithm = load("dgc", s_percent=0.05)
+        with single_thread():
+            want = ref.step([_sparse_grads(r, step) for r in range(world_size)])
+        want_flat = torch.cat([want[n] for n, *_ in SPARSE])
+        for rank in range(world_size):
+            got, _, params = results[rank][0][step]
+            assert torch.equal(got, want_flat), f"rank {rank} step {step}"
+            assert params.get("s_percent", 0.001) == (0.05 if step >= 2 else 0.001)
+    # 50x the elements: far more bytes once the new parameters are in force
+    sends = [sent for _, sent, _ in results[0][0]]
+    assert min(sends[2:]) > 10 * max(sends[:2])
+    assert results[0][1]["s_percent"] == 0.05
+
+
+def _schedule_error(rank: int, world_size: int, by_name: bool, schedule: list) -> str:
+    alg = "dgc" if by_name else make_algorithm("dgc")
+    with pytest.raises(CaSyncError) as info:
+        CaSyncState(alg, named_parameters=[("w", 64)], params_schedule=schedule)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("by_name", "schedule", "match"),
+    [
+        (False, [(1, {"s_percent": 0.01})], "given by name"),
+        (True, [(5, {"s_percent": 0.01}), (2, {"s_percent": 0.1})], "ascending"),
+        (True, [(-1, {"s_percent": 0.01})], "ascending"),
+        (True, [(3, {"s_percent": 7.0})], "s_percent"),
+    ],
+)
+def test_a_bad_params_schedule_is_refused(by_name: bool, schedule: list, match: str) -> None:
+    (msg,) = run_workers(_schedule_error, 1, by_name, schedule)
+    assert match in msg, msg

@@ -18,6 +18,7 @@ last bucket's call returns once every bucket of the step is synchronised.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -75,6 +76,14 @@ class CaSyncState:
             bit for bit), leaving every algorithm state untouched; compression starts at step
             ``warmup_steps`` (like ``start_powerSGD_iter`` of PyTorch's PowerSGD hook, and
             DGC's warm-up). The step count is kept in :meth:`state_dict`.
+        params_schedule: ``(step, params)`` pairs, steps ascending: from that step on, the
+            algorithm runs with ``params`` updating the earlier ones, keeping every state
+            (error feedback, momentum, RNG counters). E.g. DGC's warm-up, which sends a larger
+            fraction in the first epochs: ``[(0, {"s_percent": 0.25}), (500, {"s_percent":
+            0.0625}), ...]``. Part of the configuration every rank must agree on; only for an
+            algorithm given by name, and only parameters that leave its state layout as it is.
+            The plan keeps its decisions. A restored :meth:`state_dict` resumes with the
+            parameters of its step.
 
     Fields:
         algorithm, plan, rank, world_size, seed: as resolved at construction (plan always set).
@@ -100,9 +109,11 @@ class CaSyncState:
         check_finite: bool = True,
         log_every: int = 100,
         warmup_steps: int = 0,
+        params_schedule: Sequence[tuple[int, Mapping[str, Any]]] = (),
     ) -> None:
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise CaSyncError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        schedule = _check_schedule(params_schedule, algorithm, params)
         if not dist.is_initialized():
             raise CaSyncError("torch.distributed is not initialised: call init_process_group first")
         named = list(named_parameters)
@@ -123,6 +134,8 @@ class CaSyncState:
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
         self.warmup_steps = warmup_steps
+        self.params_schedule = schedule
+        self._base_params = dict(params or {})
         self.stats = SyncStats(log_every=log_every)
         self._decisions = {e.name: e for e in self.plan.entries}
         if self.algorithm is None:
@@ -132,7 +145,13 @@ class CaSyncState:
             self.worker_states, self.server_states = init_chunk_states(
                 self.algorithm, self.plan, self.rank, self.world_size, self.seed, devices
             )
+        self._base_digests = (
+            self.algorithm.digest if self.algorithm is not None else "none",
+            self.plan.digest(),
+        )
         self._init_runtime()
+        if schedule:
+            self._apply_params(self._params_at(0))
         self.bind(named)
         compressed = sum(e.compress for e in self.plan.entries)
         logger.info(
@@ -179,11 +198,12 @@ class CaSyncState:
             ) from None
 
     def config_digest(self) -> dict[str, str]:
-        """What every rank must agree on: algorithm, plan and options, as hex digests."""
+        """What every rank must agree on: algorithm, plan and options, as hex digests (with a
+        ``params_schedule``, of the first parameters: the schedule is among the options)."""
         alg = self.algorithm
         return {
-            "algorithm": alg.digest if alg is not None else "none",
-            "plan": self.plan.digest(),
+            "algorithm": self._base_digests[0] if alg is not None else "none",
+            "plan": self._base_digests[1],
             "options": _hash(
                 json.dumps(
                     {
@@ -191,6 +211,7 @@ class CaSyncState:
                         "seed": self.seed,
                         "finite": self.check_finite,
                         "warmup": self.warmup_steps,
+                        "schedule": [[at, dict(p)] for at, p in self.params_schedule],
                     }
                 )
             ).hex(),
@@ -237,6 +258,30 @@ class CaSyncState:
             f"CaSync ranks disagree on {', '.join(differ)}; every rank must register the same "
             "algorithm, parameters, plan and options:\n" + "\n".join(lines)
         )
+
+    def _params_at(self, step: int) -> dict[str, Any]:
+        """The algorithm's parameters in force at ``step`` under ``params_schedule``."""
+        assert self._spec is not None
+        params = dict(self._base_params)
+        for at, update in self.params_schedule:
+            if at <= step:
+                params.update(update)
+        return params
+
+    def _apply_params(self, params: dict[str, Any]) -> None:
+        """Switch to the algorithm with ``params`` (between steps), keeping every state."""
+        assert self._spec is not None
+        name, current, backend = self._spec
+        if params == current:
+            return
+        alg = resolve_algorithm(name, params, backend)
+        assert alg is not None
+        self._spec = (name, params, backend)
+        self.algorithm = alg
+        self.plan = dataclasses.replace(self.plan, params=dict(alg.params))
+        self._ctx.algorithm = alg
+        self._cache.clear()  # payload sizes may differ: new layouts and buffers
+        logger.info("casync: step %d: %s parameters now %s", self._step, name, dict(alg.params))
 
     # ---- the engine -------------------------------------------------------------------------
 
@@ -360,6 +405,8 @@ class CaSyncState:
         for k in stale:  # layouts of buckets DDP rebuilt: free their buffers
             del self._cache[k]
         self._step += 1
+        if self.params_schedule:
+            self._apply_params(self._params_at(self._step))
 
     # ---- checkpoints and pickling -----------------------------------------------------------
 
@@ -397,7 +444,9 @@ class CaSyncState:
                 raise CaSyncError(f"state dict {part} states do not match this plan")
             for k, s in states.items():
                 s.load_state_dict(sd[part][k])
-        self._step = int(sd.get("step", 0))  # where warm-up stands
+        self._step = int(sd.get("step", 0))  # where warm-up and the schedule stand
+        if self.params_schedule:
+            self._apply_params(self._params_at(self._step))
 
     def __getstate__(self) -> dict[str, Any]:
         runtime = (
@@ -413,8 +462,51 @@ class CaSyncState:
         self.process_group = None
         if self._spec is not None:
             name, params, backend = self._spec
+            if self.params_schedule:  # the step count does not pickle: start from step 0
+                params = self._params_at(0)
+                self._spec = (name, params, backend)
             self.algorithm = resolve_algorithm(name, params, backend)
         self._init_runtime()
+
+
+def _check_schedule(
+    schedule: Sequence[tuple[int, Mapping[str, Any]]],
+    algorithm: str | CompressionAlgorithm | None,
+    params: Mapping[str, Any] | None,
+) -> tuple[tuple[int, dict[str, Any]], ...]:
+    """Validate ``params_schedule`` eagerly (with the reference backend: nothing compiles):
+    ascending steps, an algorithm given by name, and the same state layout at every entry."""
+    out = tuple((at, dict(p)) for at, p in schedule)
+    if not out:
+        return out
+    if not isinstance(algorithm, str):
+        raise CaSyncError("params_schedule needs the algorithm given by name, e.g. 'dgc'")
+    steps = [at for at, _ in out]
+    if any(
+        isinstance(a, bool) or not isinstance(a, int) or a < 0 for a in steps
+    ) or steps != sorted(set(steps)):
+        raise CaSyncError(f"params_schedule steps must be ascending integers >= 0, got {steps}")
+    merged = dict(params or {})
+    base = resolve_algorithm(algorithm, merged, "reference")
+    assert base is not None
+
+    def layout(alg: CompressionAlgorithm) -> list[dict[str, tuple[Any, Any]]]:
+        return [
+            {k: (t.shape, t.dtype) for k, t in alg.init_state(n, device="meta").tensors.items()}
+            for n in (1, 997, 1 << 16)
+        ]
+
+    want = layout(base)
+    for at, update in out:
+        merged.update(update)
+        alg = resolve_algorithm(algorithm, merged, "reference")
+        assert alg is not None
+        if layout(alg) != want:
+            raise CaSyncError(
+                f"params_schedule step {at}: {algorithm} with {merged} keeps a different state "
+                "than with its first parameters, so the state cannot carry over"
+            )
+    return out
 
 
 def casync_hook(state: CaSyncState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
