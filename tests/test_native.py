@@ -626,3 +626,52 @@ def test_segment_reads_outside_the_block_stay_exact(read: str) -> None:
         for k in range(3):
             x = _seg_input(n) * (k + 1) + k
             assert torch.equal(cpu.encode(x, cpu.init_state(n)), ref.encode(x, ref.init_state(n)))
+
+
+# ---------------------------------------------------------------- dgc, graddrop: rare paths
+
+
+def _sparse_cases(n: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(n)
+    alt = torch.where(torch.arange(n) % 3 == 0, -1.0, 1.0)  # all pass: the compaction fills up
+    cases = {"plain": torch.randn(n, generator=gen), "full": alt}
+    for name, base in (("nan", torch.randn(n, generator=gen)), ("nan-full", alt)):
+        x = base.clone()
+        x[n // 2] = NAN  # found by the compaction, or (full) only by the pass after it
+        x[-1] = -INF
+        cases[name] = x
+    cases["all-nan"] = torch.full((n,), NAN)
+    return cases
+
+
+@pytest.mark.parametrize("name", ["dgc", "graddrop"])
+def test_sampled_sparsifiers_rare_paths_equal_reference(name: str) -> None:
+    """The compaction filling up, non-finite values found by it or only by the full scan that
+    runs when it filled up, and the non-finite compaction (C: passes skipped by their guards)."""
+    params = {"s_percent": 0.01} if name == "dgc" else {"drop_ratio": 0.99}
+    ref, cpu = _pair(name, params)
+    for n in (1, 2, 9, 1000, 16384 + 9):
+        for x in _sparse_cases(n).values():
+            run_both(ref, cpu, x, steps=2)
+
+
+GUARDED = """
+algorithm t_guard "stages whose every value is false skip their pass";
+state on: bool;
+payload { q: i32[min(n, 5)]; c: i64; a: bool; k: i64; }
+encode(g) {
+    let (p, c) = filter(min(n, 5), n, j => on && g[j] > 0.0);
+    let a = reduce(any, n, i => on && isnan(g[i]));
+    let k = reduce(count, n, i => !on && g[i] < 0.0);  // (another guard, same loop)
+    on = !on;
+    return concat(map(min(n, 5), t => p[t] + 1), c, a, k);
+}
+decode(p) { return map(n, i => f32(p.c + p.k)); }
+"""
+
+
+def test_guarded_stages_equal_reference_when_skipped_after_a_run() -> None:
+    ref, cpu = _program_pair(GUARDED)
+    for n in (0, 1, 7, 16384 + 5):
+        x = _seg_input(n)
+        run_both(ref, cpu, x, steps=3)  # off, on, off: a skipped filter after a real one

@@ -23,6 +23,7 @@ from hipress.compll import ir
 from hipress.compll.types import F32, I32, I64, U8, ArrayType, DType
 
 _CHEAP = 24  # lambda cost (see _cost) up to which recomputing a map beats storing it
+_GATHER = 25  # cost of a read from memory at an index that does not move with the loop
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,20 @@ def op_exprs(op: ir.Op) -> tuple[ir.Expr, ...]:
     return ()
 
 
+def _streamed(index: ir.Expr, param: str | None) -> bool:
+    """Whether reads at ``index`` move through memory with the loop: ``[i]``, segment reads
+    ``[i / d]`` and rotated reads ``[(i + h) % len]`` (the C target buffers or unswitches the
+    latter two per tile); other indices are gathers."""
+    if isinstance(index, ir.Ref):
+        return index.name == param
+    if isinstance(index, ir.Binary) and index.op in ("div", "mod"):
+        a = index.a
+        if index.op == "mod" and isinstance(a, ir.Binary) and a.op == "add":
+            return any(isinstance(t, ir.Ref) and t.name == param for t in (a.a, a.b))
+        return isinstance(a, ir.Ref) and a.name == param
+    return False
+
+
 def _cost_expr(e: ir.Expr) -> int:
     c = 0
     for x in walk(e):
@@ -270,13 +285,22 @@ class _Planner:
             self.cost[name] = self._lambda_cost(m.fn, set())
             del name
 
-    def _lambda_cost(self, fn: ir.Lambda, seen: set[str]) -> int:
+    def _lambda_cost(self, fn: ir.Lambda, seen: set[str], gathered: bool = False) -> int:
+        """Cost of evaluating ``fn`` once, inlined maps included; ``gathered``: ``fn`` runs at
+        an index that is not its loop's own, so its reads from memory are gathers."""
         c = 0
+        param = fn.params[0].name if fn.params else None
         for e in lambda_exprs(fn):
             c += _cost_expr(e)
             for x in walk(e):
-                if isinstance(x, ir.Load) and x.array in self.maps and x.array not in seen:
-                    c += self._lambda_cost(self.maps[x.array].fn, seen | {x.array})
+                if not isinstance(x, ir.Load):
+                    continue
+                at = not gathered and _streamed(x.index, param)
+                if x.array in self.maps:
+                    if x.array not in seen:
+                        c += self._lambda_cost(self.maps[x.array].fn, seen | {x.array}, not at)
+                elif not at:
+                    c += _GATHER
         return c
 
     # -- which maps must be stored

@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 import jinja2
 
 from hipress.compll import ir
-from hipress.compll.lower import Item, Loop, Plan, ScatterAdd, SegFusion, Special, Target
+from hipress.compll.lower import (
+    Item,
+    Loop,
+    Plan,
+    ScatterAdd,
+    SegFusion,
+    Special,
+    Target,
+    walk,
+)
 from hipress.compll.render_expr import Body, Emitter, Mem, Names, const, ctype, mtype
 from hipress.compll.types import ArrayType, DType
 
@@ -381,7 +390,48 @@ class CFunction:
             partials=tile.partials, pre=tile.pre, clauses="".join(tile.clauses),
             variants=tile.variants, post=tile.post, finish=tile.finish,
         )  # fmt: skip
+        # reductions of nothing but values that a loop-invariant conjunct may make all false:
+        # where every such conjunct is false, the results without the pass
+        guards, empties = [], []
+        for it in lp.items:
+            if not (isinstance(it.op, ir.Reduce) and it.op.op in ("any", "count")):
+                break
+            guard = self._guard(it.op.fn, lp.level)
+            if guard is None:
+                break
+            guards.append(guard)
+            empty = "false" if it.op.op == "any" else "INT64_C(0)"
+            empties.append(f"    {self.names.get(it.op.name)} = {empty};\n")
+        else:
+            cond = " || ".join(f"({g})" for g in guards)
+            text = f"  if ({cond}) {{\n{text}\n  }} else {{\n{''.join(empties)}  }}"
         return "\n".join([*tile.decls, text])
+
+    def _guard(self, fn: ir.Lambda, level: int) -> str | None:
+        """C for the loop-invariant conjuncts of ``fn``'s boolean result (scalars and
+        constants only), when there are any: where they are false, so is every value."""
+        parts: list[ir.Expr] = []
+        stack = [fn.result]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Binary) and e.op == "and":
+                stack += [e.b, e.a]
+            else:
+                parts.append(e)
+        local = {p.name for p in fn.params} | {name for name, _ in fn.lets}
+        inv = [
+            e
+            for e in parts
+            if not any(
+                isinstance(x, ir.Load | ir.Rand) or (isinstance(x, ir.Ref) and x.name in local)
+                for x in walk(e)
+            )
+        ]
+        if not inv or len(inv) == len(parts):
+            return None
+        body = Body(level=level)
+        code = " && ".join(f"({self.em.expr(e, body, {})})" for e in inv)
+        return None if body.lines else code
 
     def _tile(self, lp: Loop) -> Tile:
         """The parts of ``lp``'s tile loop: per-tile code before and after, the body variants,
@@ -549,10 +599,18 @@ class CFunction:
             ]
             ln = self.length(op.length)
             cnt = self.names.get(op.count)
-            return f"  int64_t {cnt};\n" + r(
+            text = r(
                 "c_filter.c.j2", idx_name=op.idx, length=ln, bound=self.length(op.bound), idx=home,
                 scratch=self.scratch("int32_t", ln), variants=vs, count=cnt, pre=self._tile_pre(fb),
             )  # fmt: skip
+            guard = self._guard(op.pred, lv)
+            if guard is not None:  # nothing passes: no pass
+                bl = self.length(op.bound)
+                text = (
+                    f"  if ({guard}) {{\n{text}\n  }} else {{\n    {cnt} = 0;\n"
+                    f"    memset({home}, 0, (size_t){bl} * 4);\n  }}"
+                )
+            return f"  int64_t {cnt};\n" + text
         if isinstance(op, ir.TopK):
             kb = Body(level=lv, index="j", loop_len=op.length, tile="t")
             res = self.em.apply(op.key, ["j"], kb)
