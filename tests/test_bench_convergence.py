@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from hipress.bench.convergence import ConvergenceOptions, convergence_markdown, run_convergence
+from hipress.bench.convergence import (
+    ConvergenceOptions,
+    convergence_markdown,
+    density_schedule,
+    run_convergence,
+)
 
 
 def test_convergence_rows_and_dgc_momentum() -> None:
     opts = ConvergenceOptions(
         workers=2, algorithms=("topk", "dgc"), epochs=1, train_tokens=8192,
-        eval_tokens=2048, batch=4, timeout=300,
+        eval_tokens=2048, batch=4, timeout=300, density_warmup_epochs=1,
     )  # fmt: skip
     res = run_convergence(opts)
     rows = {r["algorithm"]: r for r in res["rows"]}
@@ -24,3 +29,23 @@ def test_convergence_rows_and_dgc_momentum() -> None:
     assert rows["topk"]["optimizer_momentum"] == opts.momentum
     table = convergence_markdown(res)
     assert "| dgc | yes |" in table and "| uncompressed | - |" in table
+    assert "density warm-up: 1 epoch(s)" in table
+
+
+def test_density_schedule_is_dgcs_warm_up() -> None:
+    """25%, 6.25%, 1.5625%, ... of the elements, 4x fewer each epoch, then the algorithm's own
+    fraction; for drop_ratio the complement; nothing for algorithms that do not sparsify."""
+    assert density_schedule("dgc", 4, 10) == [
+        (0, {"s_percent": 0.25}),
+        (10, {"s_percent": 0.0625}),
+        (20, {"s_percent": 0.015625}),
+        (30, {"s_percent": 0.00390625}),
+        (40, {"s_percent": 0.001}),
+    ]
+    # never denser than needed: topk's own 1% is reached in the fourth epoch
+    assert density_schedule("topk", 5, 7)[3:] == [(21, {"ratio": 0.01})]
+    assert density_schedule("graddrop", 1, 5) == [
+        (0, {"drop_ratio": 0.75}),
+        (5, {"drop_ratio": 0.99}),
+    ]
+    assert density_schedule("onebit", 4, 10) == [] and density_schedule("dgc", 0, 10) == []

@@ -93,6 +93,7 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
         plan=None if args.plan == "default" else args.plan,
         threads=args.threads,
         warmup_steps=args.warmup_steps,
+        density_warmup_epochs=args.density_warmup_epochs,
     )
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = run_convergence(opts, progress=_progress)
@@ -145,6 +146,14 @@ def add_parsers(sub: Any, bench_sub: Any) -> None:
     c.add_argument("--threads", type=int, default=1)
     c.add_argument(
         "--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps"
+    )
+    c.add_argument(
+        "--density-warmup-epochs",
+        type=int,
+        default=0,
+        metavar="E",
+        help="sparsifiers send 25%%, 6.25%%, ... (4x less each epoch) until their own fraction "
+        "for the first E epochs, as DGC's warm-up does",
     )
     c.add_argument("--out", default=default_out)
     c.set_defaults(func=_cmd_convergence)

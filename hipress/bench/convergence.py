@@ -37,7 +37,8 @@ class ConvergenceOptions:
     clipped to ``clip``), a ``vocab``-word vocabulary; accuracy on ``eval_tokens`` held-out
     tokens. ``algorithms``: names, or ("all",) for every shipped one. ``plan``: CaSync's plan
     ("auto", a file, or None for its default rule); ``warmup_steps``: CaSync's uncompressed
-    warm-up."""
+    warm-up; ``density_warmup_epochs``: DGC's warm-up for every sparsifier, see
+    :func:`density_schedule`."""
 
     workers: int = 4
     algorithms: tuple[str, ...] = ("all",)
@@ -53,6 +54,7 @@ class ConvergenceOptions:
     momentum: float = 0.9
     clip: float = 1.0
     warmup_steps: int = 0
+    density_warmup_epochs: int = 0
     timeout: float = 3600.0
 
     def resolved_algorithms(self) -> list[str]:
@@ -99,18 +101,24 @@ def _train(
 
     model = _model(data["vocab"])
     ddp = DDP(model)
+    train = _windows(data["train"], opts.bptt)
+    per_step = world_size * opts.batch
+    steps_per_epoch = len(train) // per_step
     if algorithm is not None:
         import hipress.casync
 
         hipress.casync.register(
-            ddp, algorithm=algorithm, plan=opts.plan, warmup_steps=opts.warmup_steps
+            ddp,
+            algorithm=algorithm,
+            plan=opts.plan,
+            warmup_steps=opts.warmup_steps,
+            params_schedule=density_schedule(
+                algorithm, opts.density_warmup_epochs, steps_per_epoch
+            ),
         )
     # an algorithm with its own momentum correction (DGC) replaces the optimizer's momentum
     momentum = 0.0 if algorithm is not None and _own_momentum(algorithm) else opts.momentum
     opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr, momentum=momentum)
-    train = _windows(data["train"], opts.bptt)
-    per_step = world_size * opts.batch
-    steps_per_epoch = len(train) // per_step
     losses: list[float] = []
     t0 = time.perf_counter()
     for epoch in range(opts.epochs):
@@ -138,6 +146,38 @@ def _train(
         finite = all(torch.isfinite(p).all() for p in model.parameters())
         out["finite"] = bool(finite)
     return out
+
+
+# a sparsifier's parameter: name -> (density -> value)
+_DENSITY_PARAMS = {
+    "s_percent": lambda d: d,
+    "ratio": lambda d: d,
+    "drop_ratio": lambda d: 1.0 - d,
+}
+
+
+def density_schedule(
+    name: str, epochs: int, steps_per_epoch: int
+) -> list[tuple[int, dict[str, float]]]:
+    """DGC's warm-up (Lin et al. 2018) for sparsifier ``name`` as a CaSync ``params_schedule``:
+    in epoch e < ``epochs`` it sends a fraction ``max(own, 0.25 / 4**e)`` of the elements
+    (75%, 93.75%, 98.4375%, 99.6% sparsity ...), from epoch ``epochs`` on its own fraction.
+    Empty for an algorithm without a fraction parameter (``s_percent``, ``ratio``,
+    ``drop_ratio``) or with ``epochs`` 0."""
+    from hipress.compll import load
+
+    params = load(name, backend="reference").params
+    key = next((k for k in _DENSITY_PARAMS if k in params), None)
+    if key is None or epochs <= 0:
+        return []
+    to_value = _DENSITY_PARAMS[key]
+    own = float(params[key]) if key != "drop_ratio" else 1.0 - float(params[key])
+    schedule: list[tuple[int, dict[str, float]]] = []
+    for e in range(epochs + 1):
+        value = to_value(max(own, 0.25 / 4**e) if e < epochs else own)
+        if not schedule or schedule[-1][1][key] != value:  # no entry that changes nothing
+            schedule.append((e * steps_per_epoch, {key: value}))
+    return schedule
 
 
 def _own_momentum(name: str) -> bool:
@@ -208,6 +248,7 @@ def convergence_markdown(results: dict[str, Any]) -> str:
         f"{m['lr']} momentum {m['momentum']}, clip {m['clip']}; next-word accuracy on "
         f"{m['eval_tokens']} held-out tokens. CaSync plan: {m['plan'] or 'default rule'}. "
         f"CaSync warm-up: {m.get('warmup_steps', 0)} uncompressed step(s). "
+        f"Sparsifiers' density warm-up: {m.get('density_warmup_epochs', 0)} epoch(s). "
         "An algorithm with its own momentum correction (dgc) runs with the optimizer's momentum "
         f"at 0 (it replaces it). {m['date']}. Command: `{m.get('command', '?')}`",
         "",
