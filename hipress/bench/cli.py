@@ -94,6 +94,7 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
         threads=args.threads,
         warmup_steps=args.warmup_steps,
         density_warmup_epochs=args.density_warmup_epochs,
+        clip=args.clip,
     )
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = run_convergence(opts, progress=_progress)
@@ -154,6 +155,9 @@ def add_parsers(sub: Any, bench_sub: Any) -> None:
         metavar="E",
         help="sparsifiers send 25%%, 6.25%%, ... (4x less each epoch) until their own fraction "
         "for the first E epochs, as DGC's warm-up does",
+    )
+    c.add_argument(
+        "--clip", type=float, default=1.0, help="gradient norm clipping after the sync (0: none)"
     )
     c.add_argument("--out", default=default_out)
     c.set_defaults(func=_cmd_convergence)

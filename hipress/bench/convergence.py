@@ -34,7 +34,7 @@ UNCOMPRESSED = "uncompressed"
 class ConvergenceOptions:
     """The job: ``workers`` ranks, ``epochs`` passes over ``train_tokens`` tokens in windows of
     ``bptt``, ``batch`` windows per rank per step, SGD (``lr``, ``momentum``, gradient norm
-    clipped to ``clip``), a ``vocab``-word vocabulary; accuracy on ``eval_tokens`` held-out
+    clipped to ``clip`` unless it is 0), a ``vocab``-word vocabulary; accuracy on ``eval_tokens`` held-out
     tokens. ``algorithms``: names, or ("all",) for every shipped one. ``plan``: CaSync's plan
     ("auto", a file, or None for its default rule); ``warmup_steps``: CaSync's uncompressed
     warm-up; ``density_warmup_epochs``: DGC's warm-up for every sparsifier, see
@@ -129,7 +129,8 @@ def _train(
             loss = ddp(chunk[:, :-1], chunk[:, 1:])
             opt.zero_grad(set_to_none=False)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip)
+            if opts.clip > 0:
+                torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip)
             opt.step()
             losses.append(float(loss.detach()))
     seconds = time.perf_counter() - t0
