@@ -675,3 +675,27 @@ def test_guarded_stages_equal_reference_when_skipped_after_a_run() -> None:
     for n in (0, 1, 7, 16384 + 5):
         x = _seg_input(n)
         run_both(ref, cpu, x, steps=3)  # off, on, off: a skipped filter after a real one
+
+
+MINMAX_CONST = """
+algorithm t_mmc "min / max / clamp with constants (one compare and select in C)";
+payload { a: f32[n]; b: f32[n]; c: f32[n]; d: f64[n]; e: f32[n]; f: f32[n]; q: i8[n]; }
+encode(g) {
+    let a = map(n, i => max(g[i], 0.5));
+    let b = map(n, i => min(-0.25, g[i]));
+    let c = map(n, i => clamp(g[i], -1.0, 1.0));
+    let d = map(n, i => max(2.0, min(f64(g[i]), -1e300)) + min(f64(g[i]), 1e300));
+    let e = map(n, i => max(g[i], -0.0));  // zeros: the general helpers (-0 < +0)
+    let f = map(n, i => min(0.0, g[i]));
+    let q = map(n, i => i8(clamp(g[i] * 100.0, -127.0, 127.0)));
+    return concat(a, b, c, d, e, f, q);
+}
+decode(p) { return map(n, i => p.a[i]); }
+"""
+
+
+def test_min_max_with_constants_equal_reference() -> None:
+    ref, cpu = _program_pair(MINMAX_CONST)
+    vals = [NAN, INF, -INF, 0.0, -0.0, 0.5, -0.25, 1.0, -1.0, 2.0, 0.49, -3.0, 1.27, 1.28, -1.3]
+    x = torch.tensor(vals * 3, dtype=torch.float32)
+    run_both(ref, cpu, x, steps=1)
