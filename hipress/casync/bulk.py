@@ -196,9 +196,10 @@ class Workspace:
     ``busy`` is True while a synchronisation uses them (one at a time per layout).
 
     Per round: ``send`` and ``recv`` message buffers (compressed size; for PS the all_to_all's
-    send buffer is reused as the all-gather's output; RING uses ``recv`` alone) and a float32 ``scratch`` (PS: the largest
-    shard, for merging; ALLGATHER: the largest chunk, only when the bucket is not float32). Plus
-    ``allreduce``: a staging buffer when the uncompressed tensors are not one contiguous range.
+    send buffer is reused as the all-gather's output; RING uses ``recv`` alone) and a float32
+    ``scratch`` (PS and RING: the largest shard, for merging; ALLGATHER: the largest chunk, only
+    when the bucket is not float32). Plus ``allreduce``: a staging buffer when the uncompressed
+    tensors are not one contiguous range.
     """
 
     def __init__(
