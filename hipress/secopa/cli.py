@@ -80,13 +80,15 @@ def parse_param(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _strategies(text: str) -> tuple[Strategy, ...]:
+def parse_strategies(text: str) -> tuple[Strategy, ...]:
     try:
         out = tuple(Strategy(s.strip()) for s in text.split(",") if s.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad strategies {text!r}: use allgather, ps") from None
+        raise argparse.ArgumentTypeError(
+            f"bad strategies {text!r}: use allgather, ps, ring"
+        ) from None
     if not out or Strategy.ALLREDUCE in out:
-        raise argparse.ArgumentTypeError("give compressed strategies: allgather, ps")
+        raise argparse.ArgumentTypeError("give compressed strategies: allgather, ps, ring")
     return out
 
 
@@ -156,9 +158,10 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-partitions", type=int, default=None, metavar="K")
     p.add_argument(
         "--strategies",
-        type=_strategies,
-        default=(Strategy.ALLGATHER, Strategy.PS, Strategy.RING),
-        help="compressed strategies to consider (default allgather,ps,ring)",
+        type=parse_strategies,
+        default=(Strategy.ALLGATHER, Strategy.PS),
+        help="compressed strategies to consider (default allgather,ps; add ring to let it "
+        "choose CaSync's compressed ring)",
     )
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--out", default=None, metavar="FILE", help="save the plan as JSON")

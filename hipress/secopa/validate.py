@@ -29,10 +29,11 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from hipress.secopa.cli import parse_strategies
 from hipress.secopa.codec import AlgorithmCodec, load_codec
 from hipress.secopa.localgroup import run_local
 from hipress.secopa.models import resolve_model
-from hipress.secopa.plan import Plan
+from hipress.secopa.plan import Plan, Strategy
 from hipress.secopa.planner import Planner, PlannerConfig, ddp_buckets
 from hipress.secopa.runtime import auto_profile, broadcast_plan
 
@@ -65,6 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=",".join(PLANS),
         help=f"plans to run, comma-separated (default {','.join(PLANS)})",
     )
+    p.add_argument(
+        "--strategies",
+        type=parse_strategies,
+        default=PlannerConfig().strategies,
+        help="compressed strategies the planner may choose (default allgather,ps)",
+    )
     p.add_argument("--json-out", default="bench/results/bench_plan.json", metavar="FILE")
 
 
@@ -93,7 +100,8 @@ def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None
     top = max(k for _, k in named)
     profile = auto_profile(codec.alg, compute_budget_s=cfg["budget"], max_numel=top)
     plans: dict[str, Plan] = {}
-    planner = Planner(profile, world, PlannerConfig()) if rank == 0 else None
+    config = PlannerConfig(strategies=tuple(Strategy(x) for x in cfg["strategies"]))
+    planner = Planner(profile, world, config) if rank == 0 else None
     breakdown: dict[str, dict[str, float]] = {}
     for key in PLANS:
         mine = None
@@ -170,6 +178,7 @@ def run_bench(args: argparse.Namespace, out: TextIO | None = None) -> int:
         "warmup": args.warmup,
         "budget": args.budget,
         "plans": wanted,
+        "strategies": [x.value for x in args.strategies],
     }
     if args.rate_mbit is not None:
         from hipress.netsim import open_network, run_in_network
