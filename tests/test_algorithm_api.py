@@ -45,6 +45,31 @@ def test_out_buffers_are_used_and_accumulate() -> None:
     assert torch.allclose(out, a.decode(p, 100) + 1)
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_decode_sum_is_decode_accumulate_divide(backend: str) -> None:
+    a = load("terngrad", backend=backend)
+    n = 5000
+    payloads = [a.encode(torch.randn(n), a.init_state(n, seed=k)) for k in range(3)]
+    want = torch.empty(n)
+    for r, p in enumerate(payloads):
+        a.decode(p, n, out=want, accumulate=r > 0)
+    want.div_(3)
+    assert torch.equal(a.decode_sum(payloads, n, divide_by=3), want)
+    out = torch.full((n,), 5.0)
+    assert a.decode_sum(payloads, n, out=out, divide_by=3) is out  # overwritten, not added to
+    assert torch.equal(out, want)
+    half = torch.empty(n, dtype=torch.float16)  # computed in float32, rounded once
+    assert torch.equal(a.decode_sum(payloads, n, out=half, divide_by=3), want.half())
+    with pytest.raises(ValueError, match="at least one payload"):
+        a.decode_sum([], n)
+    with pytest.raises(ValueError, match="1-D uint8 tensor of"):
+        a.decode_sum([payloads[0], payloads[0][:-8]], n)
+    with pytest.raises(ValueError, match="divide_by must be finite and non-zero"):
+        a.decode_sum(payloads, n, divide_by=0)
+    with pytest.raises(ValueError, match="out must be a float tensor of 5000"):
+        a.decode_sum(payloads, n, out=torch.empty(4))
+
+
 def test_multidim_and_half_inputs() -> None:
     a = load("onebit", backend="reference")
     g = torch.randn(4, 5)

@@ -65,9 +65,11 @@ def run_both(ref: Algorithm, cpu: Algorithm, x: torch.Tensor, steps: int = 2) ->
     n = x.numel()
     s1 = ref.init_state(n, seed=12345, tensor_id=7)
     s2 = cpu.init_state(n, seed=12345, tensor_id=7)
+    sent = []
     for step in range(steps):
         p1 = ref.encode(x, s1)
         p2 = cpu.encode(x, s2)
+        sent.append(p1)
         if not torch.equal(p1, p2):
             bad = (p1 != p2).nonzero().reshape(-1)[:8].tolist()
             raise AssertionError(f"{ref.name} n={n} step {step}: payload bytes differ at {bad}")
@@ -79,6 +81,11 @@ def run_both(ref: Algorithm, cpu: Algorithm, x: torch.Tensor, steps: int = 2) ->
             ref.decode(p1, n, o1, accumulate=acc)
             cpu.decode(p1, n, o2, accumulate=acc)
             assert same_values(o1, o2), f"{ref.name} n={n}: decode(accumulate={acc}) differs"
+    # several payloads averaged (the reference's decode_sum is decode, accumulate, divide)
+    for payloads, div in ((sent[:1], 1), (sent, len(sent)), ([*sent, sent[0]], 3.0)):
+        o1 = ref.decode_sum(payloads, n, divide_by=div)
+        o2 = cpu.decode_sum(payloads, n, divide_by=div)
+        assert same_values(o1, o2), f"{ref.name} n={n}: decode_sum of {len(payloads)} differs"
 
 
 # ---------------------------------------------------------------- input strategies

@@ -661,7 +661,17 @@ typedef struct {
   int32_t nthreads;
 } hp_dec_args;
 
-int64_t hp_abi_version(void) { return 1; }
+typedef struct {
+  int64_t n;
+  const uint8_t* const* payloads;
+  int64_t k;
+  float* out;
+  float divisor;
+  void* ws;
+  int32_t nthreads;
+} hp_decsum_args;
+
+int64_t hp_abi_version(void) { return 2; }
 
 
 /* dgc: hp_encode */
@@ -1401,4 +1411,39 @@ int hp_decode_acc(const hp_dec_args* a) {
   return 0;
 }
 
+
+
+/* dgc: hp_decode_sum: out = (decode(p[0]) + ... + decode(p[k-1])) / divisor, summed
+ * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
+ * compute it. (This decode is not a plain map over the output: one whole pass per payload.) */
+int64_t hp_decode_sum_ws_bytes(int64_t n) {
+  const int64_t a = hp_decode_ws_bytes(n), b = hp_decode_acc_ws_bytes(n);
+  return a > b ? a : b;
+}
+
+int hp_decode_sum(const hp_decsum_args* a) {
+  const int64_t n = a->n;
+  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const float d = a->divisor;
+  const int divide = d != 1.0f;
+  const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
+  float* const out = a->out;
+  if (a->k < 1) return 1;
+  hp_dec_args b = {n, a->payloads[0], out, a->ws, a->nthreads};
+  hp_decode(&b);
+  for (int64_t r = 1; r < a->k; r++) {
+    b.payload = a->payloads[r];
+    hp_decode_acc(&b);
+  }
+  if (divide) {
+    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+    for (int64_t tb = 0; tb < ntiles; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
+      #pragma omp simd
+      for (int64_t t = 0; t < tl; t++) out[i0 + t] = out[i0 + t] / d;
+    }
+  }
+  return 0;
+}
 

@@ -661,7 +661,17 @@ typedef struct {
   int32_t nthreads;
 } hp_dec_args;
 
-int64_t hp_abi_version(void) { return 1; }
+typedef struct {
+  int64_t n;
+  const uint8_t* const* payloads;
+  int64_t k;
+  float* out;
+  float divisor;
+  void* ws;
+  int32_t nthreads;
+} hp_decsum_args;
+
+int64_t hp_abi_version(void) { return 2; }
 
 
 /* qsgd: hp_encode */
@@ -1002,4 +1012,164 @@ int hp_decode_acc(const hp_dec_args* a) {
   return 0;
 }
 
+
+
+/* qsgd: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially (hp_decode_sum runs the tiles) */
+static inline void hp_decode_tile(const uint8_t* const pay, float* const out, const int64_t n,
+                              const int64_t i0, const int64_t tl) {
+  const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))), INT64_C(1)), hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
+  const int64_t L2 = hp_len(n);
+  const int64_t po0 = 0;
+  const float* const f_norm = (const float*)(pay + po0);
+  const int64_t po1 = hp_up8(po0 + (L1 * 4));
+  const uint8_t* const f_q = (const uint8_t*)(pay + po1);
+  const float* const rp_p_norm = L1 > 0 ? (const float*)f_norm : (const float*)hp_zeros;
+  const uint8_t* const rp_p_q = L2 > 0 ? (const uint8_t*)f_q : (const uint8_t*)hp_zeros;
+  const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
+
+
+  const bool fastdiv5 = (0.0) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) != 0 && fabs((double)(hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1))))) < 0x1p53;
+  { /* level 1: out (one tile) */
+        float seg6[HP_TILE];
+        {
+          const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg6[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
+        uint8_t unp2[HP_TILE];
+        for (int64_t q = 0; q < (tl + 1) / 2; q++) {
+          const uint8_t b = f_q[i0 / 2 + q];
+          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+        }
+        if (fastdiv5) {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const uint8_t r3 = unp2[t];
+          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
+          out[i] = hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
+        }
+        } else {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const uint8_t r3 = unp2[t];
+          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
+          out[i] = hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
+        }
+        }
+  }
+
+
+}
+
+
+
+/* qsgd: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially (hp_decode_sum runs the tiles) */
+static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out, const int64_t n,
+                              const int64_t i0, const int64_t tl) {
+  const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))), INT64_C(1)), hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
+  const int64_t L2 = hp_len(n);
+  const int64_t po0 = 0;
+  const float* const f_norm = (const float*)(pay + po0);
+  const int64_t po1 = hp_up8(po0 + (L1 * 4));
+  const uint8_t* const f_q = (const uint8_t*)(pay + po1);
+  const float* const rp_p_norm = L1 > 0 ? (const float*)f_norm : (const float*)hp_zeros;
+  const uint8_t* const rp_p_q = L2 > 0 ? (const uint8_t*)f_q : (const uint8_t*)hp_zeros;
+  const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
+
+
+  const bool fastdiv5 = (0.0) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) != 0 && fabs((double)(hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1))))) < 0x1p53;
+  { /* level 1: out (one tile) */
+        float seg6[HP_TILE];
+        {
+          const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
+          if (sd > 0 && i0 >= 0) {
+            for (int64_t t = 0; t < tl;) {
+              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              const int64_t e = rem >= tl - t ? tl : t + rem;
+              const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+              for (; t < e; t++) seg6[t] = sv;
+            }
+          } else {
+            for (int64_t t = 0; t < tl; t++) {
+              const int64_t sq = hp_div_i64(i0 + t, sd);
+              seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+            }
+          }
+        }
+        uint8_t unp2[HP_TILE];
+        for (int64_t q = 0; q < (tl + 1) / 2; q++) {
+          const uint8_t b = f_q[i0 / 2 + q];
+          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+        }
+        if (fastdiv5) {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const uint8_t r3 = unp2[t];
+          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
+          out[i] = out[i] + hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
+        }
+        } else {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const uint8_t r3 = unp2[t];
+          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
+          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
+          out[i] = out[i] + hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4);
+        }
+        }
+  }
+
+
+}
+
+
+
+/* qsgd: hp_decode_sum: out = (decode(p[0]) + ... + decode(p[k-1])) / divisor, summed
+ * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
+ * compute it. Tile by tile: a tile of out stays in cache while every payload adds to it, so
+ * out is written once. */
+int64_t hp_decode_sum_ws_bytes(int64_t n) {
+  (void)n;
+  return 0;
+}
+
+int hp_decode_sum(const hp_decsum_args* a) {
+  const int64_t n = a->n;
+  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const float d = a->divisor;
+  const int divide = d != 1.0f;
+  const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
+  float* const out = a->out;
+  if (a->k < 1) return 1;
+  #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+  for (int64_t tb = 0; tb < ntiles; tb++) {
+    const int64_t i0 = tb * HP_TILE;
+    const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
+    hp_decode_tile(a->payloads[0], out, n, i0, tl);
+    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl);
+    if (divide) {
+      #pragma omp simd
+      for (int64_t t = 0; t < tl; t++) out[i0 + t] = out[i0 + t] / d;
+    }
+  }
+  return 0;
+}
 

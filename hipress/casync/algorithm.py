@@ -2,7 +2,9 @@
 
 CaSync needs only the CompLL :class:`~hipress.compll.Algorithm` surface described by
 :class:`CompressionAlgorithm`: a static payload size, per-tensor state, ``encode`` and ``decode``
-(with ``accumulate`` for merging without temporaries). Anything with that surface works.
+(with ``accumulate`` for merging without temporaries). Anything with that surface works; an
+object that also has CompLL's ``decode_sum`` averages N payloads in one pass over the output
+(:func:`decode_mean`).
 
 State keys and RNG streams are derived here, in one place, so the runtime
 (:mod:`hipress.casync.hook`) and the single-process reference (:mod:`hipress.casync.reference`)
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -26,6 +28,7 @@ __all__ = [
     "CompressionAlgorithm",
     "chunk_key",
     "chunk_tensor_id",
+    "decode_mean",
     "init_chunk_states",
     "rank_seed",
     "resolve_algorithm",
@@ -63,6 +66,21 @@ class CompressionAlgorithm(Protocol):
         out: torch.Tensor | None = None,
         accumulate: bool = False,
     ) -> torch.Tensor: ...
+
+
+def decode_mean(
+    alg: CompressionAlgorithm, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor
+) -> None:
+    """``out`` = the mean of the payloads' decodes (summed in float32 in order, then divided
+    by their count, as ``decode`` + ``decode(accumulate=True)`` + ``div_`` compute it): with
+    the algorithm's ``decode_sum`` where it has one (CompLL: one pass over ``out``)."""
+    fused = getattr(alg, "decode_sum", None)
+    if fused is not None:
+        fused(payloads, n, out=out, divide_by=len(payloads))
+        return
+    for r, p in enumerate(payloads):
+        alg.decode(p, n, out=out, accumulate=r > 0)
+    out.div_(len(payloads))
 
 
 def resolve_algorithm(

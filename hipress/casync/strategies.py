@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.casync.algorithm import CompressionAlgorithm, chunk_key
+from hipress.casync.algorithm import CompressionAlgorithm, chunk_key, decode_mean
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
 from hipress.casync.errors import CaSyncError, CommError
 from hipress.casync.ring import RingDriver
@@ -282,9 +282,7 @@ class BucketOp:
                 continue
             out = region if region.dtype == torch.float32 else self.ws.scratch[i][: c.numel]
             with ctx.codec_lock:
-                for r in range(n):
-                    alg.decode(blocks[r, off : off + c.slot], c.numel, out=out, accumulate=r > 0)
-            out.div_(n)
+                decode_mean(alg, [blocks[r, off : off + c.slot] for r in range(n)], c.numel, out)
             if out is not region:
                 region.copy_(out)
         ctx.stats.add(comm_ms=t - t_issue, decode_ms=time.perf_counter() - t)
@@ -346,9 +344,7 @@ class BucketOp:
             nbytes = alg.payload_nbytes(s)
             merged = self.ws.scratch[i][:s]
             with ctx.codec_lock:
-                for r in range(n):
-                    alg.decode(blocks[r, off : off + nbytes], s, out=merged, accumulate=r > 0)
-            merged.div_(n)
+                decode_mean(alg, [blocks[r, off : off + nbytes] for r in range(n)], s, merged)
             t0 = time.perf_counter()
             state = ctx.server_states[chunk_key(c.name, c.part, c.parts, shard=rank, server=True)]
             # overwrites this rank's own slot of chunk idx, which was decoded just above

@@ -7,7 +7,8 @@ backend that executes it. Every backend computes what the reference interpreter 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -44,6 +45,28 @@ class Backend(Protocol):
     def decode(
         self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool
     ) -> None: ...
+
+    def decode_sum(
+        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
+    ) -> None:
+        """``out`` (contiguous float32) = sum of the payloads' decodes / ``divisor``."""
+        ...
+
+
+def decode_sum_by_parts(
+    backend: Backend,
+    payloads: Sequence[torch.Tensor],
+    n: int,
+    out: torch.Tensor,
+    divisor: float,
+) -> None:
+    """``decode_sum`` as one decode, ``len(payloads) - 1`` accumulating decodes and one
+    division: the definition of what every backend's ``decode_sum`` computes, and how the
+    backends without a fused kernel run it."""
+    for r, p in enumerate(payloads):
+        backend.decode(p, n, out, r > 0)
+    if divisor != 1:
+        out.div_(divisor)
 
 
 class ReferenceBackend:
@@ -96,6 +119,11 @@ class ReferenceBackend:
             out.add_(res.to(out.dtype))
         else:
             out.copy_(res)
+
+    def decode_sum(
+        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
+    ) -> None:
+        decode_sum_by_parts(self, payloads, n, out, divisor)
 
 
 BackendFactory = Callable[[ir.Program], Backend]
@@ -212,6 +240,51 @@ class Algorithm:
         elif out.dtype not in _FLOATS or out.numel() != n:
             raise ValueError(f"{self.name}.decode: out must be a float tensor of {n} elements")
         self.backend.decode(payload, n, out.view(-1), accumulate)
+        return out
+
+    def decode_sum(
+        self,
+        payloads: Sequence[torch.Tensor],
+        n: int,
+        out: torch.Tensor | None = None,
+        divide_by: float = 1,
+    ) -> torch.Tensor:
+        """The sum of several payloads' decodes of ``n`` floats, divided by ``divide_by``:
+        ``(decode(p[0]) + decode(p[1]) + ...) / divide_by``, added in float32 in that order
+        (exactly what :meth:`decode`, then :meth:`decode` with ``accumulate`` for each further
+        payload, then one ``div_`` give in float32), rounded once to ``out``'s dtype.
+
+        Averaging N workers' payloads this way writes ``out`` once: where the backend can
+        (a decode that is one map over its output, C backend), each tile of ``out`` stays in
+        cache while every payload adds to it. A contiguous float32 ``out`` needs no temporary.
+        """
+        if not payloads:
+            raise ValueError(f"{self.name}.decode_sum needs at least one payload")
+        nbytes = self.payload_nbytes(n)
+        for p in payloads:
+            if p.dtype != torch.uint8 or p.dim() != 1 or p.shape[0] != nbytes:
+                raise ValueError(
+                    f"{self.name}.decode_sum: every payload must be a 1-D uint8 tensor of "
+                    f"{nbytes} bytes for n={n}, got {tuple(p.shape)} {p.dtype}"
+                )
+            if p.device != payloads[0].device:
+                raise ValueError(f"{self.name}.decode_sum: payloads on different devices")
+        if (
+            not isinstance(divide_by, int | float)
+            or isinstance(divide_by, bool)
+            or not (divide_by != 0 and math.isfinite(divide_by))
+        ):
+            raise ValueError(f"{self.name}.decode_sum: divide_by must be finite and non-zero")
+        device = payloads[0].device
+        if out is None:
+            out = torch.empty(n, dtype=torch.float32, device=device)
+        elif out.dtype not in _FLOATS or out.numel() != n:
+            raise ValueError(f"{self.name}.decode_sum: out must be a float tensor of {n} elements")
+        direct = out.dtype == torch.float32 and out.is_contiguous()
+        target = out.view(-1) if direct else torch.empty(n, dtype=torch.float32, device=device)
+        self.backend.decode_sum(payloads, n, target, divide_by)
+        if not direct:
+            out.copy_(target.view(out.shape))
         return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -96,6 +96,11 @@ class AutoBackend:
 
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
         self.backend_for(payload.device).decode(payload, n, out, accumulate)
+
+    def decode_sum(
+        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
+    ) -> None:
+        self.backend_for(payloads[0].device).decode_sum(payloads, n, out, divisor)
 
 
 def factories() -> dict[str, Callable[[ir.Program], Backend]]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from hipress.compll import ir
+from hipress.compll.algorithm import decode_sum_by_parts
 from hipress.compll.cache import CompileError, explain
 from hipress.compll.interp import eval_size
 from hipress.compll.payload import layout
@@ -275,6 +276,12 @@ class CudaBackend:
                 out.add_(target.to(out.dtype).view(out.shape))
             else:
                 out.copy_(target.view(out.shape))
+
+    def decode_sum(
+        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
+    ) -> None:
+        # (no fused kernel on this target yet: one pass over out per payload)
+        decode_sum_by_parts(self, payloads, n, out, divisor)
 
 
 def compile_check(program: ir.Program, archs: Sequence[str] = ARCHS) -> dict[str, int]:

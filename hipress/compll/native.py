@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -59,6 +60,18 @@ class _DecArgs(ctypes.Structure):
     ]
 
 
+class _DecSumArgs(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("payloads", ctypes.POINTER(ctypes.c_void_p)),
+        ("k", ctypes.c_int64),
+        ("out", ctypes.c_void_p),
+        ("divisor", ctypes.c_float),
+        ("ws", ctypes.c_void_p),
+        ("nthreads", ctypes.c_int32),
+    ]
+
+
 def build(prog: ir.Program, cache: KernelCache, toolchain: Toolchain) -> tuple[Path, str]:
     """Compiled library of ``prog`` (from the cache, or built now) and its source text."""
     key = kernel_key(prog.digest(), TARGET, toolchain.identity(), generator_digest(TARGET))
@@ -95,16 +108,21 @@ class NativeBackend:
         lib.hp_abi_version.restype = ctypes.c_int64
         if lib.hp_abi_version() != ABI_VERSION:  # pragma: no cover - stale file under our key
             raise NativeError(f"kernel library {self.path} has a different ABI; delete it")
-        for fn in ("hp_encode_ws_bytes", "hp_decode_ws_bytes", "hp_decode_acc_ws_bytes"):
+        for fn in (
+            "hp_encode_ws_bytes", "hp_decode_ws_bytes", "hp_decode_acc_ws_bytes",
+            "hp_decode_sum_ws_bytes",
+        ):  # fmt: skip
             getattr(lib, fn).restype = ctypes.c_int64
             getattr(lib, fn).argtypes = [ctypes.c_int64]
         lib.hp_encode.argtypes = [ctypes.POINTER(_EncArgs)]
         lib.hp_decode.argtypes = [ctypes.POINTER(_DecArgs)]
         lib.hp_decode_acc.argtypes = [ctypes.POINTER(_DecArgs)]
+        lib.hp_decode_sum.argtypes = [ctypes.POINTER(_DecSumArgs)]
         self._lib = lib
         self._encode = lib.hp_encode
         self._decode = lib.hp_decode
         self._decode_acc = lib.hp_decode_acc
+        self._decode_sum = lib.hp_decode_sum
         self._ws: dict[tuple[str, int], torch.Tensor] = {}
         self._state_types = [
             torch_storage_dtype(s.type if isinstance(s.type, DType) else s.type.dtype)
@@ -122,8 +140,9 @@ class NativeBackend:
         """Workspace bytes one encode/decode of ``n`` elements uses."""
         lib = self._lib
         return max(
-            lib.hp_encode_ws_bytes(n), lib.hp_decode_ws_bytes(n), lib.hp_decode_acc_ws_bytes(n)
-        )
+            lib.hp_encode_ws_bytes(n), lib.hp_decode_ws_bytes(n), lib.hp_decode_acc_ws_bytes(n),
+            lib.hp_decode_sum_ws_bytes(n),
+        )  # fmt: skip
 
     def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
         with self._lock:
@@ -132,6 +151,28 @@ class NativeBackend:
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
         with self._lock:
             self._decode_locked(payload, n, out, accumulate)
+
+    def decode_sum(
+        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
+    ) -> None:
+        for p in payloads:
+            _cpu(p, "payload")
+            if not p.is_contiguous():
+                raise NativeError("payload must be contiguous")
+        _cpu(out, "output")
+        if out.dtype != torch.float32 or not out.is_contiguous():
+            raise NativeError("decode_sum needs a contiguous float32 output")
+        ptrs = (ctypes.c_void_p * len(payloads))(*(p.data_ptr() for p in payloads))
+        with self._lock:
+            ws = self._ws.get(("dsum", n))
+            if ws is None:
+                ws = self._buffer("dsum", n, self._lib.hp_decode_sum_ws_bytes(n))
+            args = _DecSumArgs(
+                n, ptrs, len(payloads), out.data_ptr(), float(divisor), ws.data_ptr(),
+                torch.get_num_threads(),
+            )  # fmt: skip
+            if self._decode_sum(ctypes.byref(args)) != 0:  # pragma: no cover - k >= 1 checked
+                raise NativeError("decode_sum failed")
 
     def _encode_locked(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
         n = state.n

@@ -25,7 +25,7 @@ from hipress.compll.lower import (
     walk,
 )
 from hipress.compll.render_expr import Body, Emitter, Mem, Names, const, ctype, mtype
-from hipress.compll.types import ArrayType, DType
+from hipress.compll.types import I64, ArrayType, DType
 
 # ---------------------------------------------------------------- reductions
 
@@ -151,10 +151,33 @@ class Tile:
 # ---------------------------------------------------------------- one function
 
 
-class CFunction:
-    """Renders one plan (encode, decode or decode-accumulate) as a C function."""
+def tileable(plan: Plan) -> bool:
+    """Whether ``plan`` is a decode that is one plain map over the output (one loop of stores,
+    no reduction, special stage or workspace): then any tile of the output can be decoded on
+    its own (:meth:`CFunction.render` with ``tile=True``), which ``hp_decode_sum`` uses."""
+    loops = [lp for st in plan.steps for lp in st.loops]
+    return (
+        plan.fn == "decode"
+        and not plan.ws
+        and not plan.fusions
+        and not any(st.specials for st in plan.steps)
+        and len(loops) == 1
+        and loops[0].length == ir.Ref(ir.N, I64)
+        and all(it.kind == "store" for it in loops[0].items)
+    )
 
-    def __init__(self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str) -> None:
+
+class CFunction:
+    """Renders one plan (encode, decode or decode-accumulate) as a C function; with ``tile``
+    (a :func:`tileable` decode only), as a serial function of one tile of the output, taking
+    ``pay``, ``out``, ``n``, ``i0`` and ``tl``."""
+
+    def __init__(
+        self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str, tile: bool = False
+    ) -> None:
+        if tile and not tileable(plan):
+            raise ValueError(f"{name}: only a decode that is one map over the output tiles")
+        self.tile = tile
         self.env = env
         self.prog = prog
         self.plan = plan
@@ -314,7 +337,11 @@ class CFunction:
                     )
             self._payload(writing=True)
         else:
-            self.setup += ["const uint8_t* const pay = a->payload;", "float* const out = a->out;"]
+            if not self.tile:  # (a tile function takes them as parameters)
+                self.setup += [
+                    "const uint8_t* const pay = a->payload;",
+                    "float* const out = a->out;",
+                ]
             self._payload(writing=False)
 
     # -- stages
@@ -340,6 +367,13 @@ class CFunction:
                 stages.append(f"  const {ctype(let.value.dtype)} {var} = {v};")
         if self.plan.fn == "encode":
             self._final()
+        if self.tile:
+            return self.env.get_template("c_tile_function.c.j2").render(
+                title=f"{self.prog.name}: {self.name}",
+                name=self.name,
+                setup=self.length_lines + self.setup + self.safe_lines,
+                stages=stages,
+            )
         tpl = self.env.get_template("c_function.c.j2")
         return tpl.render(
             title=f"{self.prog.name}: {self.name}",
@@ -384,6 +418,12 @@ class CFunction:
 
     def loop(self, lp: Loop) -> str:
         tile = self._tile(lp)
+        if self.tile:
+            text = self.env.get_template("c_tile_stage.c.j2").render(
+                level=lp.level, title=", ".join(tile.titles), pre=tile.pre, clauses="",
+                variants=tile.variants, post=tile.post,
+            )  # fmt: skip
+            return tile.hoist + text
         tpl = self.env.get_template("c_loop.c.j2")
         text = tile.hoist + tpl.render(
             level=lp.level, title=", ".join(tile.titles), length=self.length(lp.length),

@@ -25,7 +25,12 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import CompressionAlgorithm, chunk_key, init_chunk_states
+from hipress.casync.algorithm import (
+    CompressionAlgorithm,
+    chunk_key,
+    decode_mean,
+    init_chunk_states,
+)
 from hipress.casync.bulk import split_sizes
 from hipress.casync.errors import ConfigMismatchError
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
@@ -182,9 +187,7 @@ class HorovodSync:
             nb = alg.payload_nbytes(s)
             rows = recv.view(n, nb + 1)
             merged = torch.empty(s, dtype=torch.float32)
-            for r in range(n):
-                alg.decode(rows[r, :nb], s, out=merged, accumulate=r > 0)
-            merged.div_(n)
+            decode_mean(alg, [rows[r, :nb] for r in range(n)], s, merged)
             any_bad = bool(rows[:, nb].any())
             key = chunk_key(p.name, k, e.partitions, shard=self.rank, server=True)
             msg = self._encode(merged, self.server_states[key], any_bad)
@@ -218,9 +221,7 @@ class HorovodSync:
         if bool(rows[:, nb].any()):
             out.fill_(float("nan"))
             return
-        for r in range(n):
-            alg.decode(rows[r, :nb], c.size, out=out, accumulate=r > 0)
-        out.div_(n)
+        decode_mean(alg, [rows[r, :nb] for r in range(n)], c.size, out)
 
     def _finish_ps(self, c: _Chunk, out: torch.Tensor) -> None:
         assert self.algorithm is not None
