@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -77,6 +78,22 @@ def test_decode_acc_falls_back_to_decode_plus_merge() -> None:
         p.compute_ms("decode_acc", x), p.compute_ms("decode", x) + p.compute_ms("merge", x)
     )
     assert float(p.compute_ms("encode", 0)) == 0.0
+
+
+def test_averaging_costs_with_and_without_a_measured_decode_sum() -> None:
+    p = _profile()
+    x = np.array([10.0, 1e6])
+    # no decode_sum2: each further payload is a decode_acc, the average one merge pass
+    np.testing.assert_allclose(p.compute_ms("decode_more", x), p.compute_ms("decode_acc", x))
+    np.testing.assert_allclose(p.compute_ms("average", x), p.compute_ms("merge", x))
+    fused = dataclasses.replace(
+        p, compute={**p.compute, "decode_sum2": AffineFloor(1e-6, 0.01, 0.02)}
+    )
+    more = fused.compute_ms("decode_sum2", x) - fused.compute_ms("decode", x)
+    np.testing.assert_allclose(fused.compute_ms("decode_more", x), np.maximum(more, 0.0))
+    assert np.all(fused.compute_ms("average", x) == 0.0)  # inside decode_sum2
+    cheap = dataclasses.replace(p, compute={**p.compute, "decode_sum2": AffineFloor(0, 0, 0)})
+    assert np.all(cheap.compute_ms("decode_more", x) == 0.0)  # never negative
 
 
 @given(

@@ -2,7 +2,7 @@
 
 A :class:`Codec` names an algorithm, gives its payload size, and for a size n prepares
 zero-argument closures (``encode``, ``decode`` and, if it can, ``decode_acc``: decode adding
-into the output) that work on buffers allocated once, so the profiler times the kernels and not
+into the output, and ``decode_sum2``: the average of two payloads, as CaSync averages) that work on buffers allocated once, so the profiler times the kernels and not
 the allocator (fresh large tensors cost page faults here).
 
 Three adapters:
@@ -39,7 +39,7 @@ class Codec(Protocol):
 
     def prepare(self, n: int) -> Mapping[str, Thunk]:
         """Allocate buffers for n elements; return closures over them: ``encode``,
-        ``decode`` and optionally ``decode_acc``."""
+        ``decode`` and optionally ``decode_acc`` and ``decode_sum2``."""
         ...
 
 
@@ -81,7 +81,11 @@ class AlgorithmCodec:
         def decode_acc() -> object:
             return self.alg.decode(payload, n, out=out, accumulate=True)
 
-        return {"encode": encode, "decode": decode, "decode_acc": decode_acc}
+        thunks = {"encode": encode, "decode": decode, "decode_acc": decode_acc}
+        if hasattr(self.alg, "decode_sum"):  # how CaSync averages: two payloads, one divide
+            pair = [payload, payload]
+            thunks["decode_sum2"] = lambda: self.alg.decode_sum(pair, n, out=out, divide_by=2)
+        return thunks
 
 
 @dataclass(frozen=True)

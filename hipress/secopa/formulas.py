@@ -106,9 +106,9 @@ CASYNC_FORMULAS: tuple[Formula, ...] = (
         strategy=Strategy.ALLGATHER,
         compute=(
             Term("encode", _one, lambda d: d.part),
-            Term("decode", _one, lambda d: d.part),  # first payload overwrites
-            Term("decode_acc", _n1, lambda d: d.part),  # the others accumulate (merge fused)
-            Term("merge", _one, lambda d: d.part),  # the average (one pass, like a merge)
+            Term("decode", _one, lambda d: d.part),  # N payloads averaged (decode_sum):
+            Term("decode_more", _n1, lambda d: d.part),  # the others add to the first ...
+            Term("average", _one, lambda d: d.part),  # ... and the sum is divided
             Term("merge", _one, lambda d: d.part),  # CaSync's NaN/Inf check (one read pass)
         ),
         comm=(Term("all_gather", _one, lambda d: d.pay(d.part)),),
@@ -121,8 +121,8 @@ CASYNC_FORMULAS: tuple[Formula, ...] = (
             Term("merge", _n, lambda d: d.shard),  # CaSync's NaN/Inf check (one read pass)
             Term("encode", _n, lambda d: d.shard),  # N shards
             Term("decode", _one, lambda d: d.shard),  # N payloads of the shard I serve ...
-            Term("decode_acc", _n1, lambda d: d.shard),  # ... merged by accumulating
-            Term("merge", _one, lambda d: d.shard),  # the average
+            Term("decode_more", _n1, lambda d: d.shard),  # ... averaged (decode_sum)
+            Term("average", _one, lambda d: d.shard),
             Term("encode", _one, lambda d: d.shard),  # re-encode the aggregate
             Term("decode", _n, lambda d: d.shard),  # all N aggregates
         ),

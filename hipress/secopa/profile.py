@@ -5,7 +5,7 @@ A :class:`Profile` holds
 - the algorithm's payload size model (:class:`PayloadModel`, bytes for n elements),
 - compute costs in ms as functions of the element count: ``encode``, ``decode`` (n decoded
   elements), ``merge`` (``out += x`` of n float32) and optionally ``decode_acc`` (decode adding
-  into the output, as CaSync merges),
+  into the output) and ``decode_sum2`` (the average of two payloads, as CaSync averages),
 - network costs: one :class:`CommOp` per collective (alpha-beta with the collective's
   algorithm, so it extrapolates to any world size), and
 - ``overlap`` in [0, 1]: how much computation hides behind communication when partitions are
@@ -61,6 +61,8 @@ __all__ = [
 
 PROFILE_VERSION = 1
 COMPUTE_OPS = ("encode", "decode", "merge")
+# ops computed from the measured ones (see Profile.compute_ms)
+_DERIVED = ("decode_acc", "decode_more", "average")
 COLLECTIVES = ("allreduce", "all_gather", "all_to_all", "broadcast")
 
 
@@ -95,8 +97,8 @@ class Profile:
         algorithm: CompLL algorithm name (or a codec name such as ``fp16``).
         params: its hyper-parameters.
         payload: payload size model.
-        compute: ``encode``, ``decode``, ``merge`` (and optionally ``decode_acc``) -> cost in
-            ms of n elements.
+        compute: ``encode``, ``decode``, ``merge`` (and optionally ``decode_acc``,
+            ``decode_sum2``) -> cost in ms of n elements.
         network: op name -> :class:`CommOp`; at least the four CaSync collectives.
         overlap: fraction of the shorter of compute/communication hidden by pipelining.
         meta: provenance (host, backend, measured world size, fit errors); informational.
@@ -119,18 +121,30 @@ class Profile:
             raise ProfileError(f"overlap must be in [0, 1], got {self.overlap}")
 
     def has_compute(self, op: str) -> bool:
-        """Whether :meth:`compute_ms` knows ``op`` (``decode_acc`` falls back, see there)."""
-        return op in self.compute or (op == "decode_acc" and "decode" in self.compute)
+        """Whether :meth:`compute_ms` knows ``op`` (derived ops fall back, see there)."""
+        return op in self.compute or (op in _DERIVED and "decode" in self.compute)
 
     def compute_ms(self, op: str, n: ArrayLike) -> NDArray[np.float64]:
         """Cost in ms of compute op ``op`` on ``n`` elements (0 for n == 0).
 
-        ``decode_acc`` (decode adding into the output) falls back to ``decode + merge`` when
-        the profile does not hold it.
+        Derived ops: ``decode_acc`` (decode adding into the output) falls back to ``decode +
+        merge`` when the profile does not hold it. Averaging N payloads as CaSync does
+        (``decode_sum``) costs ``decode + (N - 1) * decode_more + average``: with a measured
+        ``decode_sum2`` (two payloads averaged), ``decode_more`` is ``decode_sum2 - decode``
+        (floored at 0; the division is inside it) and ``average`` is 0; without it (older
+        profiles), ``decode_acc`` and one ``merge``.
         """
         x = np.asarray(n, dtype=np.float64)
         if op == "decode_acc" and op not in self.compute:
             return self.compute_ms("decode", x) + self.compute_ms("merge", x)
+        if op in ("decode_more", "average"):
+            fused = "decode_sum2" in self.compute
+            if op == "average":
+                return np.zeros_like(x) if fused else self.compute_ms("merge", x)
+            if not fused:
+                return self.compute_ms("decode_acc", x)
+            more = self.compute_ms("decode_sum2", x) - self.compute_ms("decode", x)
+            return np.maximum(more, 0.0)
         if op not in self.compute:
             raise ProfileError(f"profile has no compute cost {op!r} (has {sorted(self.compute)})")
         return np.where(x > 0, self.compute[op](np.maximum(x, 1e-9)), 0.0)

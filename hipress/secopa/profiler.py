@@ -89,7 +89,7 @@ def measure_compute(
     max_size: int | None = None,
     stat: str = "median",
 ) -> ComputeSamples:
-    """Time encode, decode (and decode_acc if the codec has it) of ``codec`` and a float32
+    """Time encode, decode (and decode_acc, decode_sum2 if the codec has them) of ``codec`` and a float32
     merge at increasing sizes within about ``budget_s``.
 
     ``max_size`` (e.g. the model's largest tensor) replaces the sizes above it by itself.
@@ -109,7 +109,8 @@ def measure_compute(
     if len(grid) < 2:
         raise ProfileError(f"measure_compute needs at least two sizes, got {grid}")
     deadline = time.perf_counter() + budget_s
-    ops = [*COMPUTE_OPS, *(["decode_acc"] if "decode_acc" in codec.prepare(1) else [])]
+    offered = codec.prepare(1)
+    ops = [*COMPUTE_OPS, *(op for op in ("decode_acc", "decode_sum2") if op in offered)]
     share = budget_s / len(grid) / len(ops)
     got: dict[str, tuple[list[float], list[float]]] = {op: ([], []) for op in ops}
     prev_n, prev_s = 0, 0.0
