@@ -12,7 +12,7 @@ from hipress.bench.convergence import (
 
 def test_convergence_rows_and_dgc_momentum() -> None:
     opts = ConvergenceOptions(
-        workers=2, algorithms=("topk", "dgc"), epochs=1, train_tokens=8192,
+        workers=2, algorithms=("topk", "dgc"), epochs=2, train_tokens=4096,
         eval_tokens=2048, batch=4, timeout=300, density_warmup_epochs=1,
     )  # fmt: skip
     res = run_convergence(opts)
@@ -23,6 +23,12 @@ def test_convergence_rows_and_dgc_momentum() -> None:
         assert 0.0 <= r["accuracy"] <= 1.0 and r["finite"]
         assert r["steps"] == rows["uncompressed"]["steps"] > 20
     assert rows["uncompressed"]["delta_points"] == 0.0
+    for r in rows.values():  # evaluated after every epoch; the last is the final accuracy
+        assert len(r["epoch_accuracy"]) == 2 and r["epoch_accuracy"][-1] == r["accuracy"]
+        assert r["best_accuracy"] == max(r["epoch_accuracy"])
+        assert r["epoch_accuracy"][r["best_epoch"] - 1] == r["best_accuracy"]
+    best = rows["uncompressed"]["best_accuracy"]
+    assert rows["dgc"]["best_delta_points"] == 100 * (rows["dgc"]["best_accuracy"] - best)
     assert rows["topk"]["error_feedback"] and rows["dgc"]["error_feedback"]
     # DGC's momentum correction replaces the optimizer's momentum; the others keep it
     assert rows["dgc"]["optimizer_momentum"] == 0.0
