@@ -74,7 +74,7 @@ def _cmd_algorithms(args: argparse.Namespace) -> int:
     for name in algorithms():
         alg = load(name, backend="reference")
         params = ", ".join(f"{k}={v!r}" for k, v in alg.params.items()) or "-"
-        ef = "yes" if "residual" in {s.name for s in alg.program.state} else "no"
+        ef = "yes" if alg.error_feedback else "no"
         bits = alg.bits_per_element(args.n)
         rows.append((name, f"{bits:.3f}", ef, params, alg.doc))
     head = ("algorithm", f"bits/elem (n={args.n})", "EF", "parameters", "description")

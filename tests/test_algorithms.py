@@ -30,8 +30,10 @@ from hipress.compll.source import SourceFile
 # elsewhere. These properties are about the algorithms, so they run on the reference.
 BACKEND = "reference"
 ALGOS = algorithms()
-# error feedback: state `residual`, and residual_after + decoded == g + residual_before
+# error feedback (state `residual`, or `comp` for the one-pass forms of onebit and efsignsgd):
+# residual_after + decoded == g + residual_before
 EF = {"dgc", "efsignsgd", "graddrop", "onebit", "tbq", "topk"}
+ONE_PASS_EF = {"efsignsgd", "onebit"}  # state `comp`: a non-finite step drops the residual
 # params under which E[decode(encode(g))] == g
 UNBIASED: dict[str, dict[str, Any]] = {
     "qsgd": {},
@@ -241,7 +243,7 @@ def test_declarations_cover_every_shipped_algorithm() -> None:
     assert set(BOUNDS) == set(ALGOS)
     for name in ALGOS:
         alg = load(name)
-        assert ("residual" in {s.name for s in alg.program.state}) == (name in EF), name
+        assert alg.error_feedback == (name in EF), name
         assert alg.uses_random == (name in RANDOM), name
         text = shipped_path(name).read_text()
         assert text.startswith("//") and len(text.splitlines()) <= 80, name
@@ -296,12 +298,46 @@ def test_error_feedback_conserves_the_compensated_gradient(name: str) -> None:
     st_ = alg.init_state(n)
     for _ in range(4):
         g = torch.randn(n, generator=gen)
-        before = st_.tensors["residual"].clone()
+        before = residual(st_)
         y = alg.decode(alg.encode(g, st_), n)
         c = g + before
-        after = st_.tensors["residual"]
+        after = residual(st_)
         torch.testing.assert_close(after + y, c, rtol=0, atol=_eps_tol(c))
         assert after.abs().sum() > 0  # something was held back
+
+
+def residual(st_: Any) -> torch.Tensor:
+    """The error-feedback residual an algorithm's state holds: ``residual`` itself, or for the
+    one-pass forms ``comp`` minus its decode (``ppos``/``pneg`` or ``pscale``), 0 if ``lost``."""
+    t = st_.tensors
+    if "residual" in t:
+        return t["residual"].clone()
+    comp = t["comp"]
+    if "pscale" in t:
+        pos, neg = t["pscale"], -t["pscale"]
+    else:
+        pos, neg = t["ppos"], t["pneg"]
+    r = comp - torch.where(comp < 0, neg, pos)
+    return torch.zeros_like(comp) if bool(t["lost"]) else r
+
+
+@pytest.mark.parametrize("name", sorted(ONE_PASS_EF))
+def test_one_pass_error_feedback_drops_the_residual_after_a_non_finite_step(name: str) -> None:
+    alg = load(name)
+    n = 64
+    gen = torch.Generator().manual_seed(5)
+    st_ = alg.init_state(n)
+    alg.encode(torch.randn(n, generator=gen), st_)
+    assert residual(st_).abs().sum() > 0
+    bad = torch.randn(n, generator=gen)
+    bad[3] = float("nan")
+    y = alg.decode(alg.encode(bad, st_), n)
+    assert not torch.isfinite(y[3])  # its group's scale is non-finite: AMP skips the step
+    assert bool(st_.tensors["lost"]) and torch.equal(residual(st_), torch.zeros(n))
+    g = torch.randn(n, generator=gen)  # the next step starts from zero error
+    fresh = alg.init_state(n)
+    assert torch.equal(alg.encode(g, st_), alg.encode(g, fresh))
+    assert not bool(st_.tensors["lost"])
 
 
 def test_dgc_momentum_correction_and_masking() -> None:
@@ -492,9 +528,13 @@ def test_nonfinite_inputs_stay_visible(name: str) -> None:
         # every non-finite element comes back non-finite (never as a finite number)
         at = torch.tensor([i for i, _ in bad])
         assert not torch.isfinite(y[at]).any(), f"{name} {case}: NaN/Inf came back finite"
-        # a non-finite step leaves the state as it was (AMP skips the step)
-        for k, v in st_.tensors.items():
-            assert torch.equal(v, before[k]), f"{name} {case}: state {k} changed"
+        # a non-finite step leaves the state as it was (AMP skips the step); the one-pass
+        # error-feedback forms drop their residual instead (no non-finite value stays in use)
+        if name in ONE_PASS_EF:
+            assert torch.equal(residual(st_), torch.zeros(n)), f"{name} {case}: residual kept"
+        else:
+            for k, v in st_.tensors.items():
+                assert torch.equal(v, before[k]), f"{name} {case}: state {k} changed"
         y2 = alg.decode(alg.encode(torch.randn(n, generator=gen), st_), n)
         assert torch.isfinite(y2).all(), f"{name} {case}: not finite after recovery"
 

@@ -504,8 +504,8 @@ def test_wrong_device_is_a_clear_error() -> None:
     st_ = alg.init_state(8)
     with pytest.raises(NativeError, match="CPU tensors"):
         alg.encode(torch.zeros(8, device="meta"), st_)
-    st_.tensors["residual"] = st_.tensors["residual"].double()
-    with pytest.raises(NativeError, match="state `residual`"):
+    st_.tensors["comp"] = st_.tensors["comp"].double()
+    with pytest.raises(NativeError, match="state `comp`"):
         alg.encode(torch.zeros(8), st_)
 
 

@@ -207,7 +207,7 @@ def _own_momentum(name: str) -> bool:
 def _has_ef(name: str) -> bool:
     from hipress.compll import load
 
-    return "residual" in {s.name for s in load(name, backend="reference").program.state}
+    return load(name, backend="reference").error_feedback
 
 
 def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from hipress.compll.types import ArrayType, DType, torch_compute_dtype, torch_st
 log = logging.getLogger(__name__)
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# names of the state array that carries error feedback (Algorithm.error_feedback)
+EF_STATES = ("residual", "comp")
 
 
 class BackendError(CllError):
@@ -158,6 +160,13 @@ class Algorithm:
     @property
     def stateful(self) -> bool:
         return bool(self.program.state)
+
+    @property
+    def error_feedback(self) -> bool:
+        """Whether the algorithm keeps error feedback: by convention a state array named
+        ``residual`` (the error itself) or ``comp`` (the last compensated gradient, whose
+        residual is ``comp`` minus its decode; docs/dsl.md)."""
+        return any(s.name in EF_STATES for s in self.program.state)
 
     @property
     def uses_random(self) -> bool:
