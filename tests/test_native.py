@@ -461,17 +461,45 @@ def _half_inputs() -> torch.Tensor:
     return torch.cat([h32, mids, mids.nextafter(torch.tensor(INF)), b32, near, special])
 
 
-@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "no-avx512"])
-def test_half_conversions_match_torch(avx512: bool, tmp_path) -> None:
-    src = SourceFile("half.cll", HALVES)
-    ref = load_source(src, backend="reference")
+# the hand-vectorised helpers (Philox, f16 tiles, filter masks) have AVX-512 and AVX2 versions
+# and a scalar fallback: each path this CPU can run (the best first, then with the better ones
+# switched off) must compute what the reference does
+PATHS = {
+    "native": (),
+    "no-avx512": ("-DHP_NO_AVX512",),
+    "scalar": ("-DHP_NO_AVX512", "-DHP_NO_AVX2"),
+}
+
+
+def _on_path(ref: Algorithm, path: str, tmp_path) -> Algorithm:  # type: ignore[no-untyped-def]
     assert TOOLCHAIN is not None
-    tc = Toolchain(
-        TOOLCHAIN.cc, TOOLCHAIN.version, C_FLAGS + (() if avx512 else ("-DHP_NO_AVX512",))
-    )
-    cpu = Algorithm(ref.program, NativeBackend(ref.program, KernelCache(tmp_path), tc))
-    x = _half_inputs()
-    run_both(ref, cpu, x, steps=1)
+    tc = Toolchain(TOOLCHAIN.cc, TOOLCHAIN.version, C_FLAGS + PATHS[path])
+    return Algorithm(ref.program, NativeBackend(ref.program, KernelCache(tmp_path), tc))
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_half_conversions_match_torch(path: str, tmp_path) -> None:
+    ref = load_source(SourceFile("half.cll", HALVES), backend="reference")
+    run_both(ref, _on_path(ref, path, tmp_path), _half_inputs(), steps=1)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("name", ["terngrad", "dgc", "randomk"])
+def test_random_streams_and_compaction_on_every_path(name: str, path: str, tmp_path) -> None:
+    """Philox tiles (16, 8 or 1 block at a time) and filter masks against the reference, at
+    sizes around the vector widths and tiles, and for several seeds, tensor ids and steps."""
+    ref = load(name, backend="reference")
+    cpu = _on_path(ref, path, tmp_path)
+    g = torch.Generator().manual_seed(11)
+    for n in (1, 5, 31, 33, 127, 129, 2048 * 3 + 67):
+        run_both(ref, cpu, torch.randn(n, generator=g), steps=2)
+    # tensor ids and steps move the stream: several of both
+    x = torch.randn(4099, generator=g)
+    for tid in (0, 3, 2**31 + 5):
+        s1 = ref.init_state(x.numel(), seed=2**40 + 9, tensor_id=tid)
+        s2 = cpu.init_state(x.numel(), seed=2**40 + 9, tensor_id=tid)
+        for _ in range(2):
+            assert torch.equal(ref.encode(x, s1), cpu.encode(x, s2)), (name, path, tid)
 
 
 # ---------------------------------------------------------------- selection and errors

@@ -727,6 +727,58 @@ static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t t
   for (; t < tl; t++) dst[t] = canon ? hp_canon_f16(hp_f32_to_f16(src[t])) : hp_f32_to_f16(src[t]);
 }
 #define HP_HAVE_TILE_F16 1
+#elif defined(__AVX2__) && !defined(HP_NO_AVX2)
+#include <immintrin.h>
+/* AVX2 (no AVX-512): 8 consecutive blocks blk0..blk0+7 -> out[0..31] in counter order */
+static inline void hp_philox8(uint64_t blk0, uint32_t stream, uint32_t k0, uint32_t k1,
+                              uint32_t step, uint32_t tid, uint32_t* out) {
+  __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)blk0),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i x1 = _mm256_set1_epi32((int)((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)));
+  __m256i x2 = _mm256_set1_epi32((int)step), x3 = _mm256_set1_epi32((int)tid);
+  const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
+  for (int r = 0; r < 10; r++) {
+    const __m256i pe0 = _mm256_mul_epu32(x0, m0), po0 = _mm256_mul_epu32(_mm256_srli_epi64(x0, 32), m0);
+    const __m256i pe1 = _mm256_mul_epu32(x2, m1), po1 = _mm256_mul_epu32(_mm256_srli_epi64(x2, 32), m1);
+    const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(pe0, 32), po0, 0xAA);
+    const __m256i lo0 = _mm256_blend_epi32(pe0, _mm256_slli_epi64(po0, 32), 0xAA);
+    const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(pe1, 32), po1, 0xAA);
+    const __m256i lo1 = _mm256_blend_epi32(pe1, _mm256_slli_epi64(po1, 32), 0xAA);
+    x0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32((int)k0));
+    x1 = lo1;
+    x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32((int)k1));
+    x3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  /* transpose: lane j of x0..x3 is block j's 4 words */
+  const __m256i a = _mm256_unpacklo_epi32(x0, x1), b = _mm256_unpackhi_epi32(x0, x1);
+  const __m256i c = _mm256_unpacklo_epi32(x2, x3), d = _mm256_unpackhi_epi32(x2, x3);
+  const __m256i e = _mm256_unpacklo_epi64(a, c), f = _mm256_unpackhi_epi64(a, c);  /* 0|4, 1|5 */
+  const __m256i g = _mm256_unpacklo_epi64(b, d), h = _mm256_unpackhi_epi64(b, d);  /* 2|6, 3|7 */
+  _mm256_storeu_si256((__m256i*)(out + 0), _mm256_permute2x128_si256(e, f, 0x20));
+  _mm256_storeu_si256((__m256i*)(out + 8), _mm256_permute2x128_si256(g, h, 0x20));
+  _mm256_storeu_si256((__m256i*)(out + 16), _mm256_permute2x128_si256(e, f, 0x31));
+  _mm256_storeu_si256((__m256i*)(out + 24), _mm256_permute2x128_si256(g, h, 0x31));
+}
+#define HP_HAVE_PHILOX8 1
+#ifdef __F16C__
+/* a tile of f32 -> f16 with F16C (RNE; NaN quieted, as hp_f32_to_f16) */
+static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t tl, int canon) {
+  int64_t t = 0;
+  for (; t + 8 <= tl; t += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    if (canon) {
+      const __m128i a = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
+      const __m128i nan = _mm_cmpgt_epi16(a, _mm_set1_epi16(0x7c00));
+      h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
+    }
+    _mm_storeu_si128((__m128i*)(dst + t), h);
+  }
+  for (; t < tl; t++) dst[t] = canon ? hp_canon_f16(hp_f32_to_f16(src[t])) : hp_f32_to_f16(src[t]);
+}
+#define HP_HAVE_TILE_F16 1
+#endif
 #endif
 #ifndef HP_HAVE_TILE_F16
 static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t tl, int canon) {
@@ -743,6 +795,10 @@ static inline void hp_philox_tile(int64_t i0, int64_t tl, uint32_t stream, uint3
   for (; q + 16 <= nq && (uint32_t)(b0 + (uint64_t)q) <= 0xFFFFFFF0u; q += 16)
     hp_philox16(b0 + (uint64_t)q, stream, k0, k1, step, tid, buf + 4 * q);
 #endif
+#ifdef HP_HAVE_PHILOX8
+  for (; q + 8 <= nq && (uint32_t)(b0 + (uint64_t)q) <= 0xFFFFFFF8u; q += 8)
+    hp_philox8(b0 + (uint64_t)q, stream, k0, k1, step, tid, buf + 4 * q);
+#endif
   for (; q < nq; q++) hp_philox_block(b0 + (uint64_t)q, stream, k0, k1, step, tid, buf + 4 * q);
 }
 /* bit u set iff p[u] != 0, for u < m <= 64 (filter compaction: one test per 64 flags) */
@@ -751,6 +807,15 @@ static inline uint64_t hp_mask64(const uint8_t* p, int64_t m) {
   if (m == 64) {
     const __m512i v = _mm512_loadu_si512((const void*)p);
     return (uint64_t)_mm512_test_epi8_mask(v, v);
+  }
+#elif defined(__AVX2__) && !defined(HP_NO_AVX2)
+  if (m == 64) {
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i lo = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i*)p), z);
+    const __m256i hi = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i*)(p + 32)), z);
+    const uint64_t zero = (uint64_t)(uint32_t)_mm256_movemask_epi8(lo) |
+                          ((uint64_t)(uint32_t)_mm256_movemask_epi8(hi) << 32);
+    return ~zero;
   }
 #endif
   uint64_t bits = 0;
