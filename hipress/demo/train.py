@@ -12,6 +12,7 @@ on stderr when ``config.progress`` is set.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +43,10 @@ class _Progress:
         except ImportError:
             self._bar: Any = None
         else:
+            # a thread lock, not tqdm's default multiprocessing one: this worker ends with
+            # os._exit, which would leave that semaphore to the parent's resource tracker
+            # ("leaked semaphore objects" at exit)
+            tqdm.set_lock(threading.RLock())
             self._bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=True)
 
     def update(self, info: str) -> None:
