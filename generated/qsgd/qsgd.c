@@ -23,7 +23,7 @@ HP_FN float hp_f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x;
 HP_FN uint64_t hp_f64_bits(double x) { uint64_t u; memcpy(&u, &x, 8); return u; }
 HP_FN double hp_f64_from_bits(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
 static const uint64_t hp_zeros[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-/* byte b of a packed uint<w> array -> its 8/w values, one per byte (LSB first), as one word */
+/* byte b of a packed uint<w> array (w = 1, 2) -> its 8/w values, one per byte (LSB first) */
 static const uint64_t hp_unpack1[256] = {
   0x0000000000000000ULL, 0x0000000000000001ULL, 0x0000000000000100ULL, 0x0000000000000101ULL, 0x0000000000010000ULL, 0x0000000000010001ULL, 0x0000000000010100ULL, 0x0000000000010101ULL, 0x0000000001000000ULL, 0x0000000001000001ULL, 0x0000000001000100ULL, 0x0000000001000101ULL, 0x0000000001010000ULL, 0x0000000001010001ULL, 0x0000000001010100ULL, 0x0000000001010101ULL,
   0x0000000100000000ULL, 0x0000000100000001ULL, 0x0000000100000100ULL, 0x0000000100000101ULL, 0x0000000100010000ULL, 0x0000000100010001ULL, 0x0000000100010100ULL, 0x0000000100010101ULL, 0x0000000101000000ULL, 0x0000000101000001ULL, 0x0000000101000100ULL, 0x0000000101000101ULL, 0x0000000101010000ULL, 0x0000000101010001ULL, 0x0000000101010100ULL, 0x0000000101010101ULL,
@@ -75,72 +75,6 @@ static const uint32_t hp_unpack2[256] = {
   0x03020200u, 0x03020201u, 0x03020202u, 0x03020203u, 0x03020300u, 0x03020301u, 0x03020302u, 0x03020303u,
   0x03030000u, 0x03030001u, 0x03030002u, 0x03030003u, 0x03030100u, 0x03030101u, 0x03030102u, 0x03030103u,
   0x03030200u, 0x03030201u, 0x03030202u, 0x03030203u, 0x03030300u, 0x03030301u, 0x03030302u, 0x03030303u,
-};
-static const uint16_t hp_unpack4[256] = {
-  0x0000u, 0x0001u, 0x0002u, 0x0003u,
-  0x0004u, 0x0005u, 0x0006u, 0x0007u,
-  0x0008u, 0x0009u, 0x000au, 0x000bu,
-  0x000cu, 0x000du, 0x000eu, 0x000fu,
-  0x0100u, 0x0101u, 0x0102u, 0x0103u,
-  0x0104u, 0x0105u, 0x0106u, 0x0107u,
-  0x0108u, 0x0109u, 0x010au, 0x010bu,
-  0x010cu, 0x010du, 0x010eu, 0x010fu,
-  0x0200u, 0x0201u, 0x0202u, 0x0203u,
-  0x0204u, 0x0205u, 0x0206u, 0x0207u,
-  0x0208u, 0x0209u, 0x020au, 0x020bu,
-  0x020cu, 0x020du, 0x020eu, 0x020fu,
-  0x0300u, 0x0301u, 0x0302u, 0x0303u,
-  0x0304u, 0x0305u, 0x0306u, 0x0307u,
-  0x0308u, 0x0309u, 0x030au, 0x030bu,
-  0x030cu, 0x030du, 0x030eu, 0x030fu,
-  0x0400u, 0x0401u, 0x0402u, 0x0403u,
-  0x0404u, 0x0405u, 0x0406u, 0x0407u,
-  0x0408u, 0x0409u, 0x040au, 0x040bu,
-  0x040cu, 0x040du, 0x040eu, 0x040fu,
-  0x0500u, 0x0501u, 0x0502u, 0x0503u,
-  0x0504u, 0x0505u, 0x0506u, 0x0507u,
-  0x0508u, 0x0509u, 0x050au, 0x050bu,
-  0x050cu, 0x050du, 0x050eu, 0x050fu,
-  0x0600u, 0x0601u, 0x0602u, 0x0603u,
-  0x0604u, 0x0605u, 0x0606u, 0x0607u,
-  0x0608u, 0x0609u, 0x060au, 0x060bu,
-  0x060cu, 0x060du, 0x060eu, 0x060fu,
-  0x0700u, 0x0701u, 0x0702u, 0x0703u,
-  0x0704u, 0x0705u, 0x0706u, 0x0707u,
-  0x0708u, 0x0709u, 0x070au, 0x070bu,
-  0x070cu, 0x070du, 0x070eu, 0x070fu,
-  0x0800u, 0x0801u, 0x0802u, 0x0803u,
-  0x0804u, 0x0805u, 0x0806u, 0x0807u,
-  0x0808u, 0x0809u, 0x080au, 0x080bu,
-  0x080cu, 0x080du, 0x080eu, 0x080fu,
-  0x0900u, 0x0901u, 0x0902u, 0x0903u,
-  0x0904u, 0x0905u, 0x0906u, 0x0907u,
-  0x0908u, 0x0909u, 0x090au, 0x090bu,
-  0x090cu, 0x090du, 0x090eu, 0x090fu,
-  0x0a00u, 0x0a01u, 0x0a02u, 0x0a03u,
-  0x0a04u, 0x0a05u, 0x0a06u, 0x0a07u,
-  0x0a08u, 0x0a09u, 0x0a0au, 0x0a0bu,
-  0x0a0cu, 0x0a0du, 0x0a0eu, 0x0a0fu,
-  0x0b00u, 0x0b01u, 0x0b02u, 0x0b03u,
-  0x0b04u, 0x0b05u, 0x0b06u, 0x0b07u,
-  0x0b08u, 0x0b09u, 0x0b0au, 0x0b0bu,
-  0x0b0cu, 0x0b0du, 0x0b0eu, 0x0b0fu,
-  0x0c00u, 0x0c01u, 0x0c02u, 0x0c03u,
-  0x0c04u, 0x0c05u, 0x0c06u, 0x0c07u,
-  0x0c08u, 0x0c09u, 0x0c0au, 0x0c0bu,
-  0x0c0cu, 0x0c0du, 0x0c0eu, 0x0c0fu,
-  0x0d00u, 0x0d01u, 0x0d02u, 0x0d03u,
-  0x0d04u, 0x0d05u, 0x0d06u, 0x0d07u,
-  0x0d08u, 0x0d09u, 0x0d0au, 0x0d0bu,
-  0x0d0cu, 0x0d0du, 0x0d0eu, 0x0d0fu,
-  0x0e00u, 0x0e01u, 0x0e02u, 0x0e03u,
-  0x0e04u, 0x0e05u, 0x0e06u, 0x0e07u,
-  0x0e08u, 0x0e09u, 0x0e0au, 0x0e0bu,
-  0x0e0cu, 0x0e0du, 0x0e0eu, 0x0e0fu,
-  0x0f00u, 0x0f01u, 0x0f02u, 0x0f03u,
-  0x0f04u, 0x0f05u, 0x0f06u, 0x0f07u,
-  0x0f08u, 0x0f09u, 0x0f0au, 0x0f0bu,
-  0x0f0cu, 0x0f0du, 0x0f0eu, 0x0f0fu,
 };
 
 HP_FN int64_t hp_len(int64_t x) { return x < 0 ? 0 : x; }
@@ -1072,8 +1006,10 @@ int hp_decode(const hp_dec_args* a) {
           }
         }
         uint8_t unp2[HP_TILE];
-        for (int64_t q = 0; q < (tl + 1) / 2; q++)
-          memcpy(unp2 + 2 * q, &hp_unpack4[f_q[i0 / 2 + q]], 2);
+        for (int64_t q = 0; q < (tl + 1) / 2; q++) {
+          const uint8_t b = f_q[i0 / 2 + q];
+          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+        }
         if (fastdiv5) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
@@ -1163,8 +1099,10 @@ int hp_decode_acc(const hp_dec_args* a) {
           }
         }
         uint8_t unp2[HP_TILE];
-        for (int64_t q = 0; q < (tl + 1) / 2; q++)
-          memcpy(unp2 + 2 * q, &hp_unpack4[f_q[i0 / 2 + q]], 2);
+        for (int64_t q = 0; q < (tl + 1) / 2; q++) {
+          const uint8_t b = f_q[i0 / 2 + q];
+          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+        }
         if (fastdiv5) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
@@ -1228,8 +1166,10 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
           }
         }
         uint8_t unp2[HP_TILE];
-        for (int64_t q = 0; q < (tl + 1) / 2; q++)
-          memcpy(unp2 + 2 * q, &hp_unpack4[f_q[i0 / 2 + q]], 2);
+        for (int64_t q = 0; q < (tl + 1) / 2; q++) {
+          const uint8_t b = f_q[i0 / 2 + q];
+          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+        }
         if (fastdiv5) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
@@ -1290,8 +1230,10 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
           }
         }
         uint8_t unp2[HP_TILE];
-        for (int64_t q = 0; q < (tl + 1) / 2; q++)
-          memcpy(unp2 + 2 * q, &hp_unpack4[f_q[i0 / 2 + q]], 2);
+        for (int64_t q = 0; q < (tl + 1) / 2; q++) {
+          const uint8_t b = f_q[i0 / 2 + q];
+          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+        }
         if (fastdiv5) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {

@@ -122,10 +122,11 @@ def _float_table() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
 
 
 def _unpack_tables() -> list[dict[str, object]]:
-    """For w in 1, 2, 4: byte value -> its 8/w fields of w bits, one per byte, LSB first."""
+    """For w in 1, 2: byte value -> its 8/w fields of w bits, one per byte, LSB first (4-bit
+    fields unpack faster with shifts: gcc vectorises those)."""
     out = []
-    for bits in (1, 2, 4):
-        per, width = 8 // bits, {1: 16, 2: 8, 4: 4}[bits]
+    for bits in (1, 2):
+        per, width = 8 // bits, {1: 16, 2: 8}[bits]
         vals = [
             sum(((v >> (bits * j)) & ((1 << bits) - 1)) << (8 * j) for j in range(per))
             for v in range(256)
@@ -133,7 +134,7 @@ def _unpack_tables() -> list[dict[str, object]]:
         suffix = "ULL" if per == 8 else "u"
         cells = [f"0x{x:0{2 * per}x}{suffix}," for x in vals]
         rows = [" ".join(cells[k : k + width]) for k in range(0, 256, width)]
-        ctype_ = {8: "uint64_t", 4: "uint32_t", 2: "uint16_t"}[per]
+        ctype_ = {8: "uint64_t", 4: "uint32_t"}[per]
         out.append({"bits": bits, "ctype": ctype_, "rows": rows})
     return out
 
