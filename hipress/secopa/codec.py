@@ -2,8 +2,9 @@
 
 A :class:`Codec` names an algorithm, gives its payload size, and for a size n prepares
 zero-argument closures (``encode``, ``decode`` and, if it can, ``decode_acc``: decode adding
-into the output, and ``decode_sum2``: the average of two payloads, as CaSync averages) that work on buffers allocated once, so the profiler times the kernels and not
-the allocator (fresh large tensors cost page faults here).
+into the output, and ``decode_sum2``: the average of two payloads, as CaSync averages) that
+work on buffers allocated once, so the profiler times the kernels and not the allocator (fresh
+large tensors cost page faults here).
 
 Three adapters:
 
