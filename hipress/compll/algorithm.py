@@ -236,20 +236,27 @@ class Algorithm:
         accumulate: bool = False,
     ) -> torch.Tensor:
         """Decompress ``payload`` into ``n`` floats (``out += ...`` when ``accumulate``)."""
-        nbytes = self.payload_nbytes(n)
-        if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.shape[0] != nbytes:
-            raise ValueError(
-                f"{self.name}.decode: payload must be a 1-D uint8 tensor of {nbytes} bytes for "
-                f"n={n}, got {tuple(payload.shape)} {payload.dtype}"
-            )
+        self._check_payload("decode", payload, n)
         if out is None:
             if accumulate:
                 raise ValueError("accumulate=True needs an out tensor")
             out = torch.empty(n, dtype=torch.float32, device=payload.device)
-        elif out.dtype not in _FLOATS or out.numel() != n:
-            raise ValueError(f"{self.name}.decode: out must be a float tensor of {n} elements")
+        else:
+            self._check_out("decode", out, n)
         self.backend.decode(payload, n, out.view(-1), accumulate)
         return out
+
+    def _check_payload(self, what: str, payload: torch.Tensor, n: int) -> None:
+        nbytes = self.payload_nbytes(n)
+        if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.shape[0] != nbytes:
+            raise ValueError(
+                f"{self.name}.{what}: payload must be a 1-D uint8 tensor of {nbytes} bytes for "
+                f"n={n}, got {tuple(payload.shape)} {payload.dtype}"
+            )
+
+    def _check_out(self, what: str, out: torch.Tensor, n: int) -> None:
+        if out.dtype not in _FLOATS or out.numel() != n:
+            raise ValueError(f"{self.name}.{what}: out must be a float tensor of {n} elements")
 
     def decode_sum(
         self,
@@ -269,13 +276,8 @@ class Algorithm:
         """
         if not payloads:
             raise ValueError(f"{self.name}.decode_sum needs at least one payload")
-        nbytes = self.payload_nbytes(n)
         for p in payloads:
-            if p.dtype != torch.uint8 or p.dim() != 1 or p.shape[0] != nbytes:
-                raise ValueError(
-                    f"{self.name}.decode_sum: every payload must be a 1-D uint8 tensor of "
-                    f"{nbytes} bytes for n={n}, got {tuple(p.shape)} {p.dtype}"
-                )
+            self._check_payload("decode_sum", p, n)
             if p.device != payloads[0].device:
                 raise ValueError(f"{self.name}.decode_sum: payloads on different devices")
         if (
@@ -287,8 +289,8 @@ class Algorithm:
         device = payloads[0].device
         if out is None:
             out = torch.empty(n, dtype=torch.float32, device=device)
-        elif out.dtype not in _FLOATS or out.numel() != n:
-            raise ValueError(f"{self.name}.decode_sum: out must be a float tensor of {n} elements")
+        else:
+            self._check_out("decode_sum", out, n)
         direct = out.dtype == torch.float32 and out.is_contiguous()
         target = out.view(-1) if direct else torch.empty(n, dtype=torch.float32, device=device)
         self.backend.decode_sum(payloads, n, target, divide_by)
