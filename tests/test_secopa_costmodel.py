@@ -3,6 +3,8 @@ original SeCoPa formulas as one configuration of the same evaluator."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -106,6 +108,39 @@ def test_allgather_k1_by_hand() -> None:
         + float(p.network["all_gather"].time(pay, n))
     )
     assert CostModel(p, n).time("allgather", m, 1) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("name", "calls"), [("allreduce", 1), ("allgather", 1), ("ps", 2), ("ring", 14)]
+)
+def test_a_calibrated_profile_scales_compute_and_charges_every_collective_call(
+    name: str, calls: int
+) -> None:
+    """compute_scale multiplies the compute terms; call_ms is paid per collective CaSync issues
+    (PS: an all_to_all and an all_gather; the ring at N = 8: 2(N-1) hops), per partition."""
+    p, n, m = _profile(), 8, 1 << 20
+    q = replace(p, compute_scale=3.0, call_ms=0.5)
+    c, w = (float(v[0]) for v in CostModel(p, n)._parts(CostModel(p, n).formula(name),
+                                                      CostModel(p, n)._dims(m, [1]), True))  # fmt: skip
+    assert CostModel(q, n).time(name, m, 1) == pytest.approx(3 * c + w + 0.5 * calls)
+    t2 = CostModel(q, n).time(name, m, 2)
+    c2, w2 = (float(v[0]) for v in CostModel(q, n)._parts(CostModel(q, n).formula(name),
+                                                        CostModel(q, n)._dims(m, [2]), True))  # fmt: skip
+    assert t2 == pytest.approx(c2 + w2 + max(c2, w2))  # overlap 1, 2 partitions
+    # a bucket's rounds pay it once per collective of the round
+    rounds = CostModel(q, n).bucket_rounds([Member(name, m, 1)])
+    plain = CostModel(p, n).bucket_rounds([Member(name, m, 1)])
+    assert [r[1] for r in rounds] == pytest.approx([r[1] + 0.5 * calls for r in plain])
+    assert [r[0] for r in rounds] == pytest.approx([3 * r[0] for r in plain])
+
+
+def test_the_original_formulas_ignore_casyncs_call_cost() -> None:
+    p = _profile()
+    q = replace(p, call_ms=5.0)
+    for f in ORIGINAL_FORMULAS:
+        assert CostModel(q, 8, ORIGINAL_FORMULAS).time(f.name, 1 << 20) == pytest.approx(
+            CostModel(p, 8, ORIGINAL_FORMULAS).time(f.name, 1 << 20)
+        )
 
 
 def test_ring_k1_by_hand() -> None:

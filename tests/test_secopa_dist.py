@@ -78,6 +78,37 @@ def test_auto_plan_with_defaults_takes_a_few_seconds() -> None:
     assert max(t0, t1) < 10.0, (t0, t1)
 
 
+def _calibrated(rank: int, world: int) -> dict[str, Any]:
+    from hipress.secopa.calibrate import calibrate
+    from hipress.secopa.codec import load_codec
+    from hipress.secopa.runtime import auto_profile
+
+    alg = load_codec("onebit", {}).alg
+    plain = auto_profile(alg, compute_budget_s=0.3, max_numel=1 << 16, calibrate_step=False)
+    cal = calibrate(alg, plain, numel=1 << 16, warmup=1, steps=3)
+    return {
+        "plain": (plain.compute_scale, plain.call_ms, "calibration" in plain.meta),
+        "cal": (cal.compute_scale, cal.call_ms),
+        "meta": cal.meta["calibration"],
+        "encode": (float(plain.compute_ms("encode", 1e5)), float(cal.compute_ms("encode", 1e5))),
+    }
+
+
+def test_calibration_runs_casync_and_gives_every_rank_the_same_figures() -> None:
+    """Real CaSync steps in a 2-process gloo group: a compute scale and a per-call cost, the
+    same on both ranks, within their ranges, and applied to the profile's compute."""
+    r0, r1 = run_local(_calibrated, 2, timeout_s=240)
+    assert r0["plain"] == (1.0, 0.0, False) == r1["plain"]
+    assert r0["cal"] == r1["cal"]
+    scale, call = r0["cal"]
+    assert 0.5 <= scale <= 10.0 and 0.0 <= call <= 50.0
+    assert r0["meta"]["compute_scale"] == pytest.approx(scale, abs=1e-4)
+    assert len(r0["meta"]["compute_ratio_per_rank"]) == 2
+    assert r0["meta"]["probe_compute_ms"]["measured"] > 0  # CaSync really encoded and decoded
+    assert r0["meta"]["tiny_step_ms"]["calls"] >= 1
+    assert r0["encode"][1] == pytest.approx(scale * r0["encode"][0])
+
+
 def _planning_fails_on_rank0(rank: int, world: int) -> str:
     try:
         plan_for_model([("w", 10)], None)  # no profile anywhere: rank 0 cannot plan

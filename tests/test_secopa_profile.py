@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -108,6 +109,25 @@ def test_json_round_trip(bw: float, lat: float, ov: float) -> None:
     assert q.network["allreduce"] == p.network["allreduce"]
 
 
+def test_calibration_round_trips_and_older_profiles_load_uncalibrated() -> None:
+    p = replace(_profile(), compute_scale=1.7, call_ms=0.4)
+    q = Profile.from_json(p.to_json())
+    assert (q.compute_scale, q.call_ms) == (1.7, 0.4)
+    d = json.loads(_profile().to_json())
+    del d["compute_scale"], d["call_ms"]  # written before calibration existed
+    old = Profile.from_dict(d)
+    assert (old.compute_scale, old.call_ms) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("op", ["encode", "decode", "merge", "decode_acc", "decode_more"])
+def test_compute_scale_multiplies_every_compute_cost(op: str) -> None:
+    p = _profile()
+    q = replace(p, compute_scale=2.5)
+    n = np.array([0.0, 1.0, 1e3, 1e6])
+    assert np.allclose(q.compute_ms(op, n), 2.5 * p.compute_ms(op, n))
+    assert q.compute_ms(op, 0) == 0.0
+
+
 def test_fitted_comm_round_trips_and_ignores_world_size() -> None:
     p = _profile()
     net = dict(p.network)
@@ -135,6 +155,9 @@ def test_with_link_replaces_only_the_network() -> None:
         (lambda d: d["network"].pop("all_to_all"), "lacks costs for \\['all_to_all'\\]"),
         (lambda d: d.update(version=99), "version"),
         (lambda d: d.update(overlap=2.0), "overlap"),
+        (lambda d: d.update(compute_scale=0.0), "compute_scale"),
+        (lambda d: d.update(call_ms=-1.0), "call_ms"),
+        (lambda d: d.update(call_ms=float("nan")), "call_ms"),
         (lambda d: d["network"]["allreduce"].update(kind="magic"), "unknown network op"),
         (lambda d: d["compute"]["merge"].update(kind="cubic"), "unknown cost function"),
     ],

@@ -109,10 +109,12 @@ class CostModel:
         for t in f.compute:
             c = c + np.asarray(t.count(d)) * self.profile.compute_ms(t.op, t.size(d))
         w = np.zeros_like(d.k)
+        # CaSync's own cost per collective call (the profile's calibration; 0 if not measured)
+        call = self.profile.call_ms if latency and f.combine == "pipeline" else 0.0
         for t in f.comm:
             op = self.profile.comm_op(t.op)
             size = np.broadcast_to(np.asarray(t.size(d), dtype=np.float64), d.k.shape)
-            one = op.time(size, self.n) if latency else op.slopes(self.n)[0] * size
+            one = op.time(size, self.n) + call if latency else op.slopes(self.n)[0] * size
             w = w + np.asarray(t.count(d)) * one
         return c, w
 
@@ -255,7 +257,10 @@ class CostModel:
                 d0 = self._dims(1.0, [1])
                 comm = sum(
                     _scalar(np.asarray(t.count(d0)))
-                    * _scalar(self.profile.comm_op(t.op).time(size, self.n))
+                    * (
+                        _scalar(self.profile.comm_op(t.op).time(size, self.n))
+                        + self.profile.call_ms
+                    )
                     for t, size in zip(f.comm, sizes, strict=True)
                 )
                 rounds.append((comp, comm))

@@ -9,7 +9,12 @@ A :class:`Profile` holds
 - network costs: one :class:`CommOp` per collective (alpha-beta with the collective's
   algorithm, so it extrapolates to any world size), and
 - ``overlap`` in [0, 1]: how much computation hides behind communication when partitions are
-  pipelined (1 = perfectly, 0 = not at all).
+  pipelined (1 = perfectly, 0 = not at all), and
+- the host's calibration (:mod:`hipress.secopa.calibrate`): ``compute_scale``, how much slower
+  encode and decode run inside a sync step than timed alone (they share the cores with
+  collectives and the other threads), and ``call_ms``, a fixed cost per collective CaSync
+  issues beyond the collective itself (the hook's Python, thread hand-offs). 1 and 0 when not
+  measured.
 
 Profiles are immutable and JSON round-trippable. The profiler (:mod:`hipress.secopa.profiler`)
 measures them; :meth:`Profile.with_link` replaces the network part by a user-given link, which
@@ -101,6 +106,8 @@ class Profile:
             ``decode_sum2``) -> cost in ms of n elements.
         network: op name -> :class:`CommOp`; at least the four CaSync collectives.
         overlap: fraction of the shorter of compute/communication hidden by pipelining.
+        compute_scale: every compute cost is multiplied by this (in-step slowdown, >= 0).
+        call_ms: added to every collective call of CaSync's strategies (ms, >= 0).
         meta: provenance (host, backend, measured world size, fit errors); informational.
     """
 
@@ -111,6 +118,8 @@ class Profile:
     network: Mapping[str, CommOp]
     overlap: float = 1.0
     meta: Mapping[str, Any] = field(default_factory=dict)
+    compute_scale: float = 1.0
+    call_ms: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [op for op in COMPUTE_OPS if op not in self.compute]
@@ -119,6 +128,10 @@ class Profile:
             raise ProfileError(f"profile lacks costs for {missing}")
         if not 0.0 <= self.overlap <= 1.0:
             raise ProfileError(f"overlap must be in [0, 1], got {self.overlap}")
+        if not (np.isfinite(self.compute_scale) and self.compute_scale > 0):
+            raise ProfileError(f"compute_scale must be finite and > 0, got {self.compute_scale}")
+        if not (np.isfinite(self.call_ms) and self.call_ms >= 0):
+            raise ProfileError(f"call_ms must be finite and >= 0, got {self.call_ms}")
 
     def has_compute(self, op: str) -> bool:
         """Whether :meth:`compute_ms` knows ``op`` (derived ops fall back, see there)."""
@@ -147,7 +160,8 @@ class Profile:
             return np.maximum(more, 0.0)
         if op not in self.compute:
             raise ProfileError(f"profile has no compute cost {op!r} (has {sorted(self.compute)})")
-        return np.where(x > 0, self.compute[op](np.maximum(x, 1e-9)), 0.0)
+        ms = self.compute[op](np.maximum(x, 1e-9)) * self.compute_scale
+        return np.where(x > 0, ms, 0.0)
 
     def comm_op(self, op: str) -> CommOp:
         if op not in self.network:
@@ -187,6 +201,8 @@ class Profile:
             "compute": {k: v.to_dict() for k, v in sorted(self.compute.items())},
             "network": {k: v.to_dict() for k, v in sorted(self.network.items())},
             "overlap": self.overlap,
+            "compute_scale": self.compute_scale,
+            "call_ms": self.call_ms,
             "meta": dict(self.meta),
         }
 
@@ -207,6 +223,8 @@ class Profile:
                 network={k: comm_op_from_dict(v) for k, v in dict(d["network"]).items()},
                 overlap=float(d.get("overlap", 1.0)),
                 meta=dict(d.get("meta", {})),
+                compute_scale=float(d.get("compute_scale", 1.0)),
+                call_ms=float(d.get("call_ms", 0.0)),
             )
         except ProfileError:
             raise

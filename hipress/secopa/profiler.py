@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_COMPUTE_SIZES = tuple(4**i for i in range(4, 12))  # 256 .. 4M elements
 DEFAULT_NETWORK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)  # bytes
-DEFAULT_NETWORK_REPS = (20, 16, 8, 5, 5)
+DEFAULT_NETWORK_REPS = (20, 16, 8, 5, 5)  # at least; more where a call is cheap:
+NETWORK_REPS_BUDGET_MS = 150.0  # up to this much time per (collective, size),
+NETWORK_REPS_MAX = 25  # and at most this many calls
 
 Samples = Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
 
@@ -186,7 +188,9 @@ def measure_network(
     ``comm`` if given (e.g. Horovod's; ``group`` is then ignored).
 
     Every rank must call this with the same arguments. Each (collective, size) is warmed up
-    once, then ``reps`` back-to-back calls after a barrier are timed one by one; the per-rank
+    once, then ``reps`` back-to-back calls after a barrier are timed one by one (more, up to
+    ``NETWORK_REPS_MAX``, where they fit in ``NETWORK_REPS_BUDGET_MS`` at the warm-up call's
+    slowest rank's time: on loopback the 8 MiB samples varied by +-25% with 5); the per-rank
     medians (robust to a call that lost the CPU on a busy machine, which a mean of two calls at
     8 MiB is not) are reduced with MAX so every rank returns identical samples and fits. Each
     collective becomes a :class:`MeasuredComm`: its samples price it at this world size, and
@@ -206,9 +210,15 @@ def measure_network(
     for op in measured:
         for nbytes, r in zip(sizes, reps, strict=True):
             call = comm.collective(op, nbytes)
+            t0 = time.perf_counter()
             call()
+            first = comm.all_reduce(
+                torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64), "max"
+            )
+            # more calls where they are cheap (every rank agrees on the count)
+            more = int(NETWORK_REPS_BUDGET_MS / max(float(first.item()), 1e-3))
             comm.barrier()
-            results.append(_time_calls(call, r, "median"))
+            results.append(_time_calls(call, max(r, min(NETWORK_REPS_MAX, more)), "median"))
     timing = comm.all_reduce(torch.tensor(results, dtype=torch.float64), "max")
     flat = timing.tolist()
     samples: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}

@@ -21,7 +21,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from hipress.secopa.codec import as_codec
+from hipress.secopa.calibrate import calibrate
+from hipress.secopa.codec import AlgorithmCodec, as_codec
 from hipress.secopa.comm import Comm, TorchComm
 from hipress.secopa.plan import Plan, PlanError
 from hipress.secopa.planner import PlannerConfig, plan_named
@@ -37,6 +38,7 @@ from hipress.secopa.profiler import (
 log = logging.getLogger(__name__)
 
 NamedNumels = Sequence[tuple[str, int]]
+PROBE_NUMEL = 1 << 21  # elements per tensor of the calibration probe, at most
 
 
 def named_numels(model: nn.Module | Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -143,21 +145,31 @@ def auto_profile(
     max_numel: int | None = None,
     *,
     comm: Comm | None = None,
+    calibrate_step: bool = True,
 ) -> Profile:
     """Measure a profile in the current process group (or over ``comm``, e.g. Horovod's);
     every rank must call it.
 
     The network (all four collectives) and the overlap are measured together by all ranks;
     compute costs are measured by every rank at the same time (as they will run in training),
-    up to ``max_numel`` elements if given (the model's largest tensor). Each rank returns its
-    own profile; the network part is identical on all ranks.
+    up to ``max_numel`` elements if given (the model's largest tensor). Then, over
+    ``torch.distributed`` and for a CompLL algorithm, the profile is calibrated against CaSync's
+    real steps in the group (:func:`~hipress.secopa.calibrate.calibrate`: compute inside a step
+    and CaSync's fixed cost per collective), unless ``calibrate_step`` is false. Each rank
+    returns its own profile; the network part and the calibration are identical on all ranks.
     """
     codec = as_codec(algorithm)
     net = measure_network(group, comm=comm)
     ov = measure_overlap(codec, group, comm=comm) if overlap else 1.0
     top = max(max_numel, 512) if max_numel is not None else None
     compute = measure_compute(codec, budget_s=compute_budget_s, max_size=top)
-    return build_profile(codec, compute, net.ops, overlap=ov, meta=network_meta(net))
+    profile = build_profile(codec, compute, net.ops, overlap=ov, meta=network_meta(net))
+    torch_comm = comm is None or isinstance(comm, TorchComm)
+    if calibrate_step and torch_comm and isinstance(codec, AlgorithmCodec):
+        group = comm.group if isinstance(comm, TorchComm) else group
+        numel = min(top, PROBE_NUMEL) if top is not None else PROBE_NUMEL
+        profile = calibrate(codec.alg, profile, group, numel=numel)
+    return profile
 
 
 def auto_plan(

@@ -22,13 +22,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
 
+from hipress.secopa.calibrate import sync_step_ms
 from hipress.secopa.cli import parse_strategies
 from hipress.secopa.codec import AlgorithmCodec, load_codec
 from hipress.secopa.localgroup import run_local
@@ -75,19 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-out", default="bench/results/bench_plan.json", metavar="FILE")
 
 
-def _sync_ms(state: Any, bufs: list[torch.Tensor], bnames: list[list[str]]) -> float:
-    """ms of one synchronisation step of every bucket (submitted in order, then awaited)."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    futs = [
-        state.submit(buf, bn, last=(j == len(bufs) - 1))
-        for j, (buf, bn) in enumerate(zip(bufs, bnames, strict=True))
-    ]
-    for f in futs:
-        f.wait()
-    return (time.perf_counter() - t0) * 1e3
-
-
 def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None:
     from hipress.casync import CaSyncState
 
@@ -127,7 +114,7 @@ def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None
     times: dict[str, list[float]] = {key: [] for key in run}
     for _ in range(cfg["warmup"] + cfg["steps"]):
         for key in run:
-            times[key].append(_sync_ms(states[key], bufs, bnames))
+            times[key].append(sync_step_ms(states[key], bufs, bnames))
     measured: dict[str, float] = {}
     stats: dict[str, dict[str, float]] = {}
     for key in run:

@@ -1,0 +1,150 @@
+"""Calibration: what a profile measured op by op misses about a real sync step on this host.
+
+The profiler times encode, decode and each collective alone. Inside a CaSync step they do not
+run alone: the hook's thread encodes the next bucket while gloo's completion thread decodes the
+last one, and on a host with one core per rank (or collectives that are CPU copies, as on
+loopback) they share the same core with the transport's threads. Each step also pays CaSync's
+own fixed cost per collective: the hook's Python and the hand-offs between threads. Measured
+on an AMD EPYC host with two ranks on two cores (docs/secopa.md), decode ran 2.5-3x and encode
+1.3-2.4x their profiled cost inside a step, and a layout of tiny tensors took ~2 ms more per
+step than predicted.
+
+:func:`calibrate` measures both in the current process group by running CaSync itself on two
+synthetic layouts, with the all-compressed plan the profile predicts for them:
+
+- **compute_scale**: a layout of two tensors of ``numel`` elements (two DDP buckets, so the
+  second bucket's encode runs while the first's is decoded, as in training). CaSync's own
+  per-step encode and decode times (:class:`~hipress.casync.stats.SyncStats`) divided by the
+  compute the cost model predicts for the same plan. It is measured from compute times, not
+  from the step time, so the network's noise does not leak into it.
+- **call_ms**: a layout of two tiny tensors (compute and bandwidth negligible): the measured
+  step minus the prediction (with the scale above), per collective call.
+
+Every rank must call it; every rank gets the same figures: the scale is the mean of the ranks'
+ratios, the call cost the largest rank's excess (the slowest rank sets the step). Needs a ``torch.distributed`` group and a CompLL
+algorithm (CaSync runs only those); costs well under a second on loopback.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipress.secopa.planner import Planner, ddp_buckets
+from hipress.secopa.profile import Profile
+
+SCALE_RANGE = (0.5, 10.0)  # a measured compute_scale is clipped to this
+CALL_MS_MAX = 50.0
+TINY = 256  # elements per tensor of the call-overhead probe
+
+
+def sync_step_ms(state: Any, bufs: Sequence[torch.Tensor], names: Sequence[list[str]]) -> float:
+    """ms of one CaSync step over every bucket (after a barrier; submitted in order, then
+    awaited), as DDP's hook would run it."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    futs = [
+        state.submit(buf, bn, last=(j == len(bufs) - 1))
+        for j, (buf, bn) in enumerate(zip(bufs, names, strict=True))
+    ]
+    for f in futs:
+        f.wait()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _max(x: float, group: Any) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def _gather(x: float, group: Any) -> list[float]:
+    out = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, torch.tensor([x], dtype=torch.float64), group=group)
+    return [float(t.item()) for t in out]
+
+
+def _probe(
+    algorithm: Any,
+    profile: Profile,
+    named: list[tuple[str, int]],
+    group: Any,
+    warmup: int,
+    steps: int,
+) -> tuple[Any, float, dict[str, float]]:
+    """Run CaSync on ``named`` with rank 0's all-compressed plan; return (plan, median step ms
+    on this rank, CaSync's mean per-step figures over the measured steps)."""
+    from hipress.casync import CaSyncState
+    from hipress.secopa.runtime import broadcast_plan
+
+    world = dist.get_world_size(group)
+    mine = None
+    if dist.get_rank(group) == 0:
+        mine = Planner(profile, world).baseline(named, compress=True)
+    plan = broadcast_plan(mine, group)
+    numels = [k for _, k in named]
+    buckets = ddp_buckets(numels)
+    gen = torch.Generator().manual_seed(1234 + dist.get_rank(group))
+    bufs = [torch.randn(sum(numels[i] for i in b), generator=gen) for b in buckets]
+    names = [[named[i][0] for i in b] for b in buckets]
+    state = CaSyncState(
+        algorithm, named_parameters=named, plan=plan, process_group=group, log_every=0
+    )
+    times = [sync_step_ms(state, bufs, names) for _ in range(warmup + steps)]
+    return plan, statistics.median(times[warmup:]), state.stats.mean(last=steps)
+
+
+def calibrate(
+    algorithm: Any,
+    profile: Profile,
+    group: Any = None,
+    numel: int = 1 << 20,
+    warmup: int = 3,
+    steps: int = 12,
+) -> Profile:
+    """``profile`` with ``compute_scale`` and ``call_ms`` measured in ``group`` (see the module
+    docstring); its ``meta["calibration"]`` records the probes. Every rank must call it."""
+    numel = max(int(numel), 4 * TINY)
+    base = replace(profile, compute_scale=1.0, call_ms=0.0)
+    world = dist.get_world_size(group)
+
+    big = [("probe.a", numel), ("probe.b", numel)]
+    plan, big_ms, stats = _probe(algorithm, base, big, group, warmup, steps)
+    predicted = Planner(base, world).breakdown(plan)
+    measured_compute = stats.get("encode_ms", 0.0) + stats.get("decode_ms", 0.0)
+    ratio = measured_compute / predicted["compute_ms"] if predicted["compute_ms"] > 1e-3 else 1.0
+    ratios = _gather(ratio, group)
+    scale = min(max(statistics.fmean(ratios), SCALE_RANGE[0]), SCALE_RANGE[1])
+
+    scaled = replace(base, compute_scale=scale)
+    tiny = [("tiny.a", TINY), ("tiny.b", TINY)]
+    tplan, tiny_ms, _ = _probe(algorithm, scaled, tiny, group, warmup, steps)
+    calls = max(Planner(scaled, world).breakdown(tplan)["rounds"], 1.0)
+    excess = _max(tiny_ms - Planner(scaled, world).predict(tplan), group)
+    call_ms = min(max(excess / calls, 0.0), CALL_MS_MAX)
+
+    out = replace(scaled, call_ms=call_ms)
+    meta = dict(profile.meta)
+    meta["calibration"] = {
+        "numel": numel,
+        "compute_scale": round(scale, 4),
+        "compute_ratio_per_rank": [round(r, 4) for r in ratios],
+        "call_ms": round(call_ms, 4),
+        "probe_compute_ms": {
+            "predicted": round(predicted["compute_ms"], 4),
+            "measured": round(measured_compute, 4),
+        },
+        "probe_step_ms": {
+            "before": round(Planner(base, world).predict(plan), 4),
+            "after": round(Planner(out, world).predict(plan), 4),
+            "measured": round(_max(big_ms, group), 4),
+        },
+        "tiny_step_ms": {"measured": round(_max(tiny_ms, group), 4), "calls": calls},
+    }
+    return replace(out, meta=meta)
