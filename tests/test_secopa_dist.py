@@ -29,6 +29,8 @@ def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
     comm = TorchComm()
     via = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm)
     overlap = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12)
+    matched = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12, network=via.ops)
+    assert 0.0 <= matched <= 1.0
     return {
         "via_comm": (via.samples, network_meta(via)["network_source"]["backend"], overlap),
         "samples": net.samples,

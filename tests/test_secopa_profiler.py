@@ -23,6 +23,7 @@ from hipress.secopa.profiler import (
     build_profile,
     fit_alpha_beta,
     fit_payload,
+    matched_bytes,
     measure_compute,
     measure_network,
     measure_overlap,
@@ -159,3 +160,17 @@ def test_measured_collective_keeps_its_samples_at_its_world_size() -> None:
     assert comm_op_from_dict(op.to_dict()) == op
     with pytest.raises(ProfileError, match="increasing"):
         MeasuredComm(2, (2.0, 1.0), (1.0, 2.0), model)
+
+
+def test_overlap_is_measured_against_an_all_gather_as_long_as_the_encode() -> None:
+    """At 100 Mbit/s a 1 MB all_gather takes ~80 ms; against a 0.4 ms encode that measures
+    only timer noise. The matched size is the one whose predicted time is closest."""
+    link = link_network(12.5e6, 50e-6)["all_gather"]  # 100 Mbit/s
+    for ms in (0.05, 0.4, 3.0, 80.0):
+        b = matched_bytes(link, 2, ms)
+        t = float(link.time(b, 2))
+        for other in (b // 2, b * 2):
+            if 1 << 10 <= other <= 1 << 23:
+                assert abs(np.log(t / ms)) <= abs(np.log(float(link.time(other, 2)) / ms))
+    assert matched_bytes(link, 2, 1e9) == 1 << 23  # clipped to the measured range
+    assert matched_bytes(link, 2, 1e-9) == 1 << 10

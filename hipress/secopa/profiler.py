@@ -242,18 +242,42 @@ def measure_network(
     return NetworkSamples(world, samples, ops, comm.backend)
 
 
+def matched_bytes(op: CommOp, world: int, ms: float) -> int:
+    """The power of two in 1 KiB .. 8 MiB whose predicted time of ``op`` at ``world`` is
+    closest to ``ms`` (in ratio)."""
+    grid = np.array([float(1 << e) for e in range(10, 24)])
+    t = np.maximum(np.asarray(op.time(grid, world), dtype=np.float64), 1e-9)
+    return int(grid[int(np.argmin(np.abs(np.log(t / max(ms, 1e-9)))))])
+
+
 def measure_overlap(
-    codec: Codec, group: Any = None, n: int = 1 << 18, *, comm: Comm | None = None
+    codec: Codec,
+    group: Any = None,
+    n: int = 1 << 18,
+    *,
+    comm: Comm | None = None,
+    network: Mapping[str, CommOp] | None = None,
 ) -> float:
-    """Fraction in [0, 1] of the shorter of (encode n elements, all_gather of 4n bytes) hidden
-    when both run at once; the mean over ranks. Every rank must call it (over ``group``, or
-    over ``comm`` if given)."""
+    """Fraction in [0, 1] of the shorter of (encode n elements, an all_gather) hidden when both
+    run at once; the mean over ranks. Every rank must call it (over ``group``, or over
+    ``comm`` if given).
+
+    The all_gather carries 4n bytes per rank, or, given the measured ``network``, the size
+    whose predicted time is closest to the encode's (the slowest rank's): the fraction is of
+    the shorter of the two, so with an all_gather 200x longer than the encode (1 MB at 100
+    Mbit/s against a 0.4 ms encode) the timer noise of the long one decides it.
+    """
     comm = _comm(comm, group, "measure_overlap")
     encode = codec.prepare(n)["encode"]
-    gather = comm.collective("all_gather", 4 * n)
-    start_gather = comm.start_all_gather(4 * n)
-
     encode()
+    comm.barrier()
+    t_c = _time_calls(encode, 3, "median")
+    nbytes = 4 * n
+    if network is not None and "all_gather" in network:
+        slowest = float(comm.all_reduce(torch.tensor([t_c], dtype=torch.float64), "max").item())
+        nbytes = matched_bytes(network["all_gather"], comm.size, slowest)
+    gather = comm.collective("all_gather", nbytes)
+    start_gather = comm.start_all_gather(nbytes)
     gather()
     start_gather()()
     comm.barrier()
@@ -261,7 +285,7 @@ def measure_overlap(
     comm.barrier()
     t_w = _time_calls(gather, 3, "median")
     both = []
-    for _ in range(3):
+    for _ in range(5):
         comm.barrier()
         t0 = time.perf_counter()
         wait = start_gather()

@@ -160,7 +160,7 @@ def auto_profile(
     """
     codec = as_codec(algorithm)
     net = measure_network(group, comm=comm)
-    ov = measure_overlap(codec, group, comm=comm) if overlap else 1.0
+    ov = measure_overlap(codec, group, n=1 << 20, comm=comm, network=net.ops) if overlap else 1.0
     top = max(max_numel, 512) if max_numel is not None else None
     compute = measure_compute(codec, budget_s=compute_budget_s, max_size=top)
     profile = build_profile(codec, compute, net.ops, overlap=ov, meta=network_meta(net))
