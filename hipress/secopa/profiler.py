@@ -48,10 +48,14 @@ from hipress.secopa.profile import (
 log = logging.getLogger(__name__)
 
 DEFAULT_COMPUTE_SIZES = tuple(4**i for i in range(4, 12))  # 256 .. 4M elements
-DEFAULT_NETWORK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)  # bytes
-DEFAULT_NETWORK_REPS = (20, 16, 8, 5, 5)  # at least; more where a call is cheap:
+# bytes; every factor 4 from 128 KiB, where a shaped link's burst gives way to its rate (the
+# rate fell from 11 to 8 MB/s per rank between 256 KiB and 2 MiB at 100 Mbit/s, and the
+# payloads in between were priced up to 20% high by interpolating across the gap)
+DEFAULT_NETWORK_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21, 1 << 23)
+DEFAULT_NETWORK_REPS = (20, 16, 10, 8, 5, 5)  # at least; more where a call is cheap:
 NETWORK_REPS_BUDGET_MS = 150.0  # up to this much time per (collective, size),
 NETWORK_REPS_MAX = 25  # and at most this many calls
+OVERLAP_REPS = 7  # calls of each of: encode alone, all_gather alone, both at once
 
 Samples = Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
 
@@ -281,11 +285,11 @@ def measure_overlap(
     gather()
     start_gather()()
     comm.barrier()
-    t_c = _time_calls(encode, 3, "median")
+    t_c = _time_calls(encode, OVERLAP_REPS, "median")
     comm.barrier()
-    t_w = _time_calls(gather, 3, "median")
+    t_w = _time_calls(gather, OVERLAP_REPS, "median")
     both = []
-    for _ in range(5):
+    for _ in range(OVERLAP_REPS):
         comm.barrier()
         t0 = time.perf_counter()
         wait = start_gather()
