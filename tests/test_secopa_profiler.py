@@ -154,6 +154,12 @@ def test_measured_collective_keeps_its_samples_at_its_world_size() -> None:
     assert op.slopes(8) == model.slopes(8)
     lo, hi = op.slopes(2)
     assert 0.0 <= lo <= hi
+    bandwidth = [(ts[i + 1] - ts[i]) / (xs[i + 1] - xs[i]) for i in (2, 3)]  # from 11.8 ms
+    assert (lo, hi) == pytest.approx((min(bandwidth), max(bandwidth)))
+    # loopback: latency-flat small sizes (made monotone: slope 0) are not a free byte
+    loop = MeasuredComm(2, xs, (0.66, 0.49, 0.60, 3.38, 9.8), model)
+    assert loop.slopes(2)[0] == pytest.approx((9.8 - 3.38) / (xs[4] - xs[3]))
+    assert loop.slopes(2)[0] > 0
     # non-decreasing even if a larger size measured faster (noise)
     noisy = MeasuredComm(2, (1.0, 2.0, 3.0), (5.0, 4.0, 6.0), model)
     assert list(noisy.time(np.array([1.0, 2.0, 3.0]), 2)) == [5.0, 5.0, 6.0]
