@@ -28,6 +28,8 @@ def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
     # the same measurement over an explicit transport (what hipress.horovod passes its own)
     comm = TorchComm()
     via = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm)
+    fixed = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm, extend=False)
+    assert all(len(x) == 2 for x, _ in fixed.samples.values())
     overlap = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12)
     matched = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12, network=via.ops)
     assert 0.0 <= matched <= 1.0
@@ -60,6 +62,8 @@ def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> No
     assert r0["group_world"] == 2
     assert r0["via_comm"] == r1["via_comm"] and r0["via_comm"][1] == "gloo"
     assert set(r0["via_comm"][0]) == {"allreduce", "all_gather", "all_to_all", "broadcast", "send"}
+    # fast (loopback): the largest size is measured 4x larger too, on every rank alike
+    assert r0["via_comm"][0]["allreduce"][0] == (1024.0, 4096.0, 16384.0)
     assert 0.0 <= r0["via_comm"][2] <= 1.0
 
 

@@ -55,6 +55,11 @@ DEFAULT_NETWORK_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21, 1 << 23)
 DEFAULT_NETWORK_REPS = (20, 16, 10, 8, 5, 5)  # at least; more where a call is cheap:
 NETWORK_REPS_BUDGET_MS = 150.0  # up to this much time per (collective, size),
 NETWORK_REPS_MAX = 25  # and at most this many calls
+# a collective whose largest default size took less than this is measured at 4x that size too
+# (8 -> 32 MiB: DDP's buckets are 25 MiB), while 4x stays within these per-rank and total bytes
+EXTEND_BELOW_MS = 30.0
+EXTEND_TO = 1 << 25
+EXTEND_TOTAL = 1 << 28
 OVERLAP_REPS = 7  # calls of each of: encode alone, all_gather alone, both at once
 
 Samples = Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
@@ -187,6 +192,7 @@ def measure_network(
     algorithms: Mapping[str, tuple[str, ...]] = GLOO_ALGORITHMS,
     *,
     comm: Comm | None = None,
+    extend: bool = True,
 ) -> NetworkSamples:
     """Measure the four collectives in ``group`` (default: the default group), or over
     ``comm`` if given (e.g. Horovod's; ``group`` is then ignored).
@@ -201,7 +207,11 @@ def measure_network(
     an alpha-beta fit with the first of its ``algorithms`` extrapolates it (with all of them) to
     other world sizes. ``send`` (one hop of CaSync's ring) is measured too where ``comm`` has
     point-to-point messages; ``gather``/``bcast`` (the original's primitives), and ``send``
-    elsewhere, reuse the allreduce's fitted per-step alpha and beta.
+    elsewhere, reuse the allreduce's fitted per-step alpha and beta. With ``extend``, a
+    collective whose largest size took under ``EXTEND_BELOW_MS`` is also measured at 4x that
+    size (8 -> 32 MiB by default, what DDP's 25 MiB buckets need), within ``EXTEND_TO`` bytes
+    per rank and ``EXTEND_TOTAL`` in all; so a fast network's big buckets are priced from a
+    measurement, not from a line continued past 8 MiB.
     """
     comm = _comm(comm, group, "measure_network")
     world = comm.size
@@ -210,28 +220,44 @@ def measure_network(
     if len(sizes) != len(reps) or len(sizes) < 2:
         raise ProfileError("need as many repetition counts as sizes, at least two sizes")
     measured = (*COLLECTIVES, "send") if comm.point_to_point else COLLECTIVES
-    results = []
+    results: list[float] = []
+    grids: dict[str, list[int]] = {}
     for op in measured:
-        for nbytes, r in zip(sizes, reps, strict=True):
+        grid = list(sizes)
+        todo = list(zip(sizes, reps, strict=True))
+        while todo:
+            nbytes, r = todo.pop(0)
             call = comm.collective(op, nbytes)
             t0 = time.perf_counter()
             call()
-            first = comm.all_reduce(
-                torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64), "max"
+            first = float(
+                comm.all_reduce(
+                    torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64), "max"
+                ).item()
             )
             # more calls where they are cheap (every rank agrees on the count)
-            more = int(NETWORK_REPS_BUDGET_MS / max(float(first.item()), 1e-3))
+            more = int(NETWORK_REPS_BUDGET_MS / max(first, 1e-3))
             comm.barrier()
             results.append(_time_calls(call, max(r, min(NETWORK_REPS_MAX, more)), "median"))
+            # on a fast network, up to DDP's 25 MiB buckets instead of extrapolating to them
+            bigger = 4 * nbytes
+            fits = bigger <= EXTEND_TO and bigger * world <= EXTEND_TOTAL
+            if extend and not todo and len(grid) == len(sizes) and first < EXTEND_BELOW_MS and fits:
+                grid.append(bigger)
+                todo.append((bigger, r))
+        grids[op] = grid
     timing = comm.all_reduce(torch.tensor(results, dtype=torch.float64), "max")
     flat = timing.tolist()
     samples: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     ops: dict[str, CommOp] = {}
-    for i, op in enumerate(measured):
-        ts = tuple(flat[i * len(sizes) : (i + 1) * len(sizes)])
-        xs = tuple(float(s) for s in sizes)
+    at = 0
+    for op in measured:
+        grid = grids[op]
+        ts = tuple(flat[at : at + len(grid)])
+        at += len(grid)
+        xs = tuple(float(s) for s in grid)
         if op == "all_to_all":
-            xs = tuple(float(max(world, s // world * world)) for s in sizes)
+            xs = tuple(float(max(world, s // world * world)) for s in grid)
         samples[op] = (xs, ts)
         fit = fit_alpha_beta(op, xs, ts, world, algorithms[op][0])
         model = AlphaBeta(fit.alpha_ms, fit.beta_ms_per_byte, tuple(algorithms[op]))
