@@ -734,3 +734,84 @@ def test_min_max_with_constants_equal_reference() -> None:
     vals = [NAN, INF, -INF, 0.0, -0.0, 0.5, -0.25, 1.0, -1.0, 2.0, 0.49, -3.0, 1.27, 1.28, -1.3]
     x = torch.tensor(vals * 3, dtype=torch.float32)
     run_both(ref, cpu, x, steps=1)
+
+
+# ---------------------------------------------------------------- sparse decode_sum
+
+
+def test_the_sparse_decodes_are_recognised_and_nothing_else() -> None:
+    from hipress.compll.sparse import sparse_decode
+
+    found = {a for a in algorithms() if sparse_decode(load(a, backend="reference").program)}
+    assert found == {"dgc", "graddrop", "randomk", "topk"}
+    # the same shape with a flag that is not 0-or-NaN, or another output map, is not sparse
+    base = SourceFile.read(shipped_path("randomk")).text
+    for old, new in (
+        ("p.val[j] * 0.0", "p.val[j] * 2.0"),
+        ("map(n, i => s[i] + flag)", "map(n, i => s[i] * 2.0 + flag)"),
+    ):
+        assert old in base
+        variant = SourceFile("variant.cll", base.replace(old, new))
+        prog = load_source(variant, backend="reference").program
+        assert sparse_decode(prog) is None
+
+
+def _sparse_payload(alg: Algorithm, n: int, idx: list[int], val: list[float], count=None):  # type: ignore[no-untyped-def]
+    from hipress.compll.payload import layout, pack
+
+    prog = alg.program
+    fields, total = layout(prog, n)
+    k = next(f.length for f, s in zip(fields, prog.payload, strict=True) if s.name == "idx")
+    i = torch.zeros(k, dtype=torch.int64)
+    v = torch.zeros(k, dtype=torch.float32)
+    i[: len(idx)] = torch.tensor(idx, dtype=torch.int64)
+    v[: len(val)] = torch.tensor(val, dtype=torch.float32)
+    values = {"idx": i, "val": v, "count": torch.tensor(len(idx) if count is None else count)}
+    out = torch.empty(total, dtype=torch.uint8)
+    pack(prog, n, [values[s.name] for s in prog.payload], out)
+    return out
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc"])
+@pytest.mark.parametrize(
+    "case",
+    ["ascending", "rotated", "repeated index", "out of range", "nan", "inf", "count past bound"],
+)
+def test_sparse_decode_sum_equals_decode_by_decode(name: str, case: str) -> None:
+    """The fused sum (zero once, add every payload's pairs, flags and division at the end)
+    against the reference's decode, accumulate, divide: payloads a real encoder would send and
+    ones it would not (a repeated index takes the payload-by-payload path; bad indices are
+    ignored; a non-finite value makes every element NaN)."""
+    n = 1000
+    ref, cpu = _pair(name, {"ratio": 0.01} if name == "topk" else {"s_percent": 0.005})
+    from hipress.compll.payload import layout
+
+    k = layout(ref.program, n)[0][-1].length  # idx and val: k (topk) or the bound (dgc)
+    m = k if name == "topk" else k - 2  # dgc's count may be below its bound
+    gen = torch.Generator().manual_seed(5)
+    ps = []
+    for r in range(3):
+        idx = sorted(torch.randperm(n, generator=gen)[:m].tolist())
+        val = (torch.randn(m, generator=gen) * 3).tolist()
+        count = None
+        if case == "rotated":
+            idx = idx[3:] + idx[:3]
+        elif case == "repeated index" and r == 1:
+            idx[4] = idx[2]
+            idx = sorted(idx)
+            val[2] = 1e-8  # added to val[4] first when grouped, to the sum when not
+        elif case == "out of range" and r == 2:
+            idx[0], idx[-1] = -5, n + 3
+        elif case == "nan" and r == 1:
+            val[3] = NAN
+        elif case == "inf" and r == 2:
+            val[0] = -INF
+        elif case == "count past bound" and name == "dgc":
+            count = 10**6
+        ps.append(_sparse_payload(ref, n, idx, val, count))
+    for div in (1, 3.0):
+        want = ref.decode_sum(ps, n, divide_by=div)
+        got = cpu.decode_sum(ps, n, divide_by=div)
+        assert same_values(want, got), (case, div)
+    if case in ("nan", "inf"):
+        assert bool(torch.isnan(got).all())

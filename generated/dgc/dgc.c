@@ -1531,9 +1531,33 @@ int hp_decode_acc(const hp_dec_args* a) {
 
 
 
+/* dgc: hp_sparse_fields: where one payload's sent (index, value) pairs are; returns how many
+ * (hp_decode_sum adds them up) */
+static inline int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n,
+                                       const int32_t** const idx, const float** const val) {
+  const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20)))))));
+  const int64_t po0 = 0;
+  int64_t s_p_count;
+  memcpy(&s_p_count, pay + po0, 8);
+  const int64_t po1 = hp_up8(po0 + (8));
+  const int32_t* const f_idx = (const int32_t*)(pay + po1);
+  const int64_t po2 = hp_up8(po1 + (L1 * 4));
+  const float* const f_val = (const float*)(pay + po2);
+  (void)n;
+  const int64_t cnt = s_p_count, len = L1;
+  *idx = f_idx;
+  *val = f_val;
+  return cnt < 0 ? 0 : (cnt < len ? cnt : len);
+}
+
+
+
 /* dgc: hp_decode_sum: out = (decode(p[0]) + ... + decode(p[k-1])) / divisor, summed
  * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
- * compute it. (This decode is not a plain map over the output: one whole pass per payload.) */
+ * compute it. A sparse decode (hipress/compll/sparse.py): out is zeroed once, every
+ * payload's pairs are added into it in payload order, and one pass adds the flags and divides,
+ * when no payload repeats an index (checked: ascending, or ascending rotated once); else one
+ * whole pass per payload. */
 int64_t hp_decode_sum_ws_bytes(int64_t n) {
   const int64_t a = hp_decode_ws_bytes(n), b = hp_decode_acc_ws_bytes(n);
   return a > b ? a : b;
@@ -1547,6 +1571,53 @@ int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
   float* const out = a->out;
   if (a->k < 1) return 1;
+  int distinct = 1;
+  float flag = 0.0f;
+  for (int64_t r = 0; r < a->k && distinct; r++) {
+    const int32_t* idx;
+    const float* val;
+    const int64_t c = hp_sparse_fields(a->payloads[r], n, &idx, &val);
+    int64_t down = 0;
+    double fl = 0.0;
+    for (int64_t j = 0; j < c; j++) {
+      down += j > 0 && idx[j] <= idx[j - 1];
+      fl += (double)(val[j] * 0.0f);
+    }
+    distinct = down == 0 || (down == 1 && idx[c - 1] < idx[0]);
+    flag = flag + (float)fl;
+  }
+  if (distinct) {
+    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+    for (int64_t tb = 0; tb < ntiles; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      memset(out + i0, 0, (size_t)(n - i0 < HP_TILE ? n - i0 : HP_TILE) * sizeof(float));
+    }
+    for (int64_t r = 0; r < a->k; r++) {
+      const int32_t* idx;
+      const float* val;
+      const int64_t c = hp_sparse_fields(a->payloads[r], n, &idx, &val);
+      for (int64_t j = 0; j < c; j++) {
+        const int64_t xi = (int64_t)idx[j];
+        if ((uint64_t)xi < (uint64_t)n) out[xi] = out[xi] + val[j];
+      }
+    }
+    const int addflag = flag != 0.0f || flag != flag;
+    if (addflag || divide) {
+      #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          float v = out[i0 + t];
+          if (addflag) v = v + flag;
+          if (divide) v = v / d;
+          out[i0 + t] = v;
+        }
+      }
+    }
+    return 0;
+  }
   hp_dec_args b = {n, a->payloads[0], out, a->ws, a->nthreads};
   hp_decode(&b);
   for (int64_t r = 1; r < a->k; r++) {

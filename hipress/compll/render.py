@@ -163,6 +163,7 @@ def render_c(prog: ir.Program) -> str:
     ``hp_decode_sum`` and their workspace-size functions (see ``templates/c_file.c.j2`` for
     the ABI)."""
     from hipress.compll.render_c import CFunction, tileable
+    from hipress.compll.sparse import sparse_decode
 
     env = environment()
     dec, acc = lower(prog, "decode", accumulate=False), lower(prog, "decode", accumulate=True)
@@ -177,7 +178,12 @@ def render_c(prog: ir.Program) -> str:
             CFunction(env, prog, dec, "hp_decode_tile", tile=True).render(),
             CFunction(env, prog, acc, "hp_decode_acc_tile", tile=True).render(),
         ]
-    decode_sum = env.get_template("c_decode_sum.c.j2").render(algorithm=prog.name, tiled=tiled)
+    sd = None if tiled else sparse_decode(prog)
+    if sd is not None:
+        funcs.append(CFunction(env, prog, dec, "hp_sparse_fields").render_sparse_fields(sd))
+    decode_sum = env.get_template("c_decode_sum.c.j2").render(
+        algorithm=prog.name, tiled=tiled, sparse=sd is not None
+    )
     return env.get_template("c_file.c.j2").render(
         banner=BANNER, algorithm=prog.name, digest=prog.digest()[:16], target="c",
         prelude=prelude(cuda=False), abi=ABI_VERSION, functions=funcs, decode_sum=decode_sum,

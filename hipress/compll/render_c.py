@@ -25,6 +25,7 @@ from hipress.compll.lower import (
     walk,
 )
 from hipress.compll.render_expr import Body, Emitter, Mem, Names, const, ctype, mtype
+from hipress.compll.sparse import SparseDecode
 from hipress.compll.types import I64, ArrayType, DType
 
 # ---------------------------------------------------------------- reductions
@@ -343,6 +344,24 @@ class CFunction:
                     "float* const out = a->out;",
                 ]
             self._payload(writing=False)
+
+    def render_sparse_fields(self, sd: SparseDecode) -> str:
+        """``hp_sparse_fields``: a payload's index and value arrays and how many are sent, for
+        a sparse decode (:mod:`hipress.compll.sparse`)."""
+        self._payload(writing=False)
+        length = self.length(sd.length)
+        body = Body()
+        count = self.em.expr(sd.count, body, {})
+        if body.lines:  # pragma: no cover - a payload scalar or a host expression of n
+            raise ValueError(f"sparse count {ir.show_expr(sd.count)} is not a host expression")
+        return self.env.get_template("c_sparse_fields.c.j2").render(
+            title=f"{self.prog.name}: {self.name}",
+            setup=[*self.length_lines, *self.setup, "(void)n;"],
+            count=count,
+            length=length,
+            idx=self.names.get(sd.idx, "f"),
+            val=self.names.get(sd.val, "f"),
+        )
 
     # -- stages
 
