@@ -23,6 +23,10 @@ in force and the load average are recorded in the JSON.
     hipress bench kernels [--sizes 1K,1M,64M] [--algorithms onebit,topk] [--reps 5]
     python bench/bench_kernels.py ...          (same options)
 
+``sum4``: CaSync's averaging of 4 payloads (``decode_sum``, GB/s of decoded float32, 4 x 4 bytes
+per element), and ``sum4 x`` its speed-up over one decode pass per payload
+(``decode_sum_by_parts``), measured side by side.
+
 Prints a table and writes bench/results/kernels.json. Outputs are preallocated; every timed
 call is a steady-state call (workspaces exist, pages are touched).
 """
@@ -43,6 +47,7 @@ from typing import Any
 import torch
 
 from hipress.compll import algorithms, load
+from hipress.compll.algorithm import decode_sum_by_parts
 
 Fn = Callable[[], object]
 
@@ -219,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(0)
     print(f"{'algorithm':10s} {'n':>9s} {'C enc':>8s} {'roof':>6s} {'%':>4s} {'C dec':>8s} "
           f"{'roof':>6s} {'%':>4s} {'torch enc':>10s} {'torch dec':>10s} {'enc x':>6s} "
-          f"{'copy':>7s}")  # fmt: skip
+          f"{'copy':>7s} {'sum4':>7s} {'sum4 x':>6s}")  # fmt: skip
     for n in sizes:
         x = torch.randn(n, generator=gen)
         y = torch.empty(n)
@@ -233,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
             pay = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8)
             te = best(lambda: alg.encode(x, st, pay), args.reps)  # noqa: B023
             td = best(lambda: alg.decode(pay, n, y), args.reps)  # noqa: B023
+            # CaSync's averaging of 4 workers' payloads: the kernel, and one pass per payload
+            four = [pay] * 4
+            ts4 = best(lambda: alg.decode_sum(four, n, out=y, divide_by=4), args.reps)  # noqa: B023
+            tp4 = best(lambda: decode_sum_by_parts(alg.backend, four, n, y, 4), args.reps)  # noqa: B023
             state_b = sum(t.numel() * t.element_size() for t in st.tensors.values()
                           if t.numel() >= n)  # fmt: skip
             enc_b = (4 * n + 2 * state_b + 2 * pay.numel()) / n
@@ -240,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
             enc_r, dec_r = (4 * n + state_b) / n, pay.numel() / n  # bytes read
             row: dict[str, Any] = {"encode": 4 * n / te / 1e9, "decode": 4 * n / td / 1e9,
                                    "encode_s": te, "decode_s": td, "copy": copy, "read": read,
+                                   "decode_sum4": 16 * n / ts4 / 1e9,
+                                   "decode_sum4_by_parts": 16 * n / tp4 / 1e9,
                                    "encode_bytes_per_elem": enc_b,
                                    "decode_bytes_per_elem": dec_b,
                                    "encode_roofline": roofline(copy, read, enc_b, enc_r),
@@ -256,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{100 * row['encode'] / er:4.0f} {row['decode']:8.2f} {dr:6.1f} "
                   f"{100 * row['decode'] / dr:4.0f} "
                   f"{te_t if te_t else float('nan'):10.2f} {td_t if td_t else float('nan'):10.2f} "
-                  f"{ratio} {copy:7.2f}", flush=True)  # fmt: skip
+                  f"{ratio} {copy:7.2f} {row['decode_sum4']:7.2f} "
+                  f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f}", flush=True)  # fmt: skip
     results["machine"]["load_average_end"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
