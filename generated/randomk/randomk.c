@@ -880,7 +880,9 @@ int hp_encode(const hp_enc_args* a) {
     const int64_t ntiles = (ql + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
     {
-      int64_t h[2048];
+      /* four interleaved histograms: neighbouring keys mostly share a bucket, and one counter
+         would serialise on its own increments (n < 2^31: 32-bit counts) */
+      uint32_t h[4][2048];
       memset(h, 0, sizeof(h));
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
@@ -895,10 +897,18 @@ int hp_encode(const hp_enc_args* a) {
           const int64_t j = i0 + t;
           keys[j] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd4[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd5[t], UINT32_C(1)))))));
         }
-        for (int64_t t = 0; t < tl; t++) h[keys[i0 + t] >> top]++;
+        int64_t t = 0;
+        for (; t + 4 <= tl; t += 4) {
+          h[0][keys[i0 + t] >> top]++;
+          h[1][keys[i0 + t + 1] >> top]++;
+          h[2][keys[i0 + t + 2] >> top]++;
+          h[3][keys[i0 + t + 3] >> top]++;
+        }
+        for (; t < tl; t++) h[0][keys[i0 + t] >> top]++;
       }
       #pragma omp critical
-      for (int d = 0; d < 2048; d++) hist[d] += h[d];
+      for (int d = 0; d < 2048; d++)
+        hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
     }
     uint64_t thr = 0, pmask = 0;
     int64_t need = qtake;
@@ -938,8 +948,17 @@ int hp_encode(const hp_enc_args* a) {
           const int me = omp_get_thread_num(), tn = omp_get_num_threads();
           const int64_t lo = ql * me / tn, hi = ql * (me + 1) / tn;
           int64_t c = 0;
-          for (int64_t j = lo; j < hi; j++)
-            if ((keys[j] & pmask) == thr) ckeys[lo + c++] = keys[j];
+          uint8_t fm[HP_TILE];
+          for (int64_t j0 = lo; j0 < hi; j0 += HP_TILE) {
+            const int64_t tl = hi - j0 < HP_TILE ? hi - j0 : HP_TILE;
+            #pragma omp simd
+            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)((keys[j0 + t] & pmask) == thr);
+            for (int64_t t = 0; t < tl; t += 64) {
+              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+              for (; bits != 0; bits &= bits - 1)
+                ckeys[lo + c++] = keys[j0 + t + __builtin_ctzll(bits)];
+            }
+          }
           clo[me] = lo;
           ccnt[me] = c;
           if (me == 0) cnt_regions = tn;
@@ -973,11 +992,23 @@ int hp_encode(const hp_enc_args* a) {
         } else {
           int64_t pos = gb + (eb < need ? eb : need);
           int64_t quota = need - eb;
-          for (int64_t j = lo; j < hi; j++) {
-            const uint64_t kv = keys[j];
-            if (kv > thr || (kv == thr && quota > 0)) {
-              quota -= kv == thr;
-              qidx[pos++] = (int32_t)j;
+          /* candidates (>= thr) flagged 64 at a time, then taken in order: every key above
+             thr, and keys equal to it while this thread's quota lasts */
+          uint8_t fm[HP_TILE];
+          for (int64_t j0 = lo; j0 < hi; j0 += HP_TILE) {
+            const int64_t tl = hi - j0 < HP_TILE ? hi - j0 : HP_TILE;
+            #pragma omp simd
+            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(keys[j0 + t] >= thr);
+            for (int64_t t = 0; t < tl; t += 64) {
+              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+              for (; bits != 0; bits &= bits - 1) {
+                const int64_t j = j0 + t + __builtin_ctzll(bits);
+                if (keys[j] == thr) {
+                  if (quota <= 0) continue;
+                  quota--;
+                }
+                qidx[pos++] = (int32_t)j;
+              }
             }
           }
         }
