@@ -173,3 +173,16 @@ def test_bench_plan_runs_casync_with_all_three_plans(tmp_path: Path, capsys) -> 
     for r in rows.values():
         assert r["measured_ms"] > 0 and r["predicted_ms"] > 0
         assert r["casync_stats"]["collectives"] >= 1
+    # a plan that is one of the baselines (same digest) is never "slower than both": what the
+    # two measured apart is noise between identical plans
+    same = [k for k in ("all_uncompressed", "all_compressed")
+            if rows[k]["digest"] == rows["planned"]["digest"]]  # fmt: skip
+    assert result["plan_same_as"] == same
+    if same:
+        assert result["plan_not_slower_than_both"]
+        assert f"(it is the {same[0]} plan: same digest)" in text
+    else:
+        slower = rows["planned"]["measured_ms"] > max(
+            rows[k]["measured_ms"] for k in ("all_uncompressed", "all_compressed")
+        )
+        assert result["plan_not_slower_than_both"] == (not slower)
