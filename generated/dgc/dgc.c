@@ -799,24 +799,22 @@ static int64_t hp_encode_layout(int64_t n, char* ws, void** p) {
   const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(16000))));
   int64_t off = 0;
   if (p) p[0] = ws + off;
-  off += hp_up64(L2 * (int64_t)sizeof(uint8_t));
-  if (p) p[1] = ws + off;
   off += hp_up64(L1 * (int64_t)sizeof(float));
-  if (p) p[2] = ws + off;
+  if (p) p[1] = ws + off;
   off += hp_up64(L3 * (int64_t)sizeof(float));
+  if (p) p[2] = ws + off;
+  off += hp_up64(L1 * (int64_t)sizeof(int32_t));
   if (p) p[3] = ws + off;
   off += hp_up64(L1 * (int64_t)sizeof(int32_t));
   if (p) p[4] = ws + off;
-  off += hp_up64(L1 * (int64_t)sizeof(int32_t));
+  off += hp_up64((L3) * (int64_t)sizeof(uint32_t));
   if (p) p[5] = ws + off;
   off += hp_up64((L3) * (int64_t)sizeof(uint32_t));
   if (p) p[6] = ws + off;
-  off += hp_up64((L3) * (int64_t)sizeof(uint32_t));
-  if (p) p[7] = ws + off;
   off += hp_up64((HP_MAXT * 256) * (int64_t)sizeof(int64_t));
-  if (p) p[8] = ws + off;
+  if (p) p[7] = ws + off;
   off += hp_up64((L2) * (int64_t)sizeof(int32_t));
-  if (p) p[9] = ws + off;
+  if (p) p[8] = ws + off;
   off += hp_up64((L2) * (int64_t)sizeof(int32_t));
   (void)ws;
   (void)p;
@@ -828,7 +826,7 @@ int64_t hp_encode_ws_bytes(int64_t n) { return hp_encode_layout(n, 0, 0); }
 int hp_encode(const hp_enc_args* a) {
   const int64_t n = a->n;
   const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
-  void* wsp[11];
+  void* wsp[10];
   hp_encode_layout(n, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
@@ -854,20 +852,18 @@ int hp_encode(const hp_enc_args* a) {
   memset(pay + po0 + (8), 0, (size_t)(po1 - po0 - (8)));
   memset(pay + po1 + (L1 * 4), 0, (size_t)(po2 - po1 - (L1 * 4)));
   memset(pay + po2 + (L1 * 4), 0, (size_t)(hp_up8(po2 + (L1 * 4)) - po2 - (L1 * 4)));
-  uint8_t* const w_kept = (uint8_t*)wsp[0];
-  float* const w_val0 = (float*)wsp[1];
-  float* const w_sample = (float*)wsp[2];
-  int32_t* const w_pos0 = (int32_t*)wsp[3];
-  int32_t* const w_pos1 = (int32_t*)wsp[4];
-  uint32_t* const scr8 = (uint32_t*)wsp[5];
-  uint32_t* const scr9 = (uint32_t*)wsp[6];
-  int64_t* const scr10 = (int64_t*)wsp[7];
-  int32_t* const scr17 = (int32_t*)wsp[8];
-  int32_t* const scr34 = (int32_t*)wsp[9];
+  float* const w_val0 = (float*)wsp[0];
+  float* const w_sample = (float*)wsp[1];
+  int32_t* const w_pos0 = (int32_t*)wsp[2];
+  int32_t* const w_pos1 = (int32_t*)wsp[3];
+  uint32_t* const scr8 = (uint32_t*)wsp[4];
+  uint32_t* const scr9 = (uint32_t*)wsp[5];
+  int64_t* const scr10 = (int64_t*)wsp[6];
+  int32_t* const scr13 = (int32_t*)wsp[7];
+  int32_t* const scr56 = (int32_t*)wsp[8];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_u = L2 > 0 ? (const float*)st_u : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
-  const uint8_t* const rp_kept = L2 > 0 ? (const uint8_t*)w_kept : (const uint8_t*)hp_zeros;
   const float* const rp_un = L2 > 0 ? (const float*)st_u : (const float*)hp_zeros;
   const float* const rp_v = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
@@ -880,34 +876,7 @@ int hp_encode(const hp_enc_args* a) {
 
   const int64_t s_off = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(INT64_C(0), 1u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
 
-  { /* level 1: kept, un, v */
-    const int64_t L = L2;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const float r1 = st_comp[i];
-          const bool r2 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r1) >= s_pthr) & (r1 != 0x0.0p+0f))) & (hp_sel_i64((i < s_poff), hp_add_i64(i, hp_sub_i64(n, s_poff)), hp_sub_i64(i, s_poff)) <= s_plast))))));
-          const float r3 = st_u[i];
-          const float r4 = s_grad[i];
-          const float r5 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r2, r3, 0x0.0p+0f)) + r4);
-          w_kept[i] = (uint8_t)((!((bool)(s_lost | ((bool)(((bool)((fabsf(r1) >= s_pthr) & (r1 != 0x0.0p+0f))) & (hp_sel_i64((i < s_poff), hp_add_i64(i, hp_sub_i64(n, s_poff)), hp_sub_i64(i, s_poff)) <= s_plast)))))));
-          st_u[i] = ((0x1.cccccc0000000p-1f * hp_sel_f32(r2, r3, 0x0.0p+0f)) + r4);
-          st_comp[i] = (hp_sel_f32(r2, r1, 0x0.0p+0f) + r5);
-        }
-      }
-    }
-  }
-
-
-  { /* level 2: sort -> sample (LSD radix sort of order keys; NaN last, in order) */
+  { /* level 1: sort -> sample (LSD radix sort of order keys; NaN last, in order) */
     const int64_t sl = L3;
     float* const sout = w_sample;
     uint32_t* ka = (uint32_t*)scr8;
@@ -916,8 +885,13 @@ int hp_encode(const hp_enc_args* a) {
     int64_t nnan = 0;
     #pragma omp parallel for simd num_threads(nt) if(sl >= HP_PAR_MIN) schedule(static) reduction(+:nnan)
     for (int64_t j = 0; j < sl; j++) {
-      const int64_t ix6 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
-      const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L2, rp_v[hp_clampi(ix6, L2)], 0x0.0p+0f);
+      const int64_t ix1 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
+      const float r2 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_comp[hp_clampi(ix1, L2)], 0x0.0p+0f);
+      const bool r3 = hp_sel_bool((uint64_t)ix1 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r2) >= s_pthr) & (r2 != 0x0.0p+0f))) & (hp_sel_i64((ix1 < s_poff), hp_add_i64(ix1, hp_sub_i64(n, s_poff)), hp_sub_i64(ix1, s_poff)) <= s_plast)))))), false);
+      const float r4 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_u[hp_clampi(ix1, L2)], 0x0.0p+0f);
+      const float r5 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_g[hp_clampi(ix1, L2)], 0x0.0p+0f);
+      const float r6 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r3, r4, 0x0.0p+0f)) + r5), 0x0.0p+0f);
+      const float r7 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, (hp_sel_f32(r3, r2, 0x0.0p+0f) + r6), 0x0.0p+0f);
       const float v = fabsf(r7);
       nnan += (v != v);
       ka[j] = hp_okey_f32(v);
@@ -965,8 +939,13 @@ int hp_encode(const hp_enc_args* a) {
     if (nnan > 0) {
       int64_t pos = sl - nnan;
       for (int64_t j = 0; j < sl; j++) {
-        const int64_t ix6 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
-        const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L2, rp_v[hp_clampi(ix6, L2)], 0x0.0p+0f);
+        const int64_t ix1 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
+        const float r2 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_comp[hp_clampi(ix1, L2)], 0x0.0p+0f);
+        const bool r3 = hp_sel_bool((uint64_t)ix1 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r2) >= s_pthr) & (r2 != 0x0.0p+0f))) & (hp_sel_i64((ix1 < s_poff), hp_add_i64(ix1, hp_sub_i64(n, s_poff)), hp_sub_i64(ix1, s_poff)) <= s_plast)))))), false);
+        const float r4 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_u[hp_clampi(ix1, L2)], 0x0.0p+0f);
+        const float r5 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_g[hp_clampi(ix1, L2)], 0x0.0p+0f);
+        const float r6 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r3, r4, 0x0.0p+0f)) + r5), 0x0.0p+0f);
+        const float r7 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, (hp_sel_f32(r3, r2, 0x0.0p+0f) + r6), 0x0.0p+0f);
         const float v = fabsf(r7);
         if (v != v) sout[pos++] = v;
       }
@@ -981,10 +960,11 @@ int hp_encode(const hp_enc_args* a) {
   const float s_thr = hp_sel_f32((hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64((((double)(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(16000))))) * 0x1.0624dd2f1a9fcp-10)))) < hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(16000)))), r12, 0x0.0p+0f);
 
   int64_t s_cnt0;
-  { /* level 3: filter -> pos0 (ordered compaction, one pass) */
+  if ((s_off) >= 0 && (s_off) < L2) { /* every index once */
+  { /* level 2: filter -> pos0 (ordered compaction, one pass; stores un, v) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos0;
-    int32_t* const fbuf = scr17;
+    int32_t* const fbuf = scr13;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -996,30 +976,66 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t hi = me + 1 == tn ? fl : (fl * (me + 1) / tn) & ~(int64_t)7;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
-      for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
+      for (int64_t i0 = lo; i0 < hi; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        const int64_t rot14s = hp_add_i64(i0, s_off);
-        const bool rotok14 = rot14s >= 0 && rot14s <= INT64_MAX - HP_TILE && rot14s % (n) + tl <= (n);
-        const int64_t rot14d = rotok14 ? rot14s % (n) - i0 : 0;
-        if (rotok14) {
+        const int64_t rot23s = hp_add_i64(i0, s_off);
+        const bool rotok23 = rot23s >= 0 && rot23s <= INT64_MAX - HP_TILE && rot23s % (n) + tl <= (n);
+        const int64_t rot23d = rotok23 ? rot23s % (n) - i0 : 0;
+        if (rotok23) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr14 = j + rot14d;
-          const int64_t ix15 = (1 ? jr14 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r16 = (1 ? st_comp[jr14] : hp_sel_f32((uint64_t)ix15 < (uint64_t)L2, rp_v[hp_clampi(ix15, L2)], 0x0.0p+0f));
-          const float l13 = r16;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l13) < HP_INF_F)) | ((bool)((fabsf(l13) >= s_thr) & (l13 != 0x0.0p+0f))))));
+          const int64_t jr23 = j + rot23d;
+          const float r24 = st_comp[jr23];
+          const bool r25 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r24) >= s_pthr) & (r24 != 0x0.0p+0f))) & (hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff)) <= s_plast))))));
+          const float r26 = st_u[jr23];
+          const float r27 = s_grad[jr23];
+          const int64_t ix28 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r29 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_comp[hp_clampi(ix28, L2)], 0x0.0p+0f);
+          const bool r30 = hp_sel_bool((uint64_t)ix28 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r29) >= s_pthr) & (r29 != 0x0.0p+0f))) & (hp_sel_i64((ix28 < s_poff), hp_add_i64(ix28, hp_sub_i64(n, s_poff)), hp_sub_i64(ix28, s_poff)) <= s_plast)))))), false);
+          const float r31 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_u[hp_clampi(ix28, L2)], 0x0.0p+0f);
+          const float r32 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_g[hp_clampi(ix28, L2)], 0x0.0p+0f);
+          const float r33 = (1 ? ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27) : hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r30, r31, 0x0.0p+0f)) + r32), 0x0.0p+0f));
+          const float r34 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27);
+          const int64_t ix35 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r36 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_comp[hp_clampi(ix35, L2)], 0x0.0p+0f);
+          const bool r37 = hp_sel_bool((uint64_t)ix35 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r36) >= s_pthr) & (r36 != 0x0.0p+0f))) & (hp_sel_i64((ix35 < s_poff), hp_add_i64(ix35, hp_sub_i64(n, s_poff)), hp_sub_i64(ix35, s_poff)) <= s_plast)))))), false);
+          const float r38 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_u[hp_clampi(ix35, L2)], 0x0.0p+0f);
+          const float r39 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_g[hp_clampi(ix35, L2)], 0x0.0p+0f);
+          const float r40 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r37, r38, 0x0.0p+0f)) + r39), 0x0.0p+0f);
+          const float r41 = (1 ? (hp_sel_f32(r25, r24, 0x0.0p+0f) + r34) : hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, (hp_sel_f32(r37, r36, 0x0.0p+0f) + r40), 0x0.0p+0f));
+          const float l42 = r41;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l42) < HP_INF_F)) | ((bool)((fabsf(l42) >= s_thr) & (l42 != 0x0.0p+0f))))));
+          st_u[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r33;
+          st_comp[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r41;
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr14 = j + rot14d;
-          const int64_t ix15 = (0 ? jr14 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r16 = (0 ? st_comp[jr14] : hp_sel_f32((uint64_t)ix15 < (uint64_t)L2, rp_v[hp_clampi(ix15, L2)], 0x0.0p+0f));
-          const float l13 = r16;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l13) < HP_INF_F)) | ((bool)((fabsf(l13) >= s_thr) & (l13 != 0x0.0p+0f))))));
+          const int64_t jr23 = j + rot23d;
+          const float r24 = st_comp[jr23];
+          const bool r25 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r24) >= s_pthr) & (r24 != 0x0.0p+0f))) & (hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff)) <= s_plast))))));
+          const float r26 = st_u[jr23];
+          const float r27 = s_grad[jr23];
+          const int64_t ix28 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r29 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_comp[hp_clampi(ix28, L2)], 0x0.0p+0f);
+          const bool r30 = hp_sel_bool((uint64_t)ix28 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r29) >= s_pthr) & (r29 != 0x0.0p+0f))) & (hp_sel_i64((ix28 < s_poff), hp_add_i64(ix28, hp_sub_i64(n, s_poff)), hp_sub_i64(ix28, s_poff)) <= s_plast)))))), false);
+          const float r31 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_u[hp_clampi(ix28, L2)], 0x0.0p+0f);
+          const float r32 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_g[hp_clampi(ix28, L2)], 0x0.0p+0f);
+          const float r33 = (0 ? ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27) : hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r30, r31, 0x0.0p+0f)) + r32), 0x0.0p+0f));
+          const float r34 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27);
+          const int64_t ix35 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r36 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_comp[hp_clampi(ix35, L2)], 0x0.0p+0f);
+          const bool r37 = hp_sel_bool((uint64_t)ix35 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r36) >= s_pthr) & (r36 != 0x0.0p+0f))) & (hp_sel_i64((ix35 < s_poff), hp_add_i64(ix35, hp_sub_i64(n, s_poff)), hp_sub_i64(ix35, s_poff)) <= s_plast)))))), false);
+          const float r38 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_u[hp_clampi(ix35, L2)], 0x0.0p+0f);
+          const float r39 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_g[hp_clampi(ix35, L2)], 0x0.0p+0f);
+          const float r40 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r37, r38, 0x0.0p+0f)) + r39), 0x0.0p+0f);
+          const float r41 = (0 ? (hp_sel_f32(r25, r24, 0x0.0p+0f) + r34) : hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, (hp_sel_f32(r37, r36, 0x0.0p+0f) + r40), 0x0.0p+0f));
+          const float l42 = r41;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l42) < HP_INF_F)) | ((bool)((fabsf(l42) >= s_thr) & (l42 != 0x0.0p+0f))))));
+          st_u[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r33;
+          st_comp[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r41;
         }
         }
 
@@ -1043,85 +1059,36 @@ int hp_encode(const hp_enc_args* a) {
     s_cnt0 = tot;
   }
 
-
-  bool s_bad0;
-  { /* level 4: val0, bad0 */
-    const int64_t L = L1;
-    int part27[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part27[k] = 0;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      int acc26 = 0;
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd reduction(|:acc26)
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const int32_t r19 = w_pos0[i];
-          const int64_t l18 = hp_add_i64(((int64_t)(r19)), s_off);
-          const int64_t ix20 = hp_sel_i64((l18 < n), l18, hp_sub_i64(l18, n));
-          const float r21 = hp_sel_f32((uint64_t)ix20 < (uint64_t)L2, rp_v[hp_clampi(ix20, L2)], 0x0.0p+0f);
-          const int64_t l22 = hp_add_i64(((int64_t)(r19)), s_off);
-          const int64_t ix23 = hp_sel_i64((l22 < n), l22, hp_sub_i64(l22, n));
-          const float r24 = hp_sel_f32((uint64_t)ix23 < (uint64_t)L2, rp_v[hp_clampi(ix23, L2)], 0x0.0p+0f);
-          const float r25 = hp_sel_f32((i < s_cnt0), r24, 0x0.0p+0f);
-          acc26 |= (int)((!(fabsf(r25) < HP_INF_F)));
-          w_val0[i] = hp_sel_f32((i < s_cnt0), r21, 0x0.0p+0f);
-        }
-      }
-      part27[omp_get_thread_num()] = acc26;
-    }
-    int acc26 = 0;
-    for (int k = 0; k < nt; k++) acc26 |= part27[k];
-    s_bad0 = (acc26 != 0);
-  }
-
-
-  bool s_r;
-  if ((((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20)))))))))) {
-  { /* level 4: r */
-    const int64_t L = L2;
-    int part30[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part30[k] = 0;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      int acc29 = 0;
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd reduction(|:acc29)
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const float r28 = st_comp[i];
-          acc29 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r28) < HP_INF_F)))));
-        }
-      }
-      part30[omp_get_thread_num()] = acc29;
-    }
-    int acc29 = 0;
-    for (int k = 0; k < nt; k++) acc29 |= part30[k];
-    s_r = (acc29 != 0);
-  }
-
   } else {
-    s_r = false;
+  { /* level 2: un, v */
+    const int64_t L = L2;
+    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
+    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    {
+      #pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const float r18 = st_comp[i];
+          const bool r19 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r18) >= s_pthr) & (r18 != 0x0.0p+0f))) & (hp_sel_i64((i < s_poff), hp_add_i64(i, hp_sub_i64(n, s_poff)), hp_sub_i64(i, s_poff)) <= s_plast))))));
+          const float r20 = st_u[i];
+          const float r21 = s_grad[i];
+          const float r22 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r19, r20, 0x0.0p+0f)) + r21);
+          st_u[i] = ((0x1.cccccc0000000p-1f * hp_sel_f32(r19, r20, 0x0.0p+0f)) + r21);
+          st_comp[i] = (hp_sel_f32(r19, r18, 0x0.0p+0f) + r22);
+        }
+      }
+    }
   }
 
-  const bool s_bad = ((bool)(s_bad0 | s_r));
-
-  int64_t s_cnt1;
-  if ((s_bad)) {
-  { /* level 5: filter -> pos1 (ordered compaction, one pass) */
+  { /* level 2: filter -> pos0 (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
-    int32_t* const fidx = w_pos1;
-    int32_t* const fbuf = scr34;
+    int32_t* const fidx = w_pos0;
+    int32_t* const fbuf = scr13;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -1135,26 +1102,164 @@ int hp_encode(const hp_enc_args* a) {
       uint8_t fm[HP_TILE];
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        const int64_t rot31s = hp_add_i64(i0, s_off);
-        const bool rotok31 = rot31s >= 0 && rot31s <= INT64_MAX - HP_TILE && rot31s % (n) + tl <= (n);
-        const int64_t rot31d = rotok31 ? rot31s % (n) - i0 : 0;
-        if (rotok31) {
+        const int64_t rot15s = hp_add_i64(i0, s_off);
+        const bool rotok15 = rot15s >= 0 && rot15s <= INT64_MAX - HP_TILE && rot15s % (n) + tl <= (n);
+        const int64_t rot15d = rotok15 ? rot15s % (n) - i0 : 0;
+        if (rotok15) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr31 = j + rot31d;
-          const int64_t ix32 = (1 ? jr31 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r33 = (1 ? st_comp[jr31] : hp_sel_f32((uint64_t)ix32 < (uint64_t)L2, rp_v[hp_clampi(ix32, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r33) < HP_INF_F)))));
+          const int64_t jr15 = j + rot15d;
+          const int64_t ix16 = (1 ? jr15 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r17 = (1 ? st_comp[jr15] : hp_sel_f32((uint64_t)ix16 < (uint64_t)L2, rp_v[hp_clampi(ix16, L2)], 0x0.0p+0f));
+          const float l14 = r17;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l14) < HP_INF_F)) | ((bool)((fabsf(l14) >= s_thr) & (l14 != 0x0.0p+0f))))));
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr31 = j + rot31d;
-          const int64_t ix32 = (0 ? jr31 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r33 = (0 ? st_comp[jr31] : hp_sel_f32((uint64_t)ix32 < (uint64_t)L2, rp_v[hp_clampi(ix32, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r33) < HP_INF_F)))));
+          const int64_t jr15 = j + rot15d;
+          const int64_t ix16 = (0 ? jr15 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r17 = (0 ? st_comp[jr15] : hp_sel_f32((uint64_t)ix16 < (uint64_t)L2, rp_v[hp_clampi(ix16, L2)], 0x0.0p+0f));
+          const float l14 = r17;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l14) < HP_INF_F)) | ((bool)((fabsf(l14) >= s_thr) & (l14 != 0x0.0p+0f))))));
+        }
+        }
+
+        for (int64_t t = 0; t < tl && c < fb; t += 64) {
+          uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+          for (; bits != 0 && c < fb; bits &= bits - 1)
+            fbuf[lo + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
+        }
+      }
+      fcnt[me] = c;
+      flo[me] = lo;
+      if (me == 0) fnt = tn;
+    }
+    int64_t tot = 0;
+    for (int k = 0; k < fnt && tot < fb; k++) {
+      const int64_t take = fcnt[k] < fb - tot ? fcnt[k] : fb - tot;
+      memmove(fidx + tot, fbuf + flo[k], (size_t)take * 4);
+      tot += take;
+    }
+    if (fb > tot) memset(fidx + tot, 0, (size_t)(fb - tot) * 4);
+    s_cnt0 = tot;
+  }
+
+  }
+
+  bool s_bad0;
+  { /* level 3: val0, bad0 */
+    const int64_t L = L1;
+    int part52[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part52[k] = 0;
+    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
+    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    {
+      int acc51 = 0;
+      #pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        
+        #pragma omp simd reduction(|:acc51)
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const int32_t r44 = w_pos0[i];
+          const int64_t l43 = hp_add_i64(((int64_t)(r44)), s_off);
+          const int64_t ix45 = hp_sel_i64((l43 < n), l43, hp_sub_i64(l43, n));
+          const float r46 = hp_sel_f32((uint64_t)ix45 < (uint64_t)L2, rp_v[hp_clampi(ix45, L2)], 0x0.0p+0f);
+          const int64_t l47 = hp_add_i64(((int64_t)(r44)), s_off);
+          const int64_t ix48 = hp_sel_i64((l47 < n), l47, hp_sub_i64(l47, n));
+          const float r49 = hp_sel_f32((uint64_t)ix48 < (uint64_t)L2, rp_v[hp_clampi(ix48, L2)], 0x0.0p+0f);
+          const float r50 = hp_sel_f32((i < s_cnt0), r49, 0x0.0p+0f);
+          acc51 |= (int)((!(fabsf(r50) < HP_INF_F)));
+          w_val0[i] = hp_sel_f32((i < s_cnt0), r46, 0x0.0p+0f);
+        }
+      }
+      part52[omp_get_thread_num()] = acc51;
+    }
+    int acc51 = 0;
+    for (int k = 0; k < nt; k++) acc51 |= part52[k];
+    s_bad0 = (acc51 != 0);
+  }
+
+
+  bool s_r;
+  if ((((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20)))))))))) {
+  { /* level 3: r */
+    const int64_t L = L2;
+    int part55[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part55[k] = 0;
+    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
+    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    {
+      int acc54 = 0;
+      #pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        
+        #pragma omp simd reduction(|:acc54)
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const float r53 = st_comp[i];
+          acc54 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r53) < HP_INF_F)))));
+        }
+      }
+      part55[omp_get_thread_num()] = acc54;
+    }
+    int acc54 = 0;
+    for (int k = 0; k < nt; k++) acc54 |= part55[k];
+    s_r = (acc54 != 0);
+  }
+
+  } else {
+    s_r = false;
+  }
+
+  const bool s_bad = ((bool)(s_bad0 | s_r));
+
+  int64_t s_cnt1;
+  if ((s_bad)) {
+  { /* level 4: filter -> pos1 (ordered compaction, one pass) */
+    const int64_t fl = L2, fb = L1;
+    int32_t* const fidx = w_pos1;
+    int32_t* const fbuf = scr56;
+    int64_t fcnt[HP_MAXT], flo[HP_MAXT];
+    int fnt = 1;
+    for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
+    #pragma omp parallel num_threads(nt) if(fl >= HP_PAR_MIN)
+    {
+      const int me = omp_get_thread_num(), tn = omp_get_num_threads();
+      /* chunk starts are multiples of 8 (tile buffers: random blocks of 4, packed bytes) */
+      const int64_t lo = (fl * me / tn) & ~(int64_t)7;
+      const int64_t hi = me + 1 == tn ? fl : (fl * (me + 1) / tn) & ~(int64_t)7;
+      int64_t c = 0;
+      uint8_t fm[HP_TILE];
+      for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
+        const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
+        const int64_t rot57s = hp_add_i64(i0, s_off);
+        const bool rotok57 = rot57s >= 0 && rot57s <= INT64_MAX - HP_TILE && rot57s % (n) + tl <= (n);
+        const int64_t rot57d = rotok57 ? rot57s % (n) - i0 : 0;
+        if (rotok57) {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const int64_t jr57 = j + rot57d;
+          const int64_t ix58 = (1 ? jr57 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r59 = (1 ? st_comp[jr57] : hp_sel_f32((uint64_t)ix58 < (uint64_t)L2, rp_v[hp_clampi(ix58, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r59) < HP_INF_F)))));
+        }
+        } else {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const int64_t jr57 = j + rot57d;
+          const int64_t ix58 = (0 ? jr57 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r59 = (0 ? st_comp[jr57] : hp_sel_f32((uint64_t)ix58 < (uint64_t)L2, rp_v[hp_clampi(ix58, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r59) < HP_INF_F)))));
         }
         }
 
@@ -1185,7 +1290,7 @@ int hp_encode(const hp_enc_args* a) {
 
   const int64_t s_count = hp_sel_i64(s_bad, s_cnt1, s_cnt0);
 
-  { /* level 6: idx, val */
+  { /* level 5: idx, val */
     const int64_t L = L1;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
@@ -1198,30 +1303,30 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r36 = w_pos1[i];
-          const int32_t r37 = w_pos0[i];
-          const int64_t l35 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r36, r37))), s_off);
-          const int64_t l38 = hp_add_i64(((int64_t)(r36)), s_off);
-          const int64_t ix39 = hp_sel_i64((l38 < n), l38, hp_sub_i64(l38, n));
-          const float r40 = hp_sel_f32((uint64_t)ix39 < (uint64_t)L2, rp_v[hp_clampi(ix39, L2)], 0x0.0p+0f);
-          const float r41 = w_val0[i];
-          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l35 < n), l35, hp_sub_i64(l35, n)))), ((int32_t)0));
-          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r40, r41), 0x0.0p+0f));
+          const int32_t r61 = w_pos1[i];
+          const int32_t r62 = w_pos0[i];
+          const int64_t l60 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r61, r62))), s_off);
+          const int64_t l63 = hp_add_i64(((int64_t)(r61)), s_off);
+          const int64_t ix64 = hp_sel_i64((l63 < n), l63, hp_sub_i64(l63, n));
+          const float r65 = hp_sel_f32((uint64_t)ix64 < (uint64_t)L2, rp_v[hp_clampi(ix64, L2)], 0x0.0p+0f);
+          const float r66 = w_val0[i];
+          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l60 < n), l60, hp_sub_i64(l60, n)))), ((int32_t)0));
+          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r65, r66), 0x0.0p+0f));
         }
       }
     }
   }
 
 
-  const int64_t ix42 = hp_sub_i64(s_count, INT64_C(1));
+  const int64_t ix67 = hp_sub_i64(s_count, INT64_C(1));
 
-  const int32_t r43 = hp_sel_i32((uint64_t)ix42 < (uint64_t)L1, rp_idx[hp_clampi(ix42, L1)], ((int32_t)0));
+  const int32_t r68 = hp_sel_i32((uint64_t)ix67 < (uint64_t)L1, rp_idx[hp_clampi(ix67, L1)], ((int32_t)0));
 
-  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r43)), s_off), INT64_C(-1));
+  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r68)), s_off), INT64_C(-1));
 
   const int64_t s_plast_1 = hp_sel_i64(((bool)((s_count > INT64_C(0)) & (s_lr < INT64_C(0)))), hp_add_i64(s_lr, n), s_lr);
 
-  { const int64_t fv44 = (int64_t)(s_count); memcpy(pay + po0, &fv44, 8); }
+  { const int64_t fv69 = (int64_t)(s_count); memcpy(pay + po0, &fv69, 8); }
   *(float*)a->state[2] = (float)(s_thr);
   *(int64_t*)a->state[3] = (int64_t)(s_off);
   *(int64_t*)a->state[4] = (int64_t)(s_plast_1);

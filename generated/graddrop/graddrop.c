@@ -858,8 +858,8 @@ int hp_encode(const hp_enc_args* a) {
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   uint32_t* const scr9 = (uint32_t*)wsp[5];
   int64_t* const scr10 = (int64_t*)wsp[6];
-  int32_t* const scr17 = (int32_t*)wsp[7];
-  int32_t* const scr34 = (int32_t*)wsp[8];
+  int32_t* const scr13 = (int32_t*)wsp[7];
+  int32_t* const scr50 = (int32_t*)wsp[8];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -873,32 +873,7 @@ int hp_encode(const hp_enc_args* a) {
 
   const int64_t s_off = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(INT64_C(0), 1u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
 
-  { /* level 1: c */
-    const int64_t L = L2;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const float r2 = st_comp[i];
-          const float l1 = r2;
-          const int64_t l3 = hp_sel_i64((i < s_poff), hp_add_i64(i, hp_sub_i64(n, s_poff)), hp_sub_i64(i, s_poff));
-          const bool l4 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l1) >= s_pthr) & (l1 != 0x0.0p+0f))) & (l3 <= s_plast)))));
-          const float r5 = s_grad[i];
-          st_comp[i] = (r5 + hp_sel_f32(l4, 0x0.0p+0f, l1));
-        }
-      }
-    }
-  }
-
-
-  { /* level 2: sort -> sample (LSD radix sort of order keys; NaN last, in order) */
+  { /* level 1: sort -> sample (LSD radix sort of order keys; NaN last, in order) */
     const int64_t sl = L3;
     float* const sout = w_sample;
     uint32_t* ka = (uint32_t*)scr8;
@@ -907,8 +882,13 @@ int hp_encode(const hp_enc_args* a) {
     int64_t nnan = 0;
     #pragma omp parallel for simd num_threads(nt) if(sl >= HP_PAR_MIN) schedule(static) reduction(+:nnan)
     for (int64_t j = 0; j < sl; j++) {
-      const int64_t ix6 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
-      const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L2, rp_c[hp_clampi(ix6, L2)], 0x0.0p+0f);
+      const int64_t ix1 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
+      const float r3 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_comp[hp_clampi(ix1, L2)], 0x0.0p+0f);
+      const float l2 = r3;
+      const int64_t l4 = hp_sel_i64((ix1 < s_poff), hp_add_i64(ix1, hp_sub_i64(n, s_poff)), hp_sub_i64(ix1, s_poff));
+      const bool l5 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l2) >= s_pthr) & (l2 != 0x0.0p+0f))) & (l4 <= s_plast)))));
+      const float r6 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_g[hp_clampi(ix1, L2)], 0x0.0p+0f);
+      const float r7 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, (r6 + hp_sel_f32(l5, 0x0.0p+0f, l2)), 0x0.0p+0f);
       const float v = fabsf(r7);
       nnan += (v != v);
       ka[j] = hp_okey_f32(v);
@@ -956,8 +936,13 @@ int hp_encode(const hp_enc_args* a) {
     if (nnan > 0) {
       int64_t pos = sl - nnan;
       for (int64_t j = 0; j < sl; j++) {
-        const int64_t ix6 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
-        const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L2, rp_c[hp_clampi(ix6, L2)], 0x0.0p+0f);
+        const int64_t ix1 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
+        const float r3 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_comp[hp_clampi(ix1, L2)], 0x0.0p+0f);
+        const float l2 = r3;
+        const int64_t l4 = hp_sel_i64((ix1 < s_poff), hp_add_i64(ix1, hp_sub_i64(n, s_poff)), hp_sub_i64(ix1, s_poff));
+        const bool l5 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l2) >= s_pthr) & (l2 != 0x0.0p+0f))) & (l4 <= s_plast)))));
+        const float r6 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_g[hp_clampi(ix1, L2)], 0x0.0p+0f);
+        const float r7 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, (r6 + hp_sel_f32(l5, 0x0.0p+0f, l2)), 0x0.0p+0f);
         const float v = fabsf(r7);
         if (v != v) sout[pos++] = v;
       }
@@ -972,10 +957,11 @@ int hp_encode(const hp_enc_args* a) {
   const float s_thr = hp_sel_f32((hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64((((double)(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))))) * 0x1.47ae147ae1480p-7)))) < hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600)))), r12, 0x0.0p+0f);
 
   int64_t s_cnt0;
-  { /* level 3: filter -> pos0 (ordered compaction, one pass) */
+  if ((s_off) >= 0 && (s_off) < L2) { /* every index once */
+  { /* level 2: filter -> pos0 (ordered compaction, one pass; stores c) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos0;
-    int32_t* const fbuf = scr17;
+    int32_t* const fbuf = scr13;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -987,30 +973,52 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t hi = me + 1 == tn ? fl : (fl * (me + 1) / tn) & ~(int64_t)7;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
-      for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
+      for (int64_t i0 = lo; i0 < hi; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        const int64_t rot14s = hp_add_i64(i0, s_off);
-        const bool rotok14 = rot14s >= 0 && rot14s <= INT64_MAX - HP_TILE && rot14s % (n) + tl <= (n);
-        const int64_t rot14d = rotok14 ? rot14s % (n) - i0 : 0;
-        if (rotok14) {
+        const int64_t rot23s = hp_add_i64(i0, s_off);
+        const bool rotok23 = rot23s >= 0 && rot23s <= INT64_MAX - HP_TILE && rot23s % (n) + tl <= (n);
+        const int64_t rot23d = rotok23 ? rot23s % (n) - i0 : 0;
+        if (rotok23) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr14 = j + rot14d;
-          const int64_t ix15 = (1 ? jr14 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r16 = (1 ? st_comp[jr14] : hp_sel_f32((uint64_t)ix15 < (uint64_t)L2, rp_c[hp_clampi(ix15, L2)], 0x0.0p+0f));
-          const float l13 = r16;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l13) < HP_INF_F)) | ((bool)((fabsf(l13) >= s_thr) & (l13 != 0x0.0p+0f))))));
+          const int64_t jr23 = j + rot23d;
+          const float r25 = st_comp[jr23];
+          const float l24 = r25;
+          const int64_t l26 = hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff));
+          const bool l27 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l24) >= s_pthr) & (l24 != 0x0.0p+0f))) & (l26 <= s_plast)))));
+          const float r28 = s_grad[jr23];
+          const int64_t ix29 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r31 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_comp[hp_clampi(ix29, L2)], 0x0.0p+0f);
+          const float l30 = r31;
+          const int64_t l32 = hp_sel_i64((ix29 < s_poff), hp_add_i64(ix29, hp_sub_i64(n, s_poff)), hp_sub_i64(ix29, s_poff));
+          const bool l33 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l30) >= s_pthr) & (l30 != 0x0.0p+0f))) & (l32 <= s_plast)))));
+          const float r34 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_g[hp_clampi(ix29, L2)], 0x0.0p+0f);
+          const float r35 = (1 ? (r28 + hp_sel_f32(l27, 0x0.0p+0f, l24)) : hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, (r34 + hp_sel_f32(l33, 0x0.0p+0f, l30)), 0x0.0p+0f));
+          const float l36 = r35;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l36) < HP_INF_F)) | ((bool)((fabsf(l36) >= s_thr) & (l36 != 0x0.0p+0f))))));
+          st_comp[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r35;
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr14 = j + rot14d;
-          const int64_t ix15 = (0 ? jr14 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r16 = (0 ? st_comp[jr14] : hp_sel_f32((uint64_t)ix15 < (uint64_t)L2, rp_c[hp_clampi(ix15, L2)], 0x0.0p+0f));
-          const float l13 = r16;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l13) < HP_INF_F)) | ((bool)((fabsf(l13) >= s_thr) & (l13 != 0x0.0p+0f))))));
+          const int64_t jr23 = j + rot23d;
+          const float r25 = st_comp[jr23];
+          const float l24 = r25;
+          const int64_t l26 = hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff));
+          const bool l27 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l24) >= s_pthr) & (l24 != 0x0.0p+0f))) & (l26 <= s_plast)))));
+          const float r28 = s_grad[jr23];
+          const int64_t ix29 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r31 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_comp[hp_clampi(ix29, L2)], 0x0.0p+0f);
+          const float l30 = r31;
+          const int64_t l32 = hp_sel_i64((ix29 < s_poff), hp_add_i64(ix29, hp_sub_i64(n, s_poff)), hp_sub_i64(ix29, s_poff));
+          const bool l33 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l30) >= s_pthr) & (l30 != 0x0.0p+0f))) & (l32 <= s_plast)))));
+          const float r34 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_g[hp_clampi(ix29, L2)], 0x0.0p+0f);
+          const float r35 = (0 ? (r28 + hp_sel_f32(l27, 0x0.0p+0f, l24)) : hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, (r34 + hp_sel_f32(l33, 0x0.0p+0f, l30)), 0x0.0p+0f));
+          const float l36 = r35;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l36) < HP_INF_F)) | ((bool)((fabsf(l36) >= s_thr) & (l36 != 0x0.0p+0f))))));
+          st_comp[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r35;
         }
         }
 
@@ -1034,85 +1042,35 @@ int hp_encode(const hp_enc_args* a) {
     s_cnt0 = tot;
   }
 
-
-  bool s_bad0;
-  { /* level 4: val0, bad0 */
-    const int64_t L = L1;
-    int part27[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part27[k] = 0;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      int acc26 = 0;
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd reduction(|:acc26)
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const int32_t r19 = w_pos0[i];
-          const int64_t l18 = hp_add_i64(((int64_t)(r19)), s_off);
-          const int64_t ix20 = hp_sel_i64((l18 < n), l18, hp_sub_i64(l18, n));
-          const float r21 = hp_sel_f32((uint64_t)ix20 < (uint64_t)L2, rp_c[hp_clampi(ix20, L2)], 0x0.0p+0f);
-          const int64_t l22 = hp_add_i64(((int64_t)(r19)), s_off);
-          const int64_t ix23 = hp_sel_i64((l22 < n), l22, hp_sub_i64(l22, n));
-          const float r24 = hp_sel_f32((uint64_t)ix23 < (uint64_t)L2, rp_c[hp_clampi(ix23, L2)], 0x0.0p+0f);
-          const float r25 = hp_sel_f32((i < s_cnt0), r24, 0x0.0p+0f);
-          acc26 |= (int)((!(fabsf(r25) < HP_INF_F)));
-          w_val0[i] = hp_sel_f32((i < s_cnt0), r21, 0x0.0p+0f);
-        }
-      }
-      part27[omp_get_thread_num()] = acc26;
-    }
-    int acc26 = 0;
-    for (int k = 0; k < nt; k++) acc26 |= part27[k];
-    s_bad0 = (acc26 != 0);
-  }
-
-
-  bool s_r_1;
-  if ((((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))))))) {
-  { /* level 4: r.1 */
-    const int64_t L = L2;
-    int part30[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part30[k] = 0;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      int acc29 = 0;
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd reduction(|:acc29)
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const float r28 = st_comp[i];
-          acc29 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r28) < HP_INF_F)))));
-        }
-      }
-      part30[omp_get_thread_num()] = acc29;
-    }
-    int acc29 = 0;
-    for (int k = 0; k < nt; k++) acc29 |= part30[k];
-    s_r_1 = (acc29 != 0);
-  }
-
   } else {
-    s_r_1 = false;
+  { /* level 2: c */
+    const int64_t L = L2;
+    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
+    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    {
+      #pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const float r19 = st_comp[i];
+          const float l18 = r19;
+          const int64_t l20 = hp_sel_i64((i < s_poff), hp_add_i64(i, hp_sub_i64(n, s_poff)), hp_sub_i64(i, s_poff));
+          const bool l21 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l18) >= s_pthr) & (l18 != 0x0.0p+0f))) & (l20 <= s_plast)))));
+          const float r22 = s_grad[i];
+          st_comp[i] = (r22 + hp_sel_f32(l21, 0x0.0p+0f, l18));
+        }
+      }
+    }
   }
 
-  const bool s_bad = ((bool)(s_bad0 | s_r_1));
-
-  int64_t s_cnt1;
-  if ((s_bad)) {
-  { /* level 5: filter -> pos1 (ordered compaction, one pass) */
+  { /* level 2: filter -> pos0 (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
-    int32_t* const fidx = w_pos1;
-    int32_t* const fbuf = scr34;
+    int32_t* const fidx = w_pos0;
+    int32_t* const fbuf = scr13;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -1126,26 +1084,164 @@ int hp_encode(const hp_enc_args* a) {
       uint8_t fm[HP_TILE];
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        const int64_t rot31s = hp_add_i64(i0, s_off);
-        const bool rotok31 = rot31s >= 0 && rot31s <= INT64_MAX - HP_TILE && rot31s % (n) + tl <= (n);
-        const int64_t rot31d = rotok31 ? rot31s % (n) - i0 : 0;
-        if (rotok31) {
+        const int64_t rot15s = hp_add_i64(i0, s_off);
+        const bool rotok15 = rot15s >= 0 && rot15s <= INT64_MAX - HP_TILE && rot15s % (n) + tl <= (n);
+        const int64_t rot15d = rotok15 ? rot15s % (n) - i0 : 0;
+        if (rotok15) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr31 = j + rot31d;
-          const int64_t ix32 = (1 ? jr31 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r33 = (1 ? st_comp[jr31] : hp_sel_f32((uint64_t)ix32 < (uint64_t)L2, rp_c[hp_clampi(ix32, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r33) < HP_INF_F)))));
+          const int64_t jr15 = j + rot15d;
+          const int64_t ix16 = (1 ? jr15 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r17 = (1 ? st_comp[jr15] : hp_sel_f32((uint64_t)ix16 < (uint64_t)L2, rp_c[hp_clampi(ix16, L2)], 0x0.0p+0f));
+          const float l14 = r17;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l14) < HP_INF_F)) | ((bool)((fabsf(l14) >= s_thr) & (l14 != 0x0.0p+0f))))));
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr31 = j + rot31d;
-          const int64_t ix32 = (0 ? jr31 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r33 = (0 ? st_comp[jr31] : hp_sel_f32((uint64_t)ix32 < (uint64_t)L2, rp_c[hp_clampi(ix32, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r33) < HP_INF_F)))));
+          const int64_t jr15 = j + rot15d;
+          const int64_t ix16 = (0 ? jr15 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r17 = (0 ? st_comp[jr15] : hp_sel_f32((uint64_t)ix16 < (uint64_t)L2, rp_c[hp_clampi(ix16, L2)], 0x0.0p+0f));
+          const float l14 = r17;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l14) < HP_INF_F)) | ((bool)((fabsf(l14) >= s_thr) & (l14 != 0x0.0p+0f))))));
+        }
+        }
+
+        for (int64_t t = 0; t < tl && c < fb; t += 64) {
+          uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+          for (; bits != 0 && c < fb; bits &= bits - 1)
+            fbuf[lo + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
+        }
+      }
+      fcnt[me] = c;
+      flo[me] = lo;
+      if (me == 0) fnt = tn;
+    }
+    int64_t tot = 0;
+    for (int k = 0; k < fnt && tot < fb; k++) {
+      const int64_t take = fcnt[k] < fb - tot ? fcnt[k] : fb - tot;
+      memmove(fidx + tot, fbuf + flo[k], (size_t)take * 4);
+      tot += take;
+    }
+    if (fb > tot) memset(fidx + tot, 0, (size_t)(fb - tot) * 4);
+    s_cnt0 = tot;
+  }
+
+  }
+
+  bool s_bad0;
+  { /* level 3: val0, bad0 */
+    const int64_t L = L1;
+    int part46[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part46[k] = 0;
+    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
+    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    {
+      int acc45 = 0;
+      #pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        
+        #pragma omp simd reduction(|:acc45)
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const int32_t r38 = w_pos0[i];
+          const int64_t l37 = hp_add_i64(((int64_t)(r38)), s_off);
+          const int64_t ix39 = hp_sel_i64((l37 < n), l37, hp_sub_i64(l37, n));
+          const float r40 = hp_sel_f32((uint64_t)ix39 < (uint64_t)L2, rp_c[hp_clampi(ix39, L2)], 0x0.0p+0f);
+          const int64_t l41 = hp_add_i64(((int64_t)(r38)), s_off);
+          const int64_t ix42 = hp_sel_i64((l41 < n), l41, hp_sub_i64(l41, n));
+          const float r43 = hp_sel_f32((uint64_t)ix42 < (uint64_t)L2, rp_c[hp_clampi(ix42, L2)], 0x0.0p+0f);
+          const float r44 = hp_sel_f32((i < s_cnt0), r43, 0x0.0p+0f);
+          acc45 |= (int)((!(fabsf(r44) < HP_INF_F)));
+          w_val0[i] = hp_sel_f32((i < s_cnt0), r40, 0x0.0p+0f);
+        }
+      }
+      part46[omp_get_thread_num()] = acc45;
+    }
+    int acc45 = 0;
+    for (int k = 0; k < nt; k++) acc45 |= part46[k];
+    s_bad0 = (acc45 != 0);
+  }
+
+
+  bool s_r_1;
+  if ((((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))))))) {
+  { /* level 3: r.1 */
+    const int64_t L = L2;
+    int part49[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part49[k] = 0;
+    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
+    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    {
+      int acc48 = 0;
+      #pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        
+        #pragma omp simd reduction(|:acc48)
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const float r47 = st_comp[i];
+          acc48 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r47) < HP_INF_F)))));
+        }
+      }
+      part49[omp_get_thread_num()] = acc48;
+    }
+    int acc48 = 0;
+    for (int k = 0; k < nt; k++) acc48 |= part49[k];
+    s_r_1 = (acc48 != 0);
+  }
+
+  } else {
+    s_r_1 = false;
+  }
+
+  const bool s_bad = ((bool)(s_bad0 | s_r_1));
+
+  int64_t s_cnt1;
+  if ((s_bad)) {
+  { /* level 4: filter -> pos1 (ordered compaction, one pass) */
+    const int64_t fl = L2, fb = L1;
+    int32_t* const fidx = w_pos1;
+    int32_t* const fbuf = scr50;
+    int64_t fcnt[HP_MAXT], flo[HP_MAXT];
+    int fnt = 1;
+    for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
+    #pragma omp parallel num_threads(nt) if(fl >= HP_PAR_MIN)
+    {
+      const int me = omp_get_thread_num(), tn = omp_get_num_threads();
+      /* chunk starts are multiples of 8 (tile buffers: random blocks of 4, packed bytes) */
+      const int64_t lo = (fl * me / tn) & ~(int64_t)7;
+      const int64_t hi = me + 1 == tn ? fl : (fl * (me + 1) / tn) & ~(int64_t)7;
+      int64_t c = 0;
+      uint8_t fm[HP_TILE];
+      for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
+        const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
+        const int64_t rot51s = hp_add_i64(i0, s_off);
+        const bool rotok51 = rot51s >= 0 && rot51s <= INT64_MAX - HP_TILE && rot51s % (n) + tl <= (n);
+        const int64_t rot51d = rotok51 ? rot51s % (n) - i0 : 0;
+        if (rotok51) {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const int64_t jr51 = j + rot51d;
+          const int64_t ix52 = (1 ? jr51 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r53 = (1 ? st_comp[jr51] : hp_sel_f32((uint64_t)ix52 < (uint64_t)L2, rp_c[hp_clampi(ix52, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r53) < HP_INF_F)))));
+        }
+        } else {
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const int64_t jr51 = j + rot51d;
+          const int64_t ix52 = (0 ? jr51 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r53 = (0 ? st_comp[jr51] : hp_sel_f32((uint64_t)ix52 < (uint64_t)L2, rp_c[hp_clampi(ix52, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r53) < HP_INF_F)))));
         }
         }
 
@@ -1176,7 +1272,7 @@ int hp_encode(const hp_enc_args* a) {
 
   const int64_t s_count = hp_sel_i64(s_bad, s_cnt1, s_cnt0);
 
-  { /* level 6: idx, val */
+  { /* level 5: idx, val */
     const int64_t L = L1;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
@@ -1189,30 +1285,30 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r36 = w_pos1[i];
-          const int32_t r37 = w_pos0[i];
-          const int64_t l35 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r36, r37))), s_off);
-          const int64_t l38 = hp_add_i64(((int64_t)(r36)), s_off);
-          const int64_t ix39 = hp_sel_i64((l38 < n), l38, hp_sub_i64(l38, n));
-          const float r40 = hp_sel_f32((uint64_t)ix39 < (uint64_t)L2, rp_c[hp_clampi(ix39, L2)], 0x0.0p+0f);
-          const float r41 = w_val0[i];
-          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l35 < n), l35, hp_sub_i64(l35, n)))), ((int32_t)0));
-          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r40, r41), 0x0.0p+0f));
+          const int32_t r55 = w_pos1[i];
+          const int32_t r56 = w_pos0[i];
+          const int64_t l54 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r55, r56))), s_off);
+          const int64_t l57 = hp_add_i64(((int64_t)(r55)), s_off);
+          const int64_t ix58 = hp_sel_i64((l57 < n), l57, hp_sub_i64(l57, n));
+          const float r59 = hp_sel_f32((uint64_t)ix58 < (uint64_t)L2, rp_c[hp_clampi(ix58, L2)], 0x0.0p+0f);
+          const float r60 = w_val0[i];
+          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l54 < n), l54, hp_sub_i64(l54, n)))), ((int32_t)0));
+          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r59, r60), 0x0.0p+0f));
         }
       }
     }
   }
 
 
-  const int64_t ix42 = hp_sub_i64(s_count, INT64_C(1));
+  const int64_t ix61 = hp_sub_i64(s_count, INT64_C(1));
 
-  const int32_t r43 = hp_sel_i32((uint64_t)ix42 < (uint64_t)L1, rp_idx[hp_clampi(ix42, L1)], ((int32_t)0));
+  const int32_t r62 = hp_sel_i32((uint64_t)ix61 < (uint64_t)L1, rp_idx[hp_clampi(ix61, L1)], ((int32_t)0));
 
-  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r43)), s_off), INT64_C(-1));
+  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r62)), s_off), INT64_C(-1));
 
   const int64_t s_plast_1 = hp_sel_i64(((bool)((s_count > INT64_C(0)) & (s_lr < INT64_C(0)))), hp_add_i64(s_lr, n), s_lr);
 
-  { const int64_t fv44 = (int64_t)(s_count); memcpy(pay + po0, &fv44, 8); }
+  { const int64_t fv63 = (int64_t)(s_count); memcpy(pay + po0, &fv63, 8); }
   *(float*)a->state[1] = (float)(s_thr);
   *(int64_t*)a->state[2] = (int64_t)(s_off);
   *(int64_t*)a->state[3] = (int64_t)(s_plast_1);

@@ -597,77 +597,8 @@ extern "C" __global__ void hp_encode_l0(const hp_enc_args A, const int64_t p0) {
 
 
 
-/* graddrop: level 1: c */
-extern "C" __global__ void hp_encode_s1_0(const hp_enc_args A, const int64_t p0) {
-  const hp_enc_args* const a = &A;
-  const int64_t n = a->n;
-  void* wsp[5];
-  for (int k = 0; k < 4; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
-  (void)wsp;
-  (void)p0;
-  const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
-  const int64_t L2 = hp_len(n);
-  const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))));
-  const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
-  const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
-  (void)rk0; (void)rk1; (void)rstep; (void)rtid;
-  const float* const s_grad = a->grad;
-  uint8_t* const pay = a->out;
-  float* const st_comp = (float*)a->state[0];
-  const float s_pthr = *(const float*)a->state[1];
-  const int64_t s_poff = *(const int64_t*)a->state[2];
-  const int64_t s_plast = *(const int64_t*)a->state[3];
-  const bool s_lost = *(const uint8_t*)a->state[4] != 0;
-  const int64_t po0 = 0;
-  const int64_t po1 = hp_up8(po0 + (8));
-  int32_t* const f_idx = (int32_t*)(pay + po1);
-  const int64_t po2 = hp_up8(po1 + (L1 * 4));
-  float* const f_val = (float*)(pay + po2);
-  float* const w_val0 = (float*)wsp[0];
-  float* const w_sample = (float*)wsp[1];
-  int32_t* const w_pos0 = (int32_t*)wsp[2];
-  int32_t* const w_pos1 = (int32_t*)wsp[3];
-  const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
-  const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
-  const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
-  const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
-  const int32_t* const rp_pos0 = L1 > 0 ? (const int32_t*)w_pos0 : (const int32_t*)hp_zeros;
-  const float* const rp_val0 = L1 > 0 ? (const float*)w_val0 : (const float*)hp_zeros;
-  const int32_t* const rp_pos1 = L1 > 0 ? (const int32_t*)w_pos1 : (const int32_t*)hp_zeros;
-  const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
-  const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
-  int64_t s_off; memcpy(&s_off, &a->sc[0], sizeof(s_off)); (void)s_off;
-  float s_thr; memcpy(&s_thr, &a->sc[1], sizeof(s_thr)); (void)s_thr;
-  int64_t s_cnt0; memcpy(&s_cnt0, &a->sc[2], sizeof(s_cnt0)); (void)s_cnt0;
-  bool s_bad0; memcpy(&s_bad0, &a->sc[3], sizeof(s_bad0)); (void)s_bad0;
-  bool s_r_1; memcpy(&s_r_1, &a->sc[4], sizeof(s_r_1)); (void)s_r_1;
-  bool s_bad; memcpy(&s_bad, &a->sc[5], sizeof(s_bad)); (void)s_bad;
-  int64_t s_cnt1; memcpy(&s_cnt1, &a->sc[6], sizeof(s_cnt1)); (void)s_cnt1;
-  int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
-  int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
-  int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  const int64_t L = L2;
-  const int64_t ng = (L + 0) / 1;
-  for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += (int64_t)gridDim.x * blockDim.x) {
-    for (int u = 0; u < 1; u++) {
-      const int64_t i = g * 1 + u;
-      if (i < L) {
-        const float r2 = st_comp[i];
-        const float l1 = r2;
-        const int64_t l3 = hp_sel_i64((i < s_poff), hp_add_i64(i, hp_sub_i64(n, s_poff)), hp_sub_i64(i, s_poff));
-        const bool l4 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l1) >= s_pthr) & (l1 != 0x0.0p+0f))) & (l3 <= s_plast)))));
-        const float r5 = s_grad[i];
-        st_comp[i] = (r5 + hp_sel_f32(l4, 0x0.0p+0f, l1));
-      }
-    }
-  }
-  
-}
-
-
-
 /* graddrop: sort/topk keys */
-extern "C" __global__ void hp_encode_x2_0k(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_x1_0k(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[7];
@@ -718,8 +649,13 @@ extern "C" __global__ void hp_encode_x2_0k(const hp_enc_args A, const int64_t p0
   int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
   for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < L3; j += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t ix6 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
-    const float r7 = hp_sel_f32((uint64_t)ix6 < (uint64_t)L2, rp_c[hp_clampi(ix6, L2)], 0x0.0p+0f);
+    const int64_t ix1 = hp_shr_i64(hp_mul_i64(((int64_t)(hp_philox(j, 0u, rk0, rk1, rstep, rtid))), n), INT64_C(32));
+    const float r3 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_comp[hp_clampi(ix1, L2)], 0x0.0p+0f);
+    const float l2 = r3;
+    const int64_t l4 = hp_sel_i64((ix1 < s_poff), hp_add_i64(ix1, hp_sub_i64(n, s_poff)), hp_sub_i64(ix1, s_poff));
+    const bool l5 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l2) >= s_pthr) & (l2 != 0x0.0p+0f))) & (l4 <= s_plast)))));
+    const float r6 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, rp_g[hp_clampi(ix1, L2)], 0x0.0p+0f);
+    const float r7 = hp_sel_f32((uint64_t)ix1 < (uint64_t)L2, (r6 + hp_sel_f32(l5, 0x0.0p+0f, l2)), 0x0.0p+0f);
     const float v = fabsf(r7);
     scr8[j] = hp_okey_f32(v);
     scr9[j] = v;
@@ -729,7 +665,7 @@ extern "C" __global__ void hp_encode_x2_0k(const hp_enc_args A, const int64_t p0
 
 
 /* graddrop: host scalars */
-extern "C" __global__ void hp_encode_l2(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_l1(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[7];
@@ -786,12 +722,12 @@ extern "C" __global__ void hp_encode_l2(const hp_enc_args A, const int64_t p0) {
 
 
 
-/* graddrop: filter: counts */
-extern "C" __global__ void hp_encode_x3_0a(const hp_enc_args A, const int64_t p0) {
+/* graddrop: level 2: c */
+extern "C" __global__ void hp_encode_s2_0(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
-  void* wsp[8];
-  for (int k = 0; k < 7; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
+  void* wsp[7];
+  for (int k = 0; k < 6; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
   (void)wsp;
   (void)p0;
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
@@ -818,7 +754,6 @@ extern "C" __global__ void hp_encode_x3_0a(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -838,33 +773,28 @@ extern "C" __global__ void hp_encode_x3_0a(const hp_enc_args A, const int64_t p0
   int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
   int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  const bool fastdiv13 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
-  
-  const int64_t fl = L2, fb = L1;
-  const int64_t lo = fl * (int64_t)blockIdx.x / gridDim.x, hi = fl * ((int64_t)blockIdx.x + 1) / gridDim.x;
-  
-  int64_t c = 0;
-  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-    const int64_t ix14 = (fastdiv13 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-    const float r15 = hp_sel_f32((uint64_t)ix14 < (uint64_t)L2, rp_c[hp_clampi(ix14, L2)], 0x0.0p+0f);
-    const float l12 = r15;
-    c += (int64_t)(((bool)((!(fabsf(l12) < HP_INF_F)) | ((bool)((fabsf(l12) >= s_thr) & (l12 != 0x0.0p+0f))))));
+  const int64_t L = L2;
+  const int64_t ng = (L + 0) / 1;
+  for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += (int64_t)gridDim.x * blockDim.x) {
+    for (int u = 0; u < 1; u++) {
+      const int64_t i = g * 1 + u;
+      if (i < L) {
+        const float r13 = st_comp[i];
+        const float l12 = r13;
+        const int64_t l14 = hp_sel_i64((i < s_poff), hp_add_i64(i, hp_sub_i64(n, s_poff)), hp_sub_i64(i, s_poff));
+        const bool l15 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l12) >= s_pthr) & (l12 != 0x0.0p+0f))) & (l14 <= s_plast)))));
+        const float r16 = s_grad[i];
+        st_comp[i] = (r16 + hp_sel_f32(l15, 0x0.0p+0f, l12));
+      }
+    }
   }
-  __shared__ int64_t sh[HP_NT];
-  sh[threadIdx.x] = c;
-  __syncthreads();
-  for (int s = HP_NT / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) scr16[blockIdx.x] = sh[0];
   
 }
 
 
 
-/* graddrop: filter: offsets */
-extern "C" __global__ void hp_encode_x3_0b(const hp_enc_args A, const int64_t p0) {
+/* graddrop: filter: counts */
+extern "C" __global__ void hp_encode_x2_0a(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[8];
@@ -895,7 +825,84 @@ extern "C" __global__ void hp_encode_x3_0b(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
+  const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
+  const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
+  const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
+  const int32_t* const rp_pos0 = L1 > 0 ? (const int32_t*)w_pos0 : (const int32_t*)hp_zeros;
+  const float* const rp_val0 = L1 > 0 ? (const float*)w_val0 : (const float*)hp_zeros;
+  const int32_t* const rp_pos1 = L1 > 0 ? (const int32_t*)w_pos1 : (const int32_t*)hp_zeros;
+  const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
+  const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
+  int64_t s_off; memcpy(&s_off, &a->sc[0], sizeof(s_off)); (void)s_off;
+  float s_thr; memcpy(&s_thr, &a->sc[1], sizeof(s_thr)); (void)s_thr;
+  int64_t s_cnt0; memcpy(&s_cnt0, &a->sc[2], sizeof(s_cnt0)); (void)s_cnt0;
+  bool s_bad0; memcpy(&s_bad0, &a->sc[3], sizeof(s_bad0)); (void)s_bad0;
+  bool s_r_1; memcpy(&s_r_1, &a->sc[4], sizeof(s_r_1)); (void)s_r_1;
+  bool s_bad; memcpy(&s_bad, &a->sc[5], sizeof(s_bad)); (void)s_bad;
+  int64_t s_cnt1; memcpy(&s_cnt1, &a->sc[6], sizeof(s_cnt1)); (void)s_cnt1;
+  int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
+  int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
+  int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
+  const bool fastdiv18 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
+  
+  const int64_t fl = L2, fb = L1;
+  const int64_t lo = fl * (int64_t)blockIdx.x / gridDim.x, hi = fl * ((int64_t)blockIdx.x + 1) / gridDim.x;
+  
+  int64_t c = 0;
+  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+    const int64_t ix19 = (fastdiv18 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
+    const float r20 = hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, rp_c[hp_clampi(ix19, L2)], 0x0.0p+0f);
+    const float l17 = r20;
+    c += (int64_t)(((bool)((!(fabsf(l17) < HP_INF_F)) | ((bool)((fabsf(l17) >= s_thr) & (l17 != 0x0.0p+0f))))));
+  }
+  __shared__ int64_t sh[HP_NT];
+  sh[threadIdx.x] = c;
+  __syncthreads();
+  for (int s = HP_NT / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) scr21[blockIdx.x] = sh[0];
+  
+}
+
+
+
+/* graddrop: filter: offsets */
+extern "C" __global__ void hp_encode_x2_0b(const hp_enc_args A, const int64_t p0) {
+  const hp_enc_args* const a = &A;
+  const int64_t n = a->n;
+  void* wsp[8];
+  for (int k = 0; k < 7; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
+  (void)wsp;
+  (void)p0;
+  const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
+  const int64_t L2 = hp_len(n);
+  const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))));
+  const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
+  const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
+  (void)rk0; (void)rk1; (void)rstep; (void)rtid;
+  const float* const s_grad = a->grad;
+  uint8_t* const pay = a->out;
+  float* const st_comp = (float*)a->state[0];
+  const float s_pthr = *(const float*)a->state[1];
+  const int64_t s_poff = *(const int64_t*)a->state[2];
+  const int64_t s_plast = *(const int64_t*)a->state[3];
+  const bool s_lost = *(const uint8_t*)a->state[4] != 0;
+  const int64_t po0 = 0;
+  const int64_t po1 = hp_up8(po0 + (8));
+  int32_t* const f_idx = (int32_t*)(pay + po1);
+  const int64_t po2 = hp_up8(po1 + (L1 * 4));
+  float* const f_val = (float*)(pay + po2);
+  float* const w_val0 = (float*)wsp[0];
+  float* const w_sample = (float*)wsp[1];
+  int32_t* const w_pos0 = (int32_t*)wsp[2];
+  int32_t* const w_pos1 = (int32_t*)wsp[3];
+  uint32_t* const scr8 = (uint32_t*)wsp[4];
+  float* const scr9 = (float*)wsp[5];
+  int64_t* const scr21 = (int64_t*)wsp[6];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -920,8 +927,8 @@ extern "C" __global__ void hp_encode_x3_0b(const hp_enc_args A, const int64_t p0
   
   int64_t run = 0;
   for (int b = 0; b < HP_NB; b++) {
-    const int64_t c = scr16[b];
-    scr16[HP_NB + b] = run;
+    const int64_t c = scr21[b];
+    scr21[HP_NB + b] = run;
     run += c;
   }
   { const int64_t cnt = run < fb ? run : fb; memcpy(&a->sc[2], &cnt, 8); }
@@ -931,7 +938,7 @@ extern "C" __global__ void hp_encode_x3_0b(const hp_enc_args A, const int64_t p0
 
 
 /* graddrop: filter: ordered writes */
-extern "C" __global__ void hp_encode_x3_0c(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_x2_0c(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[8];
@@ -962,7 +969,7 @@ extern "C" __global__ void hp_encode_x3_0c(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
+  int64_t* const scr21 = (int64_t*)wsp[6];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -982,21 +989,21 @@ extern "C" __global__ void hp_encode_x3_0c(const hp_enc_args A, const int64_t p0
   int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
   int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  const bool fastdiv13 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
+  const bool fastdiv18 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
   
   const int64_t fl = L2, fb = L1;
   const int64_t lo = fl * (int64_t)blockIdx.x / gridDim.x, hi = fl * ((int64_t)blockIdx.x + 1) / gridDim.x;
   
   __shared__ int64_t sh[HP_NT];
-  int64_t base = scr16[HP_NB + blockIdx.x];
+  int64_t base = scr21[HP_NB + blockIdx.x];
   for (int64_t t0 = lo; t0 < hi && base < fb; t0 += blockDim.x) {
     const int64_t j = t0 + threadIdx.x;
     bool f = false;
     if (j < hi) {
-      const int64_t ix14 = (fastdiv13 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-      const float r15 = hp_sel_f32((uint64_t)ix14 < (uint64_t)L2, rp_c[hp_clampi(ix14, L2)], 0x0.0p+0f);
-      const float l12 = r15;
-      f = ((bool)((!(fabsf(l12) < HP_INF_F)) | ((bool)((fabsf(l12) >= s_thr) & (l12 != 0x0.0p+0f)))));
+      const int64_t ix19 = (fastdiv18 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
+      const float r20 = hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, rp_c[hp_clampi(ix19, L2)], 0x0.0p+0f);
+      const float l17 = r20;
+      f = ((bool)((!(fabsf(l17) < HP_INF_F)) | ((bool)((fabsf(l17) >= s_thr) & (l17 != 0x0.0p+0f)))));
     }
     sh[threadIdx.x] = (int64_t)f;
     __syncthreads();
@@ -1018,8 +1025,8 @@ extern "C" __global__ void hp_encode_x3_0c(const hp_enc_args A, const int64_t p0
 
 
 
-/* graddrop: level 4: val0, bad0 */
-extern "C" __global__ void hp_encode_s4_0(const hp_enc_args A, const int64_t p0) {
+/* graddrop: level 3: val0, bad0 */
+extern "C" __global__ void hp_encode_s3_0(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[9];
@@ -1050,8 +1057,8 @@ extern "C" __global__ void hp_encode_s4_0(const hp_enc_args A, const int64_t p0)
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1073,41 +1080,41 @@ extern "C" __global__ void hp_encode_s4_0(const hp_enc_args A, const int64_t p0)
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
   const int64_t L = L1;
   const int64_t ng = (L + 0) / 1;
-  int acc25 = 0;
+  int acc30 = 0;
   for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += (int64_t)gridDim.x * blockDim.x) {
     for (int u = 0; u < 1; u++) {
       const int64_t i = g * 1 + u;
       if (i < L) {
-        const int32_t r18 = w_pos0[i];
-        const int64_t l17 = hp_add_i64(((int64_t)(r18)), s_off);
-        const int64_t ix19 = hp_sel_i64((l17 < n), l17, hp_sub_i64(l17, n));
-        const float r20 = hp_sel_f32((uint64_t)ix19 < (uint64_t)L2, rp_c[hp_clampi(ix19, L2)], 0x0.0p+0f);
-        const int64_t l21 = hp_add_i64(((int64_t)(r18)), s_off);
-        const int64_t ix22 = hp_sel_i64((l21 < n), l21, hp_sub_i64(l21, n));
-        const float r23 = hp_sel_f32((uint64_t)ix22 < (uint64_t)L2, rp_c[hp_clampi(ix22, L2)], 0x0.0p+0f);
-        const float r24 = hp_sel_f32((i < s_cnt0), r23, 0x0.0p+0f);
-        acc25 |= (int)((!(fabsf(r24) < HP_INF_F)));
-        w_val0[i] = hp_sel_f32((i < s_cnt0), r20, 0x0.0p+0f);
+        const int32_t r23 = w_pos0[i];
+        const int64_t l22 = hp_add_i64(((int64_t)(r23)), s_off);
+        const int64_t ix24 = hp_sel_i64((l22 < n), l22, hp_sub_i64(l22, n));
+        const float r25 = hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, rp_c[hp_clampi(ix24, L2)], 0x0.0p+0f);
+        const int64_t l26 = hp_add_i64(((int64_t)(r23)), s_off);
+        const int64_t ix27 = hp_sel_i64((l26 < n), l26, hp_sub_i64(l26, n));
+        const float r28 = hp_sel_f32((uint64_t)ix27 < (uint64_t)L2, rp_c[hp_clampi(ix27, L2)], 0x0.0p+0f);
+        const float r29 = hp_sel_f32((i < s_cnt0), r28, 0x0.0p+0f);
+        acc30 |= (int)((!(fabsf(r29) < HP_INF_F)));
+        w_val0[i] = hp_sel_f32((i < s_cnt0), r25, 0x0.0p+0f);
       }
     }
   }
   {
     __shared__ int sh[HP_NT];
-    sh[threadIdx.x] = acc25;
+    sh[threadIdx.x] = acc30;
     __syncthreads();
     for (int s = HP_NT / 2; s > 0; s >>= 1) {
       if (threadIdx.x < s) { sh[threadIdx.x] |= sh[threadIdx.x + s]; }
       __syncthreads();
     }
-    if (threadIdx.x == 0) scr26[blockIdx.x] = sh[0];
+    if (threadIdx.x == 0) scr31[blockIdx.x] = sh[0];
   }
   
 }
 
 
 
-/* graddrop: level 4: combine val0, bad0 */
-extern "C" __global__ void hp_encode_s4_0f(const hp_enc_args A, const int64_t p0) {
+/* graddrop: level 3: combine val0, bad0 */
+extern "C" __global__ void hp_encode_s3_0f(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[9];
@@ -1138,8 +1145,8 @@ extern "C" __global__ void hp_encode_s4_0f(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1158,15 +1165,15 @@ extern "C" __global__ void hp_encode_s4_0f(const hp_enc_args A, const int64_t p0
   int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
   int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  int acc25 = 0;
-  for (int k = 0; k < HP_NB; k++) acc25 |= scr26[k];
-  { const bool sv_ = (acc25 != 0); memcpy(&a->sc[3], &sv_, sizeof(sv_)); }
+  int acc30 = 0;
+  for (int k = 0; k < HP_NB; k++) acc30 |= scr31[k];
+  { const bool sv_ = (acc30 != 0); memcpy(&a->sc[3], &sv_, sizeof(sv_)); }
 }
 
 
 
-/* graddrop: level 4: r.1 */
-extern "C" __global__ void hp_encode_s4_1(const hp_enc_args A, const int64_t p0) {
+/* graddrop: level 3: r.1 */
+extern "C" __global__ void hp_encode_s3_1(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[10];
@@ -1197,9 +1204,9 @@ extern "C" __global__ void hp_encode_s4_1(const hp_enc_args A, const int64_t p0)
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1221,33 +1228,33 @@ extern "C" __global__ void hp_encode_s4_1(const hp_enc_args A, const int64_t p0)
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
   const int64_t L = L2;
   const int64_t ng = (L + 0) / 1;
-  int acc28 = 0;
+  int acc33 = 0;
   for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += (int64_t)gridDim.x * blockDim.x) {
     for (int u = 0; u < 1; u++) {
       const int64_t i = g * 1 + u;
       if (i < L) {
-        const float r27 = st_comp[i];
-        acc28 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r27) < HP_INF_F)))));
+        const float r32 = st_comp[i];
+        acc33 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r32) < HP_INF_F)))));
       }
     }
   }
   {
     __shared__ int sh[HP_NT];
-    sh[threadIdx.x] = acc28;
+    sh[threadIdx.x] = acc33;
     __syncthreads();
     for (int s = HP_NT / 2; s > 0; s >>= 1) {
       if (threadIdx.x < s) { sh[threadIdx.x] |= sh[threadIdx.x + s]; }
       __syncthreads();
     }
-    if (threadIdx.x == 0) scr29[blockIdx.x] = sh[0];
+    if (threadIdx.x == 0) scr34[blockIdx.x] = sh[0];
   }
   
 }
 
 
 
-/* graddrop: level 4: combine r.1 */
-extern "C" __global__ void hp_encode_s4_1f(const hp_enc_args A, const int64_t p0) {
+/* graddrop: level 3: combine r.1 */
+extern "C" __global__ void hp_encode_s3_1f(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[10];
@@ -1278,9 +1285,9 @@ extern "C" __global__ void hp_encode_s4_1f(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1299,15 +1306,15 @@ extern "C" __global__ void hp_encode_s4_1f(const hp_enc_args A, const int64_t p0
   int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
   int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  int acc28 = 0;
-  for (int k = 0; k < HP_NB; k++) acc28 |= scr29[k];
-  { const bool sv_ = (acc28 != 0); memcpy(&a->sc[4], &sv_, sizeof(sv_)); }
+  int acc33 = 0;
+  for (int k = 0; k < HP_NB; k++) acc33 |= scr34[k];
+  { const bool sv_ = (acc33 != 0); memcpy(&a->sc[4], &sv_, sizeof(sv_)); }
 }
 
 
 
 /* graddrop: host scalars */
-extern "C" __global__ void hp_encode_l4(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_l3(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[10];
@@ -1338,9 +1345,9 @@ extern "C" __global__ void hp_encode_l4(const hp_enc_args A, const int64_t p0) {
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1366,7 +1373,7 @@ extern "C" __global__ void hp_encode_l4(const hp_enc_args A, const int64_t p0) {
 
 
 /* graddrop: filter: counts */
-extern "C" __global__ void hp_encode_x5_0a(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_x4_0a(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[11];
@@ -1397,10 +1404,10 @@ extern "C" __global__ void hp_encode_x5_0a(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
-  int64_t* const scr33 = (int64_t*)wsp[9];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
+  int64_t* const scr38 = (int64_t*)wsp[9];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1420,16 +1427,16 @@ extern "C" __global__ void hp_encode_x5_0a(const hp_enc_args A, const int64_t p0
   int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
   int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  const bool fastdiv30 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
+  const bool fastdiv35 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
   
   const int64_t fl = L2, fb = L1;
   const int64_t lo = fl * (int64_t)blockIdx.x / gridDim.x, hi = fl * ((int64_t)blockIdx.x + 1) / gridDim.x;
   
   int64_t c = 0;
   for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-    const int64_t ix31 = (fastdiv30 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-    const float r32 = hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, rp_c[hp_clampi(ix31, L2)], 0x0.0p+0f);
-    c += (int64_t)(((bool)(s_bad & (!(fabsf(r32) < HP_INF_F)))));
+    const int64_t ix36 = (fastdiv35 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
+    const float r37 = hp_sel_f32((uint64_t)ix36 < (uint64_t)L2, rp_c[hp_clampi(ix36, L2)], 0x0.0p+0f);
+    c += (int64_t)(((bool)(s_bad & (!(fabsf(r37) < HP_INF_F)))));
   }
   __shared__ int64_t sh[HP_NT];
   sh[threadIdx.x] = c;
@@ -1438,14 +1445,14 @@ extern "C" __global__ void hp_encode_x5_0a(const hp_enc_args A, const int64_t p0
     if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
     __syncthreads();
   }
-  if (threadIdx.x == 0) scr33[blockIdx.x] = sh[0];
+  if (threadIdx.x == 0) scr38[blockIdx.x] = sh[0];
   
 }
 
 
 
 /* graddrop: filter: offsets */
-extern "C" __global__ void hp_encode_x5_0b(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_x4_0b(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[11];
@@ -1476,10 +1483,10 @@ extern "C" __global__ void hp_encode_x5_0b(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
-  int64_t* const scr33 = (int64_t*)wsp[9];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
+  int64_t* const scr38 = (int64_t*)wsp[9];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1504,8 +1511,8 @@ extern "C" __global__ void hp_encode_x5_0b(const hp_enc_args A, const int64_t p0
   
   int64_t run = 0;
   for (int b = 0; b < HP_NB; b++) {
-    const int64_t c = scr33[b];
-    scr33[HP_NB + b] = run;
+    const int64_t c = scr38[b];
+    scr38[HP_NB + b] = run;
     run += c;
   }
   { const int64_t cnt = run < fb ? run : fb; memcpy(&a->sc[6], &cnt, 8); }
@@ -1515,7 +1522,7 @@ extern "C" __global__ void hp_encode_x5_0b(const hp_enc_args A, const int64_t p0
 
 
 /* graddrop: filter: ordered writes */
-extern "C" __global__ void hp_encode_x5_0c(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_x4_0c(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[11];
@@ -1546,10 +1553,10 @@ extern "C" __global__ void hp_encode_x5_0c(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
-  int64_t* const scr33 = (int64_t*)wsp[9];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
+  int64_t* const scr38 = (int64_t*)wsp[9];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1569,20 +1576,20 @@ extern "C" __global__ void hp_encode_x5_0c(const hp_enc_args A, const int64_t p0
   int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
   int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
   int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  const bool fastdiv30 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
+  const bool fastdiv35 = (fabs((double)(s_off))) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (n) != 0 && fabs((double)(n)) < 0x1p53;
   
   const int64_t fl = L2, fb = L1;
   const int64_t lo = fl * (int64_t)blockIdx.x / gridDim.x, hi = fl * ((int64_t)blockIdx.x + 1) / gridDim.x;
   
   __shared__ int64_t sh[HP_NT];
-  int64_t base = scr33[HP_NB + blockIdx.x];
+  int64_t base = scr38[HP_NB + blockIdx.x];
   for (int64_t t0 = lo; t0 < hi && base < fb; t0 += blockDim.x) {
     const int64_t j = t0 + threadIdx.x;
     bool f = false;
     if (j < hi) {
-      const int64_t ix31 = (fastdiv30 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
-      const float r32 = hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, rp_c[hp_clampi(ix31, L2)], 0x0.0p+0f);
-      f = ((bool)(s_bad & (!(fabsf(r32) < HP_INF_F))));
+      const int64_t ix36 = (fastdiv35 ? hp_fmod_i64(hp_add_i64(j, s_off), n) : hp_mod_i64(hp_add_i64(j, s_off), n));
+      const float r37 = hp_sel_f32((uint64_t)ix36 < (uint64_t)L2, rp_c[hp_clampi(ix36, L2)], 0x0.0p+0f);
+      f = ((bool)(s_bad & (!(fabsf(r37) < HP_INF_F))));
     }
     sh[threadIdx.x] = (int64_t)f;
     __syncthreads();
@@ -1599,6 +1606,144 @@ extern "C" __global__ void hp_encode_x5_0c(const hp_enc_args A, const int64_t p0
   }
   for (int64_t j = s_cnt1 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < fb; j += (int64_t)gridDim.x * blockDim.x)
     w_pos1[j] = 0;
+  
+}
+
+
+
+/* graddrop: host scalars */
+extern "C" __global__ void hp_encode_l4(const hp_enc_args A, const int64_t p0) {
+  const hp_enc_args* const a = &A;
+  const int64_t n = a->n;
+  void* wsp[11];
+  for (int k = 0; k < 10; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
+  (void)wsp;
+  (void)p0;
+  const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
+  const int64_t L2 = hp_len(n);
+  const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))));
+  const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
+  const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
+  (void)rk0; (void)rk1; (void)rstep; (void)rtid;
+  const float* const s_grad = a->grad;
+  uint8_t* const pay = a->out;
+  float* const st_comp = (float*)a->state[0];
+  const float s_pthr = *(const float*)a->state[1];
+  const int64_t s_poff = *(const int64_t*)a->state[2];
+  const int64_t s_plast = *(const int64_t*)a->state[3];
+  const bool s_lost = *(const uint8_t*)a->state[4] != 0;
+  const int64_t po0 = 0;
+  const int64_t po1 = hp_up8(po0 + (8));
+  int32_t* const f_idx = (int32_t*)(pay + po1);
+  const int64_t po2 = hp_up8(po1 + (L1 * 4));
+  float* const f_val = (float*)(pay + po2);
+  float* const w_val0 = (float*)wsp[0];
+  float* const w_sample = (float*)wsp[1];
+  int32_t* const w_pos0 = (int32_t*)wsp[2];
+  int32_t* const w_pos1 = (int32_t*)wsp[3];
+  uint32_t* const scr8 = (uint32_t*)wsp[4];
+  float* const scr9 = (float*)wsp[5];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
+  int64_t* const scr38 = (int64_t*)wsp[9];
+  const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
+  const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
+  const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
+  const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
+  const int32_t* const rp_pos0 = L1 > 0 ? (const int32_t*)w_pos0 : (const int32_t*)hp_zeros;
+  const float* const rp_val0 = L1 > 0 ? (const float*)w_val0 : (const float*)hp_zeros;
+  const int32_t* const rp_pos1 = L1 > 0 ? (const int32_t*)w_pos1 : (const int32_t*)hp_zeros;
+  const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
+  const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
+  int64_t s_off; memcpy(&s_off, &a->sc[0], sizeof(s_off)); (void)s_off;
+  float s_thr; memcpy(&s_thr, &a->sc[1], sizeof(s_thr)); (void)s_thr;
+  int64_t s_cnt0; memcpy(&s_cnt0, &a->sc[2], sizeof(s_cnt0)); (void)s_cnt0;
+  bool s_bad0; memcpy(&s_bad0, &a->sc[3], sizeof(s_bad0)); (void)s_bad0;
+  bool s_r_1; memcpy(&s_r_1, &a->sc[4], sizeof(s_r_1)); (void)s_r_1;
+  bool s_bad; memcpy(&s_bad, &a->sc[5], sizeof(s_bad)); (void)s_bad;
+  int64_t s_cnt1; memcpy(&s_cnt1, &a->sc[6], sizeof(s_cnt1)); (void)s_cnt1;
+  int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
+  int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
+  const int64_t s_count = hp_sel_i64(s_bad, s_cnt1, s_cnt0);
+  { const int64_t sv_ = s_count; memcpy(&a->sc[7], &sv_, sizeof(sv_)); }
+}
+
+
+
+/* graddrop: level 5: idx, val */
+extern "C" __global__ void hp_encode_s5_0(const hp_enc_args A, const int64_t p0) {
+  const hp_enc_args* const a = &A;
+  const int64_t n = a->n;
+  void* wsp[11];
+  for (int k = 0; k < 10; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
+  (void)wsp;
+  (void)p0;
+  const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
+  const int64_t L2 = hp_len(n);
+  const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))));
+  const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
+  const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
+  (void)rk0; (void)rk1; (void)rstep; (void)rtid;
+  const float* const s_grad = a->grad;
+  uint8_t* const pay = a->out;
+  float* const st_comp = (float*)a->state[0];
+  const float s_pthr = *(const float*)a->state[1];
+  const int64_t s_poff = *(const int64_t*)a->state[2];
+  const int64_t s_plast = *(const int64_t*)a->state[3];
+  const bool s_lost = *(const uint8_t*)a->state[4] != 0;
+  const int64_t po0 = 0;
+  const int64_t po1 = hp_up8(po0 + (8));
+  int32_t* const f_idx = (int32_t*)(pay + po1);
+  const int64_t po2 = hp_up8(po1 + (L1 * 4));
+  float* const f_val = (float*)(pay + po2);
+  float* const w_val0 = (float*)wsp[0];
+  float* const w_sample = (float*)wsp[1];
+  int32_t* const w_pos0 = (int32_t*)wsp[2];
+  int32_t* const w_pos1 = (int32_t*)wsp[3];
+  uint32_t* const scr8 = (uint32_t*)wsp[4];
+  float* const scr9 = (float*)wsp[5];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
+  int64_t* const scr38 = (int64_t*)wsp[9];
+  const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
+  const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
+  const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
+  const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
+  const int32_t* const rp_pos0 = L1 > 0 ? (const int32_t*)w_pos0 : (const int32_t*)hp_zeros;
+  const float* const rp_val0 = L1 > 0 ? (const float*)w_val0 : (const float*)hp_zeros;
+  const int32_t* const rp_pos1 = L1 > 0 ? (const int32_t*)w_pos1 : (const int32_t*)hp_zeros;
+  const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
+  const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
+  int64_t s_off; memcpy(&s_off, &a->sc[0], sizeof(s_off)); (void)s_off;
+  float s_thr; memcpy(&s_thr, &a->sc[1], sizeof(s_thr)); (void)s_thr;
+  int64_t s_cnt0; memcpy(&s_cnt0, &a->sc[2], sizeof(s_cnt0)); (void)s_cnt0;
+  bool s_bad0; memcpy(&s_bad0, &a->sc[3], sizeof(s_bad0)); (void)s_bad0;
+  bool s_r_1; memcpy(&s_r_1, &a->sc[4], sizeof(s_r_1)); (void)s_r_1;
+  bool s_bad; memcpy(&s_bad, &a->sc[5], sizeof(s_bad)); (void)s_bad;
+  int64_t s_cnt1; memcpy(&s_cnt1, &a->sc[6], sizeof(s_cnt1)); (void)s_cnt1;
+  int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
+  int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
+  int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
+  const int64_t L = L1;
+  const int64_t ng = (L + 0) / 1;
+  for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += (int64_t)gridDim.x * blockDim.x) {
+    for (int u = 0; u < 1; u++) {
+      const int64_t i = g * 1 + u;
+      if (i < L) {
+        const int32_t r40 = w_pos1[i];
+        const int32_t r41 = w_pos0[i];
+        const int64_t l39 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r40, r41))), s_off);
+        const int64_t l42 = hp_add_i64(((int64_t)(r40)), s_off);
+        const int64_t ix43 = hp_sel_i64((l42 < n), l42, hp_sub_i64(l42, n));
+        const float r44 = hp_sel_f32((uint64_t)ix43 < (uint64_t)L2, rp_c[hp_clampi(ix43, L2)], 0x0.0p+0f);
+        const float r45 = w_val0[i];
+        f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l39 < n), l39, hp_sub_i64(l39, n)))), ((int32_t)0));
+        f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r44, r45), 0x0.0p+0f));
+      }
+    }
+  }
   
 }
 
@@ -1636,70 +1781,10 @@ extern "C" __global__ void hp_encode_l5(const hp_enc_args A, const int64_t p0) {
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
-  int64_t* const scr33 = (int64_t*)wsp[9];
-  const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
-  const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
-  const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
-  const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
-  const int32_t* const rp_pos0 = L1 > 0 ? (const int32_t*)w_pos0 : (const int32_t*)hp_zeros;
-  const float* const rp_val0 = L1 > 0 ? (const float*)w_val0 : (const float*)hp_zeros;
-  const int32_t* const rp_pos1 = L1 > 0 ? (const int32_t*)w_pos1 : (const int32_t*)hp_zeros;
-  const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
-  const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
-  int64_t s_off; memcpy(&s_off, &a->sc[0], sizeof(s_off)); (void)s_off;
-  float s_thr; memcpy(&s_thr, &a->sc[1], sizeof(s_thr)); (void)s_thr;
-  int64_t s_cnt0; memcpy(&s_cnt0, &a->sc[2], sizeof(s_cnt0)); (void)s_cnt0;
-  bool s_bad0; memcpy(&s_bad0, &a->sc[3], sizeof(s_bad0)); (void)s_bad0;
-  bool s_r_1; memcpy(&s_r_1, &a->sc[4], sizeof(s_r_1)); (void)s_r_1;
-  bool s_bad; memcpy(&s_bad, &a->sc[5], sizeof(s_bad)); (void)s_bad;
-  int64_t s_cnt1; memcpy(&s_cnt1, &a->sc[6], sizeof(s_cnt1)); (void)s_cnt1;
-  int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
-  int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  const int64_t s_count = hp_sel_i64(s_bad, s_cnt1, s_cnt0);
-  { const int64_t sv_ = s_count; memcpy(&a->sc[7], &sv_, sizeof(sv_)); }
-}
-
-
-
-/* graddrop: level 6: idx, val */
-extern "C" __global__ void hp_encode_s6_0(const hp_enc_args A, const int64_t p0) {
-  const hp_enc_args* const a = &A;
-  const int64_t n = a->n;
-  void* wsp[11];
-  for (int k = 0; k < 10; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
-  (void)wsp;
-  (void)p0;
-  const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
-  const int64_t L2 = hp_len(n);
-  const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))));
-  const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
-  const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
-  (void)rk0; (void)rk1; (void)rstep; (void)rtid;
-  const float* const s_grad = a->grad;
-  uint8_t* const pay = a->out;
-  float* const st_comp = (float*)a->state[0];
-  const float s_pthr = *(const float*)a->state[1];
-  const int64_t s_poff = *(const int64_t*)a->state[2];
-  const int64_t s_plast = *(const int64_t*)a->state[3];
-  const bool s_lost = *(const uint8_t*)a->state[4] != 0;
-  const int64_t po0 = 0;
-  const int64_t po1 = hp_up8(po0 + (8));
-  int32_t* const f_idx = (int32_t*)(pay + po1);
-  const int64_t po2 = hp_up8(po1 + (L1 * 4));
-  float* const f_val = (float*)(pay + po2);
-  float* const w_val0 = (float*)wsp[0];
-  float* const w_sample = (float*)wsp[1];
-  int32_t* const w_pos0 = (int32_t*)wsp[2];
-  int32_t* const w_pos1 = (int32_t*)wsp[3];
-  uint32_t* const scr8 = (uint32_t*)wsp[4];
-  float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
-  int64_t* const scr33 = (int64_t*)wsp[9];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
+  int64_t* const scr38 = (int64_t*)wsp[9];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1717,87 +1802,9 @@ extern "C" __global__ void hp_encode_s6_0(const hp_enc_args A, const int64_t p0)
   bool s_bad; memcpy(&s_bad, &a->sc[5], sizeof(s_bad)); (void)s_bad;
   int64_t s_cnt1; memcpy(&s_cnt1, &a->sc[6], sizeof(s_cnt1)); (void)s_cnt1;
   int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
-  int64_t s_lr; memcpy(&s_lr, &a->sc[8], sizeof(s_lr)); (void)s_lr;
-  int64_t s_plast_1; memcpy(&s_plast_1, &a->sc[9], sizeof(s_plast_1)); (void)s_plast_1;
-  const int64_t L = L1;
-  const int64_t ng = (L + 0) / 1;
-  for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += (int64_t)gridDim.x * blockDim.x) {
-    for (int u = 0; u < 1; u++) {
-      const int64_t i = g * 1 + u;
-      if (i < L) {
-        const int32_t r35 = w_pos1[i];
-        const int32_t r36 = w_pos0[i];
-        const int64_t l34 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r35, r36))), s_off);
-        const int64_t l37 = hp_add_i64(((int64_t)(r35)), s_off);
-        const int64_t ix38 = hp_sel_i64((l37 < n), l37, hp_sub_i64(l37, n));
-        const float r39 = hp_sel_f32((uint64_t)ix38 < (uint64_t)L2, rp_c[hp_clampi(ix38, L2)], 0x0.0p+0f);
-        const float r40 = w_val0[i];
-        f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l34 < n), l34, hp_sub_i64(l34, n)))), ((int32_t)0));
-        f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r39, r40), 0x0.0p+0f));
-      }
-    }
-  }
-  
-}
-
-
-
-/* graddrop: host scalars */
-extern "C" __global__ void hp_encode_l6(const hp_enc_args A, const int64_t p0) {
-  const hp_enc_args* const a = &A;
-  const int64_t n = a->n;
-  void* wsp[11];
-  for (int k = 0; k < 10; k++) wsp[k] = (void*)((char*)a->ws + a->wsoff[k]);
-  (void)wsp;
-  (void)p0;
-  const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
-  const int64_t L2 = hp_len(n);
-  const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))));
-  const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
-  const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
-  (void)rk0; (void)rk1; (void)rstep; (void)rtid;
-  const float* const s_grad = a->grad;
-  uint8_t* const pay = a->out;
-  float* const st_comp = (float*)a->state[0];
-  const float s_pthr = *(const float*)a->state[1];
-  const int64_t s_poff = *(const int64_t*)a->state[2];
-  const int64_t s_plast = *(const int64_t*)a->state[3];
-  const bool s_lost = *(const uint8_t*)a->state[4] != 0;
-  const int64_t po0 = 0;
-  const int64_t po1 = hp_up8(po0 + (8));
-  int32_t* const f_idx = (int32_t*)(pay + po1);
-  const int64_t po2 = hp_up8(po1 + (L1 * 4));
-  float* const f_val = (float*)(pay + po2);
-  float* const w_val0 = (float*)wsp[0];
-  float* const w_sample = (float*)wsp[1];
-  int32_t* const w_pos0 = (int32_t*)wsp[2];
-  int32_t* const w_pos1 = (int32_t*)wsp[3];
-  uint32_t* const scr8 = (uint32_t*)wsp[4];
-  float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
-  int64_t* const scr33 = (int64_t*)wsp[9];
-  const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
-  const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
-  const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
-  const float* const rp_sample = L3 > 0 ? (const float*)w_sample : (const float*)hp_zeros;
-  const int32_t* const rp_pos0 = L1 > 0 ? (const int32_t*)w_pos0 : (const int32_t*)hp_zeros;
-  const float* const rp_val0 = L1 > 0 ? (const float*)w_val0 : (const float*)hp_zeros;
-  const int32_t* const rp_pos1 = L1 > 0 ? (const int32_t*)w_pos1 : (const int32_t*)hp_zeros;
-  const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
-  const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
-  int64_t s_off; memcpy(&s_off, &a->sc[0], sizeof(s_off)); (void)s_off;
-  float s_thr; memcpy(&s_thr, &a->sc[1], sizeof(s_thr)); (void)s_thr;
-  int64_t s_cnt0; memcpy(&s_cnt0, &a->sc[2], sizeof(s_cnt0)); (void)s_cnt0;
-  bool s_bad0; memcpy(&s_bad0, &a->sc[3], sizeof(s_bad0)); (void)s_bad0;
-  bool s_r_1; memcpy(&s_r_1, &a->sc[4], sizeof(s_r_1)); (void)s_r_1;
-  bool s_bad; memcpy(&s_bad, &a->sc[5], sizeof(s_bad)); (void)s_bad;
-  int64_t s_cnt1; memcpy(&s_cnt1, &a->sc[6], sizeof(s_cnt1)); (void)s_cnt1;
-  int64_t s_count; memcpy(&s_count, &a->sc[7], sizeof(s_count)); (void)s_count;
-  const int64_t ix41 = hp_sub_i64(s_count, INT64_C(1));
-  const int32_t r42 = hp_sel_i32((uint64_t)ix41 < (uint64_t)L1, rp_idx[hp_clampi(ix41, L1)], ((int32_t)0));
-  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r42)), s_off), INT64_C(-1));
+  const int64_t ix46 = hp_sub_i64(s_count, INT64_C(1));
+  const int32_t r47 = hp_sel_i32((uint64_t)ix46 < (uint64_t)L1, rp_idx[hp_clampi(ix46, L1)], ((int32_t)0));
+  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r47)), s_off), INT64_C(-1));
   { const int64_t sv_ = s_lr; memcpy(&a->sc[8], &sv_, sizeof(sv_)); }
   const int64_t s_plast_1 = hp_sel_i64(((bool)((s_count > INT64_C(0)) & (s_lr < INT64_C(0)))), hp_add_i64(s_lr, n), s_lr);
   { const int64_t sv_ = s_plast_1; memcpy(&a->sc[9], &sv_, sizeof(sv_)); }
@@ -1837,10 +1844,10 @@ extern "C" __global__ void hp_encode_final(const hp_enc_args A, const int64_t p0
   int32_t* const w_pos1 = (int32_t*)wsp[3];
   uint32_t* const scr8 = (uint32_t*)wsp[4];
   float* const scr9 = (float*)wsp[5];
-  int64_t* const scr16 = (int64_t*)wsp[6];
-  int* const scr26 = (int*)wsp[7];
-  int* const scr29 = (int*)wsp[8];
-  int64_t* const scr33 = (int64_t*)wsp[9];
+  int64_t* const scr21 = (int64_t*)wsp[6];
+  int* const scr31 = (int*)wsp[7];
+  int* const scr34 = (int*)wsp[8];
+  int64_t* const scr38 = (int64_t*)wsp[9];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -1863,7 +1870,7 @@ extern "C" __global__ void hp_encode_final(const hp_enc_args A, const int64_t p0
   memset(pay + po0 + (8), 0, (size_t)(po1 - po0 - (8)));
   memset(pay + po1 + (L1 * 4), 0, (size_t)(po2 - po1 - (L1 * 4)));
   memset(pay + po2 + (L1 * 4), 0, (size_t)(hp_up8(po2 + (L1 * 4)) - po2 - (L1 * 4)));
-  { const int64_t fv43 = (int64_t)(s_count); memcpy(pay + po0, &fv43, 8); }
+  { const int64_t fv48 = (int64_t)(s_count); memcpy(pay + po0, &fv48, 8); }
   *(float*)a->state[1] = (float)(s_thr);
   *(int64_t*)a->state[2] = (int64_t)(s_off);
   *(int64_t*)a->state[3] = (int64_t)(s_plast_1);

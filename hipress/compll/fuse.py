@@ -26,7 +26,8 @@ Anything else keeps the plain schedule (the plan's steps, which every target can
 from __future__ import annotations
 
 from hipress.compll import ir
-from hipress.compll.lower import Loop, Plan, SegFusion, Step, lambda_exprs, walk
+from hipress.compll.lower import Loop, Plan, SegFusion, Step
+from hipress.compll.walk import lambda_exprs, walk
 
 
 def segment_fusions(plan: Plan) -> tuple[SegFusion, ...]:

@@ -10,6 +10,10 @@ The plan is shared by every native target (C and CUDA render the same plan). Rul
   parallel loop. A map read at ``[i]`` by an item of its own loop is taken from registers.
   Filter, topk, sort, scan, segreduce, scatter and custom reductions are stages of their own.
 - Host scalars (``let``) are computed between levels, as soon as their inputs are ready.
+- A stored map that a filter over its own length reads at the filter's index (``[j]``, or
+  rotated, ``[(j + h) % n]``), and that is elementwise in its inputs, is *deferred* to the
+  filter: it is stored at the filter's level, in a loop of its own that a target may run inside
+  the filter's pass (:class:`FilterFusion`); readers before that level recompute it.
 - A new state array is written in place when no later reader needs the old values; otherwise it
   goes to the workspace and is copied at the end.
 """
@@ -18,9 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hipress.compll import ir
 from hipress.compll.types import F32, I32, I64, U8, ArrayType, DType
+from hipress.compll.walk import lambda_exprs, op_exprs, op_lambdas, walk
+
+if TYPE_CHECKING:
+    from hipress.compll.defer import Deferral
 
 _CHEAP = 24  # lambda cost (see _cost) up to which recomputing a map beats storing it
 _GATHER = 25  # cost of a read from memory at an index that does not move with the loop
@@ -106,13 +115,33 @@ class SegFusion:
     elem_loops: tuple[Loop, ...]
 
 
+@dataclass(frozen=True)
+class FilterFusion:
+    """A filter (``special``, at ``level``) whose pass can also compute and store the maps of
+    ``loop`` (deferred to it; the loop is at the same level and holds nothing else). The filter
+    reads the first of them at ``index``, an expression of its parameter ``param``: ``param``
+    itself, or ``(param + offset) % length``; every one of them is elementwise, so the pass
+    computes each at that index and stores it there. With ``offset``, the indices cover the
+    whole length once only when ``0 <= offset < length``, which a target checks at run time (it
+    runs the loop, then the plain filter, otherwise)."""
+
+    level: int
+    special: Special
+    loop: Loop
+    index: ir.Expr
+    param: str
+    offset: ir.Expr | None
+
+
 @dataclass
 class Plan:
     """The executable structure of encode or decode.
 
     ``homes`` maps every stored array to its target (virtual maps are absent); ``levels`` gives
     the level of each stored array / reduction; ``ws`` lists workspace arrays in layout order.
-    ``final_state`` are scalar state stores done at the very end (encode only).
+    ``final_state`` are scalar state stores done at the very end (encode only). ``deferred``
+    are the maps stored at their filter's level (:class:`FilterFusion`): read before that
+    level, they are recomputed.
     """
 
     fn: str  # "encode" | "decode"
@@ -126,83 +155,34 @@ class Plan:
     cost: dict[str, int]
     accumulate: bool = False
     fusions: tuple[SegFusion, ...] = ()
+    deferred: frozenset[str] = frozenset()
+    filter_fusions: tuple[FilterFusion, ...] = ()
 
     def is_virtual(self, name: str) -> bool:
         return name in self.maps and name not in self.homes
 
     def inline_read(self, name: str, level: int, aligned: bool) -> bool:
         """Whether a loop item at ``level`` reads array ``name`` by recomputing its map."""
-        if self.is_virtual(name):
-            return True
-        if name not in self.maps or not aligned:
-            return False
-        lv = self.levels[name]
-        return lv == level or (lv < level and self.cost[name] <= _CHEAP)
+        return _inline(self, name, level, aligned)
+
+    def recomputed(self, name: str, level: int) -> bool:
+        """Whether any reader at ``level`` (loop item, stage or host code) must recompute
+        ``name``: a deferred map read before its filter's level."""
+        return name in self.deferred and level < self.levels[name]
 
 
-# ---------------------------------------------------------------- expression walking
-
-
-def children(e: ir.Expr) -> tuple[ir.Expr, ...]:
-    if isinstance(e, ir.Unary | ir.Cast):
-        return (e.x,)
-    if isinstance(e, ir.Binary):
-        return (e.a, e.b)
-    if isinstance(e, ir.Select):
-        return (e.cond, e.a, e.b)
-    if isinstance(e, ir.Load):
-        return (e.index,)
-    if isinstance(e, ir.Rand):
-        return (e.counter,)
-    return ()
-
-
-def walk(e: ir.Expr) -> Iterator[ir.Expr]:
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        yield x
-        stack.extend(children(x))
-
-
-def lambda_exprs(fn: ir.Lambda) -> Iterator[ir.Expr]:
-    for _, v in fn.lets:
-        yield v
-    yield fn.result
-
-
-def op_lambdas(op: ir.Op) -> tuple[ir.Lambda, ...]:
-    if isinstance(op, ir.Map | ir.Reduce | ir.SegReduce | ir.Scan):
-        extra = (op.combine,) if isinstance(op, ir.Reduce) and op.combine is not None else ()
-        return (op.fn, *extra)
-    if isinstance(op, ir.Filter):
-        return (op.pred,)
-    if isinstance(op, ir.TopK | ir.Sort):
-        return (op.key,)
-    return ()
-
-
-def op_exprs(op: ir.Op) -> tuple[ir.Expr, ...]:
-    """Host expressions of an op (lengths, counts, let values, reduce init)."""
-    if isinstance(op, ir.Let):
-        return (op.value,)
-    if isinstance(op, ir.Map):
-        return (op.type.length,)
-    if isinstance(op, ir.Reduce):
-        return (op.length,) + ((op.init,) if op.init is not None else ())
-    if isinstance(op, ir.SegReduce):
-        return (op.length, op.seg)
-    if isinstance(op, ir.Filter):
-        return (op.length, op.bound)
-    if isinstance(op, ir.TopK):
-        return (op.length, op.k)
-    if isinstance(op, ir.Sort | ir.Scan):
-        return (op.length,)
-    if isinstance(op, ir.Scatter):
-        return (op.length, op.count)
-    if isinstance(op, ir.StoreState) and not isinstance(op.value, str):
-        return (op.value,)
-    return ()
+def _inline(p: Plan | _Planner, name: str, level: int, aligned: bool) -> bool:
+    """The rule of :meth:`Plan.inline_read`, for the plan and for the planner building it."""
+    if p.is_virtual(name):
+        return True
+    if name not in p.maps or name not in p.levels:
+        return False
+    lv = p.levels[name]
+    if name in p.deferred:  # stored in place at lv: its inputs are overwritten from then on
+        return level < lv or (level == lv and aligned)
+    if not aligned:
+        return False
+    return lv == level or (lv < level and p.cost[name] <= _CHEAP)
 
 
 def _streamed(index: ir.Expr, param: str | None) -> bool:
@@ -249,6 +229,12 @@ class _Planner:
         self.levels: dict[str, int] = {}
         self.homes: dict[str, Target] = {}
         self.cost: dict[str, int] = {}
+        # deferred maps: filter op index, and the filter's index of its read
+        self.pending: dict[str, Deferral] = {}  # not placed yet (read as if virtual)
+        self.deferred: set[str] = set()  # placed at their filter's level
+        self.group: dict[str, int] = {}  # deferred map -> its filter's op index
+        self.defer_info: dict[str, Deferral] = {}
+        self.read_at: dict[str, int] = {}  # pending map -> the last level that read it
         self._inputs()
         self._declare_ops()
 
@@ -365,12 +351,12 @@ class _Planner:
             and x.index.name == param
             and a.length == loop_len
         )
-        if a.name in self.maps and a.name not in self.homes:  # virtual: its inputs
-            m = self.maps[a.name]
+        if a.name in self.maps and (a.name not in self.homes or a.name in self.pending):
+            m = self.maps[a.name]  # virtual (or deferred, before its filter): its inputs
             inner = m.fn.params[0].name if aligned else None
             return max(self._ready_expr(e, loop_len, inner) for e in lambda_exprs(m.fn))
         lv = self.levels[a.name]
-        if a.name in self.maps and aligned:
+        if a.name in self.maps and aligned and a.name not in self.deferred:
             return lv - 1  # can fuse into the same loop
         return lv
 
@@ -388,19 +374,23 @@ class _Planner:
             if name in sinks or (expensive and many):
                 self.homes[name] = Target("ws", name)
             del m
+        from hipress.compll.defer import deferrable
+
+        self.pending = deferrable(self, sinks, uses)
 
         loop_items: list[tuple[int, Item]] = []  # (level, item)
         specials: list[Special] = []
         lets: list[tuple[int, ir.Let]] = []
         stores: list[ir.StoreState] = []
-        for op in self.ops:
+        for k, op in enumerate(self.ops):
+            lv = 0  # the op's level, for _note_readers
             if isinstance(op, ir.Let):
-                r = self._ready_expr(op.value, None, None)
-                self.scalar_ready[op.name] = r
-                lets.append((r, op))
+                lv = self._ready_expr(op.value, None, None)
+                self.scalar_ready[op.name] = lv
+                lets.append((lv, op))
             elif isinstance(op, ir.Map):
-                if op.name not in self.homes:
-                    continue
+                if op.name not in self.homes or op.name in self.pending:
+                    continue  # virtual, or placed with its filter
                 lv = max(1, self._ready_lambda(op.fn, op.type.length) + 1)
                 self.levels[op.name] = lv
                 loop_items.append((lv, Item("store", op)))
@@ -438,7 +428,7 @@ class _Planner:
                 la = max(la, self._ready_expr(op.count, None, None) + 1)
                 loop_items.append((li, Item("store", init)))
                 specials.append(Special(la, ScatterAdd(op), None))
-                self.levels[op.name] = la
+                self.levels[op.name] = lv = la
             elif isinstance(op, ir.StoreState):
                 stores.append(op)
             else:
@@ -447,15 +437,50 @@ class _Planner:
                     lv = max(lv, self._ready_lambda(fn, None) + 1)
                 for e in op_exprs(op):
                     lv = max(lv, self._ready_expr(e, None, None) + 1)
+                # after everything that read its deferred maps (they are stored at its level)
+                for x, d in self.pending.items():
+                    if d.filter == k:
+                        lv = max(lv, self.read_at.get(x, 0) + 1)
                 specials.append(Special(lv, op, None))
                 if isinstance(op, ir.Filter | ir.TopK):
                     self.homes[op.idx] = Target("ws", op.idx)
                     self.levels[op.idx] = lv
                     self.scalar_ready[op.count] = lv
+                    for name in [x for x, d in self.pending.items() if d.filter == k]:
+                        self.defer_info[name] = self.pending.pop(name)
+                        self.deferred.add(name)
+                        self.group[name] = k
+                        self.levels[name] = lv
+                        loop_items.append((lv, Item("store", self.maps[name])))
                 else:
                     self.homes[op.name] = Target("ws", op.name)  # type: ignore[union-attr]
                     self.levels[op.name] = lv  # type: ignore[union-attr]
+            if self.pending:
+                for x in self._reads_pending(op):
+                    self.read_at[x] = max(self.read_at.get(x, 0), lv)
         return self._assemble(sinks, loop_items, specials, lets, stores)
+
+    def _reads_pending(self, op: ir.Op) -> set[str]:
+        """The maps waiting for their filter that ``op`` reads (through inlined maps)."""
+        out: set[str] = set()
+        todo = [e for fn in op_lambdas(op) for e in lambda_exprs(fn)] + list(op_exprs(op))
+        names = [op.base, op.idx, op.vals] if isinstance(op, ir.Scatter) else []
+        seen: set[str] = set()
+        while todo or names:
+            if names:
+                nm = names.pop()
+            else:
+                loads = [x.array for x in walk(todo.pop()) if isinstance(x, ir.Load)]
+                names += loads
+                continue
+            if nm is None or nm in seen:
+                continue
+            seen.add(nm)
+            if nm in self.pending:
+                out.add(nm)
+            if nm in self.maps and (self.is_virtual(nm) or nm in self.pending):
+                todo += list(lambda_exprs(self.maps[nm].fn))
+        return out
 
     # -- homes, in-place state, copies
 
@@ -512,11 +537,19 @@ class _Planner:
             if out is not None:
                 specials[i] = Special(s.level, s.op, self.homes[out])
         steps: dict[int, Step] = {}
+        own: dict[int, Loop] = {}  # filter op index -> the loop of the maps deferred to it
         for lv, it in items:
             st = steps.setdefault(lv, Step(lv))
             length = it.op.type.length if isinstance(it.op, ir.Map) else it.op.length
+            k = self.group.get(it.op.name) if not it.copy else None
+            if k is not None:
+                if k not in own:
+                    own[k] = Loop(lv, length)
+                    st.loops.append(own[k])
+                own[k].items.append(it)
+                continue
             for lp in st.loops:
-                if lp.length == length:
+                if lp.length == length and all(lp is not o for o in own.values()):
                     lp.items.append(it)
                     break
             else:
@@ -527,9 +560,15 @@ class _Planner:
             steps.setdefault(lv, Step(lv)).lets.append(let)
         ws = [self.arrays[n] for n, t in self.homes.items() if t.kind == "ws"]
         final_state = [s for s in stores if not isinstance(s.value, str)]
+        ffs = []
+        for k, lp in own.items():
+            sp = next(x for x in specials if x.op is self.ops[k])
+            d = next(self.defer_info[it.op.name] for it in lp.items)
+            ffs.append(FilterFusion(sp.level, sp, lp, d.index, d.param, d.offset))
         return Plan(
             self.fn, self.arrays, self.maps, self.homes, self.levels,
             [steps[k] for k in sorted(steps)], ws, final_state, self.cost, self.accumulate,
+            deferred=frozenset(self.deferred), filter_fusions=tuple(ffs),
         )  # fmt: skip
 
     def _layout_ok(self, name: str, t: Target) -> bool:
@@ -562,6 +601,8 @@ class _Planner:
         for lv, it in loop_items:
             length = it.op.type.length if isinstance(it.op, ir.Map) else it.op.length
             same = lv == wl and length == m.type.length
+            if new in self.group or it.op.name in self.group:  # deferred maps: a loop of their own
+                same = same and self.group.get(new) == self.group.get(it.op.name)
             for al in self._reads(it.op.fn, state, lv, it.op.fn.params[0].name, length):
                 if lv > wl or (lv == wl and not (same and al)):
                     return False
@@ -630,17 +671,10 @@ class _Planner:
             )
             if x.array == arr:
                 yield aligned
-            elif x.array in self.maps:
-                inline = self.is_virtual(x.array) or (
-                    aligned
-                    and x.array in self.levels
-                    and (self.levels[x.array] == lv
-                         or (self.levels[x.array] < lv and self.cost[x.array] <= _CHEAP))
-                )  # fmt: skip
-                if inline:
-                    m = self.maps[x.array]
-                    inner = m.fn.params[0].name if aligned else None
-                    yield from self._reads(m.fn, arr, lv, inner, loop_len)
+            elif x.array in self.maps and _inline(self, x.array, lv, aligned):
+                m = self.maps[x.array]
+                inner = m.fn.params[0].name if aligned else None
+                yield from self._reads(m.fn, arr, lv, inner, loop_len)
 
 
 def _bound(op: ir.Filter | ir.TopK) -> ir.Expr:
@@ -686,6 +720,7 @@ def lower(prog: ir.Program, fn: str, accumulate: bool = False) -> Plan:
 __all__ = [
     "U8",
     "Array",
+    "FilterFusion",
     "Item",
     "Loop",
     "Plan",

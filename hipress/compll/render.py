@@ -30,7 +30,9 @@ MAXT = 64
 PAR_MIN = 16384
 
 # the generator's files whose text decides what is generated for each target (cache keys)
-_COMMON_MODULES = ("lower.py", "fuse.py", "render.py", "render_expr.py")
+_COMMON_MODULES = (
+    "lower.py", "defer.py", "fuse.py", "walk.py", "sparse.py", "render.py", "render_expr.py",
+)  # fmt: skip
 _TARGET_MODULES = {"c": ("render_c.py",), "cuda": ("render_cuda.py",)}
 
 

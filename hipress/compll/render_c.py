@@ -15,6 +15,7 @@ import jinja2
 
 from hipress.compll import ir
 from hipress.compll.lower import (
+    FilterFusion,
     Item,
     Loop,
     Plan,
@@ -22,11 +23,11 @@ from hipress.compll.lower import (
     SegFusion,
     Special,
     Target,
-    walk,
 )
 from hipress.compll.render_expr import Body, Emitter, Mem, Names, const, ctype, mtype
 from hipress.compll.sparse import SparseDecode
 from hipress.compll.types import I64, ArrayType, DType
+from hipress.compll.walk import walk
 
 # ---------------------------------------------------------------- reductions
 
@@ -370,6 +371,7 @@ class CFunction:
         self._arrays()
         stages: list[str] = []
         fused = {id(lp) for f in self.plan.fusions for lp in f.seg_loops + f.elem_loops}
+        fused |= {id(f.loop) for f in self.plan.filter_fusions}  # run by their filter
         groups = {id(f.special): f for f in self.plan.fusions}
         for step in self.plan.steps:
             for lp in step.loops:
@@ -658,27 +660,9 @@ class CFunction:
             return self.env.get_template(tpl).render(level=lv, **kw)
 
         if isinstance(op, ir.Filter):
-            fb = Body(level=lv, index="j", loop_len=op.length, tile="t")
-            res = self.em.apply(op.pred, ["j"], fb)
-            self.hoisted += fb.hoist
-            vs = [
-                {**v, "result": _fix(res, fast)}
-                for v, fast in zip(variants(fb, fb.lines), (True, False), strict=False)
-            ]
-            ln = self.length(op.length)
-            cnt = self.names.get(op.count)
-            text = r(
-                "c_filter.c.j2", idx_name=op.idx, length=ln, bound=self.length(op.bound), idx=home,
-                scratch=self.scratch("int32_t", ln), variants=vs, count=cnt, pre=self._tile_pre(fb),
-            )  # fmt: skip
-            guard = self._guard(op.pred, lv)
-            if guard is not None:  # nothing passes: no pass
-                bl = self.length(op.bound)
-                text = (
-                    f"  if ({guard}) {{\n{text}\n  }} else {{\n    {cnt} = 0;\n"
-                    f"    memset({home}, 0, (size_t){bl} * 4);\n  }}"
-                )
-            return f"  int64_t {cnt};\n" + text
+            assert home is not None
+            ff = next((f for f in self.plan.filter_fusions if f.special is sp), None)
+            return self._filter(op, lv, home, ff, r)
         if isinstance(op, ir.TopK):
             kb = Body(level=lv, index="j", loop_len=op.length, tile="t")
             res = self.em.apply(op.key, ["j"], kb)
@@ -712,6 +696,68 @@ class CFunction:
             return self._scatter(op.op, lv, home, r)
         assert isinstance(op, ir.Reduce)
         return self._custom(op, lv, r)
+
+    def _filter(
+        self, op: ir.Filter, lv: int, home: str, ff: FilterFusion | None, r: Callable[..., str]
+    ) -> str:
+        """The filter's pass; with ``ff``, the maps deferred to it are stored by their own loop
+        before it, or (without a guard, and where a rotation covers every index once) by the
+        filter's pass itself, which then scans the whole length even once the bound is
+        reached."""
+        ln, bl = self.length(op.length), self.length(op.bound)
+        cnt = self.names.get(op.count)
+        scratch = self.scratch("int32_t", ln)
+        text = self._filter_pass(op, lv, home, ln, bl, cnt, scratch, None, r)
+        guard = self._guard(op.pred, lv)
+        if guard is not None:  # nothing passes: no pass
+            text = (
+                f"  if ({guard}) {{\n{text}\n  }} else {{\n    {cnt} = 0;\n"
+                f"    memset({home}, 0, (size_t){bl} * 4);\n  }}"
+            )
+        if ff is not None:
+            text = self.loop(ff.loop) + "\n" + text
+            if guard is None:
+                fused = self._filter_pass(op, lv, home, ln, bl, cnt, scratch, ff, r)
+                if ff.offset is None:
+                    text = fused
+                else:
+                    host = Body(level=lv)
+                    h = self.em.expr(ff.offset, host, {})
+                    assert not host.lines  # a host expression (lower._filter_index)
+                    text = (
+                        f"  if (({h}) >= 0 && ({h}) < {ln}) {{ /* every index once */\n"
+                        f"{fused}\n  }} else {{\n{text}\n  }}"
+                    )
+        return f"  int64_t {cnt};\n" + text
+
+    def _filter_pass(
+        self, op: ir.Filter, lv: int, home: str, ln: str, bl: str, cnt: str, scratch: str,
+        ff: FilterFusion | None, r: Callable[..., str],
+    ) -> str:  # fmt: skip
+        names = frozenset(it.op.name for it in ff.loop.items) if ff is not None else frozenset()
+        fb = Body(level=lv, index="j", loop_len=op.length, tile="t", recompute=names)
+        stores: list[str] = []
+        if ff is not None:
+            env = {ff.param: "j"}
+            at = self.em.expr(ff.index, fb, env)
+            for it in ff.loop.items:
+                assert isinstance(it.op, ir.Map)
+                dt = it.op.type.dtype
+                v = self.em.load(ir.Load(it.op.name, ff.index, dt), fb, env)
+                for tg in it.targets:
+                    val = f"(uint8_t)({v})" if dt.is_bool else v
+                    stores.append(f"{self.target_ptr(tg)}[{at}] = {val};")
+        res = self.em.apply(op.pred, ["j"], fb)
+        self.hoisted += fb.hoist
+        vs = [
+            {**v, "result": _fix(res, fast), "stores": [_fix(x, fast) for x in stores]}
+            for v, fast in zip(variants(fb, fb.lines), (True, False), strict=False)
+        ]
+        return r(
+            "c_filter.c.j2", idx_name=op.idx, length=ln, bound=bl, idx=home, scratch=scratch,
+            variants=vs, count=cnt, pre=self._tile_pre(fb), full=ff is not None,
+            also=", ".join(sorted(names)),
+        )  # fmt: skip
 
     def _scan(self, op: ir.Scan, lv: int, home: str | None, r: Callable[..., str]) -> str:
         body, res = self._lambda(op.fn, op.length, lv)

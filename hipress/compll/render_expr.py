@@ -105,6 +105,7 @@ class Body:
     rot_results: dict[str, Rotation] = field(default_factory=dict)  # C index expr -> Rotation
     safe: dict[str, str] = field(default_factory=dict)  # C index var -> repr(length) it is below
     segments: dict[str, str] = field(default_factory=dict)  # "array/divisor" -> tile buffer
+    recompute: frozenset[str] = frozenset()  # stored maps this body computes (a filter's pass)
 
 
 @dataclass(frozen=True)
@@ -419,7 +420,7 @@ class Emitter:
 
     def _invariant(self, e: ir.Expr, env: dict[str, str]) -> bool:
         """Whether ``e`` is the same on every iteration (host scalars and constants only)."""
-        from hipress.compll.lower import walk
+        from hipress.compll.walk import walk
 
         for x in walk(e):
             if isinstance(x, ir.Load | ir.Rand) or (isinstance(x, ir.Ref) and x.name in env):
@@ -502,9 +503,9 @@ class Emitter:
     def _inlined(self, name: str, body: Body, aligned: bool) -> bool:
         """Whether a read of ``name`` in ``body`` recomputes its map instead of loading it."""
         plan = self.plan
-        return plan.is_virtual(name) or (
-            body.fuse and not body.copy and plan.inline_read(name, body.level, aligned)
-        )
+        if plan.is_virtual(name) or name in body.recompute or plan.recomputed(name, body.level):
+            return True
+        return body.fuse and not body.copy and plan.inline_read(name, body.level, aligned)
 
     def _read(self, x: ir.Load, idx: str, body: Body, direct: bool = False) -> str:
         """C for ``x.array[idx]``; ``direct``: ``idx`` is known to be within the array."""
