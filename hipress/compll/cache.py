@@ -27,6 +27,12 @@ from hipress.compll.source import CllError
 C_FLAGS = (
     "-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
     "-shared", "-std=gnu11",
+) + (
+    # where the CPU has AVX-512, gcc otherwise vectorises with 256-bit registers (measured on
+    # an AVX-512 Xeon, 32M floats, both widths alternating: encode bf16 8.7-9.3 -> 12.4-12.9
+    # GB/s, tbq 6.3-6.5 -> 8.2-8.4, qsgd 3.6 -> 4.4-4.5, dgc and graddrop 6.2-6.3 -> 7.1-7.6,
+    # none slower beyond the noise); without AVX-512 it changes nothing (an x86 option)
+    ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
 )  # fmt: skip
 
 
