@@ -551,6 +551,34 @@ def test_workspace_is_reused() -> None:
     assert math.isfinite(float(alg.decode(alg.encode(x, st_), 5000).sum()))
 
 
+@pytest.mark.parametrize("name", ["dgc", "graddrop"])
+def test_a_filter_keeps_one_bound_per_thread(name: str) -> None:
+    """The compaction's scratch is one bound (2k indices) per thread, not one per element; the
+    workspace grows when the thread count does, and results do not depend on it."""
+    n = 1 << 20
+    cpu, ref = load(name, backend="cpu"), load(name, backend="reference")
+    be = cpu.backend
+    assert isinstance(be, NativeBackend)
+    bound = 2 * math.ceil(n * (0.001 if name == "dgc" else 0.01))
+    enc = be._lib.hp_encode_ws_bytes
+
+    def filters(nt: int) -> int:  # two, of 4 bytes per index, each within n, 64-byte aligned
+        return 2 * (-(-4 * min(n, nt * bound) // 64) * 64)
+
+    rest = enc(n, 1) - filters(1)  # the sample sort, the values taken
+    assert all(enc(n, nt) == rest + filters(nt) for nt in (2, 3, 64))
+    assert enc(n, 2) < n  # was 8 bytes per element
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    try:
+        for nt in (1, 2, 1):  # a run on more threads after a workspace sized for one
+            torch.set_num_threads(nt)
+            s1, s2 = ref.init_state(n, seed=4), cpu.init_state(n, seed=4)
+            assert torch.equal(ref.encode(x, s1), cpu.encode(x, s2))
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_concurrent_calls_from_threads_match_the_reference() -> None:
     """Encode and decode from several threads at once (as CaSync's callbacks do) stay exact."""
     from concurrent.futures import ThreadPoolExecutor

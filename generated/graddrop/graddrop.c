@@ -18,6 +18,7 @@ static inline int omp_get_num_threads(void) { return 1; }
 #define HP_TILE 2048
 #define HP_MAXT 64
 #define HP_PAR_MIN 16384
+HP_FN int hp_nthreads(int32_t k) { return k < 1 ? 1 : (k > HP_MAXT ? HP_MAXT : k); }
 HP_FN uint32_t hp_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 HP_FN float hp_f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 HP_FN uint64_t hp_f64_bits(double x) { uint64_t u; memcpy(&u, &x, 8); return u; }
@@ -789,11 +790,11 @@ typedef struct {
   int32_t nthreads;
 } hp_decsum_args;
 
-int64_t hp_abi_version(void) { return 2; }
+int64_t hp_abi_version(void) { return 3; }
 
 
 /* graddrop: hp_encode */
-static int64_t hp_encode_layout(int64_t n, char* ws, void** p) {
+static int64_t hp_encode_layout(int64_t n, int nt, char* ws, void** p) {
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
   const int64_t L2 = hp_len(n);
   const int64_t L3 = hp_len(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))));
@@ -813,21 +814,25 @@ static int64_t hp_encode_layout(int64_t n, char* ws, void** p) {
   if (p) p[6] = ws + off;
   off += hp_up64((HP_MAXT * 256) * (int64_t)sizeof(int64_t));
   if (p) p[7] = ws + off;
-  off += hp_up64((L2) * (int64_t)sizeof(int32_t));
+  off += hp_up64((hp_min_i64(L2, (int64_t)nt * L1)) * (int64_t)sizeof(int32_t));
   if (p) p[8] = ws + off;
-  off += hp_up64((L2) * (int64_t)sizeof(int32_t));
+  off += hp_up64((hp_min_i64(L2, (int64_t)nt * L1)) * (int64_t)sizeof(int32_t));
+  (void)nt;
   (void)ws;
   (void)p;
   return off;
 }
 
-int64_t hp_encode_ws_bytes(int64_t n) { return hp_encode_layout(n, 0, 0); }
+/* bytes of workspace for n elements on nthreads threads (clamped as the call clamps them) */
+int64_t hp_encode_ws_bytes(int64_t n, int32_t nthreads) {
+  return hp_encode_layout(n, hp_nthreads(nthreads), 0, 0);
+}
 
 int hp_encode(const hp_enc_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   void* wsp[10];
-  hp_encode_layout(n, (char*)a->ws, wsp);
+  hp_encode_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
@@ -971,6 +976,9 @@ int hp_encode(const hp_enc_args* a) {
       /* chunk starts are multiples of 8 (tile buffers: random blocks of 4, packed bytes) */
       const int64_t lo = (fl * me / tn) & ~(int64_t)7;
       const int64_t hi = me + 1 == tn ? fl : (fl * (me + 1) / tn) & ~(int64_t)7;
+      /* this thread's part of fbuf: at most fb indices from its chunk, below min(fl, nt * fb);
+         the parts of consecutive threads do not overlap */
+      const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
       for (int64_t i0 = lo; i0 < hi; i0 += HP_TILE) {
@@ -1025,11 +1033,11 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t t = 0; t < tl && c < fb; t += 64) {
           uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
           for (; bits != 0 && c < fb; bits &= bits - 1)
-            fbuf[lo + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
+            fbuf[base + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
         }
       }
       fcnt[me] = c;
-      flo[me] = lo;
+      flo[me] = base;
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1080,6 +1088,9 @@ int hp_encode(const hp_enc_args* a) {
       /* chunk starts are multiples of 8 (tile buffers: random blocks of 4, packed bytes) */
       const int64_t lo = (fl * me / tn) & ~(int64_t)7;
       const int64_t hi = me + 1 == tn ? fl : (fl * (me + 1) / tn) & ~(int64_t)7;
+      /* this thread's part of fbuf: at most fb indices from its chunk, below min(fl, nt * fb);
+         the parts of consecutive threads do not overlap */
+      const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
@@ -1112,11 +1123,11 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t t = 0; t < tl && c < fb; t += 64) {
           uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
           for (; bits != 0 && c < fb; bits &= bits - 1)
-            fbuf[lo + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
+            fbuf[base + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
         }
       }
       fcnt[me] = c;
-      flo[me] = lo;
+      flo[me] = base;
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1218,6 +1229,9 @@ int hp_encode(const hp_enc_args* a) {
       /* chunk starts are multiples of 8 (tile buffers: random blocks of 4, packed bytes) */
       const int64_t lo = (fl * me / tn) & ~(int64_t)7;
       const int64_t hi = me + 1 == tn ? fl : (fl * (me + 1) / tn) & ~(int64_t)7;
+      /* this thread's part of fbuf: at most fb indices from its chunk, below min(fl, nt * fb);
+         the parts of consecutive threads do not overlap */
+      const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
@@ -1248,11 +1262,11 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t t = 0; t < tl && c < fb; t += 64) {
           uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
           for (; bits != 0 && c < fb; bits &= bits - 1)
-            fbuf[lo + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
+            fbuf[base + c++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
         }
       }
       fcnt[me] = c;
-      flo[me] = lo;
+      flo[me] = base;
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1319,24 +1333,28 @@ int hp_encode(const hp_enc_args* a) {
 
 
 /* graddrop: hp_decode */
-static int64_t hp_decode_layout(int64_t n, char* ws, void** p) {
+static int64_t hp_decode_layout(int64_t n, int nt, char* ws, void** p) {
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
   const int64_t L2 = hp_len(n);
   int64_t off = 0;
   if (p) p[0] = ws + off;
   off += hp_up64(L2 * (int64_t)sizeof(float));
+  (void)nt;
   (void)ws;
   (void)p;
   return off;
 }
 
-int64_t hp_decode_ws_bytes(int64_t n) { return hp_decode_layout(n, 0, 0); }
+/* bytes of workspace for n elements on nthreads threads (clamped as the call clamps them) */
+int64_t hp_decode_ws_bytes(int64_t n, int32_t nthreads) {
+  return hp_decode_layout(n, hp_nthreads(nthreads), 0, 0);
+}
 
 int hp_decode(const hp_dec_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   void* wsp[2];
-  hp_decode_layout(n, (char*)a->ws, wsp);
+  hp_decode_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
@@ -1446,24 +1464,28 @@ int hp_decode(const hp_dec_args* a) {
 
 
 /* graddrop: hp_decode_acc */
-static int64_t hp_decode_acc_layout(int64_t n, char* ws, void** p) {
+static int64_t hp_decode_acc_layout(int64_t n, int nt, char* ws, void** p) {
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
   const int64_t L2 = hp_len(n);
   int64_t off = 0;
   if (p) p[0] = ws + off;
   off += hp_up64(L2 * (int64_t)sizeof(float));
+  (void)nt;
   (void)ws;
   (void)p;
   return off;
 }
 
-int64_t hp_decode_acc_ws_bytes(int64_t n) { return hp_decode_acc_layout(n, 0, 0); }
+/* bytes of workspace for n elements on nthreads threads (clamped as the call clamps them) */
+int64_t hp_decode_acc_ws_bytes(int64_t n, int32_t nthreads) {
+  return hp_decode_acc_layout(n, hp_nthreads(nthreads), 0, 0);
+}
 
 int hp_decode_acc(const hp_dec_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   void* wsp[2];
-  hp_decode_acc_layout(n, (char*)a->ws, wsp);
+  hp_decode_acc_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))));
@@ -1599,14 +1621,14 @@ static inline int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n
  * payload's pairs are added into it in payload order, and one pass adds the flags and divides,
  * when no payload repeats an index (checked: ascending, or ascending rotated once); else one
  * whole pass per payload. */
-int64_t hp_decode_sum_ws_bytes(int64_t n) {
-  const int64_t a = hp_decode_ws_bytes(n), b = hp_decode_acc_ws_bytes(n);
+int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
+  const int64_t a = hp_decode_ws_bytes(n, nthreads), b = hp_decode_acc_ws_bytes(n, nthreads);
   return a > b ? a : b;
 }
 
 int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   const float d = a->divisor;
   const int divide = d != 1.0f;
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;

@@ -18,6 +18,7 @@ static inline int omp_get_num_threads(void) { return 1; }
 #define HP_TILE 2048
 #define HP_MAXT 64
 #define HP_PAR_MIN 16384
+HP_FN int hp_nthreads(int32_t k) { return k < 1 ? 1 : (k > HP_MAXT ? HP_MAXT : k); }
 HP_FN uint32_t hp_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 HP_FN float hp_f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 HP_FN uint64_t hp_f64_bits(double x) { uint64_t u; memcpy(&u, &x, 8); return u; }
@@ -789,28 +790,32 @@ typedef struct {
   int32_t nthreads;
 } hp_decsum_args;
 
-int64_t hp_abi_version(void) { return 2; }
+int64_t hp_abi_version(void) { return 3; }
 
 
 /* int8: hp_encode */
-static int64_t hp_encode_layout(int64_t n, char* ws, void** p) {
+static int64_t hp_encode_layout(int64_t n, int nt, char* ws, void** p) {
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
   const int64_t L2 = hp_len(n);
   int64_t off = 0;
   if (p) p[0] = ws + off;
   off += hp_up64(L1 * (int64_t)sizeof(float));
+  (void)nt;
   (void)ws;
   (void)p;
   return off;
 }
 
-int64_t hp_encode_ws_bytes(int64_t n) { return hp_encode_layout(n, 0, 0); }
+/* bytes of workspace for n elements on nthreads threads (clamped as the call clamps them) */
+int64_t hp_encode_ws_bytes(int64_t n, int32_t nthreads) {
+  return hp_encode_layout(n, hp_nthreads(nthreads), 0, 0);
+}
 
 int hp_encode(const hp_enc_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   void* wsp[2];
-  hp_encode_layout(n, (char*)a->ws, wsp);
+  hp_encode_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
@@ -911,22 +916,26 @@ int hp_encode(const hp_enc_args* a) {
 
 
 /* int8: hp_decode */
-static int64_t hp_decode_layout(int64_t n, char* ws, void** p) {
+static int64_t hp_decode_layout(int64_t n, int nt, char* ws, void** p) {
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
   const int64_t L2 = hp_len(n);
   int64_t off = 0;
+  (void)nt;
   (void)ws;
   (void)p;
   return off;
 }
 
-int64_t hp_decode_ws_bytes(int64_t n) { return hp_decode_layout(n, 0, 0); }
+/* bytes of workspace for n elements on nthreads threads (clamped as the call clamps them) */
+int64_t hp_decode_ws_bytes(int64_t n, int32_t nthreads) {
+  return hp_decode_layout(n, hp_nthreads(nthreads), 0, 0);
+}
 
 int hp_decode(const hp_dec_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   void* wsp[1];
-  hp_decode_layout(n, (char*)a->ws, wsp);
+  hp_decode_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
@@ -986,22 +995,26 @@ int hp_decode(const hp_dec_args* a) {
 
 
 /* int8: hp_decode_acc */
-static int64_t hp_decode_acc_layout(int64_t n, char* ws, void** p) {
+static int64_t hp_decode_acc_layout(int64_t n, int nt, char* ws, void** p) {
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
   const int64_t L2 = hp_len(n);
   int64_t off = 0;
+  (void)nt;
   (void)ws;
   (void)p;
   return off;
 }
 
-int64_t hp_decode_acc_ws_bytes(int64_t n) { return hp_decode_acc_layout(n, 0, 0); }
+/* bytes of workspace for n elements on nthreads threads (clamped as the call clamps them) */
+int64_t hp_decode_acc_ws_bytes(int64_t n, int32_t nthreads) {
+  return hp_decode_acc_layout(n, hp_nthreads(nthreads), 0, 0);
+}
 
 int hp_decode_acc(const hp_dec_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   void* wsp[1];
-  hp_decode_acc_layout(n, (char*)a->ws, wsp);
+  hp_decode_acc_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(256)), INT64_C(1)), INT64_C(256)));
@@ -1156,14 +1169,15 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
  * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
  * compute it. Tile by tile: a tile of out stays in cache while every payload adds to it, so
  * out is written once. */
-int64_t hp_decode_sum_ws_bytes(int64_t n) {
+int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
   (void)n;
+  (void)nthreads;
   return 0;
 }
 
 int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t n = a->n;
-  const int nt = a->nthreads < 1 ? 1 : (a->nthreads > HP_MAXT ? HP_MAXT : a->nthreads);
+  const int nt = hp_nthreads(a->nthreads);
   const float d = a->divisor;
   const int divide = d != 1.0f;
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;

@@ -113,7 +113,7 @@ class NativeBackend:
             "hp_decode_sum_ws_bytes",
         ):  # fmt: skip
             getattr(lib, fn).restype = ctypes.c_int64
-            getattr(lib, fn).argtypes = [ctypes.c_int64]
+            getattr(lib, fn).argtypes = [ctypes.c_int64, ctypes.c_int32]
         lib.hp_encode.argtypes = [ctypes.POINTER(_EncArgs)]
         lib.hp_decode.argtypes = [ctypes.POINTER(_DecArgs)]
         lib.hp_decode_acc.argtypes = [ctypes.POINTER(_DecArgs)]
@@ -124,6 +124,7 @@ class NativeBackend:
         self._decode_acc = lib.hp_decode_acc
         self._decode_sum = lib.hp_decode_sum
         self._ws: dict[tuple[str, int], torch.Tensor] = {}
+        self._ws_need: dict[tuple[str, int, int], int] = {}
         self._state_types = [
             torch_storage_dtype(s.type if isinstance(s.type, DType) else s.type.dtype)
             for s in program.state
@@ -136,12 +137,23 @@ class NativeBackend:
             self._ws[(kind, n)] = buf
         return buf
 
-    def workspace_bytes(self, n: int) -> int:
-        """Workspace bytes one encode/decode of ``n`` elements uses."""
+    def _workspace(self, kind: str, fn: str, n: int, nt: int) -> torch.Tensor:
+        """The workspace of ``kind`` for ``n`` elements on ``nt`` threads (its size may depend
+        on both: a filter keeps one buffer of the bound per thread), grown when too small."""
+        key = (fn, n, nt)
+        need = self._ws_need.get(key)
+        if need is None:
+            need = self._ws_need[key] = int(getattr(self._lib, fn)(n, nt))
+        return self._buffer(kind, n, need)
+
+    def workspace_bytes(self, n: int, nthreads: int | None = None) -> int:
+        """Workspace bytes one encode/decode of ``n`` elements uses (on ``nthreads`` threads,
+        by default torch's)."""
+        nt = torch.get_num_threads() if nthreads is None else nthreads
         lib = self._lib
         return max(
-            lib.hp_encode_ws_bytes(n), lib.hp_decode_ws_bytes(n), lib.hp_decode_acc_ws_bytes(n),
-            lib.hp_decode_sum_ws_bytes(n),
+            lib.hp_encode_ws_bytes(n, nt), lib.hp_decode_ws_bytes(n, nt),
+            lib.hp_decode_acc_ws_bytes(n, nt), lib.hp_decode_sum_ws_bytes(n, nt),
         )  # fmt: skip
 
     def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
@@ -164,12 +176,10 @@ class NativeBackend:
             raise NativeError("decode_sum needs a contiguous float32 output")
         ptrs = (ctypes.c_void_p * len(payloads))(*(p.data_ptr() for p in payloads))
         with self._lock:
-            ws = self._ws.get(("dsum", n))
-            if ws is None:
-                ws = self._buffer("dsum", n, self._lib.hp_decode_sum_ws_bytes(n))
+            nt = torch.get_num_threads()
+            ws = self._workspace("dsum", "hp_decode_sum_ws_bytes", n, nt)
             args = _DecSumArgs(
-                n, ptrs, len(payloads), out.data_ptr(), float(divisor), ws.data_ptr(),
-                torch.get_num_threads(),
+                n, ptrs, len(payloads), out.data_ptr(), float(divisor), ws.data_ptr(), nt
             )  # fmt: skip
             if self._decode_sum(ctypes.byref(args)) != 0:  # pragma: no cover - k >= 1 checked
                 raise NativeError("decode_sum failed")
@@ -195,13 +205,11 @@ class NativeBackend:
                 ptrs[k] = None
             else:
                 ptrs[k] = t.data_ptr()
-        ws = self._ws.get(("ws", n))
-        if ws is None:
-            ws = self._buffer("ws", n, self._lib.hp_encode_ws_bytes(n))
+        nt = torch.get_num_threads()
+        ws = self._workspace("ws", "hp_encode_ws_bytes", n, nt)
         args = _EncArgs(
             n, g.data_ptr(), out.data_ptr(), ws.data_ptr(), ptrs,
-            state.seed & (2**64 - 1), state.step & (2**64 - 1), state.tensor_id & (2**64 - 1),
-            torch.get_num_threads(),
+            state.seed & (2**64 - 1), state.step & (2**64 - 1), state.tensor_id & (2**64 - 1), nt,
         )  # fmt: skip
         self._encode(ctypes.byref(args))
 
@@ -216,18 +224,14 @@ class NativeBackend:
         acc = accumulate and direct
         fn = self._decode_acc if acc else self._decode
         kind = "dws-acc" if acc else "dws"
-        ws = self._ws.get((kind, n))
-        if ws is None:
-            wsn = (self._lib.hp_decode_acc_ws_bytes if acc else self._lib.hp_decode_ws_bytes)(n)
-            ws = self._buffer(kind, n, wsn)
+        nt = torch.get_num_threads()
+        ws = self._workspace(kind, f"hp_{'decode_acc' if acc else 'decode'}_ws_bytes", n, nt)
         if direct:
             target = out
         else:
             # the reference rounds the f32 result to out's dtype, then adds in that dtype
             target = self._buffer("dout", n, 4 * n)[: 4 * n].view(torch.float32)
-        args = _DecArgs(
-            n, payload.data_ptr(), target.data_ptr(), ws.data_ptr(), torch.get_num_threads()
-        )
+        args = _DecArgs(n, payload.data_ptr(), target.data_ptr(), ws.data_ptr(), nt)
         fn(ctypes.byref(args))
         if not direct:
             flat = out.view(-1) if out.is_contiguous() else out

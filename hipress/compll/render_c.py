@@ -706,7 +706,7 @@ class CFunction:
         reached."""
         ln, bl = self.length(op.length), self.length(op.bound)
         cnt = self.names.get(op.count)
-        scratch = self.scratch("int32_t", ln)
+        scratch = self.scratch("int32_t", f"hp_min_i64({ln}, (int64_t)nt * {bl})")
         text = self._filter_pass(op, lv, home, ln, bl, cnt, scratch, None, r)
         guard = self._guard(op.pred, lv)
         if guard is not None:  # nothing passes: no pass
