@@ -547,6 +547,12 @@ def test_workspace_is_reused() -> None:
     ws = be._buffer("ws", 5000, 0)
     alg.encode(x, st_)
     assert be._buffer("ws", 5000, 0).data_ptr() == ws.data_ptr()
+    p = alg.encode(x, st_)
+    alg.decode(p, 5000)
+    alg.decode(p, 5000, out=torch.zeros(5000), accumulate=True)
+    alg.decode_sum([p, p], 5000)
+    assert be._buffer("ws", 5000, 0).data_ptr() == ws.data_ptr()  # one for encode and decodes
+    assert [k for k in be._ws if k[1] == 5000] == [("ws", 5000)]
     assert be.workspace_bytes(5000) >= 4 * 5000  # topk keys
     assert math.isfinite(float(alg.decode(alg.encode(x, st_), 5000).sum()))
 

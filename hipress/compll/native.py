@@ -137,14 +137,16 @@ class NativeBackend:
             self._ws[(kind, n)] = buf
         return buf
 
-    def _workspace(self, kind: str, fn: str, n: int, nt: int) -> torch.Tensor:
-        """The workspace of ``kind`` for ``n`` elements on ``nt`` threads (its size may depend
-        on both: a filter keeps one buffer of the bound per thread), grown when too small."""
+    def _workspace(self, fn: str, n: int, nt: int) -> torch.Tensor:
+        """The workspace for a call of ``fn`` (its ``_ws_bytes`` function) on ``n`` elements
+        and ``nt`` threads: one buffer per element count, shared by encode and every decode
+        (calls hold the lock), grown when a call needs more (a filter keeps one bound of
+        indices per thread)."""
         key = (fn, n, nt)
         need = self._ws_need.get(key)
         if need is None:
             need = self._ws_need[key] = int(getattr(self._lib, fn)(n, nt))
-        return self._buffer(kind, n, need)
+        return self._buffer("ws", n, need)
 
     def workspace_bytes(self, n: int, nthreads: int | None = None) -> int:
         """Workspace bytes one encode/decode of ``n`` elements uses (on ``nthreads`` threads,
@@ -177,7 +179,7 @@ class NativeBackend:
         ptrs = (ctypes.c_void_p * len(payloads))(*(p.data_ptr() for p in payloads))
         with self._lock:
             nt = torch.get_num_threads()
-            ws = self._workspace("dsum", "hp_decode_sum_ws_bytes", n, nt)
+            ws = self._workspace("hp_decode_sum_ws_bytes", n, nt)
             args = _DecSumArgs(
                 n, ptrs, len(payloads), out.data_ptr(), float(divisor), ws.data_ptr(), nt
             )  # fmt: skip
@@ -206,7 +208,7 @@ class NativeBackend:
             else:
                 ptrs[k] = t.data_ptr()
         nt = torch.get_num_threads()
-        ws = self._workspace("ws", "hp_encode_ws_bytes", n, nt)
+        ws = self._workspace("hp_encode_ws_bytes", n, nt)
         args = _EncArgs(
             n, g.data_ptr(), out.data_ptr(), ws.data_ptr(), ptrs,
             state.seed & (2**64 - 1), state.step & (2**64 - 1), state.tensor_id & (2**64 - 1), nt,
@@ -223,9 +225,8 @@ class NativeBackend:
         direct = out.dtype == torch.float32 and out.is_contiguous()
         acc = accumulate and direct
         fn = self._decode_acc if acc else self._decode
-        kind = "dws-acc" if acc else "dws"
         nt = torch.get_num_threads()
-        ws = self._workspace(kind, f"hp_{'decode_acc' if acc else 'decode'}_ws_bytes", n, nt)
+        ws = self._workspace(f"hp_{'decode_acc' if acc else 'decode'}_ws_bytes", n, nt)
         if direct:
             target = out
         else:
