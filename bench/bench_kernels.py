@@ -23,6 +23,11 @@ in force and the load average are recorded in the JSON.
     hipress bench kernels [--sizes 1K,1M,64M] [--algorithms onebit,topk] [--reps 5]
     python bench/bench_kernels.py ...          (same options)
 
+The torch-ops versions do each algorithm's work with its default parameters, without the C
+kernels' NaN/Inf handling: the sparsifiers send the same fraction (dgc 0.1%, the others 1%), and
+dgc's includes its momentum correction and masking (until 2026-11-25 it ran graddrop's work
+with dgc's sample size, 1% sent and no momentum).
+
 ``sum4``: CaSync's averaging of 4 payloads (``decode_sum``, GB/s of decoded float32, 4 x 4 bytes
 per element), and ``sum4 x`` its speed-up over one decode pass per payload
 (``decode_sum_by_parts``), measured side by side.
@@ -89,7 +94,6 @@ def torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
     n = g.numel()
     r = torch.zeros(n)
     out = torch.empty(n)
-    k = max(1, math.ceil(n * 0.01))
     if name in ("onebit", "efsignsgd", "signsgd"):
         st: dict[str, Any] = {}
 
@@ -161,22 +165,32 @@ def torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
         return enc, dec
     # sparsifiers: indices + values, decode = scatter
     st = {}
+    u = torch.zeros(n) if name == "dgc" else r
+    frac = 0.001 if name == "dgc" else 0.01  # dgc's s_percent; the others send 1%
 
     def enc_sparse() -> None:
-        c = g + r if name != "randomk" else g
+        if name == "dgc":  # momentum correction: u = m u + g, v = v + u (in place)
+            u.mul_(0.9).add_(g)
+            c = r.add_(u)
+        else:
+            c = g + r if name != "randomk" else g
+        kk = max(1, math.ceil(n * frac))
         if name == "topk":
-            idx = torch.topk(c.abs(), k, sorted=False).indices.sort().values
+            idx = torch.topk(c.abs(), kk, sorted=False).indices.sort().values
         elif name == "randomk":
-            idx = torch.randperm(n)[:k].sort().values
+            idx = torch.randperm(n)[:kk].sort().values
         else:  # dgc / graddrop: sampled threshold + compaction
             ns = max(math.ceil(n * 0.001), 16000 if name == "dgc" else 1600)
             sample = c[torch.randint(0, n, (min(n, ns),))].abs()
             thr = torch.kthvalue(
-                sample, max(1, sample.numel() - math.ceil(sample.numel() * 0.01))
+                sample, max(1, sample.numel() - math.ceil(sample.numel() * frac))
             ).values
-            idx = torch.nonzero(c.abs() >= thr).view(-1)[: 2 * k]
+            idx = torch.nonzero(c.abs() >= thr).view(-1)[: 2 * kk]
         st["i"], st["v"] = idx, c[idx]
-        if name != "randomk":
+        if name == "dgc":  # momentum factor masking
+            u[idx] = 0
+            r[idx] = 0
+        elif name != "randomk":
             r.copy_(c)
             r[idx] = 0
 
