@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -199,8 +202,29 @@ def test_bucket_pass_saves_the_allreduce_a_bucket_keeps_for_its_small_tensors() 
     assert 10 not in rules
     # with a negligible latency the extra round costs nothing worth a compression pass
     quiet = Planner(_latency_bound_profile(0.0), 2).plan(named)
-    assert quiet.meta["selection"]["how"] == "per-tensor rules"
+    assert quiet.meta["selection"]["how"] != "bucket pass"
     assert not {e.name: e for e in quiet.entries}["fc4.bias"].compress
+
+
+def test_threshold_guard_compresses_what_the_bucket_totals_favour() -> None:
+    """A profile measured on loopback (2 ranks, onebit, 2026-11-25): per byte, an allreduce of
+    a few MiB (in cache) costs half of one of 200 MB, so the per-size rule, which charges an
+    uncompressed tensor the cheapest rate, compresses nothing; all-compressed is blocked by a
+    4096-element tensor that compression leaves 0.001 ms slower alone. The guard's threshold
+    above it compresses the rest: predicted 0.68x all-uncompressed (measured 0.78x, 250.6
+    against 320.6 ms, and all-uncompressed was what the planner chose before)."""
+    golden = Path(__file__).parent / "golden" / "profile_lstm_lm_onebit_loopback.json"
+    profile = Profile.from_dict(json.loads(golden.read_text()))
+    named = resolve_model("lstm-lm").named_numels()
+    planner = Planner(profile, 2)
+    assert planner.compressed_sizes([k for _, k in named]) == set()
+    plan = planner.plan(named)
+    sel, t = plan.meta["selection"], plan.totals
+    assert sel["how"] == "threshold guard" and sel["threshold"] == 50000
+    assert sel["guard_blocked"] and not planner._alone_faster(4096)
+    assert all(e.compress == (e.numel >= 50000) for e in plan.entries)
+    assert t["planned"] < 0.7 * t["all_uncompressed"]
+    assert t["planned"] <= 1.01 * t["all_compressed"]
 
 
 def test_guard_takes_all_compressed_when_the_rules_plan_is_slower() -> None:

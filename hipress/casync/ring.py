@@ -148,7 +148,7 @@ def _ring_round(
     for _, c, off in rnd.slots():
         state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=s)]
         nbytes = alg.payload_nbytes(c.shards[s])
-        with ctx.codec_lock:
+        with ctx.codec("encode_ms"):
             alg.encode(region(c, s), state, out=blk[off : off + nbytes])
     blk[fo:].zero_()
     for idx, bad in enumerate(own_flags):
@@ -171,7 +171,7 @@ def _ring_round(
             size = c.shards[s]
             nbytes = alg.payload_nbytes(size)
             acc = scratch[:size]
-            with ctx.codec_lock:
+            with ctx.codec("decode_ms"):
                 alg.decode(blk[off : off + nbytes], size, out=acc)
             acc.add_(region(c, s))
             if last:
@@ -181,7 +181,7 @@ def _ring_round(
             else:
                 state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=s)]
             t0 = time.perf_counter()
-            with ctx.codec_lock:
+            with ctx.codec("encode_ms"):
                 alg.encode(acc, state, out=blk[off : off + nbytes])
             t_enc += time.perf_counter() - t0
         for idx, bad in enumerate(flags):
@@ -214,7 +214,7 @@ def _ring_round(
             out = region(c, s)
             size = c.shards[s]
             target = out if out.dtype == torch.float32 else scratch[:size]
-            with ctx.codec_lock:
+            with ctx.codec("decode_ms"):
                 alg.decode(blocks[s, off : off + alg.payload_nbytes(size)], size, out=target)
             if target is not out:
                 out.copy_(target)

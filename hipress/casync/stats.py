@@ -34,6 +34,8 @@ class StepStats:
         bytes_uncompressed: bytes of the gradients, what DDP's allreduce hands to its collective.
         encode_ms: time spent encoding (workers and PS servers).
         decode_ms: time spent decoding, merging and averaging.
+        codec_wait_ms: time encode and decode calls waited for each other (they run on the
+            hook's and the backend's threads, one at a time); not part of the two above.
         comm_ms: summed time from issuing each collective to its completion (collectives
             overlap each other and encode/decode, so this can exceed ``sync_ms``).
         wait_ms: time the hook's thread blocked on collectives.
@@ -47,6 +49,7 @@ class StepStats:
     bytes_uncompressed: int = 0
     encode_ms: float = 0.0
     decode_ms: float = 0.0
+    codec_wait_ms: float = 0.0
     comm_ms: float = 0.0
     wait_ms: float = 0.0
     sync_ms: float = 0.0

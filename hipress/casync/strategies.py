@@ -27,9 +27,10 @@ so error feedback is not poisoned. The set of collectives never depends on the d
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,18 @@ class SyncContext:
     check_finite: bool = True
     codec_lock: threading.Lock = field(default_factory=threading.Lock)
     ring: RingDriver = field(default_factory=RingDriver)
+
+    @contextlib.contextmanager
+    def codec(self, figure: str) -> Iterator[None]:
+        """Hold :attr:`codec_lock` around one encode or decode call. The caller times the whole
+        stage as ``figure`` (``encode_ms`` or ``decode_ms``); the time spent waiting here for
+        the lock (another thread's call) is taken out of it and counted as ``codec_wait_ms``,
+        so the two figures are compute, not turns at the lock."""
+        t = time.perf_counter()
+        with self.codec_lock:
+            waited = time.perf_counter() - t
+            self.stats.add(codec_wait_ms=waited, **{figure: -waited})
+            yield
 
 
 def _all_finite(x: torch.Tensor) -> bool:
@@ -257,7 +270,7 @@ class BucketOp:
         flags = self._encode_flags(rnd, send.view(1, -1))
         for idx, c, off in rnd.slots():
             state = ctx.worker_states[chunk_key(c.name, c.part, c.parts)]
-            with ctx.codec_lock:
+            with ctx.codec("encode_ms"):
                 alg.encode(buf[c.offset : c.offset + c.numel], state, out=send[off : off + c.slot])
             if flags[idx]:
                 state.reset()
@@ -281,7 +294,7 @@ class BucketOp:
                 region.fill_(float("nan"))
                 continue
             out = region if region.dtype == torch.float32 else self.ws.scratch[i][: c.numel]
-            with ctx.codec_lock:
+            with ctx.codec("decode_ms"):
                 decode_mean(alg, [blocks[r, off : off + c.slot] for r in range(n)], c.numel, out)
             if out is not region:
                 region.copy_(out)
@@ -304,7 +317,7 @@ class BucketOp:
             for j, s in enumerate(c.shards):
                 state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=j)]
                 nbytes = alg.payload_nbytes(s)
-                with ctx.codec_lock:
+                with ctx.codec("encode_ms"):
                     alg.encode(buf[pos : pos + s], state, out=blocks[j, off : off + nbytes])
                 if flags[idx]:
                     state.reset()
@@ -343,12 +356,12 @@ class BucketOp:
             s = c.shards[rank]
             nbytes = alg.payload_nbytes(s)
             merged = self.ws.scratch[i][:s]
-            with ctx.codec_lock:
+            with ctx.codec("decode_ms"):
                 decode_mean(alg, [blocks[r, off : off + nbytes] for r in range(n)], s, merged)
             t0 = time.perf_counter()
             state = ctx.server_states[chunk_key(c.name, c.part, c.parts, shard=rank, server=True)]
             # overwrites this rank's own slot of chunk idx, which was decoded just above
-            with ctx.codec_lock:
+            with ctx.codec("encode_ms"):
                 alg.encode(merged, state, out=own[off : off + nbytes])
             if flags[idx]:
                 state.reset()
@@ -384,7 +397,7 @@ class BucketOp:
             for j, s in enumerate(c.shards):
                 region = buf[pos : pos + s]
                 out = region if region.dtype == torch.float32 else self.ws.scratch[i][:s]
-                with ctx.codec_lock:
+                with ctx.codec("decode_ms"):
                     alg.decode(blocks[j, off : off + alg.payload_nbytes(s)], s, out=out)
                 if out is not region:
                     region.copy_(out)

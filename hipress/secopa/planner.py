@@ -238,12 +238,17 @@ class Planner:
            first size with no bandwidth-saving candidate, rule 2) and keeps the one with the
            lowest predicted total, over DDP's buckets with every round charged; a lower
            threshold must be strictly faster (ties keep fewer tensors compressed).
-        3. *Guard*: if all-compressed (each tensor's best compressed choice) is predicted
-           strictly faster than that, it is the plan, provided compression alone is faster
-           (latency included) at every size from the model's smallest up the grid, as rule 3
-           asks; otherwise the plan stays as it is and the record says ``guard_blocked`` (a
-           case where all-compressed wins through a tiny tensor's all_gather latency while a
-           larger tensor alone would not gain: monotonicity in size is kept instead).
+        3. *Guard*: compressing every tensor from a threshold T up, each with its best
+           compressed choice, for every model size T from which compression alone is faster
+           (latency included) at each size up the grid, as rule 3 asks; the fastest of these
+           becomes the plan if it is predicted strictly faster (``all-compressed guard`` when
+           T is the smallest size, else ``threshold guard``). Where all-compressed would still
+           be faster but its smallest sizes are not allowed, the record says
+           ``guard_blocked`` (all-compressed wins through a tiny tensor's all_gather latency
+           while a larger tensor alone would not gain: monotonicity in size is kept instead).
+           The per-size rules charge an uncompressed tensor the cheapest per-byte rate of its
+           collective, which on loopback (cache-resident small messages) can be half of what a
+           large bucket costs; the guard judges every threshold on the bucket totals.
            All-uncompressed can never be faster (see the module docstring).
 
         Every plan considered compresses exactly the tensors above a size, so the result is
@@ -269,13 +274,18 @@ class Planner:
                     assign, best_ms, threshold, how = dict(trial), ms, s, "bucket pass"
         every = self._all_compressed(numels)
         every_ms = self._assigned_total(numels, every)
-        blocked = False
-        if every_ms < best_ms:
-            if self._guard_allowed(numels, min(every, default=0)):
-                assign, best_ms, how = every, every_ms, "all-compressed guard"
-                threshold = min(every) if every else None
-            else:
-                blocked = True
+        # the guard: every size from a threshold up with its best compressed choice, for each
+        # threshold rule 3 allows with latency (compression alone faster at every size from
+        # it up: a suffix of the sizes), when strictly faster than the plan so far
+        for s in sorted(every):
+            if not self._guard_allowed(numels, s):
+                continue
+            trial = {x: c for x, c in every.items() if x >= s}
+            ms = every_ms if s == min(every) else self._assigned_total(numels, trial)
+            if ms < best_ms:
+                assign, best_ms, threshold = trial, ms, s
+                how = "all-compressed guard" if s == min(every) else "threshold guard"
+        blocked = every_ms < best_ms
         record: dict[str, object] = {
             "how": how,
             "threshold": threshold,
