@@ -30,6 +30,10 @@ def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
     via = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm)
     fixed = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm, extend=False)
     assert all(len(x) == 2 for x, _ in fixed.samples.values())
+    # a model with a large tensor: the allreduce goes on, by 4x, up to its size
+    big = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm, largest=300_000)
+    assert big.samples["allreduce"][0] == (1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 300000.0)
+    assert big.samples["all_gather"][0] == (1024.0, 4096.0, 16384.0)
     overlap = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12)
     matched = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12, network=via.ops)
     assert 0.0 <= matched <= 1.0
@@ -90,13 +94,17 @@ def _calibrated(rank: int, world: int) -> dict[str, Any]:
     from hipress.secopa.runtime import auto_profile
 
     alg = load_codec("onebit", {}).alg
-    plain = auto_profile(alg, compute_budget_s=0.3, max_numel=1 << 16, calibrate_step=False)
-    cal = calibrate(alg, plain, numel=1 << 16, warmup=1, steps=3)
+    plain = auto_profile(alg, compute_budget_s=0.3, max_numel=1 << 18, calibrate_step=False)
+    cal = calibrate(alg, plain, numel=1 << 15, warmup=1, steps=3, large=1 << 18)
     return {
         "plain": (plain.compute_scale, plain.call_ms, "calibration" in plain.meta),
         "cal": (cal.compute_scale, cal.call_ms),
+        "by_size": cal.compute_scale_by_size,
         "meta": cal.meta["calibration"],
-        "encode": (float(plain.compute_ms("encode", 1e5)), float(cal.compute_ms("encode", 1e5))),
+        "encode": [
+            (float(plain.compute_ms("encode", n)), float(cal.compute_ms("encode", n)))
+            for n in (1e4, 1 << 18)
+        ],
     }
 
 
@@ -112,7 +120,12 @@ def test_calibration_runs_casync_and_gives_every_rank_the_same_figures() -> None
     assert len(r0["meta"]["compute_ratio_per_rank"]) == 2
     assert r0["meta"]["probe_compute_ms"]["measured"] > 0  # CaSync really encoded and decoded
     assert r0["meta"]["tiny_step_ms"]["calls"] >= 1
-    assert r0["encode"][1] == pytest.approx(scale * r0["encode"][0])
+    # a second probe at the large size: each op is scaled by the scale at its size
+    assert r0["by_size"] == r1["by_size"] and [x for x, _ in r0["by_size"]] == [1 << 15, 1 << 18]
+    assert r0["by_size"][0][1] == scale and 0.5 <= r0["by_size"][1][1] <= 10.0
+    assert [p["numel"] for p in r0["meta"]["probes"]] == [1 << 15, 1 << 18]
+    for (plain, cal), s in zip(r0["encode"], (scale, r0["by_size"][1][1]), strict=True):
+        assert cal == pytest.approx(s * plain)
 
 
 def _planning_fails_on_rank0(rank: int, world: int) -> str:

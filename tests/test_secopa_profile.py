@@ -114,9 +114,9 @@ def test_calibration_round_trips_and_older_profiles_load_uncalibrated() -> None:
     q = Profile.from_json(p.to_json())
     assert (q.compute_scale, q.call_ms) == (1.7, 0.4)
     d = json.loads(_profile().to_json())
-    del d["compute_scale"], d["call_ms"]  # written before calibration existed
+    del d["compute_scale"], d["call_ms"], d["compute_scale_by_size"]  # before calibration
     old = Profile.from_dict(d)
-    assert (old.compute_scale, old.call_ms) == (1.0, 0.0)
+    assert (old.compute_scale, old.call_ms, old.compute_scale_by_size) == (1.0, 0.0, ())
 
 
 @pytest.mark.parametrize("op", ["encode", "decode", "merge", "decode_acc", "decode_more"])
@@ -126,6 +126,19 @@ def test_compute_scale_multiplies_every_compute_cost(op: str) -> None:
     n = np.array([0.0, 1.0, 1e3, 1e6])
     assert np.allclose(q.compute_ms(op, n), 2.5 * p.compute_ms(op, n))
     assert q.compute_ms(op, 0) == 0.0
+
+
+def test_compute_scale_by_size_interpolates_in_log_size() -> None:
+    p = replace(_profile(), compute_scale=9.0, compute_scale_by_size=((1e3, 2.0), (1e5, 1.0)))
+    n = np.array([1.0, 1e3, 1e4, 1e5, 1e8])
+    assert np.allclose(p.scale_at(n), [2.0, 2.0, 1.5, 1.0, 1.0])  # replaces compute_scale
+    base = replace(p, compute_scale=1.0, compute_scale_by_size=())
+    assert np.allclose(p.compute_ms("encode", n), p.scale_at(n) * base.compute_ms("encode", n))
+    q = Profile.from_json(p.to_json())
+    assert q.compute_scale_by_size == ((1e3, 2.0), (1e5, 1.0)) and q.to_dict() == p.to_dict()
+    for bad in (((1e5, 1.0), (1e3, 2.0)), ((1e3, 0.0),), ((0.5, 1.0),), ((1e3, float("nan")),)):
+        with pytest.raises(ProfileError, match="compute_scale_by_size"):
+            replace(p, compute_scale_by_size=bad)
 
 
 def test_fitted_comm_round_trips_and_ignores_world_size() -> None:

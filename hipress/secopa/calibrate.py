@@ -14,15 +14,20 @@ synthetic layouts, with the all-compressed plan the profile predicts for them:
 
 - **compute_scale**: a layout of two tensors of ``numel`` elements (two DDP buckets, so the
   second bucket's encode runs while the first's is decoded, as in training). CaSync's own
-  per-step encode and decode times (:class:`~hipress.casync.stats.SyncStats`) divided by the
-  compute the cost model predicts for the same plan. It is measured from compute times, not
-  from the step time, so the network's noise does not leak into it.
+  per-step encode and decode times (:class:`~hipress.casync.stats.SyncStats`, which leave out
+  the calls' waits for each other) divided by the compute the cost model predicts for the same
+  plan. It is measured from compute times, not from the step time, so the network's noise does
+  not leak into it. Where the model's largest tensor is 4x ``numel`` or more, a second probe
+  of that size (up to 64M elements) measures it there, and each op is scaled by its size
+  (``Profile.compute_scale_by_size``): the slowdown differs with the size (on loopback, 1.4-1.5x
+  at 2M elements, 1.0x at 51M, where the data no longer stays in cache either way).
 - **call_ms**: a layout of two tiny tensors (compute and bandwidth negligible): the measured
   step minus the prediction (with the scale above), per collective call.
 
 Every rank must call it; every rank gets the same figures: the scale is the mean of the ranks'
 ratios, the call cost the largest rank's excess (the slowest rank sets the step). Needs a ``torch.distributed`` group and a CompLL
-algorithm (CaSync runs only those); costs well under a second on loopback.
+algorithm (CaSync runs only those); costs well under a second on loopback, plus about
+five steps of the large probe.
 """
 
 from __future__ import annotations
@@ -100,20 +105,12 @@ def _probe(
     return plan, statistics.median(times[warmup:]), state.stats.mean(last=steps)
 
 
-def calibrate(
-    algorithm: Any,
-    profile: Profile,
-    group: Any = None,
-    numel: int = 1 << 20,
-    warmup: int = 3,
-    steps: int = 12,
-) -> Profile:
-    """``profile`` with ``compute_scale`` and ``call_ms`` measured in ``group`` (see the module
-    docstring); its ``meta["calibration"]`` records the probes. Every rank must call it."""
-    numel = max(int(numel), 4 * TINY)
-    base = replace(profile, compute_scale=1.0, call_ms=0.0)
+def _scale_probe(
+    algorithm: Any, base: Profile, numel: int, group: Any, warmup: int, steps: int
+) -> tuple[float, dict[str, Any]]:
+    """The compute scale at ``numel`` elements per tensor (two tensors: two buckets), and its
+    record."""
     world = dist.get_world_size(group)
-
     big = [("probe.a", numel), ("probe.b", numel)]
     plan, big_ms, stats = _probe(algorithm, base, big, group, warmup, steps)
     predicted = Planner(base, world).breakdown(plan)
@@ -121,8 +118,50 @@ def calibrate(
     ratio = measured_compute / predicted["compute_ms"] if predicted["compute_ms"] > 1e-3 else 1.0
     ratios = _gather(ratio, group)
     scale = min(max(statistics.fmean(ratios), SCALE_RANGE[0]), SCALE_RANGE[1])
+    record = {
+        "numel": numel,
+        "compute_scale": round(scale, 4),
+        "compute_ratio_per_rank": [round(r, 4) for r in ratios],
+        "probe_compute_ms": {
+            "predicted": round(predicted["compute_ms"], 4),
+            "measured": round(measured_compute, 4),
+        },
+        "probe_step_ms": {
+            "before": round(Planner(base, world).predict(plan), 4),
+            "after": round(Planner(replace(base, compute_scale=scale), world).predict(plan), 4),
+            "measured": round(_max(big_ms, group), 4),
+        },
+    }
+    return scale, record
 
-    scaled = replace(base, compute_scale=scale)
+
+def calibrate(
+    algorithm: Any,
+    profile: Profile,
+    group: Any = None,
+    numel: int = 1 << 20,
+    warmup: int = 3,
+    steps: int = 12,
+    large: int | None = None,
+    large_steps: tuple[int, int] = (1, 4),
+) -> Profile:
+    """``profile`` with ``compute_scale`` and ``call_ms`` measured in ``group`` (see the module
+    docstring); its ``meta["calibration"]`` records the probes. With ``large`` (elements, the
+    model's largest tensor) at least 4x ``numel``, the scale is measured there too (``large_steps``:
+    warm-up and measured steps) and the profile scales each op by the size it runs on
+    (``compute_scale_by_size``). Every rank must call it."""
+    numel = max(int(numel), 4 * TINY)
+    base = replace(profile, compute_scale=1.0, call_ms=0.0, compute_scale_by_size=())
+    world = dist.get_world_size(group)
+
+    scale, record = _scale_probe(algorithm, base, numel, group, warmup, steps)
+    points = [(float(numel), scale)]
+    records = [record]
+    if large is not None and large >= 4 * numel:
+        big_scale, big_record = _scale_probe(algorithm, base, int(large), group, *large_steps)
+        points.append((float(large), big_scale))
+        records.append(big_record)
+    scaled = replace(base, compute_scale=scale, compute_scale_by_size=tuple(points))
     tiny = [("tiny.a", TINY), ("tiny.b", TINY)]
     tplan, tiny_ms, _ = _probe(algorithm, scaled, tiny, group, warmup, steps)
     calls = max(Planner(scaled, world).breakdown(tplan)["rounds"], 1.0)
@@ -132,19 +171,9 @@ def calibrate(
     out = replace(scaled, call_ms=call_ms)
     meta = dict(profile.meta)
     meta["calibration"] = {
-        "numel": numel,
-        "compute_scale": round(scale, 4),
-        "compute_ratio_per_rank": [round(r, 4) for r in ratios],
+        **records[0],
         "call_ms": round(call_ms, 4),
-        "probe_compute_ms": {
-            "predicted": round(predicted["compute_ms"], 4),
-            "measured": round(measured_compute, 4),
-        },
-        "probe_step_ms": {
-            "before": round(Planner(base, world).predict(plan), 4),
-            "after": round(Planner(out, world).predict(plan), 4),
-            "measured": round(_max(big_ms, group), 4),
-        },
+        "probes": records,
         "tiny_step_ms": {"measured": round(_max(tiny_ms, group), 4), "calls": calls},
     }
     return replace(out, meta=meta)

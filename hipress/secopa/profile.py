@@ -12,9 +12,10 @@ A :class:`Profile` holds
   pipelined (1 = perfectly, 0 = not at all), and
 - the host's calibration (:mod:`hipress.secopa.calibrate`): ``compute_scale``, how much slower
   encode and decode run inside a sync step than timed alone (they share the cores with
-  collectives and the other threads), and ``call_ms``, a fixed cost per collective CaSync
-  issues beyond the collective itself (the hook's Python, thread hand-offs). 1 and 0 when not
-  measured.
+  collectives and the other threads), measured per probe size where the model has tensors of
+  very different sizes (``compute_scale_by_size``), and ``call_ms``, a fixed cost per
+  collective CaSync issues beyond the collective itself (the hook's Python, thread hand-offs).
+  1 and 0 when not measured.
 
 Profiles are immutable and JSON round-trippable. The profiler (:mod:`hipress.secopa.profiler`)
 measures them; :meth:`Profile.with_link` replaces the network part by a user-given link, which
@@ -23,6 +24,7 @@ plans for a cluster that is not here, at any world size, without running anythin
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -106,7 +108,10 @@ class Profile:
             ``decode_sum2``) -> cost in ms of n elements.
         network: op name -> :class:`CommOp`; at least the four CaSync collectives.
         overlap: fraction of the shorter of compute/communication hidden by pipelining.
-        compute_scale: every compute cost is multiplied by this (in-step slowdown, >= 0).
+        compute_scale: every compute cost is multiplied by this (in-step slowdown, > 0).
+        compute_scale_by_size: ``(elements, scale)`` pairs measured at increasing probe sizes;
+            where given, they replace ``compute_scale``: an op on n elements is scaled by
+            their interpolation in log(n), the nearest one's outside them.
         call_ms: added to every collective call of CaSync's strategies (ms, >= 0).
         meta: provenance (host, backend, measured world size, fit errors); informational.
     """
@@ -120,6 +125,7 @@ class Profile:
     meta: Mapping[str, Any] = field(default_factory=dict)
     compute_scale: float = 1.0
     call_ms: float = 0.0
+    compute_scale_by_size: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         missing = [op for op in COMPUTE_OPS if op not in self.compute]
@@ -132,6 +138,23 @@ class Profile:
             raise ProfileError(f"compute_scale must be finite and > 0, got {self.compute_scale}")
         if not (np.isfinite(self.call_ms) and self.call_ms >= 0):
             raise ProfileError(f"call_ms must be finite and >= 0, got {self.call_ms}")
+        pts = self.compute_scale_by_size
+        bad = any(not (np.isfinite(s) and s > 0 and np.isfinite(x) and x >= 1) for x, s in pts)
+        if bad or any(b[0] <= a[0] for a, b in itertools.pairwise(pts)):
+            raise ProfileError(
+                "compute_scale_by_size must be (elements >= 1, scale > 0) pairs at increasing "
+                f"sizes, got {list(pts)}"
+            )
+
+    def scale_at(self, n: ArrayLike) -> NDArray[np.float64]:
+        """The in-step compute scale for ops on ``n`` elements (see ``compute_scale_by_size``)."""
+        x = np.asarray(n, dtype=np.float64)
+        pts = self.compute_scale_by_size
+        if not pts:
+            return np.full_like(x, self.compute_scale)
+        xs = np.log(np.array([p[0] for p in pts], dtype=np.float64))
+        ss = np.array([p[1] for p in pts], dtype=np.float64)
+        return np.interp(np.log(np.maximum(x, 1.0)), xs, ss)
 
     def has_compute(self, op: str) -> bool:
         """Whether :meth:`compute_ms` knows ``op`` (derived ops fall back, see there)."""
@@ -160,7 +183,7 @@ class Profile:
             return np.maximum(more, 0.0)
         if op not in self.compute:
             raise ProfileError(f"profile has no compute cost {op!r} (has {sorted(self.compute)})")
-        ms = self.compute[op](np.maximum(x, 1e-9)) * self.compute_scale
+        ms = self.compute[op](np.maximum(x, 1e-9)) * self.scale_at(x)
         return np.where(x > 0, ms, 0.0)
 
     def comm_op(self, op: str) -> CommOp:
@@ -202,6 +225,7 @@ class Profile:
             "network": {k: v.to_dict() for k, v in sorted(self.network.items())},
             "overlap": self.overlap,
             "compute_scale": self.compute_scale,
+            "compute_scale_by_size": [list(p) for p in self.compute_scale_by_size],
             "call_ms": self.call_ms,
             "meta": dict(self.meta),
         }
@@ -225,6 +249,9 @@ class Profile:
                 meta=dict(d.get("meta", {})),
                 compute_scale=float(d.get("compute_scale", 1.0)),
                 call_ms=float(d.get("call_ms", 0.0)),
+                compute_scale_by_size=tuple(
+                    (float(x), float(s)) for x, s in d.get("compute_scale_by_size", ())
+                ),
             )
         except ProfileError:
             raise

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 
 NamedNumels = Sequence[tuple[str, int]]
 PROBE_NUMEL = 1 << 21  # elements per tensor of the calibration probe, at most
+# and of the second probe, at the model's largest tensor when that is 4x larger or more (the
+# in-step slowdown differs with the size: in lstm-lm's steps on loopback the 51M-element
+# tensors' compute ran at 1.0x its profile, where the 2M probe measured 1.4-1.5x)
+LARGE_PROBE_NUMEL = 1 << 26
 
 
 def named_numels(model: nn.Module | Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -150,25 +154,27 @@ def auto_profile(
     """Measure a profile in the current process group (or over ``comm``, e.g. Horovod's);
     every rank must call it.
 
-    The network (all four collectives) and the overlap are measured together by all ranks;
+    The network (all four collectives; the allreduce, where cheap, up to ``max_numel`` elements
+    if given: the model's largest tensor) and the overlap are measured together by all ranks;
     compute costs are measured by every rank at the same time (as they will run in training),
-    up to ``max_numel`` elements if given (the model's largest tensor). Then, over
+    up to ``max_numel`` elements if given. Then, over
     ``torch.distributed`` and for a CompLL algorithm, the profile is calibrated against CaSync's
     real steps in the group (:func:`~hipress.secopa.calibrate.calibrate`: compute inside a step
     and CaSync's fixed cost per collective), unless ``calibrate_step`` is false. Each rank
     returns its own profile; the network part and the calibration are identical on all ranks.
     """
     codec = as_codec(algorithm)
-    net = measure_network(group, comm=comm)
-    ov = measure_overlap(codec, group, n=1 << 20, comm=comm, network=net.ops) if overlap else 1.0
     top = max(max_numel, 512) if max_numel is not None else None
+    net = measure_network(group, comm=comm, largest=4 * top if top is not None else None)
+    ov = measure_overlap(codec, group, n=1 << 20, comm=comm, network=net.ops) if overlap else 1.0
     compute = measure_compute(codec, budget_s=compute_budget_s, max_size=top)
     profile = build_profile(codec, compute, net.ops, overlap=ov, meta=network_meta(net))
     torch_comm = comm is None or isinstance(comm, TorchComm)
     if calibrate_step and torch_comm and isinstance(codec, AlgorithmCodec):
         group = comm.group if isinstance(comm, TorchComm) else group
         numel = min(top, PROBE_NUMEL) if top is not None else PROBE_NUMEL
-        profile = calibrate(codec.alg, profile, group, numel=numel)
+        large = min(top, LARGE_PROBE_NUMEL) if top is not None else None
+        profile = calibrate(codec.alg, profile, group, numel=numel, large=large)
     return profile
 
 
