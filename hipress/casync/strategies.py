@@ -202,8 +202,13 @@ class BucketOp:
         """Issue the allreduce and every round's first collective on ``group`` (None: the
         default group); see the module docstring."""
         ctx, buf = self.ctx, self.buffer
+        t = time.perf_counter()
         self._bad = ctx.check_finite and bool(self.schedule.rounds) and not _all_finite(buf)
-        ctx.stats.add(bytes_uncompressed=buf.numel() * buf.element_size())
+        # the check reads the whole bucket before anything is encoded: counted as encoding
+        ctx.stats.add(
+            bytes_uncompressed=buf.numel() * buf.element_size(),
+            encode_ms=time.perf_counter() - t,
+        )
         if self.schedule.allreduce_ranges:
             self._start_allreduce(group)
         ring = []
