@@ -849,3 +849,16 @@ def test_sparse_decode_sum_equals_decode_by_decode(name: str, case: str) -> None
         assert same_values(want, got), (case, div)
     if case in ("nan", "inf"):
         assert bool(torch.isnan(got).all())
+    # decode and decode-accumulate of each payload, the latter into signed zeros and NaN too
+    base = torch.linspace(-1, 1, n)
+    base[::7], base[1::7], base[2::50] = -0.0, 0.0, NAN
+    for p in ps:
+        assert same_values(ref.decode(p, n), cpu.decode(p, n)), case
+        o1, o2 = base.clone(), base.clone()
+        ref.decode(p, n, out=o1, accumulate=True)
+        cpu.decode(p, n, out=o2, accumulate=True)
+        assert same_values(o1, o2) and bool((torch.signbit(o1) == torch.signbit(o2)).all()), case
+    # a sparse decode needs no workspace, unless a payload repeats an index (dgc's count past
+    # its bound takes the unused zero indices after the last one sent)
+    repeats = case == "repeated index" or (case == "count past bound" and name == "dgc")
+    assert (("ws", n) in cpu.backend._ws) == repeats, case

@@ -1022,6 +1022,16 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
  * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
  * compute it. Tile by tile: a tile of out stays in cache while every payload adds to it, so
  * out is written once. */
+
+/* hp_decode_sum (acc = 0), or hp_decode_acc of one payload (acc = 1), without workspace where
+ * the decode is sparse and no payload repeats an index: 0 done, 1 not done (a repeated index:
+ * use the calls with workspace), 2 not a sparse decode. */
+int hp_decode_sparse(const hp_decsum_args* a, int32_t acc) {
+  (void)a;
+  (void)acc;
+  return 2;
+}
+
 int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
   (void)n;
   (void)nthreads;

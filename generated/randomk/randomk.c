@@ -1332,6 +1332,72 @@ static inline int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n
  * payload's pairs are added into it in payload order, and one pass adds the flags and divides,
  * when no payload repeats an index (checked: ascending, or ascending rotated once); else one
  * whole pass per payload. */
+/* The sparse path, without workspace: out (zeroed first unless acc) += every payload's pairs
+ * in payload order, then one pass adds the flags (always when acc: out + (s + flag) turns -0 into
+ * +0 where nothing was sent, as the definition does) and divides. Returns 1, touching nothing, if
+ * a payload repeats an index (not ascending, nor ascending rotated once): the caller then takes
+ * the path with workspace. */
+static int hp_sparse_sum(const uint8_t* const* pays, int64_t k, int64_t n, float* const out,
+                         float d, int acc, int nt) {
+  const int divide = d != 1.0f;
+  const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
+  float flag = 0.0f;
+  for (int64_t r = 0; r < k; r++) {
+    const int32_t* idx;
+    const float* val;
+    const int64_t c = hp_sparse_fields(pays[r], n, &idx, &val);
+    int64_t down = 0;
+    double fl = 0.0;
+    for (int64_t j = 0; j < c; j++) {
+      down += j > 0 && idx[j] <= idx[j - 1];
+      fl += (double)(val[j] * 0.0f);
+    }
+    if (!(down == 0 || (down == 1 && idx[c - 1] < idx[0]))) return 1;
+    flag = flag + (float)fl;
+  }
+  if (!acc) {
+    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+    for (int64_t tb = 0; tb < ntiles; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      memset(out + i0, 0, (size_t)(n - i0 < HP_TILE ? n - i0 : HP_TILE) * sizeof(float));
+    }
+  }
+  for (int64_t r = 0; r < k; r++) {
+    const int32_t* idx;
+    const float* val;
+    const int64_t c = hp_sparse_fields(pays[r], n, &idx, &val);
+    for (int64_t j = 0; j < c; j++) {
+      const int64_t xi = (int64_t)idx[j];
+      if ((uint64_t)xi < (uint64_t)n) out[xi] = out[xi] + val[j];
+    }
+  }
+  const int addflag = acc || flag != 0.0f || flag != flag;
+  if (addflag || divide) {
+    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+    for (int64_t tb = 0; tb < ntiles; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
+      #pragma omp simd
+      for (int64_t t = 0; t < tl; t++) {
+        float v = out[i0 + t];
+        if (addflag) v = v + flag;
+        if (divide) v = v / d;
+        out[i0 + t] = v;
+      }
+    }
+  }
+  return 0;
+}
+
+/* hp_decode_sum (acc = 0), or hp_decode_acc of one payload (acc = 1), without workspace where
+ * the decode is sparse and no payload repeats an index: 0 done, 1 not done (a repeated index:
+ * use the calls with workspace), 2 not a sparse decode. */
+int hp_decode_sparse(const hp_decsum_args* a, int32_t acc) {
+  if (a->k < 1 || (acc && a->k != 1)) return 1;
+  return hp_sparse_sum((const uint8_t* const*)a->payloads, a->k, a->n, a->out, a->divisor, acc != 0,
+                       hp_nthreads(a->nthreads));
+}
+
 int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
   const int64_t a = hp_decode_ws_bytes(n, nthreads), b = hp_decode_acc_ws_bytes(n, nthreads);
   return a > b ? a : b;
@@ -1345,53 +1411,7 @@ int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
   float* const out = a->out;
   if (a->k < 1) return 1;
-  int distinct = 1;
-  float flag = 0.0f;
-  for (int64_t r = 0; r < a->k && distinct; r++) {
-    const int32_t* idx;
-    const float* val;
-    const int64_t c = hp_sparse_fields(a->payloads[r], n, &idx, &val);
-    int64_t down = 0;
-    double fl = 0.0;
-    for (int64_t j = 0; j < c; j++) {
-      down += j > 0 && idx[j] <= idx[j - 1];
-      fl += (double)(val[j] * 0.0f);
-    }
-    distinct = down == 0 || (down == 1 && idx[c - 1] < idx[0]);
-    flag = flag + (float)fl;
-  }
-  if (distinct) {
-    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
-    for (int64_t tb = 0; tb < ntiles; tb++) {
-      const int64_t i0 = tb * HP_TILE;
-      memset(out + i0, 0, (size_t)(n - i0 < HP_TILE ? n - i0 : HP_TILE) * sizeof(float));
-    }
-    for (int64_t r = 0; r < a->k; r++) {
-      const int32_t* idx;
-      const float* val;
-      const int64_t c = hp_sparse_fields(a->payloads[r], n, &idx, &val);
-      for (int64_t j = 0; j < c; j++) {
-        const int64_t xi = (int64_t)idx[j];
-        if ((uint64_t)xi < (uint64_t)n) out[xi] = out[xi] + val[j];
-      }
-    }
-    const int addflag = flag != 0.0f || flag != flag;
-    if (addflag || divide) {
-      #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          float v = out[i0 + t];
-          if (addflag) v = v + flag;
-          if (divide) v = v / d;
-          out[i0 + t] = v;
-        }
-      }
-    }
-    return 0;
-  }
+  if (hp_sparse_sum((const uint8_t* const*)a->payloads, a->k, n, out, d, 0, nt) == 0) return 0;
   hp_dec_args b = {n, a->payloads[0], out, a->ws, a->nthreads};
   hp_decode(&b);
   for (int64_t r = 1; r < a->k; r++) {

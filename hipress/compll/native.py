@@ -3,7 +3,9 @@
 :class:`NativeBackend` renders the program (:func:`hipress.compll.render.render_c`), builds it
 through the :class:`~hipress.compll.cache.KernelCache`, loads it with ctypes and calls it on
 caller-provided buffers. Per element count it keeps one workspace (and, for float16/bfloat16 or
-non-contiguous inputs, one float32 staging buffer), allocated at the first call and reused.
+non-contiguous inputs, one float32 staging buffer), allocated at the first call that needs it
+and reused; a sparse decode (topk, randomk, dgc, graddrop) needs none unless a payload repeats
+an index, which no shipped encoder sends.
 Calls are serialised by a lock (workspaces are shared), so several threads may use one backend;
 the kernels themselves run on all cores with OpenMP.
 """
@@ -118,11 +120,15 @@ class NativeBackend:
         lib.hp_decode.argtypes = [ctypes.POINTER(_DecArgs)]
         lib.hp_decode_acc.argtypes = [ctypes.POINTER(_DecArgs)]
         lib.hp_decode_sum.argtypes = [ctypes.POINTER(_DecSumArgs)]
+        lib.hp_decode_sparse.argtypes = [ctypes.POINTER(_DecSumArgs), ctypes.c_int32]
+        lib.hp_decode_sparse.restype = ctypes.c_int
         self._lib = lib
         self._encode = lib.hp_encode
         self._decode = lib.hp_decode
         self._decode_acc = lib.hp_decode_acc
         self._decode_sum = lib.hp_decode_sum
+        self._decode_sparse = lib.hp_decode_sparse
+        self._sparse = True  # until hp_decode_sparse says the decode is not sparse
         self._ws: dict[tuple[str, int], torch.Tensor] = {}
         self._ws_need: dict[tuple[str, int, int], int] = {}
         self._state_types = [
@@ -179,12 +185,21 @@ class NativeBackend:
         ptrs = (ctypes.c_void_p * len(payloads))(*(p.data_ptr() for p in payloads))
         with self._lock:
             nt = torch.get_num_threads()
-            ws = self._workspace("hp_decode_sum_ws_bytes", n, nt)
-            args = _DecSumArgs(
-                n, ptrs, len(payloads), out.data_ptr(), float(divisor), ws.data_ptr(), nt
-            )  # fmt: skip
+            args = _DecSumArgs(n, ptrs, len(payloads), out.data_ptr(), float(divisor), None, nt)
+            if self._sparse_call(args, acc=False):
+                return
+            args.ws = self._workspace("hp_decode_sum_ws_bytes", n, nt).data_ptr()
             if self._decode_sum(ctypes.byref(args)) != 0:  # pragma: no cover - k >= 1 checked
                 raise NativeError("decode_sum failed")
+
+    def _sparse_call(self, args: _DecSumArgs, acc: bool) -> bool:
+        """A sparse decode's sum (or decode-accumulate) without workspace; False if it must
+        take the calls with workspace (not a sparse decode, or a payload repeats an index)."""
+        if not self._sparse:
+            return False
+        rc = self._decode_sparse(ctypes.byref(args), int(acc))
+        self._sparse = rc != 2
+        return rc == 0
 
     def _encode_locked(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
         n = state.n
@@ -226,14 +241,15 @@ class NativeBackend:
         acc = accumulate and direct
         fn = self._decode_acc if acc else self._decode
         nt = torch.get_num_threads()
-        ws = self._workspace(f"hp_{'decode_acc' if acc else 'decode'}_ws_bytes", n, nt)
         if direct:
             target = out
         else:
             # the reference rounds the f32 result to out's dtype, then adds in that dtype
             target = self._buffer("dout", n, 4 * n)[: 4 * n].view(torch.float32)
-        args = _DecArgs(n, payload.data_ptr(), target.data_ptr(), ws.data_ptr(), nt)
-        fn(ctypes.byref(args))
+        one = (ctypes.c_void_p * 1)(payload.data_ptr())
+        if not self._sparse_call(_DecSumArgs(n, one, 1, target.data_ptr(), 1.0, None, nt), acc):
+            ws = self._workspace(f"hp_{'decode_acc' if acc else 'decode'}_ws_bytes", n, nt)
+            fn(ctypes.byref(_DecArgs(n, payload.data_ptr(), target.data_ptr(), ws.data_ptr(), nt)))
         if not direct:
             flat = out.view(-1) if out.is_contiguous() else out
             if accumulate:
