@@ -110,10 +110,11 @@ def _through_ddp(rank: int, world_size: int, alg_name: str, dtype_name: str, ste
     records = []
     for step in range(steps):
         handles = []
-        # one NaN in one rank's gradient of the ring tensor, and in another's of a PS tensor
+        # one NaN in one rank's gradient of the ring tensor and of an allgather tensor, and in
+        # another's of a PS tensor
         if step == NAN_STEP and rank in (0, world_size - 1):
-            layer = 0 if rank == 0 else 4
-            handles = [m[layer].weight.register_hook(_poison) for m in (model, replica)]
+            layers = (0, 2) if rank == 0 else (4,)
+            handles = [m[x].weight.register_hook(_poison) for m in (model, replica) for x in layers]
         replica.load_state_dict(model.state_dict())
         replica.zero_grad()
         _step(replica, rank, step, dtype)
@@ -158,8 +159,11 @@ def _check_against_reference(
                 g = synced["0.weight"].reshape(-1)
                 half = g.numel() // 2
                 assert g[:half].isnan().all() and g[half:].isfinite().all(), f"rank {rank}"
+                g = synced["2.weight"].reshape(-1)  # allgather, 3 partitions
+                third = g.numel() // 3
+                assert g[:third].isnan().all() and g[third:].isfinite().all(), f"rank {rank}"
                 assert synced["4.weight"].isnan().all(), f"rank {rank}"
-                for name in ("0.bias", "2.weight", "2.bias", "4.bias"):
+                for name in ("0.bias", "2.bias", "4.bias"):
                     assert synced[name].isfinite().all(), f"rank {rank} {name}"
     # DDP used one bucket, then rebuilt into two: state keyed by parameter survived it
     assert [results[0][s][2].buckets for s in range(len(results[0]))][:2] == [1, 2]

@@ -216,3 +216,37 @@ def test_partitions_are_encoded_and_issued_without_waiting_for_the_wire() -> Non
     # bucket 1: allreduce, 3 allgather rounds, 3 PS rounds of 2; bucket 2: allreduce
     assert collectives == 1 + 3 + 3 * 2 + 1
     assert pending and issued < delay / 2 < total, (issued, total)
+
+
+# ---- the NaN/Inf check: from the encode where it can, never a read of the whole bucket --------
+
+
+def _checks(rank: int, world_size: int, alg_name: str) -> list[int]:
+    import hipress.casync.algorithm as calg
+    import hipress.casync.strategies as strat
+
+    sizes: list[int] = []
+
+    def counted(x: torch.Tensor) -> bool:
+        sizes.append(x.numel())
+        return calg.all_finite.__wrapped__(x)  # type: ignore[attr-defined]
+
+    counted.__wrapped__ = calg.all_finite  # type: ignore[attr-defined]
+    calg.all_finite = strat.all_finite = counted  # type: ignore[assignment]
+    tensors = [("p", 1000, PS, 2), ("q", 37, AR, 1), ("r", 513, AG, 1)]
+    plan = Plan(alg_name, {}, world_size, tuple(
+        TensorPlan(name, n, s is not AR, s, k) for name, n, s, k in tensors))  # fmt: skip
+    state = CaSyncState(make_algorithm(alg_name), named_parameters=[(n, k) for n, k, *_ in tensors],
+                        plan=plan, seed=1)  # fmt: skip
+    buf = torch.randn(1550, generator=torch.Generator().manual_seed(rank))
+    state.submit(buf, [t[0] for t in tensors], last=True).wait()
+    return sizes
+
+
+@pytest.mark.parametrize("alg_name", ["onebit", "dgc"])
+def test_allgather_and_ps_check_their_chunks_not_the_bucket(alg_name: str) -> None:
+    """onebit's encode reports NaN/Inf from its own pass: nothing else reads the gradient;
+    dgc's does not, so each piece it encodes (the PS partitions' shards of 250, the allgather's 513)
+    is read once, never the whole bucket of 1550 elements."""
+    for sizes in run_workers(_checks, 2, alg_name, timeout=60):
+        assert sorted(sizes) == ([] if alg_name == "onebit" else [250] * 4 + [513]), sizes

@@ -557,6 +557,30 @@ def test_workspace_is_reused() -> None:
     assert math.isfinite(float(alg.decode(alg.encode(x, st_), 5000).sum()))
 
 
+# the encodes whose first pass is a plain loop over the gradient report NaN/Inf from it
+IN_KERNEL_FLAG = {"bf16", "efsignsgd", "fp16", "onebit", "randomk", "signsgd", "tbq", "terngrad"}
+
+
+@pytest.mark.parametrize("name", algorithms())
+def test_encode_reports_nonfinite_from_its_own_pass(name: str) -> None:
+    from hipress.compll.lower import lower
+
+    cpu, ref = load(name, backend="cpu"), load(name, backend="reference")
+    prog = ref.program
+    loops = [len(st.loops) for st in lower(prog, "encode").steps]
+    assert [len(st.loops) for st in lower(prog, "encode", nonfinite=True).steps] == loops
+    for n in (1, 9, 16384 + 9):
+        for bad, dtype in ((None, torch.float32), (NAN, torch.float32), (INF, torch.float32),
+                           (-INF, torch.float16), (NAN, torch.bfloat16)):  # fmt: skip
+            x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+            if bad is not None:
+                x[n // 2] = bad
+            p1, f1 = cpu.encode_checked(x, cpu.init_state(n))
+            p2, f2 = ref.encode_checked(x, ref.init_state(n))
+            assert torch.equal(p1, p2) and f2 == (bad is not None), (name, n, bad)
+            assert f1 == (f2 if name in IN_KERNEL_FLAG else None), (name, n, bad, dtype)
+
+
 @pytest.mark.parametrize("name", ["dgc", "graddrop"])
 def test_a_filter_keeps_one_bound_per_thread(name: str) -> None:
     """The compaction's scratch is one bound (2k indices) per thread, not one per element; the

@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -828,27 +829,37 @@ int hp_encode(const hp_enc_args* a) {
   const uint16_t* const rp_h = L1 > 0 ? (const uint16_t*)f_h : (const uint16_t*)hp_zeros;
 
 
-  { /* level 1: h */
+  bool s___nonfinite;
+  { /* level 1: h, __nonfinite */
     const int64_t L = L1;
+    int part3[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part3[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
+      int acc2 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd
+        #pragma omp simd reduction(|:acc2)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
+          acc2 |= (int)((!(fabsf(r1) < HP_INF_F)));
           f_h[i] = hp_canon_bf16(hp_f32_to_bf16(r1));
         }
       }
+      part3[omp_get_thread_num()] = acc2;
     }
+    int acc2 = 0;
+    for (int k = 0; k < nt; k++) acc2 |= part3[k];
+    s___nonfinite = (acc2 != 0);
   }
 
 
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   return 0;
 }
 

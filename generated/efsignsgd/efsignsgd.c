@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -836,27 +837,32 @@ int hp_encode(const hp_enc_args* a) {
 
 
   double s_l1;
-  { /* level 1: c, l1, s */
+  bool s___nonfinite;
+  { /* level 1: c, l1, s, __nonfinite */
     const int64_t L = L1;
     double part5[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part5[k] = 0.0;
+    int part8[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part8[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
       double acc4 = 0.0;
+      int acc7 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         uint8_t pk6[HP_TILE];
         
-        #pragma omp simd reduction(+:acc4)
+        #pragma omp simd reduction(+:acc4) reduction(|:acc7)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
           const float r2 = st_comp[i];
           const float r3 = (r1 + hp_sel_f32(s_lost, 0x0.0p+0f, (r2 - hp_sel_f32((r2 < 0x0.0p+0f), (-s_pscale), s_pscale))));
           acc4 += (double)(((double)(fabsf(r3))));
+          acc7 |= (int)((!(fabsf(r1) < HP_INF_F)));
           st_comp[i] = (r1 + hp_sel_f32(s_lost, 0x0.0p+0f, (r2 - hp_sel_f32((r2 < 0x0.0p+0f), (-s_pscale), s_pscale))));
           pk6[t] = ((uint8_t)(((uint8_t)(hp_sel_i64((r3 < 0x0.0p+0f), INT64_C(1), INT64_C(0)))) & ((uint8_t)1)));
         }
@@ -865,10 +871,14 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t q = 0; q < (tl + 7) / 8; q++) f_s[i0 / 8 + q] = (uint8_t)((pk6[8 * q + 0] << 0) | (pk6[8 * q + 1] << 1) | (pk6[8 * q + 2] << 2) | (pk6[8 * q + 3] << 3) | (pk6[8 * q + 4] << 4) | (pk6[8 * q + 5] << 5) | (pk6[8 * q + 6] << 6) | (pk6[8 * q + 7] << 7));
       }
       part5[omp_get_thread_num()] = acc4;
+      part8[omp_get_thread_num()] = acc7;
     }
     double acc4 = 0.0;
     for (int k = 0; k < nt; k++) acc4 += part5[k];
     s_l1 = ((double)acc4);
+    int acc7 = 0;
+    for (int k = 0; k < nt; k++) acc7 |= part8[k];
+    s___nonfinite = (acc7 != 0);
   }
 
 
@@ -878,7 +888,8 @@ int hp_encode(const hp_enc_args* a) {
 
   const bool s_lost_1 = (!(fabs(s_mean) < HP_INF_D));
 
-  { const float fv7 = (float)(hp_canon_f32(s_scale)); memcpy(pay + po0, &fv7, 4); }
+  { const float fv9 = (float)(hp_canon_f32(s_scale)); memcpy(pay + po0, &fv9, 4); }
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   *(float*)a->state[1] = (float)(s_scale);
   *(uint8_t*)a->state[2] = (uint8_t)(s_lost_1);
   return 0;

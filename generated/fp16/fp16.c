@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -828,29 +829,39 @@ int hp_encode(const hp_enc_args* a) {
   const uint16_t* const rp_h = L1 > 0 ? (const uint16_t*)f_h : (const uint16_t*)hp_zeros;
 
 
-  { /* level 1: h */
+  bool s___nonfinite;
+  { /* level 1: h, __nonfinite */
     const int64_t L = L1;
+    int part4[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part4[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
+      int acc3 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         float cv2[HP_TILE];
         
-        #pragma omp simd
+        #pragma omp simd reduction(|:acc3)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
+          acc3 |= (int)((!(fabsf(r1) < HP_INF_F)));
           cv2[t] = r1;
         }
         hp_tile_f32_to_f16(cv2, f_h + i0, tl, 1);
       }
+      part4[omp_get_thread_num()] = acc3;
     }
+    int acc3 = 0;
+    for (int k = 0; k < nt; k++) acc3 |= part4[k];
+    s___nonfinite = (acc3 != 0);
   }
 
 
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   return 0;
 }
 

@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -1323,6 +1324,7 @@ int hp_encode(const hp_enc_args* a) {
   const int64_t s_plast_1 = hp_sel_i64(((bool)((s_count > INT64_C(0)) & (s_lr < INT64_C(0)))), hp_add_i64(s_lr, n), s_lr);
 
   { const int64_t fv63 = (int64_t)(s_count); memcpy(pay + po0, &fv63, 8); }
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(2);
   *(float*)a->state[1] = (float)(s_thr);
   *(int64_t*)a->state[2] = (int64_t)(s_off);
   *(int64_t*)a->state[3] = (int64_t)(s_plast_1);

@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -841,7 +842,8 @@ int hp_encode(const hp_enc_args* a) {
   int64_t s_npos;
   double s_sneg;
   double s_spos;
-  { /* level 1: c, npos, sneg, spos, s */
+  bool s___nonfinite;
+  { /* level 1: c, npos, sneg, spos, s, __nonfinite */
     const int64_t L = L1;
     int64_t part5[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part5[k] = 0;
@@ -849,19 +851,22 @@ int hp_encode(const hp_enc_args* a) {
     for (int k = 0; k < HP_MAXT; k++) part7[k] = 0.0;
     double part9[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part9[k] = 0.0;
+    int part12[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part12[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
       int64_t acc4 = 0;
       double acc6 = 0.0;
       double acc8 = 0.0;
+      int acc11 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         uint8_t pk10[HP_TILE];
         
-        #pragma omp simd reduction(+:acc4) reduction(+:acc6) reduction(+:acc8)
+        #pragma omp simd reduction(+:acc4) reduction(+:acc6) reduction(+:acc8) reduction(|:acc11)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
@@ -870,6 +875,7 @@ int hp_encode(const hp_enc_args* a) {
           acc4 += (int64_t)((!(r3 < 0x0.0p+0f)));
           acc6 += (double)(hp_sel_f64((r3 < 0x0.0p+0f), ((double)(r3)), 0x0.0p+0));
           acc8 += (double)(hp_sel_f64((r3 < 0x0.0p+0f), 0x0.0p+0, ((double)(r3))));
+          acc11 |= (int)((!(fabsf(r1) < HP_INF_F)));
           st_comp[i] = (r1 + hp_sel_f32(s_lost, 0x0.0p+0f, (r2 - hp_sel_f32((r2 < 0x0.0p+0f), s_pneg, s_ppos))));
           pk10[t] = ((uint8_t)(((uint8_t)(hp_sel_i64((r3 < 0x0.0p+0f), INT64_C(1), INT64_C(0)))) & ((uint8_t)1)));
         }
@@ -880,6 +886,7 @@ int hp_encode(const hp_enc_args* a) {
       part5[omp_get_thread_num()] = acc4;
       part7[omp_get_thread_num()] = acc6;
       part9[omp_get_thread_num()] = acc8;
+      part12[omp_get_thread_num()] = acc11;
     }
     int64_t acc4 = 0;
     for (int k = 0; k < nt; k++) acc4 += part5[k];
@@ -890,6 +897,9 @@ int hp_encode(const hp_enc_args* a) {
     double acc8 = 0.0;
     for (int k = 0; k < nt; k++) acc8 += part9[k];
     s_spos = ((double)acc8);
+    int acc11 = 0;
+    for (int k = 0; k < nt; k++) acc11 |= part12[k];
+    s___nonfinite = (acc11 != 0);
   }
 
 
@@ -899,8 +909,9 @@ int hp_encode(const hp_enc_args* a) {
 
   const bool s_lost_1 = (!(fabs((s_sneg + s_spos)) < HP_INF_D));
 
-  { const float fv11 = (float)(hp_canon_f32(s_pos)); memcpy(pay + po0, &fv11, 4); }
-  { const float fv12 = (float)(hp_canon_f32(s_neg)); memcpy(pay + po1, &fv12, 4); }
+  { const float fv13 = (float)(hp_canon_f32(s_pos)); memcpy(pay + po0, &fv13, 4); }
+  { const float fv14 = (float)(hp_canon_f32(s_neg)); memcpy(pay + po1, &fv14, 4); }
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   *(float*)a->state[1] = (float)(s_pos);
   *(float*)a->state[2] = (float)(s_neg);
   *(uint8_t*)a->state[3] = (uint8_t)(s_lost_1);

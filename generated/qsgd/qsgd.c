@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -946,6 +947,7 @@ int hp_encode(const hp_enc_args* a) {
   }
 
 
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(2);
   return 0;
 }
 

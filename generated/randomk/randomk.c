@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -833,8 +834,8 @@ int hp_encode(const hp_enc_args* a) {
   float* const f_val = (float*)(pay + po1);
   memset(pay + po0 + (L1 * 4), 0, (size_t)(po1 - po0 - (L1 * 4)));
   memset(pay + po1 + (L1 * 4), 0, (size_t)(hp_up8(po1 + (L1 * 4)) - po1 - (L1 * 4)));
-  uint64_t* const scr6 = (uint64_t*)wsp[0];
-  uint64_t* const scr7 = (uint64_t*)wsp[1];
+  uint64_t* const scr8 = (uint64_t*)wsp[0];
+  uint64_t* const scr9 = (uint64_t*)wsp[1];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
   const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
@@ -843,31 +844,40 @@ int hp_encode(const hp_enc_args* a) {
   const float s_scale = hp_sel_f32((hp_min_i64(n, hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae147bp-7) - 0x1.0c6f7a0b5ed8dp-20))))) > INT64_C(0)), ((float)((((double)(n)) / ((double)(hp_min_i64(n, hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae147bp-7) - 0x1.0c6f7a0b5ed8dp-20)))))))))), 0x0.0p+0f);
 
   float s_flag;
-  { /* level 1: flag */
+  bool s___nonfinite;
+  { /* level 1: flag, __nonfinite */
     const int64_t L = L2;
     double part3[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part3[k] = 0.0;
+    int part5[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part5[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
       double acc2 = 0.0;
+      int acc4 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(+:acc2)
+        #pragma omp simd reduction(+:acc2) reduction(|:acc4)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
           acc2 += (double)((r1 * 0x0.0p+0f));
+          acc4 |= (int)((!(fabsf(r1) < HP_INF_F)));
         }
       }
       part3[omp_get_thread_num()] = acc2;
+      part5[omp_get_thread_num()] = acc4;
     }
     double acc2 = 0.0;
     for (int k = 0; k < nt; k++) acc2 += part3[k];
     s_flag = ((float)acc2);
+    int acc4 = 0;
+    for (int k = 0; k < nt; k++) acc4 |= part5[k];
+    s___nonfinite = (acc4 != 0);
   }
 
 
@@ -877,8 +887,8 @@ int hp_encode(const hp_enc_args* a) {
     const int64_t ql = L2, qk = L1;
     const int64_t qtake = qk < ql ? qk : ql;
     int32_t* const qidx = f_idx;
-    uint64_t* const keys = (uint64_t*)scr6;
-    uint64_t* const ckeys = (uint64_t*)scr7;
+    uint64_t* const keys = (uint64_t*)scr8;
+    uint64_t* const ckeys = (uint64_t*)scr9;
     const int top = 64 - 11;
     int64_t hist[2048];
     memset(hist, 0, sizeof(hist));
@@ -893,14 +903,14 @@ int hp_encode(const hp_enc_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = ql - i0 < HP_TILE ? ql - i0 : HP_TILE;
-        uint32_t rnd4[HP_TILE];
-        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd4);
-        uint32_t rnd5[HP_TILE];
-        hp_philox_tile(i0, tl, 1u, rk0, rk1, rstep, rtid, rnd5);
+        uint32_t rnd6[HP_TILE];
+        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
+        uint32_t rnd7[HP_TILE];
+        hp_philox_tile(i0, tl, 1u, rk0, rk1, rstep, rtid, rnd7);
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          keys[j] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd4[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd5[t], UINT32_C(1)))))));
+          keys[j] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
         int64_t t = 0;
         for (; t + 4 <= tl; t += 4) {
@@ -1037,16 +1047,17 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r8 = f_idx[i];
-          const int64_t ix9 = ((int64_t)(r8));
-          const float r10 = hp_sel_f32((uint64_t)ix9 < (uint64_t)L2, rp_g[hp_clampi(ix9, L2)], 0x0.0p+0f);
-          f_val[i] = hp_canon_f32(((r10 * s_scale) + s_flag));
+          const int32_t r10 = f_idx[i];
+          const int64_t ix11 = ((int64_t)(r10));
+          const float r12 = hp_sel_f32((uint64_t)ix11 < (uint64_t)L2, rp_g[hp_clampi(ix11, L2)], 0x0.0p+0f);
+          f_val[i] = hp_canon_f32(((r12 * s_scale) + s_flag));
         }
       }
     }
   }
 
 
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   return 0;
 }
 

@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -831,25 +832,30 @@ int hp_encode(const hp_enc_args* a) {
 
 
   double s_l1;
-  { /* level 1: l1, s */
+  bool s___nonfinite;
+  { /* level 1: l1, s, __nonfinite */
     const int64_t L = L1;
     double part3[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part3[k] = 0.0;
+    int part6[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part6[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
       double acc2 = 0.0;
+      int acc5 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         uint8_t pk4[HP_TILE];
         
-        #pragma omp simd reduction(+:acc2)
+        #pragma omp simd reduction(+:acc2) reduction(|:acc5)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
           acc2 += (double)(((double)(fabsf(r1))));
+          acc5 |= (int)((!(fabsf(r1) < HP_INF_F)));
           pk4[t] = ((uint8_t)(((uint8_t)(hp_sel_i64((r1 < 0x0.0p+0f), INT64_C(1), INT64_C(0)))) & ((uint8_t)1)));
         }
         for (int64_t t = tl; t < (tl + 7) / 8 * 8; t++) pk4[t] = 0;
@@ -857,16 +863,21 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t q = 0; q < (tl + 7) / 8; q++) f_s[i0 / 8 + q] = (uint8_t)((pk4[8 * q + 0] << 0) | (pk4[8 * q + 1] << 1) | (pk4[8 * q + 2] << 2) | (pk4[8 * q + 3] << 3) | (pk4[8 * q + 4] << 4) | (pk4[8 * q + 5] << 5) | (pk4[8 * q + 6] << 6) | (pk4[8 * q + 7] << 7));
       }
       part3[omp_get_thread_num()] = acc2;
+      part6[omp_get_thread_num()] = acc5;
     }
     double acc2 = 0.0;
     for (int k = 0; k < nt; k++) acc2 += part3[k];
     s_l1 = ((double)acc2);
+    int acc5 = 0;
+    for (int k = 0; k < nt; k++) acc5 |= part6[k];
+    s___nonfinite = (acc5 != 0);
   }
 
 
   const float s_scale = ((float)(hp_sel_f64((n > INT64_C(0)), (s_l1 / ((double)(n))), 0x0.0p+0)));
 
-  { const float fv5 = (float)(hp_canon_f32(s_scale)); memcpy(pay + po0, &fv5, 4); }
+  { const float fv7 = (float)(hp_canon_f32(s_scale)); memcpy(pay + po0, &fv7, 4); }
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   return 0;
 }
 

@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -833,21 +834,25 @@ int hp_encode(const hp_enc_args* a) {
 
 
   bool s_r;
-  { /* level 1: q, residual.1, r */
+  bool s___nonfinite;
+  { /* level 1: q, residual.1, r, __nonfinite */
     const int64_t L = L1;
     int part10[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part10[k] = 0;
+    int part12[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part12[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
       int acc9 = 0;
+      int acc11 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         uint8_t pk5[HP_TILE];
         
-        #pragma omp simd reduction(|:acc9)
+        #pragma omp simd reduction(|:acc9) reduction(|:acc11)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r2 = s_grad[i];
@@ -858,6 +863,7 @@ int hp_encode(const hp_enc_args* a) {
           const uint8_t r8 = ((uint8_t)(((uint8_t)(hp_sel_i64((!(fabsf(l7) < HP_INF_F)), INT64_C(3), hp_sel_i64((l7 >= 0x1.47ae140000000p-7f), INT64_C(1), hp_sel_i64((l7 <= -0x1.47ae140000000p-7f), INT64_C(2), INT64_C(0)))))) & ((uint8_t)3)));
           const uint8_t l6 = r8;
           acc9 |= (int)((!(fabsf(r4) < HP_INF_F)));
+          acc11 |= (int)((!(fabsf(r2) < HP_INF_F)));
           pk5[t] = ((uint8_t)(((uint8_t)(hp_sel_i64((!(fabsf(l1) < HP_INF_F)), INT64_C(3), hp_sel_i64((l1 >= 0x1.47ae140000000p-7f), INT64_C(1), hp_sel_i64((l1 <= -0x1.47ae140000000p-7f), INT64_C(2), INT64_C(0)))))) & ((uint8_t)3)));
           st_residual[i] = (r4 - hp_sel_f32((l6 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l6 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l6 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f))));
         }
@@ -866,13 +872,18 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t q = 0; q < (tl + 3) / 4; q++) f_q[i0 / 4 + q] = (uint8_t)((pk5[4 * q + 0] << 0) | (pk5[4 * q + 1] << 2) | (pk5[4 * q + 2] << 4) | (pk5[4 * q + 3] << 6));
       }
       part10[omp_get_thread_num()] = acc9;
+      part12[omp_get_thread_num()] = acc11;
     }
     int acc9 = 0;
     for (int k = 0; k < nt; k++) acc9 |= part10[k];
     s_r = (acc9 != 0);
+    int acc11 = 0;
+    for (int k = 0; k < nt; k++) acc11 |= part12[k];
+    s___nonfinite = (acc11 != 0);
   }
 
 
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   *(uint8_t*)a->state[1] = (uint8_t)(s_r);
   return 0;
 }

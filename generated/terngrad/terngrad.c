@@ -770,6 +770,7 @@ typedef struct {
   uint64_t step;
   uint64_t tensor_id;
   int32_t nthreads;
+  uint8_t* nonfinite; /* if not NULL: 1 if grad holds NaN/Inf, 0 if not, 2 if not found out */
 } hp_enc_args;
 
 typedef struct {
@@ -834,7 +835,8 @@ int hp_encode(const hp_enc_args* a) {
 
   float s_lo;
   float s_hi;
-  { /* level 1: lo, hi */
+  bool s___nonfinite;
+  { /* level 1: lo, hi, __nonfinite */
     const int64_t L = L1;
     int32_t part6[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part6[k] = (2139095040);
@@ -844,6 +846,8 @@ int hp_encode(const hp_enc_args* a) {
     for (int k = 0; k < HP_MAXT; k++) part12[k] = (-2139095041);
     int part13[HP_MAXT];
     for (int k = 0; k < HP_MAXT; k++) part13[k] = 0;
+    int part15[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part15[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
@@ -851,12 +855,13 @@ int hp_encode(const hp_enc_args* a) {
       int nan4 = 0;
       int32_t acc8 = (-2139095041);
       int nan10 = 0;
+      int acc14 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(min:acc2) reduction(|:nan4) reduction(max:acc8) reduction(|:nan10)
+        #pragma omp simd reduction(min:acc2) reduction(|:nan4) reduction(max:acc8) reduction(|:nan10) reduction(|:acc14)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
@@ -868,12 +873,14 @@ int hp_encode(const hp_enc_args* a) {
           const int32_t k11 = hp_key_f32(x9);
           acc8 = k11 > acc8 ? k11 : acc8;
           nan10 |= (x9 != x9);
+          acc14 |= (int)((!(fabsf(r1) < HP_INF_F)));
         }
       }
       part6[omp_get_thread_num()] = acc2;
       part7[omp_get_thread_num()] = nan4;
       part12[omp_get_thread_num()] = acc8;
       part13[omp_get_thread_num()] = nan10;
+      part15[omp_get_thread_num()] = acc14;
     }
     int32_t acc2 = (2139095040);
     for (int k = 0; k < nt; k++) acc2 = part6[k] < acc2 ? part6[k] : acc2;
@@ -885,6 +892,9 @@ int hp_encode(const hp_enc_args* a) {
     int nan10 = 0;
     for (int k = 0; k < nt; k++) nan10 |= part13[k];
     s_hi = (nan10 ? hp_f32_from_bits(0x7fc00000u) : hp_unkey_f32(acc8));
+    int acc14 = 0;
+    for (int k = 0; k < nt; k++) acc14 |= part15[k];
+    s___nonfinite = (acc14 != 0);
   }
 
 
@@ -901,29 +911,30 @@ int hp_encode(const hp_enc_args* a) {
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        uint8_t pk19[HP_TILE];
-        uint32_t rnd17[HP_TILE];
-        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd17);
+        uint8_t pk21[HP_TILE];
+        uint32_t rnd19[HP_TILE];
+        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd19);
         
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float r15 = s_grad[i];
-          const float l14 = hp_sel_f32(s_ok, ((r15 - s_lo) / s_gap), 0x0.0p+0f);
-          const float l16 = hp_uniform(rnd17[t]);
-          const float m18 = hp_max_f32(hp_floor_f32((l14 + l16)), 0x0.0p+0f);
-          pk19[t] = ((uint8_t)(hp_f32_to_u8(hp_sel_f32((0x1.8000000000000p+1f <= m18), 0x1.8000000000000p+1f, m18)) & ((uint8_t)3)));
+          const float r17 = s_grad[i];
+          const float l16 = hp_sel_f32(s_ok, ((r17 - s_lo) / s_gap), 0x0.0p+0f);
+          const float l18 = hp_uniform(rnd19[t]);
+          const float m20 = hp_max_f32(hp_floor_f32((l16 + l18)), 0x0.0p+0f);
+          pk21[t] = ((uint8_t)(hp_f32_to_u8(hp_sel_f32((0x1.8000000000000p+1f <= m20), 0x1.8000000000000p+1f, m20)) & ((uint8_t)3)));
         }
-        for (int64_t t = tl; t < (tl + 3) / 4 * 4; t++) pk19[t] = 0;
+        for (int64_t t = tl; t < (tl + 3) / 4 * 4; t++) pk21[t] = 0;
         #pragma omp simd
-        for (int64_t q = 0; q < (tl + 3) / 4; q++) f_q[i0 / 4 + q] = (uint8_t)((pk19[4 * q + 0] << 0) | (pk19[4 * q + 1] << 2) | (pk19[4 * q + 2] << 4) | (pk19[4 * q + 3] << 6));
+        for (int64_t q = 0; q < (tl + 3) / 4; q++) f_q[i0 / 4 + q] = (uint8_t)((pk21[4 * q + 0] << 0) | (pk21[4 * q + 1] << 2) | (pk21[4 * q + 2] << 4) | (pk21[4 * q + 3] << 6));
       }
     }
   }
 
 
-  { const float fv20 = (float)(hp_canon_f32(s_lo)); memcpy(pay + po0, &fv20, 4); }
-  { const float fv21 = (float)(hp_canon_f32(s_hi)); memcpy(pay + po1, &fv21, 4); }
+  { const float fv22 = (float)(hp_canon_f32(s_lo)); memcpy(pay + po0, &fv22, 4); }
+  { const float fv23 = (float)(hp_canon_f32(s_hi)); memcpy(pay + po1, &fv23, 4); }
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   return 0;
 }
 

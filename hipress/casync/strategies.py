@@ -37,7 +37,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.casync.algorithm import CompressionAlgorithm, chunk_key, decode_mean
+from hipress.casync.algorithm import (
+    CompressionAlgorithm,
+    all_finite,
+    chunk_key,
+    decode_mean,
+    encode_checked,
+)
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
 from hipress.casync.errors import CaSyncError, CommError
 from hipress.casync.ring import RingDriver
@@ -92,13 +98,6 @@ class SyncContext:
             waited = time.perf_counter() - t
             self.stats.add(codec_wait_ms=waited, **{figure: -waited})
             yield
-
-
-def _all_finite(x: torch.Tensor) -> bool:
-    # min and max propagate NaN and reach +-Inf; one read pass, much faster than isfinite().all()
-    # or a float64 sum, and no allocation
-    lo, hi = torch.aminmax(x)
-    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
 
 
 class BucketOp:
@@ -201,10 +200,16 @@ class BucketOp:
     def start(self, group: dist.ProcessGroup | None) -> None:
         """Issue the allreduce and every round's first collective on ``group`` (None: the
         default group); see the module docstring."""
-        ctx, buf = self.ctx, self.buffer
+        ctx, buf, rounds = self.ctx, self.buffer, self.schedule.rounds
         t = time.perf_counter()
-        self._bad = ctx.check_finite and bool(self.schedule.rounds) and not _all_finite(buf)
-        # the check reads the whole bucket before anything is encoded: counted as encoding
+        if not (ctx.check_finite and rounds):
+            self._bad = False
+        elif any(r.strategy is Strategy.RING for r in rounds):
+            # the ring's first hop sends one shard of each chunk: it needs every chunk's flag
+            # before encoding, so the bucket is read once for it (counted as encoding)
+            self._bad = not all_finite(buf)
+        else:
+            self._bad = None  # each chunk's flag comes from its encode (encode_checked)
         ctx.stats.add(
             bytes_uncompressed=buf.numel() * buf.element_size(),
             encode_ms=time.perf_counter() - t,
@@ -252,33 +257,45 @@ class BucketOp:
         self.part_done()
 
     def local_flags(self, rnd: Round) -> list[bool]:
-        """Whether each of ``rnd``'s chunks holds NaN/Inf on this rank."""
+        """Whether each of ``rnd``'s chunks holds NaN/Inf on this rank (before encoding: the
+        ring's rounds)."""
         if not self._bad:
             return [False] * len(rnd.chunks)
-        return [not _all_finite(self.buffer[c.offset : c.offset + c.numel]) for c in rnd.chunks]
+        return [not all_finite(self.buffer[c.offset : c.offset + c.numel]) for c in rnd.chunks]
 
-    def _encode_flags(self, rnd: Round, blocks: torch.Tensor) -> list[bool]:
-        """Local non-finite flags of ``rnd``'s chunks, written into every block's trailer."""
+    def _encode(self, region: torch.Tensor, state: Any, out: torch.Tensor) -> bool:
+        """Encode ``region`` (under the codec lock); whether it holds NaN/Inf (False when the
+        bucket was found finite or is not checked)."""
+        ctx = self.ctx
+        assert ctx.algorithm is not None
+        with ctx.codec("encode_ms"):
+            if self._bad is None:
+                return encode_checked(ctx.algorithm, region, state, out)
+            ctx.algorithm.encode(region, state, out=out)
+        return False
+
+    @staticmethod
+    def _write_flags(rnd: Round, blocks: torch.Tensor, flags: list[bool]) -> None:
+        """This rank's non-finite flags of ``rnd``'s chunks, into every block's trailer."""
         fo = rnd.flags_offset
         blocks[:, fo:].zero_()
-        flags = self.local_flags(rnd)
         for idx, bad in enumerate(flags):
             if bad:
                 blocks[:, fo + idx] = 1
-        return flags
 
     def _start_allgather(self, i: int, rnd: Round, group: dist.ProcessGroup | None) -> None:
         ctx, alg, buf = self.ctx, self.ctx.algorithm, self.buffer
         assert alg is not None
         send = self.ws.send[i]
         t = time.perf_counter()
-        flags = self._encode_flags(rnd, send.view(1, -1))
+        flags = self.local_flags(rnd) if self._bad is not None else [False] * len(rnd.chunks)
         for idx, c, off in rnd.slots():
             state = ctx.worker_states[chunk_key(c.name, c.part, c.parts)]
-            with ctx.codec("encode_ms"):
-                alg.encode(buf[c.offset : c.offset + c.numel], state, out=send[off : off + c.slot])
+            region = buf[c.offset : c.offset + c.numel]
+            flags[idx] = self._encode(region, state, send[off : off + c.slot]) or flags[idx]
             if flags[idx]:
                 state.reset()
+        self._write_flags(rnd, send.view(1, -1), flags)
         t_issue = time.perf_counter()
         work = all_gather(self.ws.recv[i], send, group=group, async_op=True)
         ctx.stats.add(encode_ms=t_issue - t, collectives=1, bytes_sent=send.numel())
@@ -316,17 +333,21 @@ class BucketOp:
         assert alg is not None
         blocks = self.ws.send[i].view(ctx.world_size, rnd.block_nbytes)
         t = time.perf_counter()
-        flags = self._encode_flags(rnd, blocks)
+        flags = self.local_flags(rnd) if self._bad is not None else [False] * len(rnd.chunks)
         for idx, c, off in rnd.slots():
             pos = c.offset
+            states = []
             for j, s in enumerate(c.shards):
                 state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=j)]
                 nbytes = alg.payload_nbytes(s)
-                with ctx.codec("encode_ms"):
-                    alg.encode(buf[pos : pos + s], state, out=blocks[j, off : off + nbytes])
-                if flags[idx]:
-                    state.reset()
+                bad = self._encode(buf[pos : pos + s], state, blocks[j, off : off + nbytes])
+                flags[idx] = bad or flags[idx]
+                states.append(state)
                 pos += s
+            if flags[idx]:  # a shard of the chunk held NaN/Inf: none of its states keeps this step
+                for state in states:
+                    state.reset()
+        self._write_flags(rnd, blocks, flags)
         t_issue = time.perf_counter()
         work = dist.all_to_all_single(self.ws.recv[i], self.ws.send[i], group=group, async_op=True)
         done = [t_issue]

@@ -42,7 +42,10 @@ class Backend(Protocol):
 
     name: str
 
-    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None: ...
+    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool | None:
+        """Encode into ``out``; return whether ``grad`` holds NaN/Inf if the backend found out
+        while encoding, else None."""
+        ...
 
     def decode(
         self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool
@@ -79,7 +82,7 @@ class ReferenceBackend:
     def __init__(self, program: ir.Program) -> None:
         self.program = program
 
-    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
+    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool:
         p = self.program
         env = interp.Env(
             scalars={ir.N: torch.tensor(state.n, dtype=torch.int64)},
@@ -105,6 +108,7 @@ class ReferenceBackend:
         pack(p, state.n, values, out)
         for name, v in new_state.items():
             state.tensors[name].copy_(v.reshape(state.tensors[name].shape))
+        return not bool(torch.isfinite(env.arrays[p.encode.grad]).all())
 
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
         p = self.program
@@ -207,6 +211,14 @@ class Algorithm:
         Updates ``state`` (error feedback etc.) and advances ``state.step``. ``out``, if given,
         must be a contiguous uint8 tensor of :meth:`payload_nbytes` bytes and is returned.
         """
+        return self.encode_checked(grad, state, out)[0]
+
+    def encode_checked(
+        self, grad: torch.Tensor, state: State, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, bool | None]:
+        """:meth:`encode`, and whether ``grad`` holds NaN/Inf, where the backend finds out in
+        the same pass (the C kernels of most algorithms: hipress/compll/finite.py; the
+        reference); None where it does not (check it yourself then)."""
         if not isinstance(grad, torch.Tensor) or grad.dtype not in _FLOATS:
             got = grad.dtype if isinstance(grad, torch.Tensor) else type(grad).__name__
             raise TypeError(
@@ -224,9 +236,9 @@ class Algorithm:
             raise ValueError(
                 f"{self.name}.encode: out must be a contiguous uint8 tensor of {nbytes} bytes"
             )
-        self.backend.encode(flat, state, out)
+        bad = self.backend.encode(flat, state, out)
         state.step += 1
-        return out
+        return out, bad
 
     def decode(
         self,

@@ -91,8 +91,8 @@ class AutoBackend:
             return self._cuda
         return self.reference
 
-    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
-        self.backend_for(grad.device).encode(grad, state, out)
+    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool | None:
+        return self.backend_for(grad.device).encode(grad, state, out)
 
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
         self.backend_for(payload.device).decode(payload, n, out, accumulate)

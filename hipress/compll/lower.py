@@ -157,6 +157,7 @@ class Plan:
     fusions: tuple[SegFusion, ...] = ()
     deferred: frozenset[str] = frozenset()
     filter_fusions: tuple[FilterFusion, ...] = ()
+    nonfinite: str | None = None  # the gradient's NaN/Inf reduction (hipress/compll/finite.py)
 
     def is_virtual(self, name: str) -> bool:
         return name in self.maps and name not in self.homes
@@ -706,14 +707,21 @@ def _special_out(op: object) -> str | None:
     return None
 
 
-def lower(prog: ir.Program, fn: str, accumulate: bool = False) -> Plan:
-    """Plan ``prog``'s ``fn`` ("encode" or "decode"; decode with or without accumulation)."""
+def lower(
+    prog: ir.Program, fn: str, accumulate: bool = False, nonfinite: bool = False
+) -> Plan:
+    """Plan ``prog``'s ``fn`` ("encode" or "decode"; decode with or without accumulation);
+    with ``nonfinite``, an encode also finds out whether the gradient holds NaN/Inf where its
+    first pass can (:mod:`hipress.compll.finite`)."""
     if fn not in ("encode", "decode"):
         raise ValueError(f"fn must be 'encode' or 'decode', got {fn!r}")
+    from hipress.compll.finite import add_flag
     from hipress.compll.fuse import segment_fusions
 
     plan = _Planner(prog, fn, accumulate).plan()
     plan.fusions = segment_fusions(plan)
+    if nonfinite:
+        add_flag(plan, prog)
     return plan
 
 

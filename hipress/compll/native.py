@@ -49,6 +49,7 @@ class _EncArgs(ctypes.Structure):
         ("step", ctypes.c_uint64),
         ("tensor_id", ctypes.c_uint64),
         ("nthreads", ctypes.c_int32),
+        ("nonfinite", ctypes.POINTER(ctypes.c_uint8)),
     ]
 
 
@@ -164,9 +165,11 @@ class NativeBackend:
             lib.hp_decode_acc_ws_bytes(n, nt), lib.hp_decode_sum_ws_bytes(n, nt),
         )  # fmt: skip
 
-    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
+    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool | None:
+        """Encode; returns whether ``grad`` holds NaN/Inf where the kernel's first pass finds
+        out (hipress/compll/finite.py), else None."""
         with self._lock:
-            self._encode_locked(grad, state, out)
+            return self._encode_locked(grad, state, out)
 
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
         with self._lock:
@@ -201,7 +204,7 @@ class NativeBackend:
         self._sparse = rc != 2
         return rc == 0
 
-    def _encode_locked(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> None:
+    def _encode_locked(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool | None:
         n = state.n
         _cpu(grad, "gradient")
         _cpu(out, "payload buffer")
@@ -224,11 +227,14 @@ class NativeBackend:
                 ptrs[k] = t.data_ptr()
         nt = torch.get_num_threads()
         ws = self._workspace("hp_encode_ws_bytes", n, nt)
+        flag = ctypes.c_uint8(2)
         args = _EncArgs(
             n, g.data_ptr(), out.data_ptr(), ws.data_ptr(), ptrs,
             state.seed & (2**64 - 1), state.step & (2**64 - 1), state.tensor_id & (2**64 - 1), nt,
+            ctypes.pointer(flag),
         )  # fmt: skip
         self._encode(ctypes.byref(args))
+        return None if flag.value == 2 else bool(flag.value)
 
     def _decode_locked(
         self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool

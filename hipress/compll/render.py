@@ -31,7 +31,8 @@ PAR_MIN = 16384
 
 # the generator's files whose text decides what is generated for each target (cache keys)
 _COMMON_MODULES = (
-    "lower.py", "defer.py", "fuse.py", "walk.py", "sparse.py", "render.py", "render_expr.py",
+    "lower.py", "defer.py", "fuse.py", "finite.py", "walk.py", "sparse.py", "render.py",
+    "render_expr.py",
 )  # fmt: skip
 _TARGET_MODULES = {"c": ("render_c.py",), "cuda": ("render_cuda.py",)}
 
@@ -170,7 +171,7 @@ def render_c(prog: ir.Program) -> str:
     env = environment()
     dec, acc = lower(prog, "decode", accumulate=False), lower(prog, "decode", accumulate=True)
     funcs = [
-        CFunction(env, prog, lower(prog, "encode"), "hp_encode").render(),
+        CFunction(env, prog, lower(prog, "encode", nonfinite=True), "hp_encode").render(),
         CFunction(env, prog, dec, "hp_decode").render(),
         CFunction(env, prog, acc, "hp_decode_acc").render(),
     ]

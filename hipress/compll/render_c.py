@@ -174,6 +174,8 @@ class CFunction:
     (a :func:`tileable` decode only), as a serial function of one tile of the output, taking
     ``pay``, ``out``, ``n``, ``i0`` and ``tl``."""
 
+    reports_nonfinite = True  # hp_enc_args.nonfinite (hipress/compll/finite.py)
+
     def __init__(
         self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str, tile: bool = False
     ) -> None:
@@ -423,6 +425,9 @@ class CFunction:
             self.final.append(
                 f"{{ const {t} {var} = ({t})({x}); memcpy(pay + {off}, &{var}, {f.type.nbytes}); }}"
             )
+        if self.reports_nonfinite:
+            flag = self.names.get(self.plan.nonfinite) if self.plan.nonfinite else "2"
+            self.final.append(f"if (a->nonfinite) *a->nonfinite = (uint8_t)({flag});")
         for s in self.plan.final_state:
             k = next(i for i, sl in enumerate(prog.state) if sl.name == s.state)
             slot = prog.state[k]

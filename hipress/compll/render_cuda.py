@@ -36,6 +36,8 @@ class Launch:
 class CudaFunction(CFunction):
     """Renders one plan as CUDA kernels; ``launches`` is the order to run them in."""
 
+    reports_nonfinite = False  # the CUDA args have no such field (CaSync checks itself)
+
     def __init__(self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str) -> None:
         super().__init__(env, prog, plan, name)
         self.kernels: list[str] = []

@@ -29,6 +29,7 @@ from hipress.casync.algorithm import (
     CompressionAlgorithm,
     chunk_key,
     decode_mean,
+    encode_checked,
     init_chunk_states,
 )
 from hipress.casync.bulk import split_sizes
@@ -36,10 +37,6 @@ from hipress.casync.errors import ConfigMismatchError
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 
 __all__ = ["HorovodSync", "Pending"]
-
-
-def _finite(x: torch.Tensor) -> bool:
-    return bool(torch.isfinite(x).all())
 
 
 def _with_flag(payload: torch.Tensor, bad: bool) -> torch.Tensor:
@@ -144,25 +141,32 @@ class HorovodSync:
             pos += size
         return p
 
-    def _encode(self, x: torch.Tensor, state: Any, bad: bool) -> torch.Tensor:
+    def _encode(self, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, bool]:
+        """x's payload, and whether x holds NaN/Inf (from the encode's own pass where the
+        algorithm finds out there, casync.algorithm.encode_checked)."""
         assert self.algorithm is not None
-        payload = self.algorithm.encode(x, state)
-        if bad:  # do not let NaN/Inf poison the error-feedback memory
-            state.reset()
-        return _with_flag(payload, bad)
+        payload = torch.empty(self.algorithm.payload_nbytes(x.numel()), dtype=torch.uint8)
+        return payload, encode_checked(self.algorithm, x, state, payload)
 
     def _start_allgather(self, name: str, k: int, parts: int, x: torch.Tensor) -> Any:
         key = chunk_key(name, k, parts)
-        msg = self._encode(x, self.worker_states[key], not _finite(x))
-        return self.hvd.allgather_async(msg, name=f"hipress.ag.{key}")
+        state = self.worker_states[key]
+        payload, bad = self._encode(x, state)
+        if bad:  # do not let NaN/Inf poison the error-feedback memory
+            state.reset()
+        return self.hvd.allgather_async(_with_flag(payload, bad), name=f"hipress.ag.{key}")
 
     def _start_ps(self, name: str, k: int, parts: int, x: torch.Tensor) -> Any:
-        bad = not _finite(x)
-        msgs, pos = [], 0
+        encoded, states, pos = [], [], 0
         for j, s in enumerate(split_sizes(x.numel(), self.world_size)):
-            key = chunk_key(name, k, parts, shard=j)
-            msgs.append(self._encode(x[pos : pos + s], self.worker_states[key], bad))
+            states.append(self.worker_states[chunk_key(name, k, parts, shard=j)])
+            encoded.append(self._encode(x[pos : pos + s], states[-1]))
             pos += s
+        bad = any(b for _, b in encoded)  # the chunk's flag: any of its shards
+        if bad:
+            for state in states:
+                state.reset()
+        msgs = [_with_flag(payload, bad) for payload, _ in encoded]
         splits = [m.numel() for m in msgs]
         return self.hvd.alltoall_async(
             torch.cat(msgs), splits=splits, name=f"hipress.ps1.{chunk_key(name, k, parts)}"
@@ -190,7 +194,10 @@ class HorovodSync:
             decode_mean(alg, [rows[r, :nb] for r in range(n)], s, merged)
             any_bad = bool(rows[:, nb].any())
             key = chunk_key(p.name, k, e.partitions, shard=self.rank, server=True)
-            msg = self._encode(merged, self.server_states[key], any_bad)
+            state = self.server_states[key]
+            msg = _with_flag(alg.encode(merged, state), any_bad)
+            if any_bad:
+                state.reset()
             name = f"hipress.ps2.{chunk_key(p.name, k, e.partitions)}"
             c.handle = self.hvd.allgather_async(msg, name=name)
             c.phase = 2

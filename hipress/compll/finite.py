@@ -1,0 +1,60 @@
+"""Planner pass: whether the gradient holds NaN/Inf, as a by-product of the encode's first pass.
+
+CaSync must know, per chunk it compresses, whether the chunk's input holds NaN/Inf (so that the
+chunk comes out all-NaN on every rank and the states that encoded it are reset). A separate
+check reads the gradient once more; on this project's CPU machines that was a fifth of a
+compressed step of a large model (docs/casync.md). Most encodes already read the whole gradient
+in a plain loop at level 1 (onebit's compensated gradient and sums, terngrad's min and max, the
+casts): one more ``any`` reduction in that loop costs a compare per element. :func:`add_flag`
+adds it there, and only there (never a pass of its own: where the first pass is a stage, e.g.
+a sort, a filter or a segment reduction, the encode does not report it and CaSync checks).
+"""
+
+from __future__ import annotations
+
+from hipress.compll import ir
+from hipress.compll.lower import Item, Plan
+from hipress.compll.types import BOOL, F32, I64
+from hipress.compll.walk import lambda_exprs, walk
+
+NONFINITE = "__nonfinite"  # the reduction's name: true if any gradient element is NaN/Inf
+
+
+def add_flag(plan: Plan, prog: ir.Program) -> None:
+    """Append the gradient's ``any(!isfinite(g[i]))`` to a plain loop over all n elements at
+    level 1 of the encode ``plan`` that reads the gradient already (not one a fusion runs), and
+    record it in ``plan.nonfinite``; leave the plan as it is where there is none."""
+    if plan.fn != "encode":
+        return
+    fused = {id(lp) for f in plan.fusions for lp in f.seg_loops + f.elem_loops}
+    fused |= {id(f.loop) for f in plan.filter_fusions}
+    n = ir.Ref(ir.N, I64)
+    for st in plan.steps:
+        if st.level != 1:
+            continue
+        for lp in st.loops:
+            if id(lp) in fused or lp.length != n:
+                continue
+            if not any(_reads(plan, it.op.fn, prog.encode.grad, set()) for it in lp.items):
+                continue  # (topk's zeroing of its `sent` array: a read more would cost)
+            i = ir.Ref("__i", I64)
+            g = ir.Load(prog.encode.grad, i, F32)
+            fn = ir.Lambda((i,), (), ir.Unary("not", ir.Unary("isfinite", g, BOOL), BOOL))
+            lp.items.append(Item("reduce", ir.Reduce(NONFINITE, "any", n, fn, BOOL)))
+            plan.nonfinite = NONFINITE
+            return
+
+
+def _reads(plan: Plan, fn: ir.Lambda, array: str, seen: set[str]) -> bool:
+    """Whether ``fn`` reads ``array``, directly or through maps it recomputes."""
+    for e in lambda_exprs(fn):
+        for x in walk(e):
+            if not isinstance(x, ir.Load):
+                continue
+            if x.array == array:
+                return True
+            if plan.is_virtual(x.array) and x.array not in seen:
+                seen.add(x.array)
+                if _reads(plan, plan.maps[x.array].fn, array, seen):
+                    return True
+    return False
