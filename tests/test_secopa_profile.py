@@ -141,6 +141,24 @@ def test_compute_scale_by_size_interpolates_in_log_size() -> None:
             replace(p, compute_scale_by_size=bad)
 
 
+def test_the_nan_check_costs_a_merge_unless_the_encode_reports_it() -> None:
+    from hipress.compll import load
+    from hipress.secopa.codec import AlgorithmCodec
+
+    p = _profile()
+    n = np.array([0.0, 1e3, 1e6])
+    assert np.allclose(p.compute_ms("check", n), p.compute_ms("merge", n))
+    q = replace(p, encode_checks_finite=True)
+    assert np.allclose(q.compute_ms("check", n), 0.0)
+    assert Profile.from_json(q.to_json()).encode_checks_finite
+    d = json.loads(p.to_json())
+    del d["encode_checks_finite"]  # older profiles: CaSync read every chunk
+    assert not Profile.from_dict(d).encode_checks_finite
+    # onebit's C encode reports it from its own pass; dgc's first pass is a sort, it does not
+    assert AlgorithmCodec(load("onebit", backend="cpu")).checks_finite()
+    assert not AlgorithmCodec(load("dgc", backend="cpu")).checks_finite()
+
+
 def test_fitted_comm_round_trips_and_ignores_world_size() -> None:
     p = _profile()
     net = dict(p.network)

@@ -66,6 +66,14 @@ class AlgorithmCodec:
     def payload_nbytes(self, n: int) -> int:
         return int(self.alg.payload_nbytes(n))
 
+    def checks_finite(self) -> bool:
+        """Whether the encode reports NaN/Inf in its gradient from its own pass
+        (``encode_checked``), so CaSync needs no read of the chunk for it."""
+        fn = getattr(self.alg, "encode_checked", None)
+        if fn is None:
+            return False
+        return fn(_gradient(256), self.alg.init_state(256))[1] is not None
+
     def prepare(self, n: int) -> Mapping[str, Thunk]:
         g = _gradient(n)
         st = self.alg.init_state(n, device=None, seed=0, tensor_id=0)

@@ -109,7 +109,7 @@ CASYNC_FORMULAS: tuple[Formula, ...] = (
             Term("decode", _one, lambda d: d.part),  # N payloads averaged (decode_sum):
             Term("decode_more", _n1, lambda d: d.part),  # the others add to the first ...
             Term("average", _one, lambda d: d.part),  # ... and the sum is divided
-            Term("merge", _one, lambda d: d.part),  # CaSync's NaN/Inf check (one read pass)
+            Term("check", _one, lambda d: d.part),  # CaSync's NaN/Inf check, if not in encode
         ),
         comm=(Term("all_gather", _one, lambda d: d.pay(d.part)),),
     ),
@@ -118,7 +118,7 @@ CASYNC_FORMULAS: tuple[Formula, ...] = (
         compressed=True,
         strategy=Strategy.PS,
         compute=(
-            Term("merge", _n, lambda d: d.shard),  # CaSync's NaN/Inf check (one read pass)
+            Term("check", _n, lambda d: d.shard),  # CaSync's NaN/Inf check, if not in encode
             Term("encode", _n, lambda d: d.shard),  # N shards
             Term("decode", _one, lambda d: d.shard),  # N payloads of the shard I serve ...
             Term("decode_more", _n1, lambda d: d.shard),  # ... averaged (decode_sum)

@@ -69,7 +69,7 @@ __all__ = [
 PROFILE_VERSION = 1
 COMPUTE_OPS = ("encode", "decode", "merge")
 # ops computed from the measured ones (see Profile.compute_ms)
-_DERIVED = ("decode_acc", "decode_more", "average")
+_DERIVED = ("decode_acc", "decode_more", "average", "check")
 COLLECTIVES = ("allreduce", "all_gather", "all_to_all", "broadcast")
 
 
@@ -113,6 +113,9 @@ class Profile:
             where given, they replace ``compute_scale``: an op on n elements is scaled by
             their interpolation in log(n), the nearest one's outside them.
         call_ms: added to every collective call of CaSync's strategies (ms, >= 0).
+        encode_checks_finite: the encode reports NaN/Inf in its gradient from its own pass
+            (``encode_checked``), so CaSync's allgather and PS read no chunk for it: the
+            ``check`` op then costs nothing (else a ``merge``: one read pass).
         meta: provenance (host, backend, measured world size, fit errors); informational.
     """
 
@@ -126,6 +129,7 @@ class Profile:
     compute_scale: float = 1.0
     call_ms: float = 0.0
     compute_scale_by_size: tuple[tuple[float, float], ...] = ()
+    encode_checks_finite: bool = False
 
     def __post_init__(self) -> None:
         missing = [op for op in COMPUTE_OPS if op not in self.compute]
@@ -171,6 +175,8 @@ class Profile:
         profiles), ``decode_acc`` and one ``merge``.
         """
         x = np.asarray(n, dtype=np.float64)
+        if op == "check" and op not in self.compute:  # CaSync's NaN/Inf check of a chunk
+            return np.zeros_like(x) if self.encode_checks_finite else self.compute_ms("merge", x)
         if op == "decode_acc" and op not in self.compute:
             return self.compute_ms("decode", x) + self.compute_ms("merge", x)
         if op in ("decode_more", "average"):
@@ -226,6 +232,7 @@ class Profile:
             "overlap": self.overlap,
             "compute_scale": self.compute_scale,
             "compute_scale_by_size": [list(p) for p in self.compute_scale_by_size],
+            "encode_checks_finite": self.encode_checks_finite,
             "call_ms": self.call_ms,
             "meta": dict(self.meta),
         }
@@ -252,6 +259,7 @@ class Profile:
                 compute_scale_by_size=tuple(
                     (float(x), float(s)) for x, s in d.get("compute_scale_by_size", ())
                 ),
+                encode_checks_finite=bool(d.get("encode_checks_finite", False)),
             )
         except ProfileError:
             raise

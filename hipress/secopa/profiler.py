@@ -375,6 +375,7 @@ def build_profile(
         "compute_samples": {op: [list(x), list(t)] for op, (x, t) in compute.samples.items()},
     }
     info.update(meta or {})
+    checks = getattr(codec, "checks_finite", None)
     return Profile(
         algorithm=codec.name,
         params=dict(codec.params),
@@ -383,6 +384,7 @@ def build_profile(
         network=dict(network),
         overlap=overlap,
         meta=info,
+        encode_checks_finite=bool(checks()) if checks is not None else False,
     )
 
 
