@@ -553,8 +553,26 @@ def test_workspace_is_reused() -> None:
     alg.decode_sum([p, p], 5000)
     assert be._buffer("ws", 5000, 0).data_ptr() == ws.data_ptr()  # one for encode and decodes
     assert [k for k in be._ws if k[1] == 5000] == [("ws", 5000)]
-    assert be.workspace_bytes(5000) >= 4 * 5000  # topk keys
     assert math.isfinite(float(alg.decode(alg.encode(x, st_), 5000).sum()))
+
+
+@pytest.mark.parametrize("name", ["topk", "randomk"])
+def test_topk_keeps_no_key_array_and_narrows_crowded_prefixes(name: str) -> None:
+    """The selection recomputes its keys per pass: the workspace holds candidates, not keys.
+    Values crowded into one top-11-bit bucket (more than its candidate buffer holds) take a
+    further pass on the next bits; equal values (a prefix as long as the key) are ties taken
+    in index order."""
+    n, ratio = 50_000, 0.0002  # k = 10: 8232 candidates per thread
+    ref, cpu = _pair(name, {"ratio": ratio})
+    be = cpu.backend
+    assert isinstance(be, NativeBackend)
+    m = 1 << 20  # were 9 (topk) and 16 (randomk) bytes per element
+    assert be._lib.hp_encode_ws_bytes(m, 2) < 2 * m
+    gen = torch.Generator().manual_seed(8)
+    crowded = 1.0 + torch.rand(n, generator=gen) * 0.2  # one exponent, distinct mantissas
+    ties = torch.where(torch.arange(n) % 7 == 0, 2.0, 1.0)
+    for x in (crowded, ties, torch.ones(n), -crowded):
+        run_both(ref, cpu, x, steps=2)
 
 
 # the encodes whose first pass is a plain loop over the gradient report NaN/Inf from it

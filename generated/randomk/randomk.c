@@ -800,9 +800,11 @@ static int64_t hp_encode_layout(int64_t n, int nt, char* ws, void** p) {
   const int64_t L2 = hp_len(n);
   int64_t off = 0;
   if (p) p[0] = ws + off;
-  off += hp_up64((L2) * (int64_t)sizeof(uint64_t));
+  off += hp_up64(((int64_t)nt * hp_min_i64(L1, L2)) * (int64_t)sizeof(int32_t));
   if (p) p[1] = ws + off;
-  off += hp_up64((L2) * (int64_t)sizeof(uint64_t));
+  off += hp_up64(((int64_t)nt * hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192)) * (int64_t)sizeof(int32_t));
+  if (p) p[2] = ws + off;
+  off += hp_up64(((int64_t)nt * hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192)) * (int64_t)sizeof(uint64_t));
   (void)nt;
   (void)ws;
   (void)p;
@@ -817,7 +819,7 @@ int64_t hp_encode_ws_bytes(int64_t n, int32_t nthreads) {
 int hp_encode(const hp_enc_args* a) {
   const int64_t n = a->n;
   const int nt = hp_nthreads(a->nthreads);
-  void* wsp[3];
+  void* wsp[4];
   hp_encode_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
@@ -834,8 +836,9 @@ int hp_encode(const hp_enc_args* a) {
   float* const f_val = (float*)(pay + po1);
   memset(pay + po0 + (L1 * 4), 0, (size_t)(po1 - po0 - (L1 * 4)));
   memset(pay + po1 + (L1 * 4), 0, (size_t)(hp_up8(po1 + (L1 * 4)) - po1 - (L1 * 4)));
-  uint64_t* const scr8 = (uint64_t*)wsp[0];
-  uint64_t* const scr9 = (uint64_t*)wsp[1];
+  int32_t* const scr8 = (int32_t*)wsp[0];
+  int32_t* const scr9 = (int32_t*)wsp[1];
+  uint64_t* const scr10 = (uint64_t*)wsp[2];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
   const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
@@ -882,27 +885,43 @@ int hp_encode(const hp_enc_args* a) {
 
 
   int64_t s_count;
-  { /* level 1: topk -> idx (radix select on order keys; the top digit is
-       counted while the keys are computed, later digits only over its candidates) */
+
+  { /* level 1: topk -> idx (radix select on order keys, recomputed per pass:
+       11 bits a pass until the keys with the chosen prefix fit a buffer of candidates, then one
+       pass takes the keys above the prefix and keeps the candidates; no array of keys) */
     const int64_t ql = L2, qk = L1;
     const int64_t qtake = qk < ql ? qk : ql;
+    const int64_t qcap = hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192);  /* candidates kept per thread, >= qtake */
     int32_t* const qidx = f_idx;
-    uint64_t* const keys = (uint64_t*)scr8;
-    uint64_t* const ckeys = (uint64_t*)scr9;
-    const int top = 64 - 11;
-    int64_t hist[2048];
-    memset(hist, 0, sizeof(hist));
-    const int64_t ntiles = (ql + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
-    {
-      /* four interleaved histograms: neighbouring keys mostly share a bucket, and one counter
-         would serialise on its own increments (n < 2^31: 32-bit counts) */
-      uint32_t h[4][2048];
-      memset(h, 0, sizeof(h));
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = ql - i0 < HP_TILE ? ql - i0 : HP_TILE;
+    int32_t* const qsure = scr8;  /* per thread: qtake indices above the prefix */
+    int32_t* const qcidx = scr9;  /* per thread: qcap candidates ... */
+    uint64_t* const qckey = (uint64_t*)scr10;  /* ... and their keys */
+    if (qtake == ql) {
+      #pragma omp parallel for num_threads(nt) schedule(static) if(ql >= HP_PAR_MIN)
+      for (int64_t j = 0; j < ql; j++) qidx[j] = (int32_t)j;
+    } else if (qtake > 0) {
+      uint64_t pre = 0;  /* the top pbits bits the need-th largest key starts with */
+      int pbits = 0;
+      int64_t need = qtake, ccount = ql;  /* still to take among the keys with that prefix */
+      int64_t hist[2048];
+      while (pbits < 64 && (pbits == 0 || ccount > qcap)) {
+        const int width = 64 - pbits < 11 ? 64 - pbits : 11;
+        const int sh = 64 - pbits - width;
+        const uint64_t ppre = pre;
+        const int pshift = sh + width;  /* where the prefix starts (== kbits: no prefix yet) */
+        memset(hist, 0, sizeof(hist));
+        #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
+        {
+          /* four interleaved histograms: neighbouring keys mostly share a bucket, and one
+             counter would serialise on its own increments (n < 2^31: 32-bit counts) */
+          uint32_t h[4][2048];
+          memset(h, 0, sizeof(h));
+          uint64_t qkt[HP_TILE];
+          const int64_t qhi = ql;
+          #pragma omp for schedule(static)
+          for (int64_t tb = 0; tb < (ql + HP_TILE - 1) / HP_TILE; tb++) {
+            const int64_t i0 = tb * HP_TILE;
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         uint32_t rnd6[HP_TILE];
         hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
         uint32_t rnd7[HP_TILE];
@@ -910,122 +929,134 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          keys[j] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
+          qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
-        int64_t t = 0;
-        for (; t + 4 <= tl; t += 4) {
-          h[0][keys[i0 + t] >> top]++;
-          h[1][keys[i0 + t + 1] >> top]++;
-          h[2][keys[i0 + t + 2] >> top]++;
-          h[3][keys[i0 + t + 3] >> top]++;
-        }
-        for (; t < tl; t++) h[0][keys[i0 + t] >> top]++;
-      }
-      #pragma omp critical
-      for (int d = 0; d < 2048; d++)
-        hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
-    }
-    uint64_t thr = 0, pmask = 0;
-    int64_t need = qtake;
-    int64_t clo[HP_MAXT], ccnt[HP_MAXT];
-    int cnt_regions = 0;
-    for (int shift = top; qtake > 0 && qtake < ql && shift > -11; shift -= 11) {
-      const int sh = shift < 0 ? 0 : shift;
-      const int width = shift < 0 ? 11 + shift : 11;
-      const uint64_t dmask = ((uint64_t)1 << width) - 1;
-      if (shift != top) {
-        memset(hist, 0, sizeof(hist));
-        #pragma omp parallel for num_threads(nt) schedule(static) if(cnt_regions > 1)
-        for (int k = 0; k < cnt_regions; k++) {
-          int64_t h[2048];
-          memset(h, 0, sizeof(h));
-          for (int64_t j = clo[k]; j < clo[k] + ccnt[k]; j++) {
-            const uint64_t kv = ckeys[j];
-            if ((kv & pmask) == thr) h[(kv >> sh) & dmask]++;
-          }
-          #pragma omp critical
-          for (int d = 0; d < 2048; d++) hist[d] += h[d];
-        }
-      }
-      int64_t above = 0;
-      int64_t d = (int64_t)dmask;
-      for (; d > 0; d--) {
-        if (above + hist[d] >= need) break;
-        above += hist[d];
-      }
-      need -= above;
-      thr |= (uint64_t)d << sh;
-      pmask |= dmask << sh;
-      if (shift == top && shift > 0) {
-        /* the candidates: keys in the chosen top bucket, per thread at its own chunk offset */
-        #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
-        {
-          const int me = omp_get_thread_num(), tn = omp_get_num_threads();
-          const int64_t lo = ql * me / tn, hi = ql * (me + 1) / tn;
-          int64_t c = 0;
-          uint8_t fm[HP_TILE];
-          for (int64_t j0 = lo; j0 < hi; j0 += HP_TILE) {
-            const int64_t tl = hi - j0 < HP_TILE ? hi - j0 : HP_TILE;
-            #pragma omp simd
-            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)((keys[j0 + t] & pmask) == thr);
-            for (int64_t t = 0; t < tl; t += 64) {
-              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
-              for (; bits != 0; bits &= bits - 1)
-                ckeys[lo + c++] = keys[j0 + t + __builtin_ctzll(bits)];
+            if (pbits == 0) {
+              int64_t t = 0;
+              for (; t + 4 <= tl; t += 4) {
+                h[0][qkt[t] >> sh]++;
+                h[1][qkt[t + 1] >> sh]++;
+                h[2][qkt[t + 2] >> sh]++;
+                h[3][qkt[t + 3] >> sh]++;
+              }
+              for (; t < tl; t++) h[0][qkt[t] >> sh]++;
+            } else {
+              const uint64_t dmask = ((uint64_t)1 << width) - 1;
+              for (int64_t t = 0; t < tl; t++)
+                if ((qkt[t] >> pshift) == ppre) h[t & 3][(qkt[t] >> sh) & dmask]++;
             }
           }
-          clo[me] = lo;
-          ccnt[me] = c;
-          if (me == 0) cnt_regions = tn;
+          #pragma omp critical
+          for (int d = 0; d < 2048; d++)
+            hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
         }
+        int64_t above = 0, d = ((int64_t)1 << width) - 1;
+        for (; d > 0; d--) {
+          if (above + hist[d] >= need) break;
+          above += hist[d];
+        }
+        need -= above;
+        pre = (pre << width) | (uint64_t)d;
+        pbits += width;
+        ccount = hist[d];
       }
-    }
-    int64_t cgt[HP_MAXT], ceq[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) cgt[k] = ceq[k] = 0;
-    if (qtake > 0) {
+      /* one ordered pass: keys above the prefix are taken, keys with it kept (at most qcap per
+         thread: when more, they are all equal and need <= qtake of them, in index order) */
+      const int psh = 64 - pbits;
+      int64_t nsure[HP_MAXT], ncand[HP_MAXT];
+      int qnt = 1;
       #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
       {
         const int me = omp_get_thread_num(), tn = omp_get_num_threads();
-        const int64_t lo = ql * me / tn, hi = ql * (me + 1) / tn;
-        int64_t g = 0, e = 0;
-        if (qtake < ql) {
-          for (int64_t j = lo; j < hi; j++) {
-            g += keys[j] > thr;
-            e += keys[j] == thr;
-          }
+        /* chunk starts are multiples of 8 (tile buffers: random blocks of 4) */
+        const int64_t qlo = (ql * me / tn) & ~(int64_t)7;
+        const int64_t qhi = me + 1 == tn ? ql : (ql * (me + 1) / tn) & ~(int64_t)7;
+        int32_t* const mysure = qsure + me * qtake;
+        int32_t* const mycidx = qcidx + me * qcap;
+        uint64_t* const myckey = qckey + me * qcap;
+        int64_t s = 0, c = 0;
+        uint64_t qkt[HP_TILE];
+        uint8_t fm[HP_TILE];
+        for (int64_t i0 = qlo; i0 < qhi; i0 += HP_TILE) {
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        uint32_t rnd6[HP_TILE];
+        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
+        uint32_t rnd7[HP_TILE];
+        hp_philox_tile(i0, tl, 1u, rk0, rk1, rstep, rtid, rnd7);
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
-        cgt[me] = g;
-        ceq[me] = e;
-        #pragma omp barrier
-        int64_t gb = 0, eb = 0;
-        for (int k = 0; k < me; k++) {
-          gb += cgt[k];
-          eb += ceq[k];
-        }
-        if (qtake == ql) {
-          for (int64_t j = lo; j < hi; j++) qidx[j] = (int32_t)j;
-        } else {
-          int64_t pos = gb + (eb < need ? eb : need);
-          int64_t quota = need - eb;
-          /* candidates (>= thr) flagged 64 at a time, then taken in order: every key above
-             thr, and keys equal to it while this thread's quota lasts */
-          uint8_t fm[HP_TILE];
-          for (int64_t j0 = lo; j0 < hi; j0 += HP_TILE) {
-            const int64_t tl = hi - j0 < HP_TILE ? hi - j0 : HP_TILE;
-            #pragma omp simd
-            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(keys[j0 + t] >= thr);
-            for (int64_t t = 0; t < tl; t += 64) {
-              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
-              for (; bits != 0; bits &= bits - 1) {
-                const int64_t j = j0 + t + __builtin_ctzll(bits);
-                if (keys[j] == thr) {
-                  if (quota <= 0) continue;
-                  quota--;
-                }
-                qidx[pos++] = (int32_t)j;
+          #pragma omp simd
+          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)((qkt[t] >> psh) >= pre);
+          for (int64_t t = 0; t < tl; t += 64) {
+            uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+            for (; bits != 0; bits &= bits - 1) {
+              const int64_t u = t + __builtin_ctzll(bits);
+              if ((qkt[u] >> psh) > pre) {
+                mysure[s++] = (int32_t)(i0 + u);
+              } else if (c < qcap) {
+                mycidx[c] = (int32_t)(i0 + u);
+                myckey[c++] = qkt[u];
               }
             }
           }
+        }
+        nsure[me] = s;
+        ncand[me] = c;
+        if (me == 0) qnt = tn;
+      }
+      /* the need largest candidates, ties in index order: the threshold key among them */
+      uint64_t thr = pre << psh;  /* all candidates equal it when the prefix is the whole key */
+      int64_t quota = need;       /* candidates equal to thr to take, in index order */
+      if (psh > 0) {
+        uint64_t cpre = pre;
+        int cbits = pbits;
+        int64_t cneed = need;
+        while (cbits < 64) {
+          const int width = 64 - cbits < 11 ? 64 - cbits : 11;
+          const int sh = 64 - cbits - width;
+          const uint64_t dmask = ((uint64_t)1 << width) - 1;
+          memset(hist, 0, sizeof(hist));
+          for (int k = 0; k < qnt; k++)
+            for (int64_t x = 0; x < ncand[k]; x++) {
+              const uint64_t kv = qckey[k * qcap + x];
+              if ((kv >> (sh + width)) == cpre) hist[(kv >> sh) & dmask]++;
+            }
+          int64_t above = 0, d = (int64_t)dmask;
+          for (; d > 0; d--) {
+            if (above + hist[d] >= cneed) break;
+            above += hist[d];
+          }
+          cneed -= above;
+          cpre = (cpre << width) | (uint64_t)d;
+          cbits += width;
+        }
+        thr = cpre;
+        quota = cneed;
+      }
+      /* merge, in index order: the keys above the prefix, and the candidates above thr or
+         equal to it while the quota lasts */
+      int64_t out = 0, ks = 0, xs = 0, kc = 0, xc = 0;
+      for (;;) {
+        while (ks < qnt && xs >= nsure[ks]) { ks++; xs = 0; }
+        int64_t nc = -1;
+        while (kc < qnt) {
+          if (xc >= ncand[kc]) { kc++; xc = 0; continue; }
+          const uint64_t kv = qckey[kc * qcap + xc];
+          if (kv > thr || (kv == thr && quota > 0)) { nc = qcidx[kc * qcap + xc]; break; }
+          xc++;
+        }
+        const int64_t ns = ks < qnt ? qsure[ks * qtake + xs] : -1;
+        if (ns < 0 && nc < 0) break;
+        if (nc < 0 || (ns >= 0 && ns < nc)) {
+          qidx[out++] = (int32_t)ns;
+          xs++;
+        } else {
+          if (qckey[kc * qcap + xc] == thr) quota--;
+          qidx[out++] = (int32_t)nc;
+          xc++;
         }
       }
     }
@@ -1047,10 +1078,10 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r10 = f_idx[i];
-          const int64_t ix11 = ((int64_t)(r10));
-          const float r12 = hp_sel_f32((uint64_t)ix11 < (uint64_t)L2, rp_g[hp_clampi(ix11, L2)], 0x0.0p+0f);
-          f_val[i] = hp_canon_f32(((r12 * s_scale) + s_flag));
+          const int32_t r11 = f_idx[i];
+          const int64_t ix12 = ((int64_t)(r11));
+          const float r13 = hp_sel_f32((uint64_t)ix12 < (uint64_t)L2, rp_g[hp_clampi(ix12, L2)], 0x0.0p+0f);
+          f_val[i] = hp_canon_f32(((r13 * s_scale) + s_flag));
         }
       }
     }

@@ -802,9 +802,11 @@ static int64_t hp_encode_layout(int64_t n, int nt, char* ws, void** p) {
   if (p) p[0] = ws + off;
   off += hp_up64(L2 * (int64_t)sizeof(uint8_t));
   if (p) p[1] = ws + off;
-  off += hp_up64((L2) * (int64_t)sizeof(uint32_t));
+  off += hp_up64(((int64_t)nt * hp_min_i64(L1, L2)) * (int64_t)sizeof(int32_t));
   if (p) p[2] = ws + off;
-  off += hp_up64((L2) * (int64_t)sizeof(uint32_t));
+  off += hp_up64(((int64_t)nt * hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192)) * (int64_t)sizeof(int32_t));
+  if (p) p[3] = ws + off;
+  off += hp_up64(((int64_t)nt * hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192)) * (int64_t)sizeof(uint32_t));
   (void)nt;
   (void)ws;
   (void)p;
@@ -819,7 +821,7 @@ int64_t hp_encode_ws_bytes(int64_t n, int32_t nthreads) {
 int hp_encode(const hp_enc_args* a) {
   const int64_t n = a->n;
   const int nt = hp_nthreads(a->nthreads);
-  void* wsp[4];
+  void* wsp[5];
   hp_encode_layout(n, nt, (char*)a->ws, wsp);
   (void)nt;
   (void)wsp;
@@ -838,8 +840,9 @@ int hp_encode(const hp_enc_args* a) {
   memset(pay + po0 + (L1 * 4), 0, (size_t)(po1 - po0 - (L1 * 4)));
   memset(pay + po1 + (L1 * 4), 0, (size_t)(hp_up8(po1 + (L1 * 4)) - po1 - (L1 * 4)));
   uint8_t* const w_sent = (uint8_t*)wsp[0];
-  uint32_t* const scr4 = (uint32_t*)wsp[1];
-  uint32_t* const scr5 = (uint32_t*)wsp[2];
+  int32_t* const scr4 = (int32_t*)wsp[1];
+  int32_t* const scr5 = (int32_t*)wsp[2];
+  uint32_t* const scr6 = (uint32_t*)wsp[3];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_residual = L2 > 0 ? (const float*)st_residual : (const float*)hp_zeros;
   const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
@@ -869,149 +872,176 @@ int hp_encode(const hp_enc_args* a) {
 
 
   int64_t s_count;
-  { /* level 1: topk -> idx (radix select on order keys; the top digit is
-       counted while the keys are computed, later digits only over its candidates) */
+
+  { /* level 1: topk -> idx (radix select on order keys, recomputed per pass:
+       11 bits a pass until the keys with the chosen prefix fit a buffer of candidates, then one
+       pass takes the keys above the prefix and keeps the candidates; no array of keys) */
     const int64_t ql = L2, qk = L1;
     const int64_t qtake = qk < ql ? qk : ql;
+    const int64_t qcap = hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192);  /* candidates kept per thread, >= qtake */
     int32_t* const qidx = f_idx;
-    uint32_t* const keys = (uint32_t*)scr4;
-    uint32_t* const ckeys = (uint32_t*)scr5;
-    const int top = 32 - 11;
-    int64_t hist[2048];
-    memset(hist, 0, sizeof(hist));
-    const int64_t ntiles = (ql + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
-    {
-      /* four interleaved histograms: neighbouring keys mostly share a bucket, and one counter
-         would serialise on its own increments (n < 2^31: 32-bit counts) */
-      uint32_t h[4][2048];
-      memset(h, 0, sizeof(h));
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = ql - i0 < HP_TILE ? ql - i0 : HP_TILE;
+    int32_t* const qsure = scr4;  /* per thread: qtake indices above the prefix */
+    int32_t* const qcidx = scr5;  /* per thread: qcap candidates ... */
+    uint32_t* const qckey = (uint32_t*)scr6;  /* ... and their keys */
+    if (qtake == ql) {
+      #pragma omp parallel for num_threads(nt) schedule(static) if(ql >= HP_PAR_MIN)
+      for (int64_t j = 0; j < ql; j++) qidx[j] = (int32_t)j;
+    } else if (qtake > 0) {
+      uint32_t pre = 0;  /* the top pbits bits the need-th largest key starts with */
+      int pbits = 0;
+      int64_t need = qtake, ccount = ql;  /* still to take among the keys with that prefix */
+      int64_t hist[2048];
+      while (pbits < 32 && (pbits == 0 || ccount > qcap)) {
+        const int width = 32 - pbits < 11 ? 32 - pbits : 11;
+        const int sh = 32 - pbits - width;
+        const uint32_t ppre = pre;
+        const int pshift = sh + width;  /* where the prefix starts (== kbits: no prefix yet) */
+        memset(hist, 0, sizeof(hist));
+        #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
+        {
+          /* four interleaved histograms: neighbouring keys mostly share a bucket, and one
+             counter would serialise on its own increments (n < 2^31: 32-bit counts) */
+          uint32_t h[4][2048];
+          memset(h, 0, sizeof(h));
+          uint32_t qkt[HP_TILE];
+          const int64_t qhi = ql;
+          #pragma omp for schedule(static)
+          for (int64_t tb = 0; tb < (ql + HP_TILE - 1) / HP_TILE; tb++) {
+            const int64_t i0 = tb * HP_TILE;
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
           const float r1 = s_grad[j];
           const float r2 = st_residual[j];
           const float r3 = (r1 + r2);
-          keys[j] = hp_okey_f32(fabsf(r3));
+          qkt[t] = hp_okey_f32(fabsf(r3));
         }
-        int64_t t = 0;
-        for (; t + 4 <= tl; t += 4) {
-          h[0][keys[i0 + t] >> top]++;
-          h[1][keys[i0 + t + 1] >> top]++;
-          h[2][keys[i0 + t + 2] >> top]++;
-          h[3][keys[i0 + t + 3] >> top]++;
-        }
-        for (; t < tl; t++) h[0][keys[i0 + t] >> top]++;
-      }
-      #pragma omp critical
-      for (int d = 0; d < 2048; d++)
-        hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
-    }
-    uint32_t thr = 0, pmask = 0;
-    int64_t need = qtake;
-    int64_t clo[HP_MAXT], ccnt[HP_MAXT];
-    int cnt_regions = 0;
-    for (int shift = top; qtake > 0 && qtake < ql && shift > -11; shift -= 11) {
-      const int sh = shift < 0 ? 0 : shift;
-      const int width = shift < 0 ? 11 + shift : 11;
-      const uint32_t dmask = ((uint32_t)1 << width) - 1;
-      if (shift != top) {
-        memset(hist, 0, sizeof(hist));
-        #pragma omp parallel for num_threads(nt) schedule(static) if(cnt_regions > 1)
-        for (int k = 0; k < cnt_regions; k++) {
-          int64_t h[2048];
-          memset(h, 0, sizeof(h));
-          for (int64_t j = clo[k]; j < clo[k] + ccnt[k]; j++) {
-            const uint32_t kv = ckeys[j];
-            if ((kv & pmask) == thr) h[(kv >> sh) & dmask]++;
-          }
-          #pragma omp critical
-          for (int d = 0; d < 2048; d++) hist[d] += h[d];
-        }
-      }
-      int64_t above = 0;
-      int64_t d = (int64_t)dmask;
-      for (; d > 0; d--) {
-        if (above + hist[d] >= need) break;
-        above += hist[d];
-      }
-      need -= above;
-      thr |= (uint32_t)d << sh;
-      pmask |= dmask << sh;
-      if (shift == top && shift > 0) {
-        /* the candidates: keys in the chosen top bucket, per thread at its own chunk offset */
-        #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
-        {
-          const int me = omp_get_thread_num(), tn = omp_get_num_threads();
-          const int64_t lo = ql * me / tn, hi = ql * (me + 1) / tn;
-          int64_t c = 0;
-          uint8_t fm[HP_TILE];
-          for (int64_t j0 = lo; j0 < hi; j0 += HP_TILE) {
-            const int64_t tl = hi - j0 < HP_TILE ? hi - j0 : HP_TILE;
-            #pragma omp simd
-            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)((keys[j0 + t] & pmask) == thr);
-            for (int64_t t = 0; t < tl; t += 64) {
-              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
-              for (; bits != 0; bits &= bits - 1)
-                ckeys[lo + c++] = keys[j0 + t + __builtin_ctzll(bits)];
+            if (pbits == 0) {
+              int64_t t = 0;
+              for (; t + 4 <= tl; t += 4) {
+                h[0][qkt[t] >> sh]++;
+                h[1][qkt[t + 1] >> sh]++;
+                h[2][qkt[t + 2] >> sh]++;
+                h[3][qkt[t + 3] >> sh]++;
+              }
+              for (; t < tl; t++) h[0][qkt[t] >> sh]++;
+            } else {
+              const uint32_t dmask = ((uint32_t)1 << width) - 1;
+              for (int64_t t = 0; t < tl; t++)
+                if ((qkt[t] >> pshift) == ppre) h[t & 3][(qkt[t] >> sh) & dmask]++;
             }
           }
-          clo[me] = lo;
-          ccnt[me] = c;
-          if (me == 0) cnt_regions = tn;
+          #pragma omp critical
+          for (int d = 0; d < 2048; d++)
+            hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
         }
+        int64_t above = 0, d = ((int64_t)1 << width) - 1;
+        for (; d > 0; d--) {
+          if (above + hist[d] >= need) break;
+          above += hist[d];
+        }
+        need -= above;
+        pre = (pre << width) | (uint32_t)d;
+        pbits += width;
+        ccount = hist[d];
       }
-    }
-    int64_t cgt[HP_MAXT], ceq[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) cgt[k] = ceq[k] = 0;
-    if (qtake > 0) {
+      /* one ordered pass: keys above the prefix are taken, keys with it kept (at most qcap per
+         thread: when more, they are all equal and need <= qtake of them, in index order) */
+      const int psh = 32 - pbits;
+      int64_t nsure[HP_MAXT], ncand[HP_MAXT];
+      int qnt = 1;
       #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
       {
         const int me = omp_get_thread_num(), tn = omp_get_num_threads();
-        const int64_t lo = ql * me / tn, hi = ql * (me + 1) / tn;
-        int64_t g = 0, e = 0;
-        if (qtake < ql) {
-          for (int64_t j = lo; j < hi; j++) {
-            g += keys[j] > thr;
-            e += keys[j] == thr;
-          }
+        /* chunk starts are multiples of 8 (tile buffers: random blocks of 4) */
+        const int64_t qlo = (ql * me / tn) & ~(int64_t)7;
+        const int64_t qhi = me + 1 == tn ? ql : (ql * (me + 1) / tn) & ~(int64_t)7;
+        int32_t* const mysure = qsure + me * qtake;
+        int32_t* const mycidx = qcidx + me * qcap;
+        uint32_t* const myckey = qckey + me * qcap;
+        int64_t s = 0, c = 0;
+        uint32_t qkt[HP_TILE];
+        uint8_t fm[HP_TILE];
+        for (int64_t i0 = qlo; i0 < qhi; i0 += HP_TILE) {
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const float r1 = s_grad[j];
+          const float r2 = st_residual[j];
+          const float r3 = (r1 + r2);
+          qkt[t] = hp_okey_f32(fabsf(r3));
         }
-        cgt[me] = g;
-        ceq[me] = e;
-        #pragma omp barrier
-        int64_t gb = 0, eb = 0;
-        for (int k = 0; k < me; k++) {
-          gb += cgt[k];
-          eb += ceq[k];
-        }
-        if (qtake == ql) {
-          for (int64_t j = lo; j < hi; j++) qidx[j] = (int32_t)j;
-        } else {
-          int64_t pos = gb + (eb < need ? eb : need);
-          int64_t quota = need - eb;
-          /* candidates (>= thr) flagged 64 at a time, then taken in order: every key above
-             thr, and keys equal to it while this thread's quota lasts */
-          uint8_t fm[HP_TILE];
-          for (int64_t j0 = lo; j0 < hi; j0 += HP_TILE) {
-            const int64_t tl = hi - j0 < HP_TILE ? hi - j0 : HP_TILE;
-            #pragma omp simd
-            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(keys[j0 + t] >= thr);
-            for (int64_t t = 0; t < tl; t += 64) {
-              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
-              for (; bits != 0; bits &= bits - 1) {
-                const int64_t j = j0 + t + __builtin_ctzll(bits);
-                if (keys[j] == thr) {
-                  if (quota <= 0) continue;
-                  quota--;
-                }
-                qidx[pos++] = (int32_t)j;
+          #pragma omp simd
+          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)((qkt[t] >> psh) >= pre);
+          for (int64_t t = 0; t < tl; t += 64) {
+            uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+            for (; bits != 0; bits &= bits - 1) {
+              const int64_t u = t + __builtin_ctzll(bits);
+              if ((qkt[u] >> psh) > pre) {
+                mysure[s++] = (int32_t)(i0 + u);
+              } else if (c < qcap) {
+                mycidx[c] = (int32_t)(i0 + u);
+                myckey[c++] = qkt[u];
               }
             }
           }
+        }
+        nsure[me] = s;
+        ncand[me] = c;
+        if (me == 0) qnt = tn;
+      }
+      /* the need largest candidates, ties in index order: the threshold key among them */
+      uint32_t thr = pre << psh;  /* all candidates equal it when the prefix is the whole key */
+      int64_t quota = need;       /* candidates equal to thr to take, in index order */
+      if (psh > 0) {
+        uint32_t cpre = pre;
+        int cbits = pbits;
+        int64_t cneed = need;
+        while (cbits < 32) {
+          const int width = 32 - cbits < 11 ? 32 - cbits : 11;
+          const int sh = 32 - cbits - width;
+          const uint32_t dmask = ((uint32_t)1 << width) - 1;
+          memset(hist, 0, sizeof(hist));
+          for (int k = 0; k < qnt; k++)
+            for (int64_t x = 0; x < ncand[k]; x++) {
+              const uint32_t kv = qckey[k * qcap + x];
+              if ((kv >> (sh + width)) == cpre) hist[(kv >> sh) & dmask]++;
+            }
+          int64_t above = 0, d = (int64_t)dmask;
+          for (; d > 0; d--) {
+            if (above + hist[d] >= cneed) break;
+            above += hist[d];
+          }
+          cneed -= above;
+          cpre = (cpre << width) | (uint32_t)d;
+          cbits += width;
+        }
+        thr = cpre;
+        quota = cneed;
+      }
+      /* merge, in index order: the keys above the prefix, and the candidates above thr or
+         equal to it while the quota lasts */
+      int64_t out = 0, ks = 0, xs = 0, kc = 0, xc = 0;
+      for (;;) {
+        while (ks < qnt && xs >= nsure[ks]) { ks++; xs = 0; }
+        int64_t nc = -1;
+        while (kc < qnt) {
+          if (xc >= ncand[kc]) { kc++; xc = 0; continue; }
+          const uint32_t kv = qckey[kc * qcap + xc];
+          if (kv > thr || (kv == thr && quota > 0)) { nc = qcidx[kc * qcap + xc]; break; }
+          xc++;
+        }
+        const int64_t ns = ks < qnt ? qsure[ks * qtake + xs] : -1;
+        if (ns < 0 && nc < 0) break;
+        if (nc < 0 || (ns >= 0 && ns < nc)) {
+          qidx[out++] = (int32_t)ns;
+          xs++;
+        } else {
+          if (qckey[kc * qcap + xc] == thr) quota--;
+          qidx[out++] = (int32_t)nc;
+          xc++;
         }
       }
     }
@@ -1023,35 +1053,35 @@ int hp_encode(const hp_enc_args* a) {
   bool s_bad;
   { /* level 2: val, bad */
     const int64_t L = L1;
-    int part13[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part13[k] = 0;
+    int part14[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part14[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
-      int acc12 = 0;
+      int acc13 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(|:acc12)
+        #pragma omp simd reduction(|:acc13)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r6 = f_idx[i];
-          const int64_t ix7 = ((int64_t)(r6));
-          const float r8 = hp_sel_f32((uint64_t)ix7 < (uint64_t)L2, rp_g[hp_clampi(ix7, L2)], 0x0.0p+0f);
-          const float r9 = hp_sel_f32((uint64_t)ix7 < (uint64_t)L2, rp_residual[hp_clampi(ix7, L2)], 0x0.0p+0f);
-          const float r10 = hp_sel_f32((uint64_t)ix7 < (uint64_t)L2, (r8 + r9), 0x0.0p+0f);
-          const float r11 = r10;
-          acc12 |= (int)((!(fabsf(r11) < HP_INF_F)));
-          f_val[i] = hp_canon_f32(r10);
+          const int32_t r7 = f_idx[i];
+          const int64_t ix8 = ((int64_t)(r7));
+          const float r9 = hp_sel_f32((uint64_t)ix8 < (uint64_t)L2, rp_g[hp_clampi(ix8, L2)], 0x0.0p+0f);
+          const float r10 = hp_sel_f32((uint64_t)ix8 < (uint64_t)L2, rp_residual[hp_clampi(ix8, L2)], 0x0.0p+0f);
+          const float r11 = hp_sel_f32((uint64_t)ix8 < (uint64_t)L2, (r9 + r10), 0x0.0p+0f);
+          const float r12 = r11;
+          acc13 |= (int)((!(fabsf(r12) < HP_INF_F)));
+          f_val[i] = hp_canon_f32(r11);
         }
       }
-      part13[omp_get_thread_num()] = acc12;
+      part14[omp_get_thread_num()] = acc13;
     }
-    int acc12 = 0;
-    for (int k = 0; k < nt; k++) acc12 |= part13[k];
-    s_bad = (acc12 != 0);
+    int acc13 = 0;
+    for (int k = 0; k < nt; k++) acc13 |= part14[k];
+    s_bad = (acc13 != 0);
   }
 
 
@@ -1060,10 +1090,10 @@ int hp_encode(const hp_enc_args* a) {
     const int64_t xc = xc0 < xn ? xc0 : xn;
     uint8_t* const xout = w_sent;
     for (int64_t j = 0; j < xc; j++) {
-      const int32_t r14 = f_idx[j];
-      const uint8_t r15 = ((uint8_t)1);
-      const int64_t xi = (int64_t)(r14);
-      if ((uint64_t)xi < (uint64_t)xl) xout[xi] = hp_add_u8(xout[xi], r15);
+      const int32_t r15 = f_idx[j];
+      const uint8_t r16 = ((uint8_t)1);
+      const int64_t xi = (int64_t)(r15);
+      if ((uint64_t)xi < (uint64_t)xl) xout[xi] = hp_add_u8(xout[xi], r16);
     }
   }
 
@@ -1081,11 +1111,11 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float r16 = st_residual[i];
-          const uint8_t r17 = w_sent[i];
-          const float r18 = s_grad[i];
-          const float r19 = (r18 + r16);
-          st_residual[i] = hp_sel_f32(s_bad, r16, hp_sel_f32((r17 == ((uint8_t)0)), r19, 0x0.0p+0f));
+          const float r17 = st_residual[i];
+          const uint8_t r18 = w_sent[i];
+          const float r19 = s_grad[i];
+          const float r20 = (r19 + r17);
+          st_residual[i] = hp_sel_f32(s_bad, r17, hp_sel_f32((r18 == ((uint8_t)0)), r20, 0x0.0p+0f));
         }
       }
     }

@@ -676,11 +676,17 @@ class CFunction:
             kdt = op.key.result.dtype
             ku = "uint64_t" if kdt.bits == 64 else "uint32_t"
             cnt = self.names.get(op.count)
+            kk = self.length(op.k)
+            take = f"hp_min_i64({kk}, {ln})"
+            # candidates per thread: at least what is taken, so ties beyond it need no room
+            cap = f"hp_min_i64({ln}, 4 * {take} + 8192)"
             return f"  int64_t {cnt};\n" + r(
-                "c_topk.c.j2", idx_name=op.idx, length=ln, k=self.length(op.k), idx=home, ku=ku,
-                kt=kdt.name, kbits=64 if kdt.bits == 64 else 32, scratch=self.scratch(ku, ln),
-                scratch_c=self.scratch(ku, ln), pre=self._tile_pre(kb), body=kb.lines,
-                result=res, count=cnt,
+                "c_topk.c.j2", idx_name=op.idx, length=ln, k=kk, idx=home, ku=ku, kt=kdt.name,
+                kbits=64 if kdt.bits == 64 else 32, cap=cap,
+                scratch_sure=self.scratch("int32_t", f"(int64_t)nt * {take}"),
+                scratch_cidx=self.scratch("int32_t", f"(int64_t)nt * {cap}"),
+                scratch_ckey=self.scratch(ku, f"(int64_t)nt * {cap}"),
+                pre_lines=self._tile_pre(kb), body=kb.lines, result=res, count=cnt,
             )  # fmt: skip
         if isinstance(op, ir.Sort):
             body, res = self._lambda(op.key, op.length, lv)
