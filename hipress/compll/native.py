@@ -156,8 +156,9 @@ class NativeBackend:
         return self._buffer("ws", n, need)
 
     def workspace_bytes(self, n: int, nthreads: int | None = None) -> int:
-        """Workspace bytes one encode/decode of ``n`` elements uses (on ``nthreads`` threads,
-        by default torch's)."""
+        """Workspace bytes an encode or decode of ``n`` elements may use (on ``nthreads``
+        threads, by default torch's): the largest, including a sparse decode's, which is only
+        allocated for a payload that repeats an index (see :meth:`decode`)."""
         nt = torch.get_num_threads() if nthreads is None else nthreads
         lib = self._lib
         return max(
