@@ -34,7 +34,7 @@ ALGOS = algorithms()
 # residual_after + decoded == g + residual_before
 EF = {"dgc", "efsignsgd", "graddrop", "onebit", "tbq", "topk"}
 # one pass over the data: a non-finite step drops the residual (`lost`) instead of keeping it
-ONE_PASS_EF = {"dgc", "efsignsgd", "graddrop", "onebit", "tbq"}
+ONE_PASS_EF = {"dgc", "efsignsgd", "graddrop", "onebit", "tbq", "topk"}
 # params under which E[decode(encode(g))] == g
 UNBIASED: dict[str, dict[str, Any]] = {
     "qsgd": {},
@@ -308,16 +308,22 @@ def test_error_feedback_conserves_the_compensated_gradient(name: str) -> None:
 
 
 def unsent(st_: Any) -> torch.Tensor:
-    """For the sampled sparsifiers (dgc, graddrop), which mask a step late: the elements the
-    last step did not send, from ``comp`` and its threshold, rotation and last position taken
-    (all sent, i.e. nothing kept, if it was ``lost``)."""
+    """For the sparsifiers, which mask a step late: the elements the last step did not send,
+    from ``comp`` and (dgc, graddrop) its threshold, rotation and last position taken, or
+    (topk) the smallest |c| sent and the last index sent at it; all sent, i.e. nothing kept,
+    if it was ``lost``."""
     t = st_.tensors
     comp = t["comp"]
     n = comp.numel()
     i = torch.arange(n)
-    off, last = int(t["poff"]), int(t["plast"])
-    r = torch.where(i < off, i + (n - off), i - off)
-    sent = (comp.abs() >= t["pthr"]) & (comp != 0) & (r <= last)
+    last = int(t["plast"])
+    if "pmin" in t:
+        a = comp.abs()
+        sent = (a > t["pmin"]) | ((a == t["pmin"]) & (i <= last))
+    else:
+        off = int(t["poff"])
+        r = torch.where(i < off, i + (n - off), i - off)
+        sent = (comp.abs() >= t["pthr"]) & (comp != 0) & (r <= last)
     return ~(sent | bool(t["lost"]))
 
 
@@ -331,7 +337,7 @@ def residual(st_: Any) -> torch.Tensor:
     if "residual" in t:
         return t["residual"].clone()
     comp = t["comp"]
-    if "pthr" in t:
+    if "pthr" in t or "pmin" in t:
         return torch.where(unsent(st_), comp, torch.zeros_like(comp))
     if "pscale" in t:
         pos, neg = t["pscale"], -t["pscale"]
