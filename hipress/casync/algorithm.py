@@ -75,9 +75,11 @@ def encode_checked(
     itself where the algorithm finds out in the same pass (CompLL's ``encode_checked``), else
     by one read pass over ``grad``."""
     fused = getattr(alg, "encode_checked", None)
-    bad = fused(grad, state, out=out)[1] if fused is not None else None
-    if fused is None:
+    if fused is not None:
+        bad = fused(grad, state, out=out)[1]
+    else:
         alg.encode(grad, state, out=out)
+        bad = None
     return not all_finite(grad) if bad is None else bool(bad)
 
 

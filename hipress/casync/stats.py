@@ -32,8 +32,8 @@ class StepStats:
         bytes_sent: bytes this rank handed to collectives as input (allreduce: the uncompressed
             tensor; allgather: its block; all_to_all: all N blocks; PS gather phase: its block).
         bytes_uncompressed: bytes of the gradients, what DDP's allreduce hands to its collective.
-        encode_ms: time spent encoding (workers and PS servers), and checking a bucket with
-            compressed tensors for NaN/Inf (one read pass) before.
+        encode_ms: time spent encoding (workers and PS servers), with the NaN/Inf checks of
+            compressed chunks that the encode does not do itself (a read pass each).
         decode_ms: time spent decoding, merging and averaging.
         codec_wait_ms: time encode and decode calls waited for each other (they run on the
             hook's and the backend's threads, one at a time); not part of the two above.

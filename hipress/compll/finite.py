@@ -36,7 +36,7 @@ def add_flag(plan: Plan, prog: ir.Program) -> None:
             if id(lp) in fused or lp.length != n:
                 continue
             if not any(_reads(plan, it.op.fn, prog.encode.grad, set()) for it in lp.items):
-                continue  # (topk's zeroing of its `sent` array: a read more would cost)
+                continue  # (e.g. a scatter's zeroing: a read more would cost)
             i = ir.Ref("__i", I64)
             g = ir.Load(prog.encode.grad, i, F32)
             fn = ir.Lambda((i,), (), ir.Unary("not", ir.Unary("isfinite", g, BOOL), BOOL))
