@@ -160,6 +160,31 @@ def test_ring_k1_by_hand() -> None:
     assert np.isinf(CostModel(p, n).time("ring", n - 1, 1))  # a shard per worker at least
 
 
+def test_shards_cost_at_least_their_partition_in_one_run() -> None:
+    """PS and the ring encode, check and decode shards of one partition: priced as at least one
+    run over the whole partition, so a profile whose small sizes ran in cache (cheaper per
+    element) does not make splitting look cheaper than it is."""
+    from hipress.secopa.costfn import PiecewiseLinear
+
+    p = _profile()
+    # 1 ns per element up to 1M (in cache), 3 ns from 4M on (memory): a cache cliff
+    cliff = PiecewiseLinear((1.0, 1e6, 4e6, 1e8), (0.0, 1.0, 12.0, 300.0), 3e-6)
+    q = replace(p, compute={**p.compute, "encode": cliff})
+    n, m = 4, 1 << 24
+    cm = CostModel(q, n)
+    f = cm.formula("ps")
+    d = cm._dims(m, [4])  # partitions of 4M in shards of 1M
+    enc = next(t for t in f.compute if t.op == "encode" and t.pieces)
+    four = float(cm.compute_term(enc, d)[0])
+    assert four == pytest.approx(float(q.compute_ms("encode", 4 * d.shard)[0]))
+    assert four > 4 * float(q.compute_ms("encode", d.shard)[0])  # the hot figure, 4 x 1 ms
+    # where the small sizes are not cheaper per element, the pieces cost what they did
+    d1 = CostModel(p, n)._dims(m, [4])
+    assert float(CostModel(p, n).compute_term(enc, d1)[0]) == pytest.approx(
+        n * _c((4e-7, 0.01, 0.01), m / 4 / n)
+    )
+
+
 @given(
     m=st.integers(1 << 12, 1 << 24),
     k=st.integers(1, 8),

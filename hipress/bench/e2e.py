@@ -200,6 +200,14 @@ def _train(
         out["casync"] = state.stats.mean()
         out["compressed_tensors"] = sum(e.compress for e in state.plan.entries)
         out["tensors"] = len(state.plan.entries)
+        out["plan"] = {
+            "entries": [
+                [e.name, e.numel, e.compress, e.strategy.value, e.partitions]
+                for e in state.plan.entries
+            ],
+            "totals": dict(state.plan.totals),
+            "selection": state.plan.meta.get("selection"),
+        }
     return out
 
 
@@ -240,6 +248,7 @@ def run_config(
     if "casync" in per_rank[0]:
         res["casync"] = per_rank[0]["casync"]
         res["compressed_tensors"] = per_rank[0]["compressed_tensors"]
+        res["plan"] = per_rank[0]["plan"]
         res["tensors"] = per_rank[0]["tensors"]
     logger.info("e2e: %s %s: %.1f samples/s", model_name, cfg.name, res["samples_per_s"])
     return res

@@ -107,7 +107,7 @@ class CostModel:
         """(compute, comm) ms of the formula's terms, per K; comm without latency if asked."""
         c = np.zeros_like(d.k)
         for t in f.compute:
-            c = c + np.asarray(t.count(d)) * self.profile.compute_ms(t.op, t.size(d))
+            c = c + self.compute_term(t, d)
         w = np.zeros_like(d.k)
         # CaSync's own cost per collective call (the profile's calibration; 0 if not measured)
         call = self.profile.call_ms if latency and f.combine == "pipeline" else 0.0
@@ -117,6 +117,15 @@ class CostModel:
             one = op.time(size, self.n) + call if latency else op.slopes(self.n)[0] * size
             w = w + np.asarray(t.count(d)) * one
         return c, w
+
+    def compute_term(self, t: Term, d: Dims) -> Array:
+        """ms of a compute term: ``count`` runs on ``size``; for ``pieces`` of one region, at
+        least one run over the whole region (:class:`~hipress.secopa.formulas.Term`)."""
+        count = np.asarray(t.count(d), dtype=np.float64)
+        ms = count * self.profile.compute_ms(t.op, t.size(d))
+        if t.pieces:
+            ms = np.maximum(ms, self.profile.compute_ms(t.op, count * np.asarray(t.size(d))))
+        return ms
 
     def times(self, name: str, m: float, ks: ArrayLike | None = None) -> Array:
         """Predicted ms of formula ``name`` for m elements at each K (default K = 1..kmax).
@@ -249,9 +258,7 @@ class CostModel:
                         continue
                     d = self._dims(x.numel, [x.k])
                     for t in f.compute:
-                        comp += _scalar(
-                            np.asarray(t.count(d)) * self.profile.compute_ms(t.op, t.size(d))
-                        )
+                        comp += _scalar(self.compute_term(t, d))
                     for j, t in enumerate(f.comm):
                         sizes[j] += _scalar(t.size(d))
                 d0 = self._dims(1.0, [1])
