@@ -365,6 +365,25 @@ def test_one_pass_error_feedback_drops_the_residual_after_a_non_finite_step(name
     assert not bool(st_.tensors["lost"])
 
 
+@pytest.mark.parametrize("name", ["dgc", "graddrop", "topk"])
+def test_a_checkpoint_of_the_masked_form_loads_as_the_same_residual(name: str) -> None:
+    """Checkpoints written before the sparsifiers kept their state unmasked hold `residual`
+    (dgc also `u`): they load with nothing marked sent, so the next step sees that residual."""
+    alg = load(name)
+    n = 300
+    gen = torch.Generator().manual_seed(7)
+    r, u = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    tensors = {"residual": r, **({"u": u} if name == "dgc" else {})}
+    st_ = alg.init_state(n, seed=3)
+    st_.load_state_dict({"n": n, "step": 5, "seed": 3, "tensor_id": 0, "tensors": tensors})
+    assert torch.equal(residual(st_), r) and st_.step == 5
+    if name == "dgc":
+        assert torch.equal(st_.tensors["u"], u) and bool(unsent(st_).all())
+    bad = {"n": n, "step": 0, "seed": 3, "tensor_id": 0, "tensors": {"other": r}}
+    with pytest.raises(ValueError, match="state entries do not match"):
+        alg.init_state(n).load_state_dict(bad)
+
+
 def test_dgc_momentum_correction_and_masking() -> None:
     alg = load("dgc", s_percent=0.05)
     m = torch.tensor(alg.params["momentum"], dtype=torch.float64).float()

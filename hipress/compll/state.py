@@ -44,9 +44,12 @@ class State:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`, in place (tensors keep their device)."""
+        """Restore from :meth:`state_dict`, in place (tensors keep their device). A checkpoint
+        of dgc, graddrop or topk written before they kept their state unmasked loads too
+        (:func:`_unmasked`)."""
         if int(sd["n"]) != self.n:
             raise ValueError(f"state is for {sd['n']} elements, this tensor has {self.n}")
+        sd = {**sd, "tensors": _unmasked(sd["tensors"], self.tensors)}
         missing = set(self.tensors) ^ set(sd["tensors"])
         if missing:
             raise ValueError(f"state entries do not match: {sorted(missing)}")
@@ -60,3 +63,24 @@ class State:
         """Zero every declared state entry (keeps step, seed and tensor id)."""
         for t in self.tensors.values():
             t.zero_()
+
+
+def _unmasked(
+    old: dict[str, torch.Tensor], mine: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``old`` as this state's entries, where it is the masked form of a sparsifier's state.
+
+    Until 2026-11-25 dgc, graddrop and topk kept ``residual`` (and dgc ``u``) with what a step
+    sent already zeroed; they now keep ``comp`` unmasked and mark what the last step sent
+    (``plast``: the last position taken, and ``pthr``/``poff`` or ``pmin``), zeroing it at the
+    next step. The old residual is such a ``comp`` with nothing marked sent: ``plast`` -1 (topk:
+    and ``pmin`` +inf), not ``lost``; dgc's ``u`` carries over as it is."""
+    if "residual" not in old or "residual" in mine or not {"comp", "plast"} <= set(mine):
+        return old
+    out = {k: v for k, v in old.items() if k != "residual"}
+    out["comp"] = old["residual"]
+    for name, t in mine.items():
+        if name not in out:
+            value = -1 if name == "plast" else float("inf") if name == "pmin" else 0
+            out[name] = torch.full_like(t, value, device="cpu")
+    return out
