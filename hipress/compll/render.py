@@ -34,7 +34,10 @@ _COMMON_MODULES = (
     "lower.py", "defer.py", "fuse.py", "finite.py", "walk.py", "sparse.py", "render.py",
     "render_expr.py",
 )  # fmt: skip
-_TARGET_MODULES = {"c": ("render_c.py",), "cuda": ("render_cuda.py",)}
+_TARGET_MODULES = {
+    "c": ("render_c.py", "render_stages.py", "render_reduce.py"),
+    "cuda": ("render_cuda.py", "render_c.py", "render_stages.py", "render_reduce.py"),
+}
 
 
 class RenderError(Exception):

@@ -7,132 +7,33 @@ stages.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import jinja2
 
 from hipress.compll import ir
 from hipress.compll.lower import (
-    FilterFusion,
     Item,
     Loop,
     Plan,
-    ScatterAdd,
     SegFusion,
-    Special,
     Target,
 )
-from hipress.compll.render_expr import Body, Emitter, Mem, Names, const, ctype, mtype
+from hipress.compll.render_expr import (
+    Body,
+    Emitter,
+    Mem,
+    Names,
+    const,
+    ctype,
+    mtype,
+    variants,
+)
+from hipress.compll.render_reduce import combine_acc, reduction
+from hipress.compll.render_stages import Stages
 from hipress.compll.sparse import SparseDecode
 from hipress.compll.types import I64, ArrayType, DType
 from hipress.compll.walk import walk
-
-# ---------------------------------------------------------------- reductions
-
-
-@dataclass(frozen=True)
-class Acc:
-    ctype: str
-    name: str
-    init: str
-    clause: str  # OpenMP reduction operator: + min max | &
-
-
-@dataclass(frozen=True)
-class Reduction:
-    accs: tuple[Acc, ...]
-    update: tuple[str, ...]
-    final: str  # in terms of the accumulator names
-
-
-def _key_init(dt: DType, which: str) -> str:
-    """The order key of +inf (min) or -inf (max) for float type ``dt``."""
-    bits = dt.bits
-    b = (0x7F800000 if bits == 32 else 0x7FF0000000000000) | (
-        (1 << (bits - 1)) if which == "max" else 0
-    )
-    if b >= 1 << (bits - 1):
-        b -= 1 << bits
-    k = b ^ ((b >> (bits - 1)) & ((1 << (bits - 1)) - 1))
-    return f"INT64_C({k})" if bits == 64 else f"({k})"
-
-
-def reduction(op: str, v: str, dt: DType, out: DType, length: str, names: Names) -> Reduction:
-    """Accumulators and statements reducing values ``v`` (type ``dt``) with ``op``."""
-    a = names.fresh("acc")
-    if op == "sum":
-        if dt.is_float:
-            return Reduction((Acc("double", a, "0.0", "+"),), (f"{a} += (double)({v});",),
-                             f"(({ctype(out)}){a})")  # fmt: skip
-        return Reduction((Acc("uint64_t", a, "0", "+"),), (f"{a} += (uint64_t)(int64_t)({v});",),
-                         f"((int64_t){a})")  # fmt: skip
-    if op == "count":
-        return Reduction((Acc("int64_t", a, "0", "+"),), (f"{a} += (int64_t)({v});",), a)
-    if op in ("any", "all"):
-        init, sym = ("0", "|") if op == "any" else ("1", "&")
-        return Reduction((Acc("int", a, init, sym),), (f"{a} {sym}= (int)({v});",), f"({a} != 0)")
-    if op == "absmax" and dt.name in ("f32", "f64"):
-        # the bits of |x| order like |x|, and NaNs (cleared sign) above every other value
-        kt, ut, w = ("int32_t", "uint32_t", 31) if dt.bits == 32 else ("int64_t", "uint64_t", 63)
-        kx = names.fresh("k")
-        inf = "0x7f800000" if dt.bits == 32 else "INT64_C(0x7ff0000000000000)"
-        upd = (
-            f"const {kt} {kx} = ({kt})(hp_{dt.name}_bits({v}) & ((({ut})1 << {w}) - 1));",
-            f"{a} = {kx} > {a} ? {kx} : {a};",
-        )
-        val = f"hp_{dt.name}_from_bits(({ut}){a})"
-        final = f"({a} > {inf} ? {const(float('nan'), dt)} : {val})"
-        return Reduction((Acc(kt, a, "0", "max"),), upd, final)
-    # min, max, absmax
-    which = "min" if op == "min" else "max"
-    x = names.fresh("x")
-    xv = (
-        (f"fabs{'f' if dt.name == 'f32' else ''}({v})" if dt.is_float else f"hp_abs_{dt.name}({v})")
-        if op == "absmax"
-        else v
-    )
-    if dt.is_float:
-        kt = "int32_t" if dt.bits == 32 else "int64_t"
-        nf = names.fresh("nan")
-        kx = names.fresh("k")
-        upd = (
-            f"const {ctype(dt)} {x} = {xv};",
-            f"const {kt} {kx} = hp_key_{dt.name}({x});",
-            f"{a} = {kx} {'<' if which == 'min' else '>'} {a} ? {kx} : {a};",
-            f"{nf} |= ({x} != {x});",
-        )
-        val = f"hp_unkey_{dt.name}({a})"
-        if op == "absmax":
-            val = f"({length} == 0 ? {const(0, dt)} : {val})"
-        final = f"({nf} ? {const(float('nan'), dt)} : {val})"
-        return Reduction(
-            (Acc(kt, a, _key_init(dt, which), which), Acc("int", nf, "0", "|")), upd, final
-        )
-    lim = {"min": "max", "max": "min"}[which]
-    init = _int_limit(dt, lim)
-    upd = (f"const {ctype(dt)} {x} = {xv};",
-           f"{a} = {x} {'<' if which == 'min' else '>'} {a} ? {x} : {a};")  # fmt: skip
-    final = f"({length} == 0 ? {const(0, dt)} : {a})" if op == "absmax" else a
-    return Reduction((Acc(ctype(dt), a, init, which),), upd, final)
-
-
-def _int_limit(dt: DType, which: str) -> str:
-    if dt.is_signed:
-        v = (1 << (dt.bits - 1)) - 1 if which == "max" else -(1 << (dt.bits - 1))
-    else:
-        v = (1 << dt.bits) - 1 if which == "max" else 0
-    return const(v, dt)
-
-
-def combine_acc(acc: Acc, tot: str, part: str) -> str:
-    if acc.clause == "+":
-        return f"{tot} += {part};"
-    if acc.clause in ("|", "&"):
-        return f"{tot} {acc.clause}= {part};"
-    cmp = "<" if acc.clause == "min" else ">"
-    return f"{tot} = {part} {cmp} {tot} ? {part} : {tot};"
 
 
 @dataclass
@@ -169,7 +70,7 @@ def tileable(plan: Plan) -> bool:
     )
 
 
-class CFunction:
+class CFunction(Stages):
     """Renders one plan (encode, decode or decode-accumulate) as a C function; with ``tile``
     (a :func:`tileable` decode only), as a serial function of one tile of the output, taking
     ``pay``, ``out``, ``n``, ``i0`` and ``tl``."""
@@ -641,205 +542,6 @@ class CFunction:
             ]  # fmt: skip
         return post
 
-    # -- special stages
-
-    def _lambda(
-        self, fn: ir.Lambda, length: ir.Expr | None, level: int, idx: str = "j"
-    ) -> tuple[list[str], str]:
-        body = Body(level=level, index=idx, loop_len=length)
-        v = self.em.apply(fn, [idx], body)
-        self.hoisted += body.hoist
-        return body.lines, v
-
-    def special(self, sp: Special) -> str:
-        self.hoisted = []
-        text = self._special(sp)
-        return "".join(f"  {ln}\n" for ln in self.hoisted) + text
-
-    def _special(self, sp: Special) -> str:
-        op = sp.op
-        lv = sp.level
-        home = self.target_ptr(sp.home) if sp.home is not None else None
-
-        def r(tpl, /, **kw) -> str:
-            return self.env.get_template(tpl).render(level=lv, **kw)
-
-        if isinstance(op, ir.Filter):
-            assert home is not None
-            ff = next((f for f in self.plan.filter_fusions if f.special is sp), None)
-            return self._filter(op, lv, home, ff, r)
-        if isinstance(op, ir.TopK):
-            kb = Body(level=lv, index="j", loop_len=op.length, tile="t")
-            res = self.em.apply(op.key, ["j"], kb)
-            self.hoisted += kb.hoist
-            ln = self.length(op.length)
-            kdt = op.key.result.dtype
-            ku = "uint64_t" if kdt.bits == 64 else "uint32_t"
-            cnt = self.names.get(op.count)
-            kk = self.length(op.k)
-            take = f"hp_min_i64({kk}, {ln})"
-            # candidates per thread: at least what is taken, so ties beyond it need no room
-            cap = f"hp_min_i64({ln}, 4 * {take} + 8192)"
-            return f"  int64_t {cnt};\n" + r(
-                "c_topk.c.j2", idx_name=op.idx, length=ln, k=kk, idx=home, ku=ku, kt=kdt.name,
-                kbits=64 if kdt.bits == 64 else 32, cap=cap,
-                scratch_sure=self.scratch("int32_t", f"(int64_t)nt * {take}"),
-                scratch_cidx=self.scratch("int32_t", f"(int64_t)nt * {cap}"),
-                scratch_ckey=self.scratch(ku, f"(int64_t)nt * {cap}"),
-                pre_lines=self._tile_pre(kb), body=kb.lines, result=res, count=cnt,
-            )  # fmt: skip
-        if isinstance(op, ir.Sort):
-            body, res = self._lambda(op.key, op.length, lv)
-            ln = self.length(op.length)
-            ku = "uint64_t" if op.dtype.bits == 64 else "uint32_t"
-            return r(
-                "c_sort.c.j2", out_name=op.name, length=ln, out=home, vt=ctype(op.dtype), ku=ku,
-                kt=op.dtype.name, kbits=64 if op.dtype.bits == 64 else 32,
-                is_float=op.dtype.is_float, scratch_a=self.scratch(ku, ln),
-                scratch_b=self.scratch(ku, ln), scratch_h=self.scratch("int64_t", "HP_MAXT * 256"),
-                body=body, result=res,
-            )  # fmt: skip
-        if isinstance(op, ir.Scan):
-            return self._scan(op, lv, home, r)
-        if isinstance(op, ir.SegReduce):
-            return self._segreduce(op, lv, home, r)
-        if isinstance(op, ScatterAdd):
-            return self._scatter(op.op, lv, home, r)
-        assert isinstance(op, ir.Reduce)
-        return self._custom(op, lv, r)
-
-    def _filter(
-        self, op: ir.Filter, lv: int, home: str, ff: FilterFusion | None, r: Callable[..., str]
-    ) -> str:
-        """The filter's pass; with ``ff``, the maps deferred to it are stored by their own loop
-        before it, or (without a guard, and where a rotation covers every index once) by the
-        filter's pass itself, which then scans the whole length even once the bound is
-        reached."""
-        ln, bl = self.length(op.length), self.length(op.bound)
-        cnt = self.names.get(op.count)
-        scratch = self.scratch("int32_t", f"hp_min_i64({ln}, (int64_t)nt * {bl})")
-        text = self._filter_pass(op, lv, home, ln, bl, cnt, scratch, None, r)
-        guard = self._guard(op.pred, lv)
-        if guard is not None:  # nothing passes: no pass
-            text = (
-                f"  if ({guard}) {{\n{text}\n  }} else {{\n    {cnt} = 0;\n"
-                f"    memset({home}, 0, (size_t){bl} * 4);\n  }}"
-            )
-        if ff is not None:
-            text = self.loop(ff.loop) + "\n" + text
-            if guard is None:
-                fused = self._filter_pass(op, lv, home, ln, bl, cnt, scratch, ff, r)
-                if ff.offset is None:
-                    text = fused
-                else:
-                    host = Body(level=lv)
-                    h = self.em.expr(ff.offset, host, {})
-                    assert not host.lines  # a host expression (lower._filter_index)
-                    text = (
-                        f"  if (({h}) >= 0 && ({h}) < {ln}) {{ /* every index once */\n"
-                        f"{fused}\n  }} else {{\n{text}\n  }}"
-                    )
-        return f"  int64_t {cnt};\n" + text
-
-    def _filter_pass(
-        self, op: ir.Filter, lv: int, home: str, ln: str, bl: str, cnt: str, scratch: str,
-        ff: FilterFusion | None, r: Callable[..., str],
-    ) -> str:  # fmt: skip
-        names = frozenset(it.op.name for it in ff.loop.items) if ff is not None else frozenset()
-        fb = Body(level=lv, index="j", loop_len=op.length, tile="t", recompute=names)
-        stores: list[str] = []
-        if ff is not None:
-            env = {ff.param: "j"}
-            at = self.em.expr(ff.index, fb, env)
-            for it in ff.loop.items:
-                assert isinstance(it.op, ir.Map)
-                dt = it.op.type.dtype
-                v = self.em.load(ir.Load(it.op.name, ff.index, dt), fb, env)
-                for tg in it.targets:
-                    val = f"(uint8_t)({v})" if dt.is_bool else v
-                    stores.append(f"{self.target_ptr(tg)}[{at}] = {val};")
-        res = self.em.apply(op.pred, ["j"], fb)
-        self.hoisted += fb.hoist
-        vs = [
-            {**v, "result": _fix(res, fast), "stores": [_fix(x, fast) for x in stores]}
-            for v, fast in zip(variants(fb, fb.lines), (True, False), strict=False)
-        ]
-        return r(
-            "c_filter.c.j2", idx_name=op.idx, length=ln, bound=bl, idx=home, scratch=scratch,
-            variants=vs, count=cnt, pre=self._tile_pre(fb), full=ff is not None,
-            also=", ".join(sorted(names)),
-        )  # fmt: skip
-
-    def _scan(self, op: ir.Scan, lv: int, home: str | None, r: Callable[..., str]) -> str:
-        body, res = self._lambda(op.fn, op.length, lv)
-        dt = op.dtype
-        seq = op.op == "sum" and dt.is_float
-        if op.op == "sum":
-            ident = const(0, dt)
-            comb = lambda a, b: f"hp_add_{dt.name}({a}, {b})"  # noqa: E731
-        else:
-            ident = _ident_minmax(op.op, dt)
-            comb = lambda a, b: f"hp_{op.op}_{dt.name}({a}, {b})"  # noqa: E731
-        return r(
-            "c_scan.c.j2", op=op.op, out_name=op.name, length=self.length(op.length), out=home,
-            vt=ctype(dt), sequential=seq, identity=ident, combine=comb, body=body, result=res,
-        )  # fmt: skip
-
-    def _segreduce(self, op: ir.SegReduce, lv: int, home: str | None, r: Callable[..., str]) -> str:
-        body, res = self._lambda(op.fn, op.length, lv)
-        dt = op.fn.result.dtype
-        red = reduction(op.op, res, dt, op.dtype, "(j1 - j0)", self.names)
-        final = red.final
-        out_len = self.length(self.plan.arrays[op.name].length)
-        return r(
-            "c_segreduce.c.j2", op=op.op, out_name=op.name, length=self.length(op.length),
-            seg=self.length(op.seg), out_len=out_len, out=home, vt=mtype(op.dtype),
-            acc_decls=[f"{a.ctype} {a.name} = {a.init};" for a in red.accs],
-            clauses="".join(f" reduction({a.clause}:{a.name})" for a in red.accs),
-            body=body, update=list(red.update), final=final,
-        )  # fmt: skip
-
-    def _scatter(self, op: ir.Scatter, lv: int, home: str | None, r: Callable[..., str]) -> str:
-        idx_a = self.plan.arrays[op.idx]
-        body = Body(level=lv, index="j", loop_len=idx_a.length)
-        index = self.em.load(
-            ir.Load(op.idx, ir.Ref("__j", idx_a.dtype), idx_a.dtype), body, {"__j": "j"}
-        )
-        val = self.em.load(ir.Load(op.vals, ir.Ref("__j", op.dtype), op.dtype), body, {"__j": "j"})
-        self.hoisted += body.hoist
-        dt = op.dtype
-        add = (
-            (lambda a, b: f"({a} + {b})")
-            if dt.is_float
-            else (lambda a, b: f"hp_add_{dt.name}({a}, {b})")
-        )
-        body_count = Body(level=lv)
-        count = self.em.expr(op.count, body_count, {})
-        pre = "".join(f"  {ln}\n" for ln in body_count.lines)
-        return pre + r(
-            "c_scatter.c.j2", out_name=op.name, length=self.length(op.length), count=count,
-            idx_len=self.length(idx_a.length), out=home, vt=mtype(dt), body=body.lines,
-            index=index, value=val, add=add,
-        )  # fmt: skip
-
-    def _custom(self, op: ir.Reduce, lv: int, r: Callable[..., str]) -> str:
-        assert op.combine is not None and op.init is not None
-        body, res = self._lambda(op.fn, op.length, lv)
-        ib = Body(level=lv)
-        init = self.em.expr(op.init, ib, {})
-        cb = Body(level=lv)
-        cres = self.em.apply(op.combine, ["ca", "cb"], cb)
-        dt = op.dtype
-        ln = self.length(op.length)
-        var = self.names.get(op.name)
-        return f"  {ctype(dt)} {var};\n" + r(
-            "c_custom_reduce.c.j2", name=var, length=ln, vt=ctype(dt),
-            scratch_a=self.scratch(ctype(dt), ln, (op.length, 8)),
-            scratch_b=self.scratch(ctype(dt), f"({ln} + 1) / 2", (op.length, 8)),
-            init_body=ib.lines, init=init, body=body, result=res, combine_body=cb.lines,
-            combine_result=cres,
-        )  # fmt: skip
-
 
 def _balanced(call: str) -> bool:
     """Whether the outer parentheses of ``f(...)`` enclose the whole argument list."""
@@ -850,33 +552,3 @@ def _balanced(call: str) -> bool:
         if depth == 0 and ch == ")":
             return k == len(call) - 1
     return False
-
-
-_FLAG = re.compile(r"^const bool (fastdiv\d+) = ")
-_FLAGS = re.compile(r"\b(?:fastdiv|rotok)\d+\b")
-
-
-def variants(body: Body, lines: list[str]) -> list[dict[str, object]]:
-    """The loop body once, or twice when fast-division flags were hoisted or rotated indices
-    used: a version with every flag true (straight-line, vectorisable, contiguous reads) under
-    their conjunction, and one with every flag false (exact division, checked reads)
-    otherwise."""
-    flags = [m.group(1) for m in map(_FLAG.match, body.hoist) if m]
-    flags += [r.flag for r in body.rotations.values()]
-    if not flags:
-        return [{"cond": "", "body": lines}]
-    return [
-        {"cond": " && ".join(flags), "body": [_fix(ln, True, flags) for ln in lines]},
-        {"cond": "", "body": [_fix(ln, False, flags) for ln in lines]},
-    ]
-
-
-def _fix(line: str, fast: bool, flags: list[str] | None = None) -> str:
-    """``line`` with every fast-division and rotation flag replaced by 1 (``fast``) or 0."""
-    return _FLAGS.sub("1" if fast else "0", line)
-
-
-def _ident_minmax(op: str, dt: DType) -> str:
-    if dt.is_float:
-        return const(float("inf") if op == "min" else float("-inf"), dt)
-    return _int_limit(dt, "max" if op == "min" else "min")

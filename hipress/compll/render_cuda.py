@@ -16,8 +16,9 @@ import jinja2
 
 from hipress.compll import ir
 from hipress.compll.lower import Loop, Plan, ScatterAdd, Special, Target, lower
-from hipress.compll.render_c import CFunction, combine_acc, reduction
+from hipress.compll.render_c import CFunction
 from hipress.compll.render_expr import Body, ctype, mtype
+from hipress.compll.render_reduce import combine_acc, reduction
 from hipress.compll.types import DType
 
 NB = 256  # blocks of every grid-stride kernel (and partials per reduction)
@@ -300,7 +301,7 @@ class CudaFunction(CFunction):
         elif op.op == "sum":
             acc, init, upd, out = ctype(dt), "0", f"acc = hp_add_{dt.name}(acc, {res});", "acc"
         else:
-            from hipress.compll.render_c import _ident_minmax
+            from hipress.compll.render_reduce import _ident_minmax
 
             acc, init, upd, out = (
                 ctype(dt),

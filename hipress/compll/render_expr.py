@@ -556,3 +556,30 @@ class Emitter:
             return elem
         zero = const(0, m.dtype)
         return f"hp_sel_{m.dtype.name}((uint64_t){idx} < (uint64_t){m.length}, {elem}, {zero})"
+
+
+# ---------------------------------------------------------------- body variants
+
+
+_FLAG = re.compile(r"^const bool (fastdiv\d+) = ")
+_FLAGS = re.compile(r"\b(?:fastdiv|rotok)\d+\b")
+
+
+def variants(body: Body, lines: list[str]) -> list[dict[str, object]]:
+    """The loop body once, or twice when fast-division flags were hoisted or rotated indices
+    used: a version with every flag true (straight-line, vectorisable, contiguous reads) under
+    their conjunction, and one with every flag false (exact division, checked reads)
+    otherwise."""
+    flags = [m.group(1) for m in map(_FLAG.match, body.hoist) if m]
+    flags += [r.flag for r in body.rotations.values()]
+    if not flags:
+        return [{"cond": "", "body": lines}]
+    return [
+        {"cond": " && ".join(flags), "body": [_fix(ln, True, flags) for ln in lines]},
+        {"cond": "", "body": [_fix(ln, False, flags) for ln in lines]},
+    ]
+
+
+def _fix(line: str, fast: bool, flags: list[str] | None = None) -> str:
+    """``line`` with every fast-division and rotation flag replaced by 1 (``fast``) or 0."""
+    return _FLAGS.sub("1" if fast else "0", line)
