@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hipress.compll import ir
-from hipress.compll.lower import Target
+from hipress.compll.plan import Target
 from hipress.compll.walk import lambda_exprs, walk
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ a sort, a filter or a segment reduction, the encode does not report it and CaSyn
 from __future__ import annotations
 
 from hipress.compll import ir
-from hipress.compll.lower import Item, Plan
+from hipress.compll.plan import Item, Plan
 from hipress.compll.types import BOOL, F32, I64
 from hipress.compll.walk import lambda_exprs, walk
 

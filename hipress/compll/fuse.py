@@ -26,7 +26,7 @@ Anything else keeps the plain schedule (the plan's steps, which every target can
 from __future__ import annotations
 
 from hipress.compll import ir
-from hipress.compll.lower import Loop, Plan, SegFusion, Step
+from hipress.compll.plan import Loop, Plan, SegFusion, Step
 from hipress.compll.walk import lambda_exprs, walk
 
 

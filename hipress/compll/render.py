@@ -31,8 +31,8 @@ PAR_MIN = 16384
 
 # the generator's files whose text decides what is generated for each target (cache keys)
 _COMMON_MODULES = (
-    "lower.py", "defer.py", "fuse.py", "finite.py", "walk.py", "sparse.py", "render.py",
-    "render_expr.py",
+    "plan.py", "lower.py", "defer.py", "fuse.py", "finite.py", "walk.py", "sparse.py",
+    "render.py", "render_expr.py",
 )  # fmt: skip
 _TARGET_MODULES = {
     "c": ("render_c.py", "render_stages.py", "render_reduce.py"),

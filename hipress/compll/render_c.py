@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import jinja2
 
 from hipress.compll import ir
-from hipress.compll.lower import (
+from hipress.compll.plan import (
     Item,
     Loop,
     Plan,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import jinja2
 
 from hipress.compll import ir
-from hipress.compll.lower import Loop, Plan, ScatterAdd, Special, Target, lower
+from hipress.compll.lower import lower
+from hipress.compll.plan import Loop, Plan, ScatterAdd, Special, Target
 from hipress.compll.render_c import CFunction
 from hipress.compll.render_expr import Body, ctype, mtype
 from hipress.compll.render_reduce import combine_acc, reduction

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hipress.compll import ir
-from hipress.compll.lower import Plan
+from hipress.compll.plan import Plan
 from hipress.compll.types import DType
 
 CTYPE = {

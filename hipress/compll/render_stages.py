@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hipress.compll import ir
-from hipress.compll.lower import FilterFusion, ScatterAdd, Special
+from hipress.compll.plan import FilterFusion, ScatterAdd, Special
 from hipress.compll.render_expr import Body, _fix, const, ctype, mtype, variants
 from hipress.compll.render_reduce import _ident_minmax, reduction
 
