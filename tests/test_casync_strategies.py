@@ -243,10 +243,11 @@ def _checks(rank: int, world_size: int, alg_name: str) -> list[int]:
     return sizes
 
 
-@pytest.mark.parametrize("alg_name", ["onebit", "dgc"])
+@pytest.mark.parametrize("alg_name", ["onebit", "int8"])
 def test_allgather_and_ps_check_their_chunks_not_the_bucket(alg_name: str) -> None:
     """onebit's encode reports NaN/Inf from its own pass: nothing else reads the gradient;
-    dgc's does not, so each piece it encodes (the PS partitions' shards of 250, the allgather's 513)
-    is read once, never the whole bucket of 1550 elements."""
+    int8's does not (its first pass is a segment reduction), so each piece it encodes (the PS
+    partitions' shards of 250, the allgather's 513) is read once, never the whole bucket of
+    1550 elements."""
     for sizes in run_workers(_checks, 2, alg_name, timeout=60):
         assert sorted(sizes) == ([] if alg_name == "onebit" else [250] * 4 + [513]), sizes

@@ -184,6 +184,9 @@ def test_deferred_maps_equal_reference(prog: str) -> None:
     for n in SIZES:
         for x in _inputs(n).values():
             run_both(ref, cpu, x, steps=3)
+            # the gradient's NaN/Inf flag, from the fused pass or the fallback's own scan
+            flag = cpu.encode_checked(x, cpu.init_state(n))[1]
+            assert flag == (not bool(torch.isfinite(x).all())), (prog, n)
 
 
 @needs_cc

@@ -866,7 +866,7 @@ int hp_encode(const hp_enc_args* a) {
   uint32_t* const scr9 = (uint32_t*)wsp[5];
   int64_t* const scr10 = (int64_t*)wsp[6];
   int32_t* const scr13 = (int32_t*)wsp[7];
-  int32_t* const scr56 = (int32_t*)wsp[8];
+  int32_t* const scr58 = (int32_t*)wsp[8];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_u = L2 > 0 ? (const float*)st_u : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -966,6 +966,7 @@ int hp_encode(const hp_enc_args* a) {
   const float s_thr = hp_sel_f32((hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64((((double)(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(16000))))) * 0x1.0624dd2f1a9fcp-10)))) < hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(16000)))), r12, 0x0.0p+0f);
 
   int64_t s_cnt0;
+  bool s___nonfinite = false;
   if ((s_off) >= 0 && (s_off) < L2) { /* every index once */
   { /* level 2: filter -> pos0 (ordered compaction, one pass; stores un, v) */
     const int64_t fl = L2, fb = L1;
@@ -985,66 +986,74 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
+      int qnf = 0;  /* the gradient held NaN/Inf */
+
       for (int64_t i0 = lo; i0 < hi; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
         const int64_t rot23s = hp_add_i64(i0, s_off);
         const bool rotok23 = rot23s >= 0 && rot23s <= INT64_MAX - HP_TILE && rot23s % (n) + tl <= (n);
         const int64_t rot23d = rotok23 ? rot23s % (n) - i0 : 0;
         if (rotok23) {
-        #pragma omp simd
+        #pragma omp simd reduction(|:qnf)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
           const int64_t jr23 = j + rot23d;
-          const float r24 = st_comp[jr23];
-          const bool r25 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r24) >= s_pthr) & (r24 != 0x0.0p+0f))) & (hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff)) <= s_plast))))));
-          const float r26 = st_u[jr23];
-          const float r27 = s_grad[jr23];
-          const int64_t ix28 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r29 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_comp[hp_clampi(ix28, L2)], 0x0.0p+0f);
-          const bool r30 = hp_sel_bool((uint64_t)ix28 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r29) >= s_pthr) & (r29 != 0x0.0p+0f))) & (hp_sel_i64((ix28 < s_poff), hp_add_i64(ix28, hp_sub_i64(n, s_poff)), hp_sub_i64(ix28, s_poff)) <= s_plast)))))), false);
-          const float r31 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_u[hp_clampi(ix28, L2)], 0x0.0p+0f);
-          const float r32 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_g[hp_clampi(ix28, L2)], 0x0.0p+0f);
-          const float r33 = (1 ? ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27) : hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r30, r31, 0x0.0p+0f)) + r32), 0x0.0p+0f));
-          const float r34 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27);
-          const int64_t ix35 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r36 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_comp[hp_clampi(ix35, L2)], 0x0.0p+0f);
-          const bool r37 = hp_sel_bool((uint64_t)ix35 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r36) >= s_pthr) & (r36 != 0x0.0p+0f))) & (hp_sel_i64((ix35 < s_poff), hp_add_i64(ix35, hp_sub_i64(n, s_poff)), hp_sub_i64(ix35, s_poff)) <= s_plast)))))), false);
-          const float r38 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_u[hp_clampi(ix35, L2)], 0x0.0p+0f);
-          const float r39 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_g[hp_clampi(ix35, L2)], 0x0.0p+0f);
-          const float r40 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r37, r38, 0x0.0p+0f)) + r39), 0x0.0p+0f);
-          const float r41 = (1 ? (hp_sel_f32(r25, r24, 0x0.0p+0f) + r34) : hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, (hp_sel_f32(r37, r36, 0x0.0p+0f) + r40), 0x0.0p+0f));
-          const float l42 = r41;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l42) < HP_INF_F)) | ((bool)((fabsf(l42) >= s_thr) & (l42 != 0x0.0p+0f))))));
-          st_u[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r33;
-          st_comp[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r41;
+          const int64_t ix24 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r25 = (1 ? s_grad[jr23] : hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, rp_g[hp_clampi(ix24, L2)], 0x0.0p+0f));
+          const float r26 = st_comp[jr23];
+          const bool r27 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r26) >= s_pthr) & (r26 != 0x0.0p+0f))) & (hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff)) <= s_plast))))));
+          const float r28 = st_u[jr23];
+          const float r29 = s_grad[jr23];
+          const int64_t ix30 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r31 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_comp[hp_clampi(ix30, L2)], 0x0.0p+0f);
+          const bool r32 = hp_sel_bool((uint64_t)ix30 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r31) >= s_pthr) & (r31 != 0x0.0p+0f))) & (hp_sel_i64((ix30 < s_poff), hp_add_i64(ix30, hp_sub_i64(n, s_poff)), hp_sub_i64(ix30, s_poff)) <= s_plast)))))), false);
+          const float r33 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_u[hp_clampi(ix30, L2)], 0x0.0p+0f);
+          const float r34 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_g[hp_clampi(ix30, L2)], 0x0.0p+0f);
+          const float r35 = (1 ? ((0x1.cccccc0000000p-1f * hp_sel_f32(r27, r28, 0x0.0p+0f)) + r29) : hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r32, r33, 0x0.0p+0f)) + r34), 0x0.0p+0f));
+          const float r36 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r27, r28, 0x0.0p+0f)) + r29);
+          const int64_t ix37 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r38 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, rp_comp[hp_clampi(ix37, L2)], 0x0.0p+0f);
+          const bool r39 = hp_sel_bool((uint64_t)ix37 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r38) >= s_pthr) & (r38 != 0x0.0p+0f))) & (hp_sel_i64((ix37 < s_poff), hp_add_i64(ix37, hp_sub_i64(n, s_poff)), hp_sub_i64(ix37, s_poff)) <= s_plast)))))), false);
+          const float r40 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, rp_u[hp_clampi(ix37, L2)], 0x0.0p+0f);
+          const float r41 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, rp_g[hp_clampi(ix37, L2)], 0x0.0p+0f);
+          const float r42 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r39, r40, 0x0.0p+0f)) + r41), 0x0.0p+0f);
+          const float r43 = (1 ? (hp_sel_f32(r27, r26, 0x0.0p+0f) + r36) : hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, (hp_sel_f32(r39, r38, 0x0.0p+0f) + r42), 0x0.0p+0f));
+          const float l44 = r43;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l44) < HP_INF_F)) | ((bool)((fabsf(l44) >= s_thr) & (l44 != 0x0.0p+0f))))));
+          qnf |= !(fabsf(r25) < HP_INF_F);
+          st_u[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r35;
+          st_comp[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r43;
         }
         } else {
-        #pragma omp simd
+        #pragma omp simd reduction(|:qnf)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
           const int64_t jr23 = j + rot23d;
-          const float r24 = st_comp[jr23];
-          const bool r25 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r24) >= s_pthr) & (r24 != 0x0.0p+0f))) & (hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff)) <= s_plast))))));
-          const float r26 = st_u[jr23];
-          const float r27 = s_grad[jr23];
-          const int64_t ix28 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r29 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_comp[hp_clampi(ix28, L2)], 0x0.0p+0f);
-          const bool r30 = hp_sel_bool((uint64_t)ix28 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r29) >= s_pthr) & (r29 != 0x0.0p+0f))) & (hp_sel_i64((ix28 < s_poff), hp_add_i64(ix28, hp_sub_i64(n, s_poff)), hp_sub_i64(ix28, s_poff)) <= s_plast)))))), false);
-          const float r31 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_u[hp_clampi(ix28, L2)], 0x0.0p+0f);
-          const float r32 = hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, rp_g[hp_clampi(ix28, L2)], 0x0.0p+0f);
-          const float r33 = (0 ? ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27) : hp_sel_f32((uint64_t)ix28 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r30, r31, 0x0.0p+0f)) + r32), 0x0.0p+0f));
-          const float r34 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r25, r26, 0x0.0p+0f)) + r27);
-          const int64_t ix35 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r36 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_comp[hp_clampi(ix35, L2)], 0x0.0p+0f);
-          const bool r37 = hp_sel_bool((uint64_t)ix35 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r36) >= s_pthr) & (r36 != 0x0.0p+0f))) & (hp_sel_i64((ix35 < s_poff), hp_add_i64(ix35, hp_sub_i64(n, s_poff)), hp_sub_i64(ix35, s_poff)) <= s_plast)))))), false);
-          const float r38 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_u[hp_clampi(ix35, L2)], 0x0.0p+0f);
-          const float r39 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, rp_g[hp_clampi(ix35, L2)], 0x0.0p+0f);
-          const float r40 = hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r37, r38, 0x0.0p+0f)) + r39), 0x0.0p+0f);
-          const float r41 = (0 ? (hp_sel_f32(r25, r24, 0x0.0p+0f) + r34) : hp_sel_f32((uint64_t)ix35 < (uint64_t)L2, (hp_sel_f32(r37, r36, 0x0.0p+0f) + r40), 0x0.0p+0f));
-          const float l42 = r41;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l42) < HP_INF_F)) | ((bool)((fabsf(l42) >= s_thr) & (l42 != 0x0.0p+0f))))));
-          st_u[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r33;
-          st_comp[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r41;
+          const int64_t ix24 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r25 = (0 ? s_grad[jr23] : hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, rp_g[hp_clampi(ix24, L2)], 0x0.0p+0f));
+          const float r26 = st_comp[jr23];
+          const bool r27 = (!((bool)(s_lost | ((bool)(((bool)((fabsf(r26) >= s_pthr) & (r26 != 0x0.0p+0f))) & (hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff)) <= s_plast))))));
+          const float r28 = st_u[jr23];
+          const float r29 = s_grad[jr23];
+          const int64_t ix30 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r31 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_comp[hp_clampi(ix30, L2)], 0x0.0p+0f);
+          const bool r32 = hp_sel_bool((uint64_t)ix30 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r31) >= s_pthr) & (r31 != 0x0.0p+0f))) & (hp_sel_i64((ix30 < s_poff), hp_add_i64(ix30, hp_sub_i64(n, s_poff)), hp_sub_i64(ix30, s_poff)) <= s_plast)))))), false);
+          const float r33 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_u[hp_clampi(ix30, L2)], 0x0.0p+0f);
+          const float r34 = hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, rp_g[hp_clampi(ix30, L2)], 0x0.0p+0f);
+          const float r35 = (0 ? ((0x1.cccccc0000000p-1f * hp_sel_f32(r27, r28, 0x0.0p+0f)) + r29) : hp_sel_f32((uint64_t)ix30 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r32, r33, 0x0.0p+0f)) + r34), 0x0.0p+0f));
+          const float r36 = ((0x1.cccccc0000000p-1f * hp_sel_f32(r27, r28, 0x0.0p+0f)) + r29);
+          const int64_t ix37 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r38 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, rp_comp[hp_clampi(ix37, L2)], 0x0.0p+0f);
+          const bool r39 = hp_sel_bool((uint64_t)ix37 < (uint64_t)L2, (!((bool)(s_lost | ((bool)(((bool)((fabsf(r38) >= s_pthr) & (r38 != 0x0.0p+0f))) & (hp_sel_i64((ix37 < s_poff), hp_add_i64(ix37, hp_sub_i64(n, s_poff)), hp_sub_i64(ix37, s_poff)) <= s_plast)))))), false);
+          const float r40 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, rp_u[hp_clampi(ix37, L2)], 0x0.0p+0f);
+          const float r41 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, rp_g[hp_clampi(ix37, L2)], 0x0.0p+0f);
+          const float r42 = hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, ((0x1.cccccc0000000p-1f * hp_sel_f32(r39, r40, 0x0.0p+0f)) + r41), 0x0.0p+0f);
+          const float r43 = (0 ? (hp_sel_f32(r27, r26, 0x0.0p+0f) + r36) : hp_sel_f32((uint64_t)ix37 < (uint64_t)L2, (hp_sel_f32(r39, r38, 0x0.0p+0f) + r42), 0x0.0p+0f));
+          const float l44 = r43;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l44) < HP_INF_F)) | ((bool)((fabsf(l44) >= s_thr) & (l44 != 0x0.0p+0f))))));
+          qnf |= !(fabsf(r25) < HP_INF_F);
+          st_u[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r35;
+          st_comp[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r43;
         }
         }
 
@@ -1056,6 +1065,9 @@ int hp_encode(const hp_enc_args* a) {
       }
       fcnt[me] = c;
       flo[me] = base;
+      #pragma omp critical
+      s___nonfinite = s___nonfinite || qnf != 0;
+
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1094,6 +1106,12 @@ int hp_encode(const hp_enc_args* a) {
     }
   }
 
+  { /* the gradient's NaN/Inf flag, where the fused pass did not run */
+    int q = 0;
+    #pragma omp parallel for num_threads(nt) reduction(|:q) if(L2 >= HP_PAR_MIN)
+    for (int64_t j = 0; j < L2; j++) q |= !(fabsf(s_grad[j]) < HP_INF_F);
+    s___nonfinite = q != 0;
+  }
   { /* level 2: filter -> pos0 (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos0;
@@ -1112,6 +1130,7 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
+
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
         const int64_t rot15s = hp_add_i64(i0, s_off);
@@ -1147,6 +1166,7 @@ int hp_encode(const hp_enc_args* a) {
       }
       fcnt[me] = c;
       flo[me] = base;
+
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1164,37 +1184,37 @@ int hp_encode(const hp_enc_args* a) {
   bool s_bad0;
   { /* level 3: val0, bad0 */
     const int64_t L = L1;
-    int part52[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part52[k] = 0;
+    int part54[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part54[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
-      int acc51 = 0;
+      int acc53 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(|:acc51)
+        #pragma omp simd reduction(|:acc53)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r44 = w_pos0[i];
-          const int64_t l43 = hp_add_i64(((int64_t)(r44)), s_off);
-          const int64_t ix45 = hp_sel_i64((l43 < n), l43, hp_sub_i64(l43, n));
-          const float r46 = hp_sel_f32((uint64_t)ix45 < (uint64_t)L2, rp_v[hp_clampi(ix45, L2)], 0x0.0p+0f);
-          const int64_t l47 = hp_add_i64(((int64_t)(r44)), s_off);
-          const int64_t ix48 = hp_sel_i64((l47 < n), l47, hp_sub_i64(l47, n));
-          const float r49 = hp_sel_f32((uint64_t)ix48 < (uint64_t)L2, rp_v[hp_clampi(ix48, L2)], 0x0.0p+0f);
-          const float r50 = hp_sel_f32((i < s_cnt0), r49, 0x0.0p+0f);
-          acc51 |= (int)((!(fabsf(r50) < HP_INF_F)));
-          w_val0[i] = hp_sel_f32((i < s_cnt0), r46, 0x0.0p+0f);
+          const int32_t r46 = w_pos0[i];
+          const int64_t l45 = hp_add_i64(((int64_t)(r46)), s_off);
+          const int64_t ix47 = hp_sel_i64((l45 < n), l45, hp_sub_i64(l45, n));
+          const float r48 = hp_sel_f32((uint64_t)ix47 < (uint64_t)L2, rp_v[hp_clampi(ix47, L2)], 0x0.0p+0f);
+          const int64_t l49 = hp_add_i64(((int64_t)(r46)), s_off);
+          const int64_t ix50 = hp_sel_i64((l49 < n), l49, hp_sub_i64(l49, n));
+          const float r51 = hp_sel_f32((uint64_t)ix50 < (uint64_t)L2, rp_v[hp_clampi(ix50, L2)], 0x0.0p+0f);
+          const float r52 = hp_sel_f32((i < s_cnt0), r51, 0x0.0p+0f);
+          acc53 |= (int)((!(fabsf(r52) < HP_INF_F)));
+          w_val0[i] = hp_sel_f32((i < s_cnt0), r48, 0x0.0p+0f);
         }
       }
-      part52[omp_get_thread_num()] = acc51;
+      part54[omp_get_thread_num()] = acc53;
     }
-    int acc51 = 0;
-    for (int k = 0; k < nt; k++) acc51 |= part52[k];
-    s_bad0 = (acc51 != 0);
+    int acc53 = 0;
+    for (int k = 0; k < nt; k++) acc53 |= part54[k];
+    s_bad0 = (acc53 != 0);
   }
 
 
@@ -1202,29 +1222,29 @@ int hp_encode(const hp_enc_args* a) {
   if ((((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20)))))))))) {
   { /* level 3: r */
     const int64_t L = L2;
-    int part55[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part55[k] = 0;
+    int part57[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part57[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
-      int acc54 = 0;
+      int acc56 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(|:acc54)
+        #pragma omp simd reduction(|:acc56)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float r53 = st_comp[i];
-          acc54 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r53) < HP_INF_F)))));
+          const float r55 = st_comp[i];
+          acc56 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r55) < HP_INF_F)))));
         }
       }
-      part55[omp_get_thread_num()] = acc54;
+      part57[omp_get_thread_num()] = acc56;
     }
-    int acc54 = 0;
-    for (int k = 0; k < nt; k++) acc54 |= part55[k];
-    s_r = (acc54 != 0);
+    int acc56 = 0;
+    for (int k = 0; k < nt; k++) acc56 |= part57[k];
+    s_r = (acc56 != 0);
   }
 
   } else {
@@ -1238,7 +1258,7 @@ int hp_encode(const hp_enc_args* a) {
   { /* level 4: filter -> pos1 (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos1;
-    int32_t* const fbuf = scr56;
+    int32_t* const fbuf = scr58;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -1253,28 +1273,29 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
+
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        const int64_t rot57s = hp_add_i64(i0, s_off);
-        const bool rotok57 = rot57s >= 0 && rot57s <= INT64_MAX - HP_TILE && rot57s % (n) + tl <= (n);
-        const int64_t rot57d = rotok57 ? rot57s % (n) - i0 : 0;
-        if (rotok57) {
+        const int64_t rot59s = hp_add_i64(i0, s_off);
+        const bool rotok59 = rot59s >= 0 && rot59s <= INT64_MAX - HP_TILE && rot59s % (n) + tl <= (n);
+        const int64_t rot59d = rotok59 ? rot59s % (n) - i0 : 0;
+        if (rotok59) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr57 = j + rot57d;
-          const int64_t ix58 = (1 ? jr57 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r59 = (1 ? st_comp[jr57] : hp_sel_f32((uint64_t)ix58 < (uint64_t)L2, rp_v[hp_clampi(ix58, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r59) < HP_INF_F)))));
+          const int64_t jr59 = j + rot59d;
+          const int64_t ix60 = (1 ? jr59 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r61 = (1 ? st_comp[jr59] : hp_sel_f32((uint64_t)ix60 < (uint64_t)L2, rp_v[hp_clampi(ix60, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r61) < HP_INF_F)))));
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr57 = j + rot57d;
-          const int64_t ix58 = (0 ? jr57 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r59 = (0 ? st_comp[jr57] : hp_sel_f32((uint64_t)ix58 < (uint64_t)L2, rp_v[hp_clampi(ix58, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r59) < HP_INF_F)))));
+          const int64_t jr59 = j + rot59d;
+          const int64_t ix60 = (0 ? jr59 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r61 = (0 ? st_comp[jr59] : hp_sel_f32((uint64_t)ix60 < (uint64_t)L2, rp_v[hp_clampi(ix60, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r61) < HP_INF_F)))));
         }
         }
 
@@ -1286,6 +1307,7 @@ int hp_encode(const hp_enc_args* a) {
       }
       fcnt[me] = c;
       flo[me] = base;
+
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1318,31 +1340,31 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r61 = w_pos1[i];
-          const int32_t r62 = w_pos0[i];
-          const int64_t l60 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r61, r62))), s_off);
-          const int64_t l63 = hp_add_i64(((int64_t)(r61)), s_off);
-          const int64_t ix64 = hp_sel_i64((l63 < n), l63, hp_sub_i64(l63, n));
-          const float r65 = hp_sel_f32((uint64_t)ix64 < (uint64_t)L2, rp_v[hp_clampi(ix64, L2)], 0x0.0p+0f);
-          const float r66 = w_val0[i];
-          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l60 < n), l60, hp_sub_i64(l60, n)))), ((int32_t)0));
-          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r65, r66), 0x0.0p+0f));
+          const int32_t r63 = w_pos1[i];
+          const int32_t r64 = w_pos0[i];
+          const int64_t l62 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r63, r64))), s_off);
+          const int64_t l65 = hp_add_i64(((int64_t)(r63)), s_off);
+          const int64_t ix66 = hp_sel_i64((l65 < n), l65, hp_sub_i64(l65, n));
+          const float r67 = hp_sel_f32((uint64_t)ix66 < (uint64_t)L2, rp_v[hp_clampi(ix66, L2)], 0x0.0p+0f);
+          const float r68 = w_val0[i];
+          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l62 < n), l62, hp_sub_i64(l62, n)))), ((int32_t)0));
+          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r67, r68), 0x0.0p+0f));
         }
       }
     }
   }
 
 
-  const int64_t ix67 = hp_sub_i64(s_count, INT64_C(1));
+  const int64_t ix69 = hp_sub_i64(s_count, INT64_C(1));
 
-  const int32_t r68 = hp_sel_i32((uint64_t)ix67 < (uint64_t)L1, rp_idx[hp_clampi(ix67, L1)], ((int32_t)0));
+  const int32_t r70 = hp_sel_i32((uint64_t)ix69 < (uint64_t)L1, rp_idx[hp_clampi(ix69, L1)], ((int32_t)0));
 
-  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r68)), s_off), INT64_C(-1));
+  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r70)), s_off), INT64_C(-1));
 
   const int64_t s_plast_1 = hp_sel_i64(((bool)((s_count > INT64_C(0)) & (s_lr < INT64_C(0)))), hp_add_i64(s_lr, n), s_lr);
 
-  { const int64_t fv69 = (int64_t)(s_count); memcpy(pay + po0, &fv69, 8); }
-  if (a->nonfinite) *a->nonfinite = (uint8_t)(2);
+  { const int64_t fv71 = (int64_t)(s_count); memcpy(pay + po0, &fv71, 8); }
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   *(float*)a->state[2] = (float)(s_thr);
   *(int64_t*)a->state[3] = (int64_t)(s_off);
   *(int64_t*)a->state[4] = (int64_t)(s_plast_1);

@@ -865,7 +865,7 @@ int hp_encode(const hp_enc_args* a) {
   uint32_t* const scr9 = (uint32_t*)wsp[5];
   int64_t* const scr10 = (int64_t*)wsp[6];
   int32_t* const scr13 = (int32_t*)wsp[7];
-  int32_t* const scr50 = (int32_t*)wsp[8];
+  int32_t* const scr52 = (int32_t*)wsp[8];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -963,6 +963,7 @@ int hp_encode(const hp_enc_args* a) {
   const float s_thr = hp_sel_f32((hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64((((double)(hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600))))) * 0x1.47ae147ae1480p-7)))) < hp_min_i64(n, hp_max_i64(hp_f64_to_i64(hp_ceil_f64((((double)(n)) * 0x1.0624dd2f1a9fcp-10))), INT64_C(1600)))), r12, 0x0.0p+0f);
 
   int64_t s_cnt0;
+  bool s___nonfinite = false;
   if ((s_off) >= 0 && (s_off) < L2) { /* every index once */
   { /* level 2: filter -> pos0 (ordered compaction, one pass; stores c) */
     const int64_t fl = L2, fb = L1;
@@ -982,52 +983,60 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
+      int qnf = 0;  /* the gradient held NaN/Inf */
+
       for (int64_t i0 = lo; i0 < hi; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
         const int64_t rot23s = hp_add_i64(i0, s_off);
         const bool rotok23 = rot23s >= 0 && rot23s <= INT64_MAX - HP_TILE && rot23s % (n) + tl <= (n);
         const int64_t rot23d = rotok23 ? rot23s % (n) - i0 : 0;
         if (rotok23) {
-        #pragma omp simd
+        #pragma omp simd reduction(|:qnf)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
           const int64_t jr23 = j + rot23d;
-          const float r25 = st_comp[jr23];
-          const float l24 = r25;
-          const int64_t l26 = hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff));
-          const bool l27 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l24) >= s_pthr) & (l24 != 0x0.0p+0f))) & (l26 <= s_plast)))));
-          const float r28 = s_grad[jr23];
-          const int64_t ix29 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r31 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_comp[hp_clampi(ix29, L2)], 0x0.0p+0f);
-          const float l30 = r31;
-          const int64_t l32 = hp_sel_i64((ix29 < s_poff), hp_add_i64(ix29, hp_sub_i64(n, s_poff)), hp_sub_i64(ix29, s_poff));
-          const bool l33 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l30) >= s_pthr) & (l30 != 0x0.0p+0f))) & (l32 <= s_plast)))));
-          const float r34 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_g[hp_clampi(ix29, L2)], 0x0.0p+0f);
-          const float r35 = (1 ? (r28 + hp_sel_f32(l27, 0x0.0p+0f, l24)) : hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, (r34 + hp_sel_f32(l33, 0x0.0p+0f, l30)), 0x0.0p+0f));
-          const float l36 = r35;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l36) < HP_INF_F)) | ((bool)((fabsf(l36) >= s_thr) & (l36 != 0x0.0p+0f))))));
-          st_comp[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r35;
+          const int64_t ix24 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r25 = (1 ? s_grad[jr23] : hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, rp_g[hp_clampi(ix24, L2)], 0x0.0p+0f));
+          const float r27 = st_comp[jr23];
+          const float l26 = r27;
+          const int64_t l28 = hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff));
+          const bool l29 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l26) >= s_pthr) & (l26 != 0x0.0p+0f))) & (l28 <= s_plast)))));
+          const float r30 = s_grad[jr23];
+          const int64_t ix31 = (1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r33 = hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, rp_comp[hp_clampi(ix31, L2)], 0x0.0p+0f);
+          const float l32 = r33;
+          const int64_t l34 = hp_sel_i64((ix31 < s_poff), hp_add_i64(ix31, hp_sub_i64(n, s_poff)), hp_sub_i64(ix31, s_poff));
+          const bool l35 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l32) >= s_pthr) & (l32 != 0x0.0p+0f))) & (l34 <= s_plast)))));
+          const float r36 = hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, rp_g[hp_clampi(ix31, L2)], 0x0.0p+0f);
+          const float r37 = (1 ? (r30 + hp_sel_f32(l29, 0x0.0p+0f, l26)) : hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, (r36 + hp_sel_f32(l35, 0x0.0p+0f, l32)), 0x0.0p+0f));
+          const float l38 = r37;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l38) < HP_INF_F)) | ((bool)((fabsf(l38) >= s_thr) & (l38 != 0x0.0p+0f))))));
+          qnf |= !(fabsf(r25) < HP_INF_F);
+          st_comp[(1 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r37;
         }
         } else {
-        #pragma omp simd
+        #pragma omp simd reduction(|:qnf)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
           const int64_t jr23 = j + rot23d;
-          const float r25 = st_comp[jr23];
-          const float l24 = r25;
-          const int64_t l26 = hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff));
-          const bool l27 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l24) >= s_pthr) & (l24 != 0x0.0p+0f))) & (l26 <= s_plast)))));
-          const float r28 = s_grad[jr23];
-          const int64_t ix29 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r31 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_comp[hp_clampi(ix29, L2)], 0x0.0p+0f);
-          const float l30 = r31;
-          const int64_t l32 = hp_sel_i64((ix29 < s_poff), hp_add_i64(ix29, hp_sub_i64(n, s_poff)), hp_sub_i64(ix29, s_poff));
-          const bool l33 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l30) >= s_pthr) & (l30 != 0x0.0p+0f))) & (l32 <= s_plast)))));
-          const float r34 = hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, rp_g[hp_clampi(ix29, L2)], 0x0.0p+0f);
-          const float r35 = (0 ? (r28 + hp_sel_f32(l27, 0x0.0p+0f, l24)) : hp_sel_f32((uint64_t)ix29 < (uint64_t)L2, (r34 + hp_sel_f32(l33, 0x0.0p+0f, l30)), 0x0.0p+0f));
-          const float l36 = r35;
-          fm[t] = (uint8_t)(((bool)((!(fabsf(l36) < HP_INF_F)) | ((bool)((fabsf(l36) >= s_thr) & (l36 != 0x0.0p+0f))))));
-          st_comp[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r35;
+          const int64_t ix24 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r25 = (0 ? s_grad[jr23] : hp_sel_f32((uint64_t)ix24 < (uint64_t)L2, rp_g[hp_clampi(ix24, L2)], 0x0.0p+0f));
+          const float r27 = st_comp[jr23];
+          const float l26 = r27;
+          const int64_t l28 = hp_sel_i64((jr23 < s_poff), hp_add_i64(jr23, hp_sub_i64(n, s_poff)), hp_sub_i64(jr23, s_poff));
+          const bool l29 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l26) >= s_pthr) & (l26 != 0x0.0p+0f))) & (l28 <= s_plast)))));
+          const float r30 = s_grad[jr23];
+          const int64_t ix31 = (0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r33 = hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, rp_comp[hp_clampi(ix31, L2)], 0x0.0p+0f);
+          const float l32 = r33;
+          const int64_t l34 = hp_sel_i64((ix31 < s_poff), hp_add_i64(ix31, hp_sub_i64(n, s_poff)), hp_sub_i64(ix31, s_poff));
+          const bool l35 = ((bool)(s_lost | ((bool)(((bool)((fabsf(l32) >= s_pthr) & (l32 != 0x0.0p+0f))) & (l34 <= s_plast)))));
+          const float r36 = hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, rp_g[hp_clampi(ix31, L2)], 0x0.0p+0f);
+          const float r37 = (0 ? (r30 + hp_sel_f32(l29, 0x0.0p+0f, l26)) : hp_sel_f32((uint64_t)ix31 < (uint64_t)L2, (r36 + hp_sel_f32(l35, 0x0.0p+0f, l32)), 0x0.0p+0f));
+          const float l38 = r37;
+          fm[t] = (uint8_t)(((bool)((!(fabsf(l38) < HP_INF_F)) | ((bool)((fabsf(l38) >= s_thr) & (l38 != 0x0.0p+0f))))));
+          qnf |= !(fabsf(r25) < HP_INF_F);
+          st_comp[(0 ? jr23 : hp_mod_i64(hp_add_i64(j, s_off), n))] = r37;
         }
         }
 
@@ -1039,6 +1048,9 @@ int hp_encode(const hp_enc_args* a) {
       }
       fcnt[me] = c;
       flo[me] = base;
+      #pragma omp critical
+      s___nonfinite = s___nonfinite || qnf != 0;
+
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1076,6 +1088,12 @@ int hp_encode(const hp_enc_args* a) {
     }
   }
 
+  { /* the gradient's NaN/Inf flag, where the fused pass did not run */
+    int q = 0;
+    #pragma omp parallel for num_threads(nt) reduction(|:q) if(L2 >= HP_PAR_MIN)
+    for (int64_t j = 0; j < L2; j++) q |= !(fabsf(s_grad[j]) < HP_INF_F);
+    s___nonfinite = q != 0;
+  }
   { /* level 2: filter -> pos0 (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos0;
@@ -1094,6 +1112,7 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
+
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
         const int64_t rot15s = hp_add_i64(i0, s_off);
@@ -1129,6 +1148,7 @@ int hp_encode(const hp_enc_args* a) {
       }
       fcnt[me] = c;
       flo[me] = base;
+
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1146,37 +1166,37 @@ int hp_encode(const hp_enc_args* a) {
   bool s_bad0;
   { /* level 3: val0, bad0 */
     const int64_t L = L1;
-    int part46[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part46[k] = 0;
+    int part48[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part48[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
-      int acc45 = 0;
+      int acc47 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(|:acc45)
+        #pragma omp simd reduction(|:acc47)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r38 = w_pos0[i];
-          const int64_t l37 = hp_add_i64(((int64_t)(r38)), s_off);
-          const int64_t ix39 = hp_sel_i64((l37 < n), l37, hp_sub_i64(l37, n));
-          const float r40 = hp_sel_f32((uint64_t)ix39 < (uint64_t)L2, rp_c[hp_clampi(ix39, L2)], 0x0.0p+0f);
-          const int64_t l41 = hp_add_i64(((int64_t)(r38)), s_off);
-          const int64_t ix42 = hp_sel_i64((l41 < n), l41, hp_sub_i64(l41, n));
-          const float r43 = hp_sel_f32((uint64_t)ix42 < (uint64_t)L2, rp_c[hp_clampi(ix42, L2)], 0x0.0p+0f);
-          const float r44 = hp_sel_f32((i < s_cnt0), r43, 0x0.0p+0f);
-          acc45 |= (int)((!(fabsf(r44) < HP_INF_F)));
-          w_val0[i] = hp_sel_f32((i < s_cnt0), r40, 0x0.0p+0f);
+          const int32_t r40 = w_pos0[i];
+          const int64_t l39 = hp_add_i64(((int64_t)(r40)), s_off);
+          const int64_t ix41 = hp_sel_i64((l39 < n), l39, hp_sub_i64(l39, n));
+          const float r42 = hp_sel_f32((uint64_t)ix41 < (uint64_t)L2, rp_c[hp_clampi(ix41, L2)], 0x0.0p+0f);
+          const int64_t l43 = hp_add_i64(((int64_t)(r40)), s_off);
+          const int64_t ix44 = hp_sel_i64((l43 < n), l43, hp_sub_i64(l43, n));
+          const float r45 = hp_sel_f32((uint64_t)ix44 < (uint64_t)L2, rp_c[hp_clampi(ix44, L2)], 0x0.0p+0f);
+          const float r46 = hp_sel_f32((i < s_cnt0), r45, 0x0.0p+0f);
+          acc47 |= (int)((!(fabsf(r46) < HP_INF_F)));
+          w_val0[i] = hp_sel_f32((i < s_cnt0), r42, 0x0.0p+0f);
         }
       }
-      part46[omp_get_thread_num()] = acc45;
+      part48[omp_get_thread_num()] = acc47;
     }
-    int acc45 = 0;
-    for (int k = 0; k < nt; k++) acc45 |= part46[k];
-    s_bad0 = (acc45 != 0);
+    int acc47 = 0;
+    for (int k = 0; k < nt; k++) acc47 |= part48[k];
+    s_bad0 = (acc47 != 0);
   }
 
 
@@ -1184,29 +1204,29 @@ int hp_encode(const hp_enc_args* a) {
   if ((((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20)))))))))) {
   { /* level 3: r.1 */
     const int64_t L = L2;
-    int part49[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part49[k] = 0;
+    int part51[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part51[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
-      int acc48 = 0;
+      int acc50 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(|:acc48)
+        #pragma omp simd reduction(|:acc50)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float r47 = st_comp[i];
-          acc48 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r47) < HP_INF_F)))));
+          const float r49 = st_comp[i];
+          acc50 |= (int)(((bool)((s_cnt0 >= hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae1480p-7) - 0x1.0c6f7a0b5ed8dp-20))))))) & (!(fabsf(r49) < HP_INF_F)))));
         }
       }
-      part49[omp_get_thread_num()] = acc48;
+      part51[omp_get_thread_num()] = acc50;
     }
-    int acc48 = 0;
-    for (int k = 0; k < nt; k++) acc48 |= part49[k];
-    s_r_1 = (acc48 != 0);
+    int acc50 = 0;
+    for (int k = 0; k < nt; k++) acc50 |= part51[k];
+    s_r_1 = (acc50 != 0);
   }
 
   } else {
@@ -1220,7 +1240,7 @@ int hp_encode(const hp_enc_args* a) {
   { /* level 4: filter -> pos1 (ordered compaction, one pass) */
     const int64_t fl = L2, fb = L1;
     int32_t* const fidx = w_pos1;
-    int32_t* const fbuf = scr50;
+    int32_t* const fbuf = scr52;
     int64_t fcnt[HP_MAXT], flo[HP_MAXT];
     int fnt = 1;
     for (int k = 0; k < HP_MAXT; k++) fcnt[k] = 0;
@@ -1235,28 +1255,29 @@ int hp_encode(const hp_enc_args* a) {
       const int64_t base = lo < me * fb ? lo : me * fb;
       int64_t c = 0;
       uint8_t fm[HP_TILE];
+
       for (int64_t i0 = lo; i0 < hi && c < fb; i0 += HP_TILE) {
         const int64_t tl = hi - i0 < HP_TILE ? hi - i0 : HP_TILE;
-        const int64_t rot51s = hp_add_i64(i0, s_off);
-        const bool rotok51 = rot51s >= 0 && rot51s <= INT64_MAX - HP_TILE && rot51s % (n) + tl <= (n);
-        const int64_t rot51d = rotok51 ? rot51s % (n) - i0 : 0;
-        if (rotok51) {
+        const int64_t rot53s = hp_add_i64(i0, s_off);
+        const bool rotok53 = rot53s >= 0 && rot53s <= INT64_MAX - HP_TILE && rot53s % (n) + tl <= (n);
+        const int64_t rot53d = rotok53 ? rot53s % (n) - i0 : 0;
+        if (rotok53) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr51 = j + rot51d;
-          const int64_t ix52 = (1 ? jr51 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r53 = (1 ? st_comp[jr51] : hp_sel_f32((uint64_t)ix52 < (uint64_t)L2, rp_c[hp_clampi(ix52, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r53) < HP_INF_F)))));
+          const int64_t jr53 = j + rot53d;
+          const int64_t ix54 = (1 ? jr53 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r55 = (1 ? st_comp[jr53] : hp_sel_f32((uint64_t)ix54 < (uint64_t)L2, rp_c[hp_clampi(ix54, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r55) < HP_INF_F)))));
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const int64_t jr51 = j + rot51d;
-          const int64_t ix52 = (0 ? jr51 : hp_mod_i64(hp_add_i64(j, s_off), n));
-          const float r53 = (0 ? st_comp[jr51] : hp_sel_f32((uint64_t)ix52 < (uint64_t)L2, rp_c[hp_clampi(ix52, L2)], 0x0.0p+0f));
-          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r53) < HP_INF_F)))));
+          const int64_t jr53 = j + rot53d;
+          const int64_t ix54 = (0 ? jr53 : hp_mod_i64(hp_add_i64(j, s_off), n));
+          const float r55 = (0 ? st_comp[jr53] : hp_sel_f32((uint64_t)ix54 < (uint64_t)L2, rp_c[hp_clampi(ix54, L2)], 0x0.0p+0f));
+          fm[t] = (uint8_t)(((bool)(s_bad & (!(fabsf(r55) < HP_INF_F)))));
         }
         }
 
@@ -1268,6 +1289,7 @@ int hp_encode(const hp_enc_args* a) {
       }
       fcnt[me] = c;
       flo[me] = base;
+
       if (me == 0) fnt = tn;
     }
     int64_t tot = 0;
@@ -1300,31 +1322,31 @@ int hp_encode(const hp_enc_args* a) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r55 = w_pos1[i];
-          const int32_t r56 = w_pos0[i];
-          const int64_t l54 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r55, r56))), s_off);
-          const int64_t l57 = hp_add_i64(((int64_t)(r55)), s_off);
-          const int64_t ix58 = hp_sel_i64((l57 < n), l57, hp_sub_i64(l57, n));
-          const float r59 = hp_sel_f32((uint64_t)ix58 < (uint64_t)L2, rp_c[hp_clampi(ix58, L2)], 0x0.0p+0f);
-          const float r60 = w_val0[i];
-          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l54 < n), l54, hp_sub_i64(l54, n)))), ((int32_t)0));
-          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r59, r60), 0x0.0p+0f));
+          const int32_t r57 = w_pos1[i];
+          const int32_t r58 = w_pos0[i];
+          const int64_t l56 = hp_add_i64(((int64_t)(hp_sel_i32(s_bad, r57, r58))), s_off);
+          const int64_t l59 = hp_add_i64(((int64_t)(r57)), s_off);
+          const int64_t ix60 = hp_sel_i64((l59 < n), l59, hp_sub_i64(l59, n));
+          const float r61 = hp_sel_f32((uint64_t)ix60 < (uint64_t)L2, rp_c[hp_clampi(ix60, L2)], 0x0.0p+0f);
+          const float r62 = w_val0[i];
+          f_idx[i] = hp_sel_i32((i < s_count), ((int32_t)(hp_sel_i64((l56 < n), l56, hp_sub_i64(l56, n)))), ((int32_t)0));
+          f_val[i] = hp_canon_f32(hp_sel_f32((i < s_count), hp_sel_f32(s_bad, r61, r62), 0x0.0p+0f));
         }
       }
     }
   }
 
 
-  const int64_t ix61 = hp_sub_i64(s_count, INT64_C(1));
+  const int64_t ix63 = hp_sub_i64(s_count, INT64_C(1));
 
-  const int32_t r62 = hp_sel_i32((uint64_t)ix61 < (uint64_t)L1, rp_idx[hp_clampi(ix61, L1)], ((int32_t)0));
+  const int32_t r64 = hp_sel_i32((uint64_t)ix63 < (uint64_t)L1, rp_idx[hp_clampi(ix63, L1)], ((int32_t)0));
 
-  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r62)), s_off), INT64_C(-1));
+  const int64_t s_lr = hp_sel_i64((s_count > INT64_C(0)), hp_sub_i64(((int64_t)(r64)), s_off), INT64_C(-1));
 
   const int64_t s_plast_1 = hp_sel_i64(((bool)((s_count > INT64_C(0)) & (s_lr < INT64_C(0)))), hp_add_i64(s_lr, n), s_lr);
 
-  { const int64_t fv63 = (int64_t)(s_count); memcpy(pay + po0, &fv63, 8); }
-  if (a->nonfinite) *a->nonfinite = (uint8_t)(2);
+  { const int64_t fv65 = (int64_t)(s_count); memcpy(pay + po0, &fv65, 8); }
+  if (a->nonfinite) *a->nonfinite = (uint8_t)(s___nonfinite);
   *(float*)a->state[1] = (float)(s_thr);
   *(int64_t*)a->state[2] = (int64_t)(s_off);
   *(int64_t*)a->state[3] = (int64_t)(s_plast_1);

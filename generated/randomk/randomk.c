@@ -896,10 +896,10 @@ int hp_encode(const hp_enc_args* a) {
     int32_t* const qsure = scr8;  /* per thread: qtake indices above the prefix */
     int32_t* const qcidx = scr9;  /* per thread: qcap candidates ... */
     uint64_t* const qckey = (uint64_t*)scr10;  /* ... and their keys */
-    if (qtake == ql) {
+    if (qtake == ql || qtake == 0) {
       #pragma omp parallel for num_threads(nt) schedule(static) if(ql >= HP_PAR_MIN)
-      for (int64_t j = 0; j < ql; j++) qidx[j] = (int32_t)j;
-    } else if (qtake > 0) {
+      for (int64_t j = 0; j < qtake; j++) qidx[j] = (int32_t)j;
+    } else {
       uint64_t pre = 0;  /* the top pbits bits the need-th largest key starts with */
       int pbits = 0;
       int64_t need = qtake, ccount = ql;  /* still to take among the keys with that prefix */
@@ -917,10 +917,12 @@ int hp_encode(const hp_enc_args* a) {
           uint32_t h[4][2048];
           memset(h, 0, sizeof(h));
           uint64_t qkt[HP_TILE];
+
           const int64_t qhi = ql;
           #pragma omp for schedule(static)
           for (int64_t tb = 0; tb < (ql + HP_TILE - 1) / HP_TILE; tb++) {
             const int64_t i0 = tb * HP_TILE;
+            if (pbits == 0) {  /* the first pass */
 const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         uint32_t rnd6[HP_TILE];
         hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
@@ -931,7 +933,6 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           const int64_t j = i0 + t;
           qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
-            if (pbits == 0) {
               int64_t t = 0;
               for (; t + 4 <= tl; t += 4) {
                 h[0][qkt[t] >> sh]++;
@@ -941,14 +942,26 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
               }
               for (; t < tl; t++) h[0][qkt[t] >> sh]++;
             } else {
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        uint32_t rnd6[HP_TILE];
+        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
+        uint32_t rnd7[HP_TILE];
+        hp_philox_tile(i0, tl, 1u, rk0, rk1, rstep, rtid, rnd7);
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
+        }
               const uint64_t dmask = ((uint64_t)1 << width) - 1;
               for (int64_t t = 0; t < tl; t++)
                 if ((qkt[t] >> pshift) == ppre) h[t & 3][(qkt[t] >> sh) & dmask]++;
             }
           }
           #pragma omp critical
-          for (int d = 0; d < 2048; d++)
-            hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
+          {
+            for (int d = 0; d < 2048; d++)
+              hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
+          }
         }
         int64_t above = 0, d = ((int64_t)1 << width) - 1;
         for (; d > 0; d--) {

@@ -840,9 +840,9 @@ int hp_encode(const hp_enc_args* a) {
   float* const f_val = (float*)(pay + po1);
   memset(pay + po0 + (L1 * 4), 0, (size_t)(po1 - po0 - (L1 * 4)));
   memset(pay + po1 + (L1 * 4), 0, (size_t)(hp_up8(po1 + (L1 * 4)) - po1 - (L1 * 4)));
-  int32_t* const scr6 = (int32_t*)wsp[0];
-  int32_t* const scr7 = (int32_t*)wsp[1];
-  uint32_t* const scr8 = (uint32_t*)wsp[2];
+  int32_t* const scr7 = (int32_t*)wsp[0];
+  int32_t* const scr8 = (int32_t*)wsp[1];
+  uint32_t* const scr9 = (uint32_t*)wsp[2];
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const float* const rp_comp = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
   const float* const rp_c = L2 > 0 ? (const float*)st_comp : (const float*)hp_zeros;
@@ -850,53 +850,51 @@ int hp_encode(const hp_enc_args* a) {
   const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
 
 
-  bool s___nonfinite;
-  { /* level 1: c, __nonfinite */
-    const int64_t L = L2;
-    int part4[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part4[k] = 0;
-    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
-    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
-    {
-      int acc3 = 0;
-      #pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < ntiles; tb++) {
-        const int64_t i0 = tb * HP_TILE;
-        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
-        
-        #pragma omp simd reduction(|:acc3)
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const float r1 = s_grad[i];
-          const float r2 = st_comp[i];
-          acc3 |= (int)((!(fabsf(r1) < HP_INF_F)));
-          st_comp[i] = (r1 + hp_sel_f32(((bool)(((bool)(s_lost | (fabsf(r2) > s_pmin))) | ((bool)((fabsf(r2) == s_pmin) & (i <= s_plast))))), 0x0.0p+0f, r2));
-        }
-      }
-      part4[omp_get_thread_num()] = acc3;
-    }
-    int acc3 = 0;
-    for (int k = 0; k < nt; k++) acc3 |= part4[k];
-    s___nonfinite = (acc3 != 0);
-  }
-
-
   int64_t s_count;
+  bool s___nonfinite = false;
 
-  { /* level 2: topk -> idx (radix select on order keys, recomputed per pass:
+  { /* level 1: topk -> idx (radix select on order keys, recomputed per pass:
        11 bits a pass until the keys with the chosen prefix fit a buffer of candidates, then one
        pass takes the keys above the prefix and keeps the candidates; no array of keys) */
     const int64_t ql = L2, qk = L1;
     const int64_t qtake = qk < ql ? qk : ql;
     const int64_t qcap = hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192);  /* candidates kept per thread, >= qtake */
     int32_t* const qidx = f_idx;
-    int32_t* const qsure = scr6;  /* per thread: qtake indices above the prefix */
-    int32_t* const qcidx = scr7;  /* per thread: qcap candidates ... */
-    uint32_t* const qckey = (uint32_t*)scr8;  /* ... and their keys */
-    if (qtake == ql) {
+    int32_t* const qsure = scr7;  /* per thread: qtake indices above the prefix */
+    int32_t* const qcidx = scr8;  /* per thread: qcap candidates ... */
+    uint32_t* const qckey = (uint32_t*)scr9;  /* ... and their keys */
+    if (qtake == ql || qtake == 0) {
+  { /* level 1: c */
+    const int64_t L = L2;
+    const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
+    #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
+    {
+      #pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < ntiles; tb++) {
+        const int64_t i0 = tb * HP_TILE;
+        const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
+        
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t i = i0 + t;
+          const float r5 = s_grad[i];
+          const float r6 = st_comp[i];
+          st_comp[i] = (r5 + hp_sel_f32(((bool)(((bool)(s_lost | (fabsf(r6) > s_pmin))) | ((bool)((fabsf(r6) == s_pmin) & (i <= s_plast))))), 0x0.0p+0f, r6));
+        }
+      }
+    }
+  }
+
+  { /* the gradient's NaN/Inf flag, where the fused pass did not run */
+    int q = 0;
+    #pragma omp parallel for num_threads(nt) reduction(|:q) if(L2 >= HP_PAR_MIN)
+    for (int64_t j = 0; j < L2; j++) q |= !(fabsf(s_grad[j]) < HP_INF_F);
+    s___nonfinite = q != 0;
+  }
+
       #pragma omp parallel for num_threads(nt) schedule(static) if(ql >= HP_PAR_MIN)
-      for (int64_t j = 0; j < ql; j++) qidx[j] = (int32_t)j;
-    } else if (qtake > 0) {
+      for (int64_t j = 0; j < qtake; j++) qidx[j] = (int32_t)j;
+    } else {
       uint32_t pre = 0;  /* the top pbits bits the need-th largest key starts with */
       int pbits = 0;
       int64_t need = qtake, ccount = ql;  /* still to take among the keys with that prefix */
@@ -914,18 +912,24 @@ int hp_encode(const hp_enc_args* a) {
           uint32_t h[4][2048];
           memset(h, 0, sizeof(h));
           uint32_t qkt[HP_TILE];
+          int qnf = 0;  /* the gradient held NaN/Inf (the first pass) */
+
           const int64_t qhi = ql;
           #pragma omp for schedule(static)
           for (int64_t tb = 0; tb < (ql + HP_TILE - 1) / HP_TILE; tb++) {
             const int64_t i0 = tb * HP_TILE;
+            if (pbits == 0) {  /* the first pass: it also stores the maps deferred to the top-k */
 const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
-        #pragma omp simd
+        #pragma omp simd reduction(|:qnf)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const float r5 = st_comp[j];
-          qkt[t] = hp_okey_f32(fabsf(r5));
+          const float r2 = s_grad[j];
+          const float r3 = st_comp[j];
+          const float r4 = (r2 + hp_sel_f32(((bool)(((bool)(s_lost | (fabsf(r3) > s_pmin))) | ((bool)((fabsf(r3) == s_pmin) & (j <= s_plast))))), 0x0.0p+0f, r3));
+          qkt[t] = hp_okey_f32(fabsf(r4));
+          qnf |= !(fabsf(r2) < HP_INF_F);
+          st_comp[j] = r4;
         }
-            if (pbits == 0) {
               int64_t t = 0;
               for (; t + 4 <= tl; t += 4) {
                 h[0][qkt[t] >> sh]++;
@@ -935,14 +939,24 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
               }
               for (; t < tl; t++) h[0][qkt[t] >> sh]++;
             } else {
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const float r1 = st_comp[j];
+          qkt[t] = hp_okey_f32(fabsf(r1));
+        }
               const uint32_t dmask = ((uint32_t)1 << width) - 1;
               for (int64_t t = 0; t < tl; t++)
                 if ((qkt[t] >> pshift) == ppre) h[t & 3][(qkt[t] >> sh) & dmask]++;
             }
           }
           #pragma omp critical
-          for (int d = 0; d < 2048; d++)
-            hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
+          {
+            for (int d = 0; d < 2048; d++)
+              hist[d] += (int64_t)h[0][d] + h[1][d] + h[2][d] + h[3][d];
+            s___nonfinite = s___nonfinite || qnf != 0;
+          }
         }
         int64_t above = 0, d = ((int64_t)1 << width) - 1;
         for (; d > 0; d--) {
@@ -976,8 +990,8 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t j = i0 + t;
-          const float r5 = st_comp[j];
-          qkt[t] = hp_okey_f32(fabsf(r5));
+          const float r1 = st_comp[j];
+          qkt[t] = hp_okey_f32(fabsf(r1));
         }
           #pragma omp simd
           for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)((qkt[t] >> psh) >= pre);
@@ -1058,83 +1072,83 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
 
   bool s_bad;
   float s_vmin;
-  { /* level 3: val, bad, vmin */
+  { /* level 2: val, bad, vmin */
     const int64_t L = L1;
-    int part14[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part14[k] = 0;
-    int32_t part19[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part19[k] = (2139095040);
-    int part20[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part20[k] = 0;
+    int part15[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part15[k] = 0;
+    int32_t part20[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part20[k] = (2139095040);
+    int part21[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part21[k] = 0;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
-      int acc13 = 0;
-      int32_t acc15 = (2139095040);
-      int nan17 = 0;
+      int acc14 = 0;
+      int32_t acc16 = (2139095040);
+      int nan18 = 0;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(|:acc13) reduction(min:acc15) reduction(|:nan17)
+        #pragma omp simd reduction(|:acc14) reduction(min:acc16) reduction(|:nan18)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const int32_t r9 = f_idx[i];
-          const int64_t ix10 = ((int64_t)(r9));
-          const float r11 = hp_sel_f32((uint64_t)ix10 < (uint64_t)L2, rp_c[hp_clampi(ix10, L2)], 0x0.0p+0f);
-          const float r12 = r11;
-          acc13 |= (int)((!(fabsf(r12) < HP_INF_F)));
-          const float x16 = fabsf(r12);
-          const int32_t k18 = hp_key_f32(x16);
-          acc15 = k18 < acc15 ? k18 : acc15;
-          nan17 |= (x16 != x16);
-          f_val[i] = hp_canon_f32(r11);
+          const int32_t r10 = f_idx[i];
+          const int64_t ix11 = ((int64_t)(r10));
+          const float r12 = hp_sel_f32((uint64_t)ix11 < (uint64_t)L2, rp_c[hp_clampi(ix11, L2)], 0x0.0p+0f);
+          const float r13 = r12;
+          acc14 |= (int)((!(fabsf(r13) < HP_INF_F)));
+          const float x17 = fabsf(r13);
+          const int32_t k19 = hp_key_f32(x17);
+          acc16 = k19 < acc16 ? k19 : acc16;
+          nan18 |= (x17 != x17);
+          f_val[i] = hp_canon_f32(r12);
         }
       }
-      part14[omp_get_thread_num()] = acc13;
-      part19[omp_get_thread_num()] = acc15;
-      part20[omp_get_thread_num()] = nan17;
+      part15[omp_get_thread_num()] = acc14;
+      part20[omp_get_thread_num()] = acc16;
+      part21[omp_get_thread_num()] = nan18;
     }
-    int acc13 = 0;
-    for (int k = 0; k < nt; k++) acc13 |= part14[k];
-    s_bad = (acc13 != 0);
-    int32_t acc15 = (2139095040);
-    for (int k = 0; k < nt; k++) acc15 = part19[k] < acc15 ? part19[k] : acc15;
-    int nan17 = 0;
-    for (int k = 0; k < nt; k++) nan17 |= part20[k];
-    s_vmin = (nan17 ? hp_f32_from_bits(0x7fc00000u) : hp_unkey_f32(acc15));
+    int acc14 = 0;
+    for (int k = 0; k < nt; k++) acc14 |= part15[k];
+    s_bad = (acc14 != 0);
+    int32_t acc16 = (2139095040);
+    for (int k = 0; k < nt; k++) acc16 = part20[k] < acc16 ? part20[k] : acc16;
+    int nan18 = 0;
+    for (int k = 0; k < nt; k++) nan18 |= part21[k];
+    s_vmin = (nan18 ? hp_f32_from_bits(0x7fc00000u) : hp_unkey_f32(acc16));
   }
 
 
   int64_t s_r;
-  { /* level 4: r */
+  { /* level 3: r */
     const int64_t L = L1;
-    int64_t part25[HP_MAXT];
-    for (int k = 0; k < HP_MAXT; k++) part25[k] = INT64_MIN;
+    int64_t part26[HP_MAXT];
+    for (int k = 0; k < HP_MAXT; k++) part26[k] = INT64_MIN;
     const int64_t ntiles = (L + HP_TILE - 1) / HP_TILE;
     #pragma omp parallel num_threads(nt) if(L >= HP_PAR_MIN)
     {
-      int64_t acc23 = INT64_MIN;
+      int64_t acc24 = INT64_MIN;
       #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < ntiles; tb++) {
         const int64_t i0 = tb * HP_TILE;
         const int64_t tl = L - i0 < HP_TILE ? L - i0 : HP_TILE;
         
-        #pragma omp simd reduction(max:acc23)
+        #pragma omp simd reduction(max:acc24)
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float r21 = f_val[i];
-          const int32_t r22 = f_idx[i];
-          const int64_t x24 = hp_sel_i64((fabsf(r21) == s_vmin), ((int64_t)(r22)), INT64_C(-1));
-          acc23 = x24 > acc23 ? x24 : acc23;
+          const float r22 = f_val[i];
+          const int32_t r23 = f_idx[i];
+          const int64_t x25 = hp_sel_i64((fabsf(r22) == s_vmin), ((int64_t)(r23)), INT64_C(-1));
+          acc24 = x25 > acc24 ? x25 : acc24;
         }
       }
-      part25[omp_get_thread_num()] = acc23;
+      part26[omp_get_thread_num()] = acc24;
     }
-    int64_t acc23 = INT64_MIN;
-    for (int k = 0; k < nt; k++) acc23 = part25[k] > acc23 ? part25[k] : acc23;
-    s_r = acc23;
+    int64_t acc24 = INT64_MIN;
+    for (int k = 0; k < nt; k++) acc24 = part26[k] > acc24 ? part26[k] : acc24;
+    s_r = acc24;
   }
 
 

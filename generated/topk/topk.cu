@@ -593,7 +593,7 @@ extern "C" __global__ void hp_encode_s1_0(const hp_enc_args A, const int64_t p0)
 
 
 /* topk: sort/topk keys */
-extern "C" __global__ void hp_encode_x2_0k(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_x1_0k(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[2];
@@ -634,7 +634,7 @@ extern "C" __global__ void hp_encode_x2_0k(const hp_enc_args A, const int64_t p0
 
 
 /* topk: topk count */
-extern "C" __global__ void hp_encode_x2_0n(const hp_enc_args A, const int64_t p0) {
+extern "C" __global__ void hp_encode_x1_0n(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[2];
@@ -670,8 +670,8 @@ extern "C" __global__ void hp_encode_x2_0n(const hp_enc_args A, const int64_t p0
 
 
 
-/* topk: level 3: val, bad, vmin */
-extern "C" __global__ void hp_encode_s3_0(const hp_enc_args A, const int64_t p0) {
+/* topk: level 2: val, bad, vmin */
+extern "C" __global__ void hp_encode_s2_0(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[5];
@@ -763,8 +763,8 @@ extern "C" __global__ void hp_encode_s3_0(const hp_enc_args A, const int64_t p0)
 
 
 
-/* topk: level 3: combine val, bad, vmin */
-extern "C" __global__ void hp_encode_s3_0f(const hp_enc_args A, const int64_t p0) {
+/* topk: level 2: combine val, bad, vmin */
+extern "C" __global__ void hp_encode_s2_0f(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[5];
@@ -809,8 +809,8 @@ extern "C" __global__ void hp_encode_s3_0f(const hp_enc_args A, const int64_t p0
 
 
 
-/* topk: level 4: r */
-extern "C" __global__ void hp_encode_s4_0(const hp_enc_args A, const int64_t p0) {
+/* topk: level 3: r */
+extern "C" __global__ void hp_encode_s3_0(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[6];
@@ -875,8 +875,8 @@ extern "C" __global__ void hp_encode_s4_0(const hp_enc_args A, const int64_t p0)
 
 
 
-/* topk: level 4: combine r */
-extern "C" __global__ void hp_encode_s4_0f(const hp_enc_args A, const int64_t p0) {
+/* topk: level 3: combine r */
+extern "C" __global__ void hp_encode_s3_0f(const hp_enc_args A, const int64_t p0) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   void* wsp[6];

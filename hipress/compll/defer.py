@@ -11,7 +11,9 @@ A map can be deferred when it is new state only (no payload field or decode outp
 as long as the filter, free of random numbers, and reads only the gradient, state and other such
 maps, each at its own index; and the filter reads it (through inlined maps) at one index only:
 its own ``[j]``, or ``[(j + h) % n]`` with ``h`` a host expression (which covers every index once
-when ``0 <= h < n``, checked at run time).
+when ``0 <= h < n``, checked at run time). A top-k's key is the same to it, read at ``[j]`` only
+(topk's compensated gradient): its first pass over the keys stores the map, the later ones read
+it.
 """
 
 from __future__ import annotations
@@ -65,15 +67,20 @@ def deferrable(
     cands, helpers = cands & ok, helpers & ok
     out: dict[str, Deferral] = {}
     for k, op in enumerate(pl.ops):
-        if not isinstance(op, ir.Filter) or not op.pred.params:
+        if not isinstance(op, ir.Filter | ir.TopK):
             continue
-        j = op.pred.params[0].name
+        lam = op.pred if isinstance(op, ir.Filter) else op.key
+        if not lam.params:
+            continue
+        j = lam.params[0].name
         forms: dict[str, set[str | None]] = {}
         at: dict[str, ir.Expr] = {}
-        for e in lambda_exprs(op.pred):
+        for e in lambda_exprs(lam):
             for x in walk(e):
                 if isinstance(x, ir.Load):
-                    f = filter_index(x.index, op.pred, op.length)
+                    f = filter_index(x.index, lam, op.length)
+                    if isinstance(op, ir.TopK) and not isinstance(f, ir.Ref):
+                        f = None  # a top-k stores them in its first pass, read at [j] only
                     if f is not None:
                         at.setdefault(repr(f), x.index)
                     _forms(pl, x.array, None if f is None else repr(f), forms, cands)

@@ -6,8 +6,10 @@ check reads the gradient once more; on this project's CPU machines that was a fi
 compressed step of a large model (docs/casync.md). Most encodes already read the whole gradient
 in a plain loop at level 1 (onebit's compensated gradient and sums, terngrad's min and max, the
 casts): one more ``any`` reduction in that loop costs a compare per element. :func:`add_flag`
-adds it there, and only there (never a pass of its own: where the first pass is a stage, e.g.
-a sort, a filter or a segment reduction, the encode does not report it and CaSync checks).
+adds it there; failing that, a filter's or top-k's pass that computes maps deferred to it
+(hipress/compll/defer.py) from the gradient computes it too. Never a pass of its own: where the
+first pass is another stage (a sort, a segment reduction) the encode does not report it, and
+CaSync checks.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ def add_flag(plan: Plan, prog: ir.Program) -> None:
             fn = ir.Lambda((i,), (), ir.Unary("not", ir.Unary("isfinite", g, BOOL), BOOL))
             lp.items.append(Item("reduce", ir.Reduce(NONFINITE, "any", n, fn, BOOL)))
             plan.nonfinite = NONFINITE
+            return
+    # else a filter's or top-k's pass that stores maps deferred to it and reads the gradient
+    # (dgc, graddrop, topk): it computes the flag as it goes (render_stages)
+    for ff in plan.filter_fusions:
+        if any(_reads(plan, it.op.fn, prog.encode.grad, set()) for it in ff.loop.items):
+            plan.nonfinite, plan.nonfinite_stage = NONFINITE, ff.special
             return
 
 

@@ -136,6 +136,7 @@ class Plan:
     deferred: frozenset[str] = frozenset()
     filter_fusions: tuple[FilterFusion, ...] = ()
     nonfinite: str | None = None  # the gradient's NaN/Inf reduction (hipress/compll/finite.py)
+    nonfinite_stage: Special | None = None  # ... computed by this stage's fused pass, if set
 
     def is_virtual(self, name: str) -> bool:
         return name in self.maps and name not in self.homes

@@ -9,6 +9,7 @@ from hipress.compll import ir
 from hipress.compll.plan import FilterFusion, ScatterAdd, Special
 from hipress.compll.render_expr import Body, _fix, const, ctype, mtype, variants
 from hipress.compll.render_reduce import _ident_minmax, reduction
+from hipress.compll.types import F32, I64
 
 
 class Stages:
@@ -44,6 +45,19 @@ class Stages:
             kb = Body(level=lv, index="j", loop_len=op.length, tile="t")
             res = self.em.apply(op.key, ["j"], kb)
             self.hoisted += kb.hoist
+            # the maps deferred to it: computed and stored by its first pass over the keys
+            # (later passes read them), or by their own loop where it makes no pass
+            ff = next((f for f in self.plan.filter_fusions if f.special is sp), None)
+            first = kb
+            fres, stores, fallback = res, [], ""
+            nf, decl, scan = self._nonfinite(sp)
+            if ff is not None:
+                names = frozenset(it.op.name for it in ff.loop.items)
+                first = Body(level=lv, index="j", loop_len=op.length, tile="t", recompute=names)
+                stores = self._deferred_stores(ff, first)
+                fres = self.em.apply(op.key, ["j"], first)
+                self.hoisted += first.hoist
+                fallback = self.loop(ff.loop) + "\n" + scan
             ln = self.length(op.length)
             kdt = op.key.result.dtype
             ku = "uint64_t" if kdt.bits == 64 else "uint32_t"
@@ -52,13 +66,15 @@ class Stages:
             take = f"hp_min_i64({kk}, {ln})"
             # candidates per thread: at least what is taken, so ties beyond it need no room
             cap = f"hp_min_i64({ln}, 4 * {take} + 8192)"
-            return f"  int64_t {cnt};\n" + r(
-                "c_topk.c.j2", idx_name=op.idx, length=ln, k=kk, idx=home, ku=ku, kt=kdt.name,
+            return f"  int64_t {cnt};\n" + decl + r(
+                "c_topk.c.j2", nf=nf, idx_name=op.idx, length=ln, k=kk, idx=home, ku=ku, kt=kdt.name,
                 kbits=64 if kdt.bits == 64 else 32, cap=cap,
                 scratch_sure=self.scratch("int32_t", f"(int64_t)nt * {take}"),
                 scratch_cidx=self.scratch("int32_t", f"(int64_t)nt * {cap}"),
                 scratch_ckey=self.scratch(ku, f"(int64_t)nt * {cap}"),
                 pre_lines=self._tile_pre(kb), body=kb.lines, result=res, count=cnt,
+                first_pre=self._tile_pre(first), first_body=first.lines, first_result=fres,
+                first_stores=stores, fallback=fallback,
             )  # fmt: skip
         if isinstance(op, ir.Sort):
             body, res = self._lambda(op.key, op.length, lv)
@@ -97,10 +113,11 @@ class Stages:
                 f"  if ({guard}) {{\n{text}\n  }} else {{\n    {cnt} = 0;\n"
                 f"    memset({home}, 0, (size_t){bl} * 4);\n  }}"
             )
+        nf, decl, scan = self._nonfinite(ff.special) if ff is not None else ("", "", "")
         if ff is not None:
-            text = self.loop(ff.loop) + "\n" + text
+            text = self.loop(ff.loop) + "\n" + scan + text
             if guard is None:
-                fused = self._filter_pass(op, lv, home, ln, bl, cnt, scratch, ff, r)
+                fused = self._filter_pass(op, lv, home, ln, bl, cnt, scratch, ff, r, nf)
                 if ff.offset is None:
                     text = fused
                 else:
@@ -111,25 +128,15 @@ class Stages:
                         f"  if (({h}) >= 0 && ({h}) < {ln}) {{ /* every index once */\n"
                         f"{fused}\n  }} else {{\n{text}\n  }}"
                     )
-        return f"  int64_t {cnt};\n" + text
+        return f"  int64_t {cnt};\n" + decl + text
 
     def _filter_pass(
         self, op: ir.Filter, lv: int, home: str, ln: str, bl: str, cnt: str, scratch: str,
-        ff: FilterFusion | None, r: Callable[..., str],
+        ff: FilterFusion | None, r: Callable[..., str], nf: str = "",
     ) -> str:  # fmt: skip
         names = frozenset(it.op.name for it in ff.loop.items) if ff is not None else frozenset()
         fb = Body(level=lv, index="j", loop_len=op.length, tile="t", recompute=names)
-        stores: list[str] = []
-        if ff is not None:
-            env = {ff.param: "j"}
-            at = self.em.expr(ff.index, fb, env)
-            for it in ff.loop.items:
-                assert isinstance(it.op, ir.Map)
-                dt = it.op.type.dtype
-                v = self.em.load(ir.Load(it.op.name, ff.index, dt), fb, env)
-                for tg in it.targets:
-                    val = f"(uint8_t)({v})" if dt.is_bool else v
-                    stores.append(f"{self.target_ptr(tg)}[{at}] = {val};")
+        stores = self._deferred_stores(ff, fb) if ff is not None else []
         res = self.em.apply(op.pred, ["j"], fb)
         self.hoisted += fb.hoist
         vs = [
@@ -139,8 +146,45 @@ class Stages:
         return r(
             "c_filter.c.j2", idx_name=op.idx, length=ln, bound=bl, idx=home, scratch=scratch,
             variants=vs, count=cnt, pre=self._tile_pre(fb), full=ff is not None,
-            also=", ".join(sorted(names)),
+            also=", ".join(sorted(names)), nf=nf,
         )  # fmt: skip
+
+    def _deferred_stores(self, ff: FilterFusion, body: Body) -> list[str]:
+        """The maps deferred to a stage, computed in ``body`` (which recomputes them) at the
+        stage's index, and the lines that store them there (after everything else the
+        iteration reads); where the stage computes the gradient's NaN/Inf flag, the line that
+        ORs it into the thread's ``qnf``."""
+        env = {ff.param: "j"}
+        at = self.em.expr(ff.index, body, env)
+        stores = []
+        if self.plan.nonfinite_stage is ff.special:
+            g = self.em.load(ir.Load(self.prog.encode.grad, ff.index, F32), body, env)
+            stores.append(f"qnf |= !(fabsf({g}) < HP_INF_F);")
+        for it in ff.loop.items:
+            assert isinstance(it.op, ir.Map)
+            dt = it.op.type.dtype
+            v = self.em.load(ir.Load(it.op.name, ff.index, dt), body, env)
+            for tg in it.targets:
+                val = f"(uint8_t)({v})" if dt.is_bool else v
+                stores.append(f"{self.target_ptr(tg)}[{at}] = {val};")
+        return stores
+
+    def _nonfinite(self, sp: Special) -> tuple[str, str, str]:
+        """Where ``sp``'s fused pass computes the gradient's NaN/Inf flag: its C variable, its
+        declaration (function scope, before the stage) and the separate pass that computes it
+        where the stage takes its path without the fused pass; else three empty strings."""
+        if self.plan.nonfinite_stage is not sp or self.plan.nonfinite is None:
+            return "", "", ""
+        nf = self.names.get(self.plan.nonfinite)
+        n = self.length(ir.Ref(ir.N, I64))
+        scan = (
+            "  { /* the gradient's NaN/Inf flag, where the fused pass did not run */\n"
+            "    int q = 0;\n"
+            f"    #pragma omp parallel for num_threads(nt) reduction(|:q) if({n} >= HP_PAR_MIN)\n"
+            f"    for (int64_t j = 0; j < {n}; j++) q |= !(fabsf(s_grad[j]) < HP_INF_F);\n"
+            f"    {nf} = q != 0;\n  }}\n"
+        )
+        return nf, f"  bool {nf} = false;\n", scan
 
     def _scan(self, op: ir.Scan, lv: int, home: str | None, r: Callable[..., str]) -> str:
         body, res = self._lambda(op.fn, op.length, lv)
