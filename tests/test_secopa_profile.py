@@ -154,9 +154,10 @@ def test_the_nan_check_costs_a_merge_unless_the_encode_reports_it() -> None:
     d = json.loads(p.to_json())
     del d["encode_checks_finite"]  # older profiles: CaSync read every chunk
     assert not Profile.from_dict(d).encode_checks_finite
-    # onebit's C encode reports it from its own pass; dgc's first pass is a sort, it does not
+    # onebit's C encode reports it from its own pass; int8's first pass is a segment
+    # reduction, it does not
     assert AlgorithmCodec(load("onebit", backend="cpu")).checks_finite()
-    assert not AlgorithmCodec(load("dgc", backend="cpu")).checks_finite()
+    assert not AlgorithmCodec(load("int8", backend="cpu")).checks_finite()
 
 
 def test_fitted_comm_round_trips_and_ignores_world_size() -> None:
