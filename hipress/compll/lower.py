@@ -92,9 +92,7 @@ class _Planner:
         self.cost: dict[str, int] = {}
         # deferred maps: filter op index, and the filter's index of its read
         self.pending: dict[str, Deferral] = {}  # not placed yet (read as if virtual)
-        self.deferred: set[str] = set()  # placed at their filter's level
-        self.group: dict[str, int] = {}  # deferred map -> its filter's op index
-        self.defer_info: dict[str, Deferral] = {}
+        self.deferred: dict[str, Deferral] = {}  # placed at their filter's level
         self.read_at: dict[str, int] = {}  # pending map -> the last level that read it
         self._inputs()
         self._declare_ops()
@@ -244,7 +242,7 @@ class _Planner:
         lets: list[tuple[int, ir.Let]] = []
         stores: list[ir.StoreState] = []
         for k, op in enumerate(self.ops):
-            lv = 0  # the op's level, for _note_readers
+            lv = 0  # the op's level, for _reads_pending
             if isinstance(op, ir.Let):
                 lv = self._ready_expr(op.value, None, None)
                 self.scalar_ready[op.name] = lv
@@ -308,9 +306,7 @@ class _Planner:
                     self.levels[op.idx] = lv
                     self.scalar_ready[op.count] = lv
                     for name in [x for x, d in self.pending.items() if d.filter == k]:
-                        self.defer_info[name] = self.pending.pop(name)
-                        self.deferred.add(name)
-                        self.group[name] = k
+                        self.deferred[name] = self.pending.pop(name)
                         self.levels[name] = lv
                         loop_items.append((lv, Item("store", self.maps[name])))
                 else:
@@ -320,6 +316,11 @@ class _Planner:
                 for x in self._reads_pending(op):
                     self.read_at[x] = max(self.read_at.get(x, 0), lv)
         return self._assemble(sinks, loop_items, specials, lets, stores)
+
+    def _filter_of(self, name: str) -> int | None:
+        """The op index of the filter a deferred map is stored with (None if not deferred)."""
+        d = self.deferred.get(name)
+        return None if d is None else d.filter
 
     def _reads_pending(self, op: ir.Op) -> set[str]:
         """The maps waiting for their filter that ``op`` reads (through inlined maps)."""
@@ -402,8 +403,9 @@ class _Planner:
         for lv, it in items:
             st = steps.setdefault(lv, Step(lv))
             length = it.op.type.length if isinstance(it.op, ir.Map) else it.op.length
-            k = self.group.get(it.op.name) if not it.copy else None
-            if k is not None:
+            d = self.deferred.get(it.op.name) if not it.copy else None
+            if d is not None:
+                k = d.filter
                 if k not in own:
                     own[k] = Loop(lv, length)
                     st.loops.append(own[k])
@@ -424,7 +426,7 @@ class _Planner:
         ffs = []
         for k, lp in own.items():
             sp = next(x for x in specials if x.op is self.ops[k])
-            d = next(self.defer_info[it.op.name] for it in lp.items)
+            d = next(self.deferred[it.op.name] for it in lp.items)
             ffs.append(FilterFusion(sp.level, sp, lp, d.index, d.param, d.offset))
         return Plan(
             self.fn, self.arrays, self.maps, self.homes, self.levels,
@@ -462,8 +464,8 @@ class _Planner:
         for lv, it in loop_items:
             length = it.op.type.length if isinstance(it.op, ir.Map) else it.op.length
             same = lv == wl and length == m.type.length
-            if new in self.group or it.op.name in self.group:  # deferred maps: a loop of their own
-                same = same and self.group.get(new) == self.group.get(it.op.name)
+            if new in self.deferred or it.op.name in self.deferred:  # a loop of their own
+                same = same and self._filter_of(new) == self._filter_of(it.op.name)
             for al in self._reads(it.op.fn, state, lv, it.op.fn.params[0].name, length):
                 if lv > wl or (lv == wl and not (same and al)):
                     return False

@@ -4,6 +4,7 @@ array lives), and the rule by which a reader recomputes a stored map instead of 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -159,7 +160,7 @@ class _Planning(Protocol):
     cost: dict[str, int]
 
     @property
-    def deferred(self) -> frozenset[str] | set[str]: ...
+    def deferred(self) -> Collection[str]: ...
 
     def is_virtual(self, name: str) -> bool: ...
 
