@@ -25,9 +25,9 @@ def test_encode_validates_inputs() -> None:
         a.encode(torch.zeros(10, dtype=torch.int32), st)
     with pytest.raises(ValueError, match="state is for 10 elements"):
         a.encode(torch.zeros(11), st)
-    with pytest.raises(ValueError, match="out must be a contiguous uint8 tensor"):
+    with pytest.raises(ValueError, match="out must be a 1-D contiguous uint8 tensor of 24 bytes"):
         a.encode(torch.zeros(10), st, out=torch.empty(3, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="payload must be a 1-D uint8 tensor"):
+    with pytest.raises(ValueError, match="payload must be a 1-D contiguous uint8 tensor"):
         a.decode(torch.zeros(3, dtype=torch.uint8), 10)
     with pytest.raises(BackendError, match="unknown backend"):
         load("onebit", backend="tpu")
@@ -62,7 +62,7 @@ def test_decode_sum_is_decode_accumulate_divide(backend: str) -> None:
     assert torch.equal(a.decode_sum(payloads, n, out=half, divide_by=3), want.half())
     with pytest.raises(ValueError, match="at least one payload"):
         a.decode_sum([], n)
-    with pytest.raises(ValueError, match="1-D uint8 tensor of"):
+    with pytest.raises(ValueError, match="1-D contiguous uint8 tensor of"):
         a.decode_sum([payloads[0], payloads[0][:-8]], n)
     with pytest.raises(ValueError, match="divide_by must be finite and non-zero"):
         a.decode_sum(payloads, n, divide_by=0)

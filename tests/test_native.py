@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hipress.compll import Algorithm, algorithms, load, load_source, shipped_path
 from hipress.compll.backends import AutoBackend, NativeUnavailableWarning
 from hipress.compll.cache import C_FLAGS, KernelCache, Toolchain
+from hipress.compll.calls import CallError
 from hipress.compll.check import param_variants
 from hipress.compll.native import NativeBackend, NativeError
 from hipress.compll.parse import parse
@@ -529,11 +530,13 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch
 
 def test_wrong_device_is_a_clear_error() -> None:
     alg = load("onebit", backend="cpu")
-    st_ = alg.init_state(8)
     with pytest.raises(NativeError, match="CPU tensors"):
+        alg.encode(torch.zeros(8, device="meta"), alg.init_state(8, device="meta"))
+    st_ = alg.init_state(8)
+    with pytest.raises(CallError, match="state `comp` is on cpu, the gradient on meta"):
         alg.encode(torch.zeros(8, device="meta"), st_)
     st_.tensors["comp"] = st_.tensors["comp"].double()
-    with pytest.raises(NativeError, match="state `comp`"):
+    with pytest.raises(CallError, match="state `comp` must be a contiguous torch.float32"):
         alg.encode(torch.zeros(8), st_)
 
 

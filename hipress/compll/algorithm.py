@@ -17,6 +17,14 @@ from typing import Any, Protocol
 import torch
 
 from hipress.compll import ast, interp, ir
+from hipress.compll.calls import (
+    StateSpec,
+    check_encode,
+    check_output,
+    check_payload,
+    check_payloads,
+    state_spec,
+)
 from hipress.compll.check import elaborate
 from hipress.compll.parse import parse
 from hipress.compll.payload import layout, pack, unpack
@@ -26,7 +34,6 @@ from hipress.compll.types import ArrayType, DType, torch_compute_dtype, torch_st
 
 log = logging.getLogger(__name__)
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # names of the state array that carries error feedback (Algorithm.error_feedback)
 EF_STATES = ("residual", "comp")
 
@@ -42,9 +49,11 @@ class Backend(Protocol):
 
     name: str
 
-    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool | None:
+    def encode(
+        self, grad: torch.Tensor, state: State, out: torch.Tensor
+    ) -> bool | torch.Tensor | None:
         """Encode into ``out``; return whether ``grad`` holds NaN/Inf if the backend found out
-        while encoding, else None."""
+        while encoding (a bool, or a 0-d bool tensor on the device), else None."""
         ...
 
     def decode(
@@ -71,7 +80,9 @@ def decode_sum_by_parts(
     for r, p in enumerate(payloads):
         backend.decode(p, n, out, r > 0)
     if divisor != 1:
-        out.div_(divisor)
+        # a float32 division by float32(divisor) on every device (CUDA divides by a Python
+        # number as a multiplication by its reciprocal)
+        out.div_(torch.full((), divisor, dtype=torch.float32, device=out.device))
 
 
 class ReferenceBackend:
@@ -156,6 +167,7 @@ class Algorithm:
         self.params: dict[str, Any] = dict(program.params)
         self.digest = program.digest()[:16]
         self._sizes: dict[int, int] = {}
+        self._specs: dict[int, StateSpec] = {}
 
     def __repr__(self) -> str:
         ps = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -215,30 +227,32 @@ class Algorithm:
 
     def encode_checked(
         self, grad: torch.Tensor, state: State, out: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, bool | None]:
+    ) -> tuple[torch.Tensor, bool | torch.Tensor | None]:
         """:meth:`encode`, and whether ``grad`` holds NaN/Inf, where the backend finds out in
-        the same pass (the C kernels of most algorithms: hipress/compll/finite.py; the
-        reference); None where it does not (check it yourself then)."""
-        if not isinstance(grad, torch.Tensor) or grad.dtype not in _FLOATS:
-            got = grad.dtype if isinstance(grad, torch.Tensor) else type(grad).__name__
-            raise TypeError(
-                f"{self.name}.encode needs a float32/float16/bfloat16 tensor, got {got}"
-            )
+        the same pass (the C and CUDA kernels of most algorithms: hipress/compll/finite.py; the
+        reference): a bool, or on the CUDA backend a 0-d bool tensor on the device (reading it
+        waits for the encode); None where it does not (check it yourself then).
+
+        Raises :class:`~hipress.compll.calls.CallError` for a state, gradient or buffer the
+        kernels cannot use (wrong size, dtype, device, layout), before anything runs."""
+        nbytes = self.payload_nbytes(state.n) if isinstance(state, State) else 0
+        check_encode(self.name, self._state_spec(state), grad, state, out, nbytes)
         flat = grad.reshape(-1)
-        if flat.numel() != state.n:
-            raise ValueError(
-                f"{self.name}.encode: state is for {state.n} elements, gradient has {flat.numel()}"
-            )
-        nbytes = self.payload_nbytes(state.n)
         if out is None:
             out = torch.empty(nbytes, dtype=torch.uint8, device=grad.device)
-        elif out.dtype != torch.uint8 or out.shape != (nbytes,) or not out.is_contiguous():
-            raise ValueError(
-                f"{self.name}.encode: out must be a contiguous uint8 tensor of {nbytes} bytes"
-            )
         bad = self.backend.encode(flat, state, out)
         state.step += 1
         return out, bad
+
+    def _state_spec(self, state: State) -> StateSpec:
+        if not isinstance(state, State):
+            return {}
+        spec = self._specs.get(state.n)
+        if spec is None:
+            if len(self._specs) > 1024:
+                self._specs.clear()
+            spec = self._specs[state.n] = state_spec(self.program, state.n)
+        return spec
 
     def decode(
         self,
@@ -248,27 +262,15 @@ class Algorithm:
         accumulate: bool = False,
     ) -> torch.Tensor:
         """Decompress ``payload`` into ``n`` floats (``out += ...`` when ``accumulate``)."""
-        self._check_payload("decode", payload, n)
+        check_payload(self.name, "decode", payload, self.payload_nbytes(n), n)
         if out is None:
             if accumulate:
                 raise ValueError("accumulate=True needs an out tensor")
             out = torch.empty(n, dtype=torch.float32, device=payload.device)
         else:
-            self._check_out("decode", out, n)
+            check_output(self.name, "decode", out, n, payload.device)
         self.backend.decode(payload, n, out.view(-1), accumulate)
         return out
-
-    def _check_payload(self, what: str, payload: torch.Tensor, n: int) -> None:
-        nbytes = self.payload_nbytes(n)
-        if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.shape[0] != nbytes:
-            raise ValueError(
-                f"{self.name}.{what}: payload must be a 1-D uint8 tensor of {nbytes} bytes for "
-                f"n={n}, got {tuple(payload.shape)} {payload.dtype}"
-            )
-
-    def _check_out(self, what: str, out: torch.Tensor, n: int) -> None:
-        if out.dtype not in _FLOATS or out.numel() != n:
-            raise ValueError(f"{self.name}.{what}: out must be a float tensor of {n} elements")
 
     def decode_sum(
         self,
@@ -286,23 +288,17 @@ class Algorithm:
         (a decode that is one map over its output, C backend), each tile of ``out`` stays in
         cache while every payload adds to it. A contiguous float32 ``out`` needs no temporary.
         """
-        if not payloads:
-            raise ValueError(f"{self.name}.decode_sum needs at least one payload")
-        for p in payloads:
-            self._check_payload("decode_sum", p, n)
-            if p.device != payloads[0].device:
-                raise ValueError(f"{self.name}.decode_sum: payloads on different devices")
+        device = check_payloads(self.name, "decode_sum", payloads, self.payload_nbytes(n), n)
         if (
             not isinstance(divide_by, int | float)
             or isinstance(divide_by, bool)
             or not (divide_by != 0 and math.isfinite(divide_by))
         ):
             raise ValueError(f"{self.name}.decode_sum: divide_by must be finite and non-zero")
-        device = payloads[0].device
         if out is None:
             out = torch.empty(n, dtype=torch.float32, device=device)
         else:
-            self._check_out("decode_sum", out, n)
+            check_output(self.name, "decode_sum", out, n, device)
         direct = out.dtype == torch.float32 and out.is_contiguous()
         target = out.view(-1) if direct else torch.empty(n, dtype=torch.float32, device=device)
         self.backend.decode_sum(payloads, n, target, divide_by)

@@ -4,9 +4,12 @@
 - ``cpu``: the generated C kernel (:mod:`hipress.compll.native`); compiled when loaded.
 - ``cuda``: the generated CUDA kernel (:mod:`hipress.compll.cuda`); needs CuPy and a GPU.
 - ``auto``: per call, by the device of the tensors: CPU tensors run the C kernel (compiled at
-  the first CPU call), CUDA tensors the CUDA kernel, anything else the reference. Where the
-  native backend cannot run (no C compiler, no CuPy), the reference runs instead, after one
-  :class:`NativeUnavailableWarning`.
+  the first CPU call), CUDA tensors the CUDA kernel, anything else the reference. Where the C
+  kernel cannot run (no C compiler), the reference runs instead, after one
+  :class:`NativeUnavailableWarning`. CUDA tensors never fall back: if the CUDA kernel cannot run
+  (no CuPy, a CuPy built for a newer CUDA than the driver), the call raises
+  :class:`~hipress.compll.algorithm.BackendError` naming the cause and the fix; the reference
+  on a GPU would be orders of magnitude slower, silently.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def cuda_backend(program: ir.Program) -> Backend:
     try:
         return CudaBackend(program)
     except CudaUnavailable as exc:
-        raise BackendError(f"the cuda backend cannot run here: {exc}") from None
+        raise BackendError(f"the CUDA backend cannot run here: {exc}") from None
 
 
 class AutoBackend:
@@ -81,17 +84,13 @@ class AutoBackend:
             return self._cpu
         if device.type == "cuda":
             if self._cuda is None:
-                from hipress.compll.cuda import CudaBackend, CudaUnavailable
-
-                try:
-                    self._cuda = CudaBackend(self.program)
-                except CudaUnavailable as exc:
-                    _warn_fallback("CUDA", str(exc))
-                    self._cuda = self.reference
+                self._cuda = cuda_backend(self.program)
             return self._cuda
         return self.reference
 
-    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool | None:
+    def encode(
+        self, grad: torch.Tensor, state: State, out: torch.Tensor
+    ) -> bool | torch.Tensor | None:
         return self.backend_for(grad.device).encode(grad, state, out)
 
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:

@@ -22,20 +22,23 @@ from hipress.compll.walk import lambda_exprs, walk
 NONFINITE = "__nonfinite"  # the reduction's name: true if any gradient element is NaN/Inf
 
 
-def add_flag(plan: Plan, prog: ir.Program) -> None:
+def add_flag(plan: Plan, prog: ir.Program, unfused: bool = False) -> None:
     """Append the gradient's ``any(!isfinite(g[i]))`` to a plain loop over all n elements at
     level 1 of the encode ``plan`` that reads the gradient already (not one a fusion runs), and
-    record it in ``plan.nonfinite``; leave the plan as it is where there is none."""
+    record it in ``plan.nonfinite``; leave the plan as it is where there is none. ``unfused``:
+    the target runs every loop on its own (CUDA), so a loop a fusion would run qualifies too,
+    and so does the loop of maps deferred to a filter or top-k, at any level."""
     if plan.fn != "encode":
         return
-    fused = {id(lp) for f in plan.fusions for lp in f.seg_loops + f.elem_loops}
-    fused |= {id(f.loop) for f in plan.filter_fusions}
+    fused: set[int] = set()
+    if not unfused:
+        fused = {id(lp) for f in plan.fusions for lp in f.seg_loops + f.elem_loops}
+        fused |= {id(f.loop) for f in plan.filter_fusions}
     n = ir.Ref(ir.N, I64)
+    deferred = [f.loop for f in plan.filter_fusions] if unfused else []
     for st in plan.steps:
-        if st.level != 1:
-            continue
         for lp in st.loops:
-            if id(lp) in fused or lp.length != n:
+            if (st.level != 1 and lp not in deferred) or id(lp) in fused or lp.length != n:
                 continue
             if not any(_reads(plan, it.op.fn, prog.encode.grad, set()) for it in lp.items):
                 continue  # (e.g. a scatter's zeroing: a read more would cost)
@@ -45,6 +48,8 @@ def add_flag(plan: Plan, prog: ir.Program) -> None:
             lp.items.append(Item("reduce", ir.Reduce(NONFINITE, "any", n, fn, BOOL)))
             plan.nonfinite = NONFINITE
             return
+    if unfused:
+        return
     # else a filter's or top-k's pass that stores maps deferred to it and reads the gradient
     # (dgc, graddrop, topk): it computes the flag as it goes (render_stages)
     for ff in plan.filter_fusions:

@@ -570,11 +570,16 @@ def _special_out(op: object) -> str | None:
 
 
 def lower(
-    prog: ir.Program, fn: str, accumulate: bool = False, nonfinite: bool = False
+    prog: ir.Program,
+    fn: str,
+    accumulate: bool = False,
+    nonfinite: bool = False,
+    unfused: bool = False,
 ) -> Plan:
     """Plan ``prog``'s ``fn`` ("encode" or "decode"; decode with or without accumulation);
     with ``nonfinite``, an encode also finds out whether the gradient holds NaN/Inf where its
-    first pass can (:mod:`hipress.compll.finite`)."""
+    first pass can (:mod:`hipress.compll.finite`), for a target that runs the plan's fusions
+    or, with ``unfused``, one that runs every loop on its own (CUDA)."""
     if fn not in ("encode", "decode"):
         raise ValueError(f"fn must be 'encode' or 'decode', got {fn!r}")
     from hipress.compll.finite import add_flag
@@ -583,7 +588,7 @@ def lower(
     plan = _Planner(prog, fn, accumulate).plan()
     plan.fusions = segment_fusions(plan)
     if nonfinite:
-        add_flag(plan, prog)
+        add_flag(plan, prog, unfused)
     return plan
 
 
