@@ -536,7 +536,7 @@ def test_wrong_device_is_a_clear_error() -> None:
     with pytest.raises(CallError, match="state `comp` is on cpu, the gradient on meta"):
         alg.encode(torch.zeros(8, device="meta"), st_)
     st_.tensors["comp"] = st_.tensors["comp"].double()
-    with pytest.raises(CallError, match="state `comp` must be a contiguous torch.float32"):
+    with pytest.raises(CallError, match=r"state `comp` must be a contiguous torch\.float32"):
         alg.encode(torch.zeros(8), st_)
 
 

@@ -46,16 +46,34 @@ from hipress.compll.cuda_runtime import (
 )
 from hipress.compll.interp import eval_size
 from hipress.compll.payload import layout
-from hipress.compll.render_cuda import NT, SUM_PAYLOADS, SYNC_BYTES, STRUCTS, render_cuda_program
+from hipress.compll.render_cuda import (
+    NT,
+    STRUCTS,
+    SUM_PAYLOADS,
+    SYNC_BYTES,
+    CudaSource,
+    render_cuda_program,
+)
 from hipress.compll.source import CllError
 from hipress.compll.state import State
 from hipress.compll.types import ArrayType
 
 ARCHS = ("sm_80", "sm_90")
 
-_TORCH = {"f32": torch.float32, "f64": torch.float64, "i8": torch.int8, "i16": torch.int16,
-          "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8, "u16": torch.int16,
-          "u32": torch.int32, "f16": torch.int16, "bf16": torch.int16, "bool": torch.uint8}
+_TORCH = {
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "i8": torch.int8,
+    "i16": torch.int16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+    "u8": torch.uint8,
+    "u16": torch.int16,
+    "u32": torch.int32,
+    "f16": torch.int16,
+    "bf16": torch.int16,
+    "bool": torch.uint8,
+}
 # (unsigned and half values are moved by a sort, never read: a type of the same width will do)
 
 
@@ -168,20 +186,23 @@ class CudaBackend:
 
     ``max_buffers``: workspaces and staging buffers kept (least recently used dropped).
     ``sparse``: decode a sparse decode's payloads with the workspace-free kernels (else as any
-    decode; both give the same values)."""
+    decode; both give the same values). ``src``: the rendered source to run instead of
+    ``program``'s own (tools and tests: a modified kernel)."""
 
     name = "cuda"
 
     def __init__(self, program: ir.Program, runtime: Runtime | None = None,
-                 max_buffers: int = 32, sparse: bool = True) -> None:  # fmt: skip
+                 max_buffers: int = 32, sparse: bool = True,
+                 src: CudaSource | None = None) -> None:  # fmt: skip
         self.runtime = runtime if runtime is not None else CupyRuntime()
         self.program = program
-        self.src = render_cuda_program(program)
+        self.src = src if src is not None else render_cuda_program(program)
         self.module = self.runtime.load(self.src)
         self.sparse = sparse and self.src.sparse
         self.buffers: BufferPool = BufferPool(max_buffers)
         self._lock = threading.Lock()
         self._fields: dict[int, dict[str, int]] = {}
+        self._sizes: dict[tuple[int, int], int] = {}
 
     # -- buffers, arguments, launches
 
@@ -258,13 +279,23 @@ class CudaBackend:
         off = self._field_offset(str(spec["name"]), n)
         return payload[off : off + nbytes]
 
+    def _size(self, e: object, n: int) -> int:
+        """An IR length for ``n`` elements (remembered: no work on the host per call)."""
+        key = (id(e), n)
+        v = self._sizes.get(key)
+        if v is None:
+            if len(self._sizes) > 4096:
+                self._sizes.clear()
+            v = self._sizes[key] = eval_size(e, n)  # type: ignore[arg-type]
+        return v
+
     def _host_step(self, step: dict[str, object], n: int, ws: _Ws, payload: torch.Tensor) -> None:
-        length = eval_size(step["length"], n)  # type: ignore[arg-type]
+        length = self._size(step["length"], n)
         kbits = int(step["kbits"])  # type: ignore[call-overload]
         keys = self._bytes({"kind": "ws", "index": step["keys"]}, n, ws, payload,
                            length * kbits // 8)  # fmt: skip
         if step["kind"] == "topk":
-            k = eval_size(step["k"], n)  # type: ignore[arg-type]
+            k = self._size(step["k"], n)
             out = self._bytes(step["out"], n, ws, payload, 4 * k).view(torch.int32)  # type: ignore[arg-type]
             select_topk(keys, kbits, length, k, out)
             return

@@ -146,7 +146,13 @@ class EmulatedRuntime:
         text = emulation_source(src)
         header = _header()
         h = hashlib.sha256()
-        for part in (text, header, self.toolchain.cxx, self.toolchain.version, " ".join(self.flags)):
+        for part in (
+            text,
+            header,
+            self.toolchain.cxx,
+            self.toolchain.version,
+            " ".join(self.flags),
+        ):
             h.update(part.encode())
             h.update(b"\0")
         key = h.hexdigest()

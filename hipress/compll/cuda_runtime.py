@@ -170,7 +170,7 @@ def _driver_advice(cp: Any, exc: Exception) -> str:
     try:
         driver = cp.cuda.runtime.driverGetVersion()
         built = cp.cuda.runtime.runtimeGetVersion()
-    except Exception:  # noqa: BLE001 - no driver at all
+    except Exception:  # no driver at all
         return f"no usable CUDA driver ({exc})"
     if driver < built:
         d, b = f"{driver // 1000}.{driver % 1000 // 10}", f"{built // 1000}.{built % 1000 // 10}"

@@ -311,9 +311,12 @@ class CudaFunction(CFunction):
             produced.add(it.op.name)
         body.copy = False
         group = max([int(p["per"]) for p in packs] + [1])  # type: ignore[call-overload]
-        code = body.hoist + self.env.get_template("cuda_loop.cu.j2").render(
-            length=ln, group=group, accs=accs, packs=packs, body=body.lines + stores
-        ).splitlines()
+        code = (
+            body.hoist
+            + self.env.get_template("cuda_loop.cu.j2")
+            .render(length=ln, group=group, accs=accs, packs=packs, body=body.lines + stores)
+            .splitlines()
+        )
         titles = ", ".join(it.op.name for it in lp.items)
         self._piece(f"level {lp.level}: {titles}", code)
         if fin:
@@ -520,7 +523,11 @@ def _decode_sum_kernel(env: jinja2.Environment, prog: ir.Program, plan: Plan) ->
         for let in st.lets:
             lb = Body(level=st.level)
             v = f.em.expr(let.value, lb, {})
-            lets += lb.hoist + lb.lines + [f"const {ctype(let.value.dtype)} {f.names.get(let.name)} = {v};"]
+            lets += (
+                lb.hoist
+                + lb.lines
+                + [f"const {ctype(let.value.dtype)} {f.names.get(let.name)} = {v};"]
+            )
     value = f.em.apply(item.op.fn, ["i"], body)
     return env.get_template("cuda_decode_sum.cu.j2").render(
         title=f"{prog.name}: hp_decode_sum", maxk=SUM_PAYLOADS, lengths=f.length_lines,

@@ -7,8 +7,10 @@ random streams are exactly CaSync's) and computes, per parameter, what
 
 - ALLREDUCE: ``allreduce_async_(op=Average)``, the call ``hvd.DistributedOptimizer`` makes, so an
   uncompressed gradient is bit for bit Horovod's.
-- ALLGATHER: each partition is encoded; the payloads (plus one non-finite flag byte) are
-  all-gathered; every rank decodes the N payloads in rank order into float32 and divides by N.
+- ALLGATHER: each partition is encoded; the payloads (each with an 8-byte trailer whose first
+  byte is the non-finite flag, so every row of the gathered buffer starts 8-byte aligned, as
+  the kernels need) are all-gathered; every rank decodes the N payloads in rank order into
+  float32 and divides by N.
 - PS: each partition splits into N shards, each encoded; an ``alltoall`` sends shard j of every
   worker to worker j, which decodes, sums, divides by N and re-encodes with its server state;
   an ``allgather`` (uneven sizes) returns every server's payload, decoded into its shard.
@@ -39,9 +41,16 @@ from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 __all__ = ["HorovodSync", "Pending"]
 
 
+FLAG_BYTES = 8  # the trailer after each payload: the non-finite flag, then zeros
+
+
 def _with_flag(payload: torch.Tensor, bad: bool) -> torch.Tensor:
-    flag = torch.tensor([1 if bad else 0], dtype=torch.uint8, device=payload.device)
-    return torch.cat([payload, flag])
+    """``payload`` and its trailer (a multiple of 8 bytes, like the payload)."""
+    msg = torch.zeros(payload.numel() + FLAG_BYTES, dtype=torch.uint8, device=payload.device)
+    msg[: payload.numel()].copy_(payload)
+    if bad:
+        msg[payload.numel()] = 1
+    return msg
 
 
 @dataclass
@@ -145,7 +154,9 @@ class HorovodSync:
         """x's payload, and whether x holds NaN/Inf (from the encode's own pass where the
         algorithm finds out there, casync.algorithm.encode_checked)."""
         assert self.algorithm is not None
-        payload = torch.empty(self.algorithm.payload_nbytes(x.numel()), dtype=torch.uint8)
+        payload = torch.empty(
+            self.algorithm.payload_nbytes(x.numel()), dtype=torch.uint8, device=x.device
+        )
         return payload, encode_checked(self.algorithm, x, state, payload)
 
     def _start_allgather(self, name: str, k: int, parts: int, x: torch.Tensor) -> Any:
@@ -189,8 +200,8 @@ class HorovodSync:
             recv, _ = self.hvd.synchronize(c.handle)
             s = split_sizes(c.size, n)[self.rank]
             nb = alg.payload_nbytes(s)
-            rows = recv.view(n, nb + 1)
-            merged = torch.empty(s, dtype=torch.float32)
+            rows = recv.view(n, nb + FLAG_BYTES)
+            merged = torch.empty(s, dtype=torch.float32, device=recv.device)
             decode_mean(alg, [rows[r, :nb] for r in range(n)], s, merged)
             any_bad = bool(rows[:, nb].any())
             key = chunk_key(p.name, k, e.partitions, shard=self.rank, server=True)
@@ -211,7 +222,7 @@ class HorovodSync:
             out = self.hvd.synchronize(c.handle)
             return self.compression.decompress(out, c.ctx)
         self.advance(p)
-        result = torch.empty(e.numel, dtype=torch.float32)
+        result = torch.empty(e.numel, dtype=torch.float32, device=p.grad.device)
         for c in p.chunks:
             piece = result[c.start : c.start + c.size]
             if e.strategy is Strategy.PS:
@@ -224,7 +235,7 @@ class HorovodSync:
         assert self.algorithm is not None
         alg, n = self.algorithm, self.world_size
         nb = alg.payload_nbytes(c.size)
-        rows = self.hvd.synchronize(c.handle).view(n, nb + 1)
+        rows = self.hvd.synchronize(c.handle).view(n, nb + FLAG_BYTES)
         if bool(rows[:, nb].any()):
             out.fill_(float("nan"))
             return
@@ -239,7 +250,7 @@ class HorovodSync:
             nb = alg.payload_nbytes(s)
             alg.decode(got[pos_in : pos_in + nb], s, out=out[pos_out : pos_out + s])
             bad = bad or bool(got[pos_in + nb])
-            pos_in += nb + 1
+            pos_in += nb + FLAG_BYTES
             pos_out += s
         if bad:
             out.fill_(float("nan"))
