@@ -1,6 +1,13 @@
-"""Kernel benchmark: encode / decode throughput of the generated CPU kernels against plain
-torch-ops implementations of the same algorithms, with the machine's copy bandwidth (measured
+"""Kernel benchmark: encode / decode throughput of the generated kernels against plain
+torch-ops implementations of the same algorithms, with the device's copy bandwidth (measured
 in the same run) as the roofline. GB/s counts gradient input bytes (4 per element).
+
+``--device``: ``cpu`` (the C kernels), ``cuda`` (the CUDA kernels on CUDA tensors, timed with
+CUDA events; the default where a GPU is available), ``emulated`` (the CUDA kernels on the CPU
+emulator: a check of this benchmark's CUDA path, its figures say nothing about a GPU).
+
+On a GPU a copy moves 8 bytes per element (no read-for-ownership), so the traffic rate is 2 x
+copy GB/s, and a kernel's compulsory traffic counts each write once.
 
 Roofline per algorithm: ``dst.copy_(src)`` moves 12 bytes of memory traffic per element (read,
 read-for-ownership of the destination line, write), so the traffic rate is 3 x copy GB/s. An
@@ -51,7 +58,7 @@ from typing import Any
 
 import torch
 
-from hipress.compll import algorithms, load
+from hipress.compll import Algorithm, algorithms, load
 from hipress.compll.algorithm import decode_sum_by_parts
 
 Fn = Callable[[], object]
@@ -63,14 +70,23 @@ def _size(s: str) -> int:
     return int(s[:-1] if s[-1:] in "KMG" else s) * mult
 
 
-def best(fn: Fn, reps: int) -> float:
-    """Best wall time of ``reps`` calls after one warm-up call (seconds)."""
+def best(fn: Fn, reps: int, cuda: bool = False) -> float:
+    """Best time of ``reps`` calls after one warm-up call (seconds): wall time, or on a GPU
+    (``cuda``) the time between CUDA events around each call."""
     fn()
     ts = []
     for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
     return min(ts)
 
 
@@ -90,7 +106,22 @@ def _unpack(b: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
-    """(encode, decode) closures doing the algorithm's work with torch ops (n % 512 == 0)."""
+    """(encode, decode) closures doing the algorithm's work with torch ops (n % 512 == 0), on
+    ``g``'s device."""
+    with torch.device(g.device):
+        enc, dec = _torch_versions(name, g)
+
+    def on_device(fn: Fn) -> Fn:
+        def call() -> object:
+            with torch.device(g.device):
+                return fn()
+
+        return call
+
+    return on_device(enc), on_device(dec)
+
+
+def _torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
     n = g.numel()
     r = torch.zeros(n)
     out = torch.empty(n)
@@ -204,18 +235,39 @@ def torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
 # ---------------------------------------------------------------- the benchmark
 
 
-def roofline(copy: float, read: float, traffic: float, reads: float) -> float:
+def roofline(copy: float, read: float, traffic: float, reads: float, gpu: bool = False) -> float:
     """GB/s of gradient input at which a kernel's compulsory memory traffic moves: ``traffic``
-    bytes per element (reads, writes twice: read-for-ownership) at the copy's traffic rate
-    (12 bytes per element at ``copy`` GB/s of input), and never faster than its ``reads`` bytes
-    per element at the read-only rate (``read``: a ``sum``, 4 bytes per element), which on some
-    machines is far below 3x the copy rate."""
-    by_traffic = 12 * copy / traffic
+    bytes per element (reads, writes twice: read-for-ownership; on a GPU once) at the copy's
+    traffic rate (12 bytes per element at ``copy`` GB/s of input; on a GPU 8), and never faster
+    than its ``reads`` bytes per element at the read-only rate (``read``: a ``sum``, 4 bytes per
+    element), which on some machines is far below 3x the copy rate."""
+    by_traffic = (8 if gpu else 12) * copy / traffic
     return min(by_traffic, 4 * read / reads) if reads > 0 else by_traffic
 
 
+def _setup(kind: str) -> tuple[str, torch.device, Callable[[str], Algorithm]]:
+    """The device kind to measure, its torch device, and how to load an algorithm there."""
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("bench kernels --device cuda: torch sees no CUDA GPU")
+        return kind, torch.device("cuda"), lambda name: load(name, backend="cuda")
+    if kind == "emulated":
+        from hipress.compll.cuda_emu import emulated_backend
+
+        def make(name: str) -> Algorithm:
+            prog = load(name, backend="reference").program
+            return Algorithm(prog, emulated_backend(prog, blocks=None))
+
+        return kind, torch.device("cpu"), make
+    return "cpu", torch.device("cpu"), lambda name: load(name, backend="cpu")
+
+
 def run(args: argparse.Namespace) -> int:
-    if "OMP_WAIT_POLICY" not in os.environ:
+    kind, device, make = _setup(getattr(args, "device", "auto"))
+    gpu = kind == "cuda"
+    if kind == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
         # libgomp reads it once, when torch loads it: set it and run this command again
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         print("[bench kernels] re-running with OMP_WAIT_POLICY=PASSIVE", flush=True)
@@ -229,37 +281,44 @@ def run(args: argparse.Namespace) -> int:
             "torch": torch.__version__,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "load_average_start": os.getloadavg()[0],
+            "device": kind,
+            "gpu": torch.cuda.get_device_name() if gpu else None,
         },
         "units": "GB/s of float32 gradient input (4 bytes per element); copy = dst.copy_(src), "
         "read = src.sum()",
         "copy": {},
         "kernels": {},
     }
-    gen = torch.Generator().manual_seed(0)
-    print(f"{'algorithm':10s} {'n':>9s} {'C enc':>8s} {'roof':>6s} {'%':>4s} {'C dec':>8s} "
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def timed(fn: Fn, reps: int) -> float:
+        return best(fn, reps, cuda=gpu)
+
+    print(f"{'algorithm':10s} {'n':>9s} {'enc':>8s} {'roof':>6s} {'%':>4s} {'dec':>8s} "
           f"{'roof':>6s} {'%':>4s} {'torch enc':>10s} {'torch dec':>10s} {'enc x':>6s} "
           f"{'copy':>7s} {'sum4':>7s} {'sum4 x':>6s}")  # fmt: skip
     for n in sizes:
-        x = torch.randn(n, generator=gen)
-        y = torch.empty(n)
-        copy = 4 * n / best(lambda: y.copy_(x), args.reps) / 1e9  # noqa: B023
-        read = 4 * n / best(lambda: x.sum(), args.reps) / 1e9  # noqa: B023
+        x = torch.randn(n, generator=gen, device=device)
+        y = torch.empty(n, device=device)
+        copy = 4 * n / timed(lambda: y.copy_(x), args.reps) / 1e9  # noqa: B023
+        read = 4 * n / timed(lambda: x.sum(), args.reps) / 1e9  # noqa: B023
         results["copy"][str(n)] = copy
         results.setdefault("read", {})[str(n)] = read
         for name in names:
-            alg = load(name, backend="cpu")
-            st = alg.init_state(n, seed=1)
-            pay = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8)
-            te = best(lambda: alg.encode(x, st, pay), args.reps)  # noqa: B023
-            td = best(lambda: alg.decode(pay, n, y), args.reps)  # noqa: B023
+            alg = make(name)
+            st = alg.init_state(n, seed=1, device=device)
+            pay = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8, device=device)
+            te = timed(lambda: alg.encode(x, st, pay), args.reps)  # noqa: B023
+            td = timed(lambda: alg.decode(pay, n, y), args.reps)  # noqa: B023
             # CaSync's averaging of 4 workers' payloads: the kernel, and one pass per payload
             four = [pay] * 4
-            ts4 = best(lambda: alg.decode_sum(four, n, out=y, divide_by=4), args.reps)  # noqa: B023
-            tp4 = best(lambda: decode_sum_by_parts(alg.backend, four, n, y, 4), args.reps)  # noqa: B023
+            ts4 = timed(lambda: alg.decode_sum(four, n, out=y, divide_by=4), args.reps)  # noqa: B023
+            tp4 = timed(lambda: decode_sum_by_parts(alg.backend, four, n, y, 4), args.reps)  # noqa: B023
             state_b = sum(t.numel() * t.element_size() for t in st.tensors.values()
                           if t.numel() >= n)  # fmt: skip
-            enc_b = (4 * n + 2 * state_b + 2 * pay.numel()) / n
-            dec_b = (pay.numel() + 8 * n) / n
+            w = 1 if gpu else 2  # a write's traffic: read-for-ownership on a CPU
+            enc_b = (4 * n + 2 * state_b + w * pay.numel()) / n
+            dec_b = (pay.numel() + 4 * w * n) / n
             enc_r, dec_r = (4 * n + state_b) / n, pay.numel() / n  # bytes read
             row: dict[str, Any] = {"encode": 4 * n / te / 1e9, "decode": 4 * n / td / 1e9,
                                    "encode_s": te, "decode_s": td, "copy": copy, "read": read,
@@ -267,12 +326,12 @@ def run(args: argparse.Namespace) -> int:
                                    "decode_sum4_by_parts": 16 * n / tp4 / 1e9,
                                    "encode_bytes_per_elem": enc_b,
                                    "decode_bytes_per_elem": dec_b,
-                                   "encode_roofline": roofline(copy, read, enc_b, enc_r),
-                                   "decode_roofline": roofline(copy, read, dec_b, dec_r)}  # fmt: skip
+                                   "encode_roofline": roofline(copy, read, enc_b, enc_r, gpu),
+                                   "decode_roofline": roofline(copy, read, dec_b, dec_r, gpu)}  # fmt: skip
             if not args.no_torch and n % 512 == 0:
                 enc, dec = torch_versions(name, x)
-                row["torch_encode"] = 4 * n / best(enc, max(1, args.reps // 2)) / 1e9
-                row["torch_decode"] = 4 * n / best(dec, max(1, args.reps // 2)) / 1e9
+                row["torch_encode"] = 4 * n / timed(enc, max(1, args.reps // 2)) / 1e9
+                row["torch_decode"] = 4 * n / timed(dec, max(1, args.reps // 2)) / 1e9
             results["kernels"].setdefault(name, {})[str(n)] = row
             te_t, td_t = row.get("torch_encode"), row.get("torch_decode")
             ratio = f"{row['encode'] / te_t:6.1f}" if te_t else "     -"

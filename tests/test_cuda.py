@@ -1,5 +1,7 @@
 """CUDA: every generated kernel compiles with NVRTC for sm_80 and sm_90 (no GPU needed); on a
-machine with a GPU (marked `cuda`), the CUDA kernels compute what the reference computes."""
+machine with a GPU (marked `cuda`), the CUDA kernels compute what the reference computes, never
+wait for the device, and keep calls on different streams apart. (Without a GPU the same
+kernels and host code run on the CPU emulator: tests/test_cuda_emu.py.)"""
 
 from __future__ import annotations
 
@@ -52,21 +54,122 @@ def _gpu() -> bool:
     return torch.cuda.is_available()
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not _gpu(), reason="no CUDA GPU")
-@pytest.mark.parametrize("name", algorithms())
-def test_cuda_kernel_equals_reference(name: str) -> None:
+needs_gpu = pytest.mark.skipif(not _gpu(), reason="no CUDA GPU")
+
+
+def run_on_gpu(name: str, x: torch.Tensor, steps: int = 2, **params: object) -> None:
+    """The CUDA kernels on ``x`` (on the GPU) against the reference on the CPU: payload bytes,
+    state, decode, decode-accumulate and decode_sum."""
     from test_native import same_values
 
-    ref = load(name, backend="reference")
-    gpu = load(name, backend="cuda")
-    for n in (0, 1, 9, 1000, 70_001):
-        x = (torch.randint(-64, 64, (n,)).float() / 8).cuda()
-        s1 = ref.init_state(n, device="cuda", seed=3)
-        s2 = gpu.init_state(n, device="cuda", seed=3)
-        for _ in range(2):
-            p1, p2 = ref.encode(x, s1), gpu.encode(x, s2)
-            assert torch.equal(p1, p2), f"{name} n={n}"
-            for k in s1.tensors:
-                assert same_values(s1.tensors[k].cpu(), s2.tensors[k].cpu())
-            assert same_values(ref.decode(p1, n).cpu(), gpu.decode(p1, n).cpu())
+    ref = load(name, backend="reference", **params)
+    dev = load(name, backend="cuda", **params)
+    n = x.numel()
+    s1 = ref.init_state(n, seed=3, tensor_id=5)
+    s2 = dev.init_state(n, seed=3, tensor_id=5, device="cuda")
+    sent = []
+    for step in range(steps):
+        p1, b1 = ref.encode_checked(x.cpu(), s1)
+        p2, b2 = dev.encode_checked(x.cuda(), s2)
+        assert torch.equal(p1, p2.cpu()), f"{name} n={n} step {step}: payload"
+        if b2 is not None:
+            assert bool(b2) == bool(b1), f"{name}: NaN/Inf flag"
+        for k in s1.tensors:
+            assert same_values(s1.tensors[k], s2.tensors[k].cpu()), f"{name}: state {k}"
+        for acc in (False, True):
+            o1 = torch.linspace(-1, 1, n)
+            o2 = o1.cuda()
+            ref.decode(p1, n, o1, accumulate=acc)
+            dev.decode(p1.cuda(), n, o2, accumulate=acc)
+            assert same_values(o1, o2.cpu()), f"{name}: decode(accumulate={acc})"
+        sent.append(p1)
+    for div in (1, len(sent), 3.0):
+        got = dev.decode_sum([p.cuda() for p in sent], n, divide_by=div)
+        assert same_values(ref.decode_sum(sent, n, divide_by=div), got.cpu()), f"{name}: sum"
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("name", algorithms())
+@pytest.mark.parametrize("n", [0, 1, 9, 1000, 70_001, 600_001])
+def test_cuda_kernel_equals_reference(name: str, n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(-64, 64, (n,), generator=g).float() / 8
+    if n > 100:
+        x[::97] = -0.0
+        x[5::101] = 2.0**-140
+    run_on_gpu(name, x)
+    if n > 100:
+        x[n // 2] = float("nan")
+        run_on_gpu(name, x, steps=1)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("name", algorithms())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "strided"])
+def test_cuda_half_and_strided_gradients(name: str, dtype: object) -> None:
+    x = torch.randint(-64, 64, (2 * 70_001,), generator=torch.Generator().manual_seed(1)) / 8
+    x = x.float()[::2] if dtype == "strided" else x[:70_001].to(dtype)  # type: ignore[arg-type]
+    run_on_gpu(name, x)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("name", ["onebit", "topk", "dgc", "randomk", "terngrad", "int8"])
+def test_cuda_calls_never_wait_for_the_device(name: str) -> None:
+    alg = load(name, backend="cuda")
+    n = 1 << 20
+    x = torch.randn(n, device="cuda")
+    st = alg.init_state(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    p = alg.encode(x, st)  # (the first calls compile and allocate)
+    alg.decode(p, n, out)
+    alg.decode_sum([p, p], n, out=out, divide_by=2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        alg.encode_checked(x, st, out=p)
+        alg.decode(p, n, out)
+        alg.decode(p, n, out, accumulate=True)
+        alg.decode_sum([p, p], n, out=out, divide_by=2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_cuda_calls_on_two_streams_do_not_share_buffers() -> None:
+    alg = load("topk", backend="cuda")
+    n = 1 << 20
+    xs = [torch.randn(n, device="cuda", generator=torch.Generator("cuda").manual_seed(k))
+          for k in range(2)]  # fmt: skip
+    want = [alg.decode(alg.encode(x, alg.init_state(n, device="cuda")), n) for x in xs]
+    streams = [torch.cuda.Stream() for _ in xs]
+    got = []
+    torch.cuda.synchronize()
+    for x, s in zip(xs, streams, strict=True):
+        with torch.cuda.stream(s):
+            got.append(alg.decode(alg.encode(x, alg.init_state(n, device="cuda")), n))
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_cuda_runs_on_the_tensors_device() -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    alg = load("onebit", backend="cuda")
+    x = torch.randn(5000, device="cuda:1")
+    with torch.cuda.device(0):
+        p = alg.encode(x, alg.init_state(5000, device="cuda:1"))
+    ref = load("onebit", backend="reference")
+    assert torch.equal(p.cpu(), ref.encode(x.cpu(), ref.init_state(5000)))
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_auto_runs_cuda_tensors_on_the_cuda_kernels() -> None:
+    alg = load("onebit")
+    assert alg.backend.backend_for(torch.device("cuda")).name == "cuda"  # type: ignore[attr-defined]

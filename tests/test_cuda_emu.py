@@ -7,6 +7,7 @@ threads, and a missing barrier (a wrong result with threads and blocks in a shuf
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import threading
 
@@ -33,7 +34,10 @@ from hipress.compll.source import SourceFile
 
 pytestmark = pytest.mark.skipif(CxxToolchain.detect() is None, reason="no C++ compiler")
 
-SHUFFLED = EmulatedRuntime(blocks=3, shuffle=True, seed=11)
+# HIPRESS_EMU_SANITIZE=address and/or alignment: the kernels under AddressSanitizer / UBSan's
+# alignment check (the runtime preloaded; docs/codegen.md)
+SANITIZE = tuple(s for s in os.environ.get("HIPRESS_EMU_SANITIZE", "").split(",") if s)
+SHUFFLED = EmulatedRuntime(blocks=3, shuffle=True, seed=11, sanitize=SANITIZE)
 _ALGS: dict[tuple, Algorithm] = {}
 
 
@@ -94,7 +98,7 @@ _RUNTIMES: dict[tuple, EmulatedRuntime] = {}
 def _runtime(**kw: object) -> EmulatedRuntime:
     key = tuple(sorted(kw.items()))
     if key not in _RUNTIMES:
-        _RUNTIMES[key] = EmulatedRuntime(**kw)  # type: ignore[arg-type]
+        _RUNTIMES[key] = EmulatedRuntime(sanitize=SANITIZE, **kw)  # type: ignore[arg-type]
     return _RUNTIMES[key]
 
 

@@ -131,8 +131,12 @@ def add_bench_kernels_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``kernels`` under ``bench``: encode/decode GB/s of the C kernels vs torch ops."""
     p = subparsers.add_parser(
         "kernels",
-        help="throughput of the generated CPU kernels vs plain torch ops, with the copy roofline",
+        help="throughput of the generated kernels (C on CPU, CUDA on a GPU) vs plain torch ops, "
+        "with the device's copy roofline",
     )
+    p.add_argument("--device", choices=("auto", "cpu", "cuda", "emulated"), default="auto",
+                   help="auto: cuda where a GPU is available, else cpu; emulated: the CUDA "
+                   "kernels on the CPU emulator (checks the benchmark's CUDA path, not speed)")  # fmt: skip
     p.add_argument("--sizes", default="1K,64K,1M,16M,64M",
                    help="element counts (K/M suffixes), comma separated")  # fmt: skip
     p.add_argument("--algorithms", default="", help="comma separated (default: all shipped)")
