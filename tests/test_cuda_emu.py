@@ -376,12 +376,12 @@ def test_threads_and_blocks_run_forward_or_shuffled() -> None:
     assert not torch.equal(a, b)
 
 
-def _without_barrier(src: CudaSource, kernel_prefix: str, nth: int) -> CudaSource:
-    """``src`` with the ``nth`` ``__syncthreads();`` of the first kernel named
-    ``kernel_prefix...`` removed."""
+def _without_barrier(src: CudaSource, title: str, nth: int) -> CudaSource:
+    """``src`` with the ``nth`` ``__syncthreads();`` of the first kernel whose title has
+    ``title`` removed."""
     text = src.source
-    start = text.index(f"void {kernel_prefix}")
-    end = text.index('extern "C"', start) if 'extern "C"' in text[start:] else len(text)
+    start = text.index('extern "C"', text.index(title))
+    end = text.index('extern "C"', start + 1) if 'extern "C"' in text[start + 1 :] else len(text)
     body = text[start:end]
     spots = [m.start() for m in re.finditer(r"__syncthreads\(\);", body)]
     cut = start + spots[nth]
@@ -389,18 +389,18 @@ def _without_barrier(src: CudaSource, kernel_prefix: str, nth: int) -> CudaSourc
 
 
 @pytest.mark.parametrize(
-    ("name", "kernel", "nth"),
+    ("name", "title", "nth"),
     [
-        ("onebit", "hp_encode_0", 0),  # the first pack tile's barrier
-        ("onebit", "hp_encode_0", 2),  # a reduction's: after the partials are stored
-        ("dgc", "hp_encode_5", 1),  # the filter's ordered writes: its scan
+        ("onebit", "level 1: c, npos", 0),  # the pack tile's first barrier
+        ("onebit", "level 1: c, npos", 2),  # a reduction's: after the partials are stored
+        ("dgc", "filter: ordered writes", 1),  # the filter's scan
     ],
 )
-def test_a_removed_barrier_gives_a_wrong_result_when_shuffled(name: str, kernel: str,
+def test_a_removed_barrier_gives_a_wrong_result_when_shuffled(name: str, title: str,
                                                              nth: int) -> None:  # fmt: skip
     prog = load(name, backend="reference").program
     good = CudaBackend(prog, SHUFFLED).src
-    bad_src = _without_barrier(good, kernel, nth)
+    bad_src = _without_barrier(good, title, nth)
     assert bad_src.source.count("__syncthreads();") == good.source.count("__syncthreads();") - 1
     ref = load(name, backend="reference")
     x = torch.randint(-64, 64, (40_000,), generator=torch.Generator().manual_seed(7)).float() / 8

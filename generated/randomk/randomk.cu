@@ -561,7 +561,7 @@ typedef struct {
 
 
 
-/* randomk: host scalars */
+/* randomk: host scalars; randomk: level 1: flag, __nonfinite; randomk: combine flag, __nonfinite */
 extern "C" __global__ void hp_encode_0(const hp_enc_args A) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
@@ -585,49 +585,11 @@ extern "C" __global__ void hp_encode_0(const hp_enc_args A) {
   const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
   const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
   const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
-  { /* then by one thread: host scalars */
-    {
-      {
-        float s_flag; memcpy(&s_flag, &a->sc[1], sizeof(s_flag)); (void)s_flag;
-        bool s___nonfinite; memcpy(&s___nonfinite, &a->sc[2], sizeof(s___nonfinite)); (void)s___nonfinite;
-        int64_t s_count; memcpy(&s_count, &a->sc[3], sizeof(s_count)); (void)s_count;
-        const float s_scale = hp_sel_f32((hp_min_i64(n, hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae147bp-7) - 0x1.0c6f7a0b5ed8dp-20))))) > INT64_C(0)), ((float)((((double)(n)) / ((double)(hp_min_i64(n, hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae147bp-7) - 0x1.0c6f7a0b5ed8dp-20)))))))))), 0x0.0p+0f);
-        { const float sv_ = s_scale; memcpy(&a->sc[0], &sv_, sizeof(sv_)); }
-      }
-    }
-  }
-}
-
-
-
-/* randomk: level 1: flag, __nonfinite; randomk: combine flag, __nonfinite */
-extern "C" __global__ void hp_encode_1(const hp_enc_args A) {
-  const hp_enc_args* const a = &A;
-  const int64_t n = a->n;
-  uint8_t* wsp[4];
-  for (int k = 0; k < 3; k++) wsp[k] = a->ws + a->wsoff[k];
-  (void)wsp;
-  const int64_t L1 = hp_len(hp_min_i64(n, hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae147bp-7) - 0x1.0c6f7a0b5ed8dp-20))))));
-  const int64_t L2 = hp_len(n);
-  const uint32_t rk0 = (uint32_t)a->seed, rk1 = (uint32_t)(a->seed >> 32);
-  const uint32_t rstep = (uint32_t)a->step, rtid = (uint32_t)a->tensor_id;
-  (void)rk0; (void)rk1; (void)rstep; (void)rtid;
-  const float* const s_grad = a->grad;
-  uint8_t* const pay = a->out;
-  const int64_t po0 = 0;
-  int32_t* const f_idx = (int32_t*)(pay + po0);
-  const int64_t po1 = hp_up8(po0 + (L1 * 4));
-  float* const f_val = (float*)(pay + po1);
-  double* const scr3 = (double*)wsp[0];
-  int* const scr5 = (int*)wsp[1];
-  uint64_t* const scr6 = (uint64_t*)wsp[2];
-  const float* const rp_g = L2 > 0 ? (const float*)s_grad : (const float*)hp_zeros;
-  const int32_t* const rp_idx = L1 > 0 ? (const int32_t*)f_idx : (const int32_t*)hp_zeros;
-  const float* const rp_val = L1 > 0 ? (const float*)f_val : (const float*)hp_zeros;
-  float s_scale; memcpy(&s_scale, &a->sc[0], sizeof(s_scale)); (void)s_scale;
   float s_flag; memcpy(&s_flag, &a->sc[1], sizeof(s_flag)); (void)s_flag;
   bool s___nonfinite; memcpy(&s___nonfinite, &a->sc[2], sizeof(s___nonfinite)); (void)s___nonfinite;
   int64_t s_count; memcpy(&s_count, &a->sc[3], sizeof(s_count)); (void)s_count;
+  const float s_scale = hp_sel_f32((hp_min_i64(n, hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae147bp-7) - 0x1.0c6f7a0b5ed8dp-20))))) > INT64_C(0)), ((float)((((double)(n)) / ((double)(hp_min_i64(n, hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.47ae147ae147bp-7) - 0x1.0c6f7a0b5ed8dp-20)))))))))), 0x0.0p+0f);
+  if (blockIdx.x == 0 && threadIdx.x == 0) { const float sv_ = s_scale; memcpy(&a->sc[0], &sv_, sizeof(sv_)); }
   const int64_t L = L2;
   double acc2 = 0.0;
   int acc4 = 0;
@@ -683,7 +645,7 @@ extern "C" __global__ void hp_encode_1(const hp_enc_args A) {
 
 
 /* randomk: sort/topk keys; randomk: topk count */
-extern "C" __global__ void hp_encode_2(const hp_enc_args A) {
+extern "C" __global__ void hp_encode_1(const hp_enc_args A) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   uint8_t* wsp[4];
@@ -735,7 +697,7 @@ extern "C" __global__ void hp_encode_2(const hp_enc_args A) {
 
 
 /* randomk: level 2: val; randomk: payload scalars and padding, scalar state */
-extern "C" __global__ void hp_encode_3(const hp_enc_args A) {
+extern "C" __global__ void hp_encode_2(const hp_enc_args A) {
   const hp_enc_args* const a = &A;
   const int64_t n = a->n;
   uint8_t* wsp[4];

@@ -785,7 +785,7 @@ extern "C" __global__ void hp_encode_1(const hp_enc_args A) {
 
 
 
-/* terngrad: host scalars */
+/* terngrad: host scalars; terngrad: level 1: out */
 extern "C" __global__ void hp_decode_0(const hp_dec_args A) {
   const hp_dec_args* const a = &A;
   const int64_t n = a->n;
@@ -805,39 +805,8 @@ extern "C" __global__ void hp_decode_0(const hp_dec_args A) {
   const uint8_t* const f_q = (const uint8_t*)(pay + po2);
   const uint8_t* const rp_p_q = L1 > 0 ? (const uint8_t*)f_q : (const uint8_t*)hp_zeros;
   const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
-  { /* then by one thread: host scalars */
-    {
-      {
-        const float s_gap_1 = ((s_p_hi - s_p_lo) / 0x1.8000000000000p+1f);
-        { const float sv_ = s_gap_1; memcpy(&a->sc[0], &sv_, sizeof(sv_)); }
-      }
-    }
-  }
-}
-
-
-
-/* terngrad: level 1: out */
-extern "C" __global__ void hp_decode_1(const hp_dec_args A) {
-  const hp_dec_args* const a = &A;
-  const int64_t n = a->n;
-  uint8_t* wsp[1];
-  for (int k = 0; k < 0; k++) wsp[k] = a->ws + a->wsoff[k];
-  (void)wsp;
-  const int64_t L1 = hp_len(n);
-  const uint8_t* const pay = a->payload;
-  float* const out = a->out;
-  const int64_t po0 = 0;
-  float s_p_lo;
-  memcpy(&s_p_lo, pay + po0, 4);
-  const int64_t po1 = hp_up8(po0 + (4));
-  float s_p_hi;
-  memcpy(&s_p_hi, pay + po1, 4);
-  const int64_t po2 = hp_up8(po1 + (4));
-  const uint8_t* const f_q = (const uint8_t*)(pay + po2);
-  const uint8_t* const rp_p_q = L1 > 0 ? (const uint8_t*)f_q : (const uint8_t*)hp_zeros;
-  const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
-  float s_gap_1; memcpy(&s_gap_1, &a->sc[0], sizeof(s_gap_1)); (void)s_gap_1;
+  const float s_gap_1 = ((s_p_hi - s_p_lo) / 0x1.8000000000000p+1f);
+  if (blockIdx.x == 0 && threadIdx.x == 0) { const float sv_ = s_gap_1; memcpy(&a->sc[0], &sv_, sizeof(sv_)); }
   const int64_t L = L1;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < L; i += (int64_t)gridDim.x * blockDim.x) {
     const uint8_t r2 = ((uint8_t)((f_q[(i) >> 2] >> (((i) & 3) * 2)) & 3));
@@ -849,7 +818,7 @@ extern "C" __global__ void hp_decode_1(const hp_dec_args A) {
 
 
 
-/* terngrad: host scalars */
+/* terngrad: host scalars; terngrad: level 1: out */
 extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
   const hp_dec_args* const a = &A;
   const int64_t n = a->n;
@@ -869,39 +838,8 @@ extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
   const uint8_t* const f_q = (const uint8_t*)(pay + po2);
   const uint8_t* const rp_p_q = L1 > 0 ? (const uint8_t*)f_q : (const uint8_t*)hp_zeros;
   const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
-  { /* then by one thread: host scalars */
-    {
-      {
-        const float s_gap_1 = ((s_p_hi - s_p_lo) / 0x1.8000000000000p+1f);
-        { const float sv_ = s_gap_1; memcpy(&a->sc[0], &sv_, sizeof(sv_)); }
-      }
-    }
-  }
-}
-
-
-
-/* terngrad: level 1: out */
-extern "C" __global__ void hp_decode_acc_1(const hp_dec_args A) {
-  const hp_dec_args* const a = &A;
-  const int64_t n = a->n;
-  uint8_t* wsp[1];
-  for (int k = 0; k < 0; k++) wsp[k] = a->ws + a->wsoff[k];
-  (void)wsp;
-  const int64_t L1 = hp_len(n);
-  const uint8_t* const pay = a->payload;
-  float* const out = a->out;
-  const int64_t po0 = 0;
-  float s_p_lo;
-  memcpy(&s_p_lo, pay + po0, 4);
-  const int64_t po1 = hp_up8(po0 + (4));
-  float s_p_hi;
-  memcpy(&s_p_hi, pay + po1, 4);
-  const int64_t po2 = hp_up8(po1 + (4));
-  const uint8_t* const f_q = (const uint8_t*)(pay + po2);
-  const uint8_t* const rp_p_q = L1 > 0 ? (const uint8_t*)f_q : (const uint8_t*)hp_zeros;
-  const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
-  float s_gap_1; memcpy(&s_gap_1, &a->sc[0], sizeof(s_gap_1)); (void)s_gap_1;
+  const float s_gap_1 = ((s_p_hi - s_p_lo) / 0x1.8000000000000p+1f);
+  if (blockIdx.x == 0 && threadIdx.x == 0) { const float sv_ = s_gap_1; memcpy(&a->sc[0], &sv_, sizeof(sv_)); }
   const int64_t L = L1;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < L; i += (int64_t)gridDim.x * blockDim.x) {
     const uint8_t r2 = ((uint8_t)((f_q[(i) >> 2] >> (((i) & 3) * 2)) & 3));

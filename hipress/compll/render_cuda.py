@@ -137,6 +137,7 @@ class Piece:
     produced: frozenset[str] = frozenset()
     grid: bool = True
     host: dict[str, object] | None = None
+    scalar: bool = False  # host scalars only: every thread may compute them (a prologue)
 
 
 @dataclass
@@ -144,6 +145,7 @@ class _Kernel:
     grid: bool
     main: Piece | None
     tails: list[Piece] = field(default_factory=list)
+    prologue: list[Piece] = field(default_factory=list)
 
 
 _I64 = DType("i64", "int", 64)
@@ -203,13 +205,17 @@ class CudaFunction(CFunction):
     # -- pieces and kernels
 
     def _piece(self, title: str, code: list[str], produced: set[str] | frozenset[str] = frozenset(),
-               grid: bool = True) -> None:  # fmt: skip
-        self.pieces.append(Piece(f"{self.prog.name}: {title}", code, frozenset(produced), grid))
+               grid: bool = True, scalar: bool = False) -> None:  # fmt: skip
+        self.pieces.append(
+            Piece(f"{self.prog.name}: {title}", code, frozenset(produced), grid, scalar=scalar)
+        )
 
-    def _assemble(self) -> None:
+    def _groups(self) -> list[_Kernel | Piece]:
         """Kernels from the pieces: each grid piece starts a kernel and the one-thread pieces
         after it run at its end; one-thread pieces with no grid piece before them (at the
-        start, after a host step) form a kernel of their own."""
+        start, after a host step) form a kernel of their own, unless they are host scalars
+        only and a grid piece follows: then every thread of that kernel computes them first
+        (a prologue), one launch fewer."""
         groups: list[_Kernel | Piece] = []
         cur: _Kernel | None = None
         for p in self.pieces:
@@ -217,24 +223,39 @@ class CudaFunction(CFunction):
                 groups.append(p)
                 cur = None
             elif p.grid:
-                cur = _Kernel(True, p)
-                groups.append(cur)
+                if cur is not None and cur.main is None and all(t.scalar for t in cur.tails):
+                    cur.main, cur.grid, cur.prologue, cur.tails = p, True, cur.tails, []
+                else:
+                    cur = _Kernel(True, p)
+                    groups.append(cur)
             else:
                 if cur is None:
                     cur = _Kernel(False, None)
                     groups.append(cur)
                 cur.tails.append(p)
-        for g in groups:
+        return groups
+
+    def _assemble(self) -> None:
+        for g in self._groups():
             if isinstance(g, Piece):
                 self.launches.append(Launch("", "host", g.host))
                 continue
             name = f"{self.name}_{len(self.kernels)}"
-            parts = ([g.main] if g.main else []) + g.tails
+            parts = g.prologue + ([g.main] if g.main else []) + g.tails
             tails = [self._loads(t.produced) + t.code for t in g.tails]
             main = g.main.code if g.main else []
             setup = self.length_lines + self.setup + self.safe_lines
             if g.main:
-                setup = setup + self._loads(g.main.produced)
+                early = frozenset().union(*(p.produced for p in g.prologue))
+                setup = setup + self._loads(g.main.produced | early)
+                # the prologue's scalars: every thread computes them, one thread stores them
+                for p in g.prologue:
+                    setup += [
+                        f"if (blockIdx.x == 0 && threadIdx.x == 0) {ln}"
+                        if ln.startswith("{ const ") and "memcpy(&a->sc[" in ln
+                        else ln
+                        for ln in p.code
+                    ]
             self.kernels.append(
                 self.env.get_template("cuda_kernel.cu.j2").render(
                     title="; ".join(p.title for p in parts), name=name, args=self.struct,
@@ -271,7 +292,7 @@ class CudaFunction(CFunction):
                     body.lines.append(f"const {ctype(let.value.dtype)} {var} = {v};")
                     body.lines.append(self._store(let.name, var))
                 self._piece("host scalars", body.hoist + body.lines,
-                            {x.name for x in step.lets}, grid=False)  # fmt: skip
+                            {x.name for x in step.lets}, grid=False, scalar=True)  # fmt: skip
         if self.plan.fn == "encode":
             self._final()
         if self.final or self.padding:
