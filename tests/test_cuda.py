@@ -173,3 +173,22 @@ def test_cuda_runs_on_the_tensors_device() -> None:
 def test_auto_runs_cuda_tensors_on_the_cuda_kernels() -> None:
     alg = load("onebit")
     assert alg.backend.backend_for(torch.device("cuda")).name == "cuda"  # type: ignore[attr-defined]
+
+
+def test_cuda_tensors_never_fall_back_to_the_reference() -> None:
+    """backend="auto" on CUDA tensors runs the CUDA kernels or fails with the cause and the fix;
+    never the reference interpreter, silently, on the GPU."""
+    from hipress.compll import BackendError
+
+    auto = load("onebit").backend
+    try:
+        import cupy  # type: ignore[import-not-found]  # noqa: F401
+
+        have_cupy = True
+    except ImportError:
+        have_cupy = False
+    if _gpu() and have_cupy:
+        assert auto.backend_for(torch.device("cuda")).name == "cuda"  # type: ignore[attr-defined]
+        return
+    with pytest.raises(BackendError, match=r"CUDA backend cannot run here: .*pip install"):
+        auto.backend_for(torch.device("cuda"))  # type: ignore[attr-defined]

@@ -67,12 +67,13 @@ def test_cuda_kernel_equals_reference(name: str, params: dict, x: torch.Tensor) 
 
 
 @pytest.mark.parametrize("name", algorithms())
-def test_grid_stride_loops_run_more_than_once(name: str) -> None:
-    """2**19 + 11 elements on 3 blocks: every grid-stride loop, tile and pack boundary; with
-    NaN, Inf, -0 and denormals; integers and exact halves so every sum is exact."""
+@pytest.mark.parametrize("n", [70_001, 2**19 + 11])
+def test_grid_stride_loops_run_more_than_once(name: str, n: int) -> None:
+    """Many elements on 3 blocks: every grid-stride loop, tile and pack boundary; with NaN,
+    Inf, -0 and denormals; integers and exact halves so every sum is exact."""
     ref, emu = _pair(name, {})
     g = torch.Generator().manual_seed(5)
-    x = torch.randint(-64, 64, (2**19 + 11,), generator=g).float() / 8
+    x = torch.randint(-64, 64, (n,), generator=g).float() / 8
     x[::9973] = 0.0
     x[3::7919] = -0.0
     x[5::6007] = 2.0**-140

@@ -194,6 +194,8 @@ class CupyRuntime:
         self.cp = _cupy()
         self._functions: dict[tuple[int, int, str], Any] = {}
         self._sms: dict[int, int] = {}
+        self._dtypes: dict[int, Any] = {}
+        self._streams: dict[tuple[int, int], Any] = {}
 
     def load(self, src: CudaSource) -> Any:
         return self.cp.RawModule(code=src.source, options=NVRTC_OPTIONS)
@@ -204,16 +206,24 @@ class CupyRuntime:
 
         cp = self.cp
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        dt = np.dtype({"names": [f"f{k}" for k in range(len(args) // 8)],
-                       "formats": ["<u8"] * (len(args) // 8),
-                       "offsets": list(range(0, len(args), 8)), "itemsize": len(args)})  # fmt: skip
+        dt = self._dtypes.get(len(args))
+        if dt is None:
+            # the struct as CuPy passes a user type by value: a 1-element structured array
+            k = len(args) // 8
+            dt = self._dtypes[len(args)] = np.dtype({
+                "names": [f"f{j}" for j in range(k)], "formats": ["<u8"] * k,
+                "offsets": [8 * j for j in range(k)], "itemsize": len(args),
+            })  # fmt: skip
         arg = np.frombuffer(args, dtype=dt).copy()
         with cp.cuda.Device(idx):
             key = (id(module), idx, kernel)
             fn = self._functions.get(key)
             if fn is None:
                 fn = self._functions[key] = module.get_function(kernel)
-            stream = cp.cuda.ExternalStream(torch.cuda.current_stream(idx).cuda_stream, idx)
+            ptr = torch.cuda.current_stream(idx).cuda_stream
+            stream = self._streams.get((idx, ptr))
+            if stream is None:
+                stream = self._streams[(idx, ptr)] = cp.cuda.ExternalStream(ptr, idx)
             with stream:
                 fn((grid,), (block,), (arg,))
 
