@@ -14,6 +14,7 @@ import threading
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_native import (
     INF,
     NAN,
@@ -29,6 +30,7 @@ from hipress.compll import Algorithm, algorithms, load, load_source
 from hipress.compll.calls import CallError
 from hipress.compll.cuda import CudaBackend, CudaBackendError
 from hipress.compll.cuda_emu import CxxToolchain, EmulatedRuntime, EmulationError
+from hipress.compll.cuda_runtime import select_topk, stable_sort
 from hipress.compll.render_cuda import CudaSource, Field
 from hipress.compll.source import SourceFile
 
@@ -409,3 +411,28 @@ def test_a_removed_barrier_gives_a_wrong_result_when_shuffled(name: str, title: 
         bad = Algorithm(prog, CudaBackend(prog, _runtime(blocks=3, shuffle=True, seed=3),
                                           src=bad_src))  # fmt: skip
         run_both(ref, bad, x, steps=2)
+
+
+@pytest.mark.parametrize("kbits", [32, 64])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_topk_and_sort_host_steps_equal_a_stable_sort(kbits: int, data: st.DataObject) -> None:
+    """The k smallest unsigned keys, ties to the lower index (what the reference's stable
+    sort takes), ascending; and a stable sort: with many ties and keys above 2^(kbits-1)."""
+    length = data.draw(st.integers(0, 300))
+    top = (1 << kbits) - 1
+    pool = data.draw(st.lists(st.integers(0, top), min_size=1, max_size=4))
+    keys = data.draw(st.lists(st.sampled_from(pool), min_size=length, max_size=length))
+    k = data.draw(st.integers(0, length + 3))
+    dt = torch.int32 if kbits == 32 else torch.int64
+    signed = [x - (1 << kbits) if x >= 1 << (kbits - 1) else x for x in keys]
+    raw = torch.tensor(signed, dtype=dt).view(torch.uint8)
+    want = sorted(range(length), key=lambda j: (keys[j], j))
+    out = torch.full((k,), -7, dtype=torch.int32)
+    select_topk(raw, kbits, length, k, out)
+    take = min(k, length)
+    assert out[:take].tolist() == sorted(want[:take]) and out[take:].tolist() == [0] * (k - take)
+    vals = torch.arange(length, dtype=torch.float32) * 0.5
+    got = torch.empty(length)
+    stable_sort(raw, kbits, vals, got)
+    assert got.tolist() == [j * 0.5 for j in want]

@@ -135,7 +135,11 @@ def select_topk(raw: torch.Tensor, kbits: int, length: int, k: int, out: torch.T
     eq = key == thr
     need = take - less.sum()
     mask = less | (eq & (torch.cumsum(eq, 0) <= need))
-    out[:take].copy_(torch.nonzero_static(mask, size=take).reshape(-1))
+    # the selected indices in order, by position (the others all go to a spare last slot)
+    slot = torch.where(mask, torch.cumsum(mask, 0) - 1, take)
+    buf = torch.empty(take + 1, dtype=torch.int64, device=raw.device)
+    buf.scatter_(0, slot, torch.arange(length, device=raw.device))
+    out[:take].copy_(buf[:take])
 
 
 def stable_sort(raw: torch.Tensor, kbits: int, vals: torch.Tensor, out: torch.Tensor) -> None:
