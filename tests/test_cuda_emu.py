@@ -421,7 +421,9 @@ def test_topk_and_sort_host_steps_equal_a_stable_sort(kbits: int, data: st.DataO
     sort takes), ascending; and a stable sort: with many ties and keys above 2^(kbits-1)."""
     length = data.draw(st.integers(0, 300))
     top = (1 << kbits) - 1
-    pool = data.draw(st.lists(st.integers(0, top), min_size=1, max_size=4))
+    half = 1 << (kbits - 1)
+    pool = data.draw(st.lists(st.one_of(st.integers(0, half - 1), st.integers(half, top)),
+                              min_size=1, max_size=4))  # fmt: skip
     keys = data.draw(st.lists(st.sampled_from(pool), min_size=length, max_size=length))
     k = data.draw(st.integers(0, length + 3))
     dt = torch.int32 if kbits == 32 else torch.int64
