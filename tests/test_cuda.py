@@ -16,8 +16,10 @@ cuda_mod = pytest.importorskip("hipress.compll.cuda")
 
 
 def _nvrtc_ok() -> bool:
+    from hipress.compll.nvrtc import _nvrtc
+
     try:
-        cuda_mod._nvrtc()
+        _nvrtc()
         return True
     except cuda_mod.CudaUnavailable:
         return False

@@ -31,7 +31,7 @@ from hipress.compll.calls import CallError
 from hipress.compll.cuda import CudaBackend, CudaBackendError
 from hipress.compll.cuda_emu import CxxToolchain, EmulatedRuntime, EmulationError
 from hipress.compll.cuda_runtime import select_topk, stable_sort
-from hipress.compll.render_cuda import CudaSource, Field
+from hipress.compll.cuda_abi import CudaSource, Field
 from hipress.compll.source import SourceFile
 
 pytestmark = pytest.mark.skipif(CxxToolchain.detect() is None, reason="no C++ compiler")

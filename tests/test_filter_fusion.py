@@ -203,7 +203,7 @@ def test_sparsifiers_fused_pass_equals_reference_when_the_bound_fills(name: str)
 
 @pytest.mark.parametrize("prog", sorted(PROGRAMS))
 def test_cuda_runs_the_plain_steps_and_compiles(prog: str) -> None:
-    cuda = pytest.importorskip("hipress.compll.cuda")
+    cuda = pytest.importorskip("hipress.compll.nvrtc")
     try:
         cuda._nvrtc()
     except cuda.CudaUnavailable:

@@ -2105,8 +2105,10 @@ extern "C" __global__ void hp_decode_acc_4(const hp_dec_args A) {
  * added into out: in parallel where no index repeats, else by one thread in payload order),
  * hp_sparse_finish (the flags added once, the division). mode 0: decode, 1: decode-accumulate,
  * 2: the sum of payloads (r = 0, 1, ...) divided by `divisor`. */
-HP_FN int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n, const int32_t** const idx,
-                               const float** const val) {
+/* dgc: hp_sparse_fields: where one payload's sent (index, value) pairs are; returns how many
+ * (hp_decode_sum adds them up) */
+HP_FN int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n,
+                                       const int32_t** const idx, const float** const val) {
   const int64_t L1 = hp_len(hp_min_i64(n, hp_mul_i64(INT64_C(2), hp_max_i64(INT64_C(1), hp_f64_to_i64(hp_ceil_f64(((((double)(n)) * 0x1.0624dd2f1a9fcp-10) - 0x1.0c6f7a0b5ed8dp-20)))))));
   const int64_t po0 = 0;
   int64_t s_p_count;

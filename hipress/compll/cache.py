@@ -54,26 +54,33 @@ class Toolchain:
     def detect(cls, environ: Mapping[str, str] | None = None) -> Toolchain | None:
         """The compiler named by ``$CC``, else ``cc``/``gcc``/``clang`` on PATH; None if none
         runs."""
-        env = os.environ if environ is None else environ
-        names = [env["CC"]] if env.get("CC") else ["cc", "gcc", "clang"]
-        for name in names:
-            path = shutil.which(name)
-            if path is None:
-                continue
-            try:
-                res = subprocess.run(
-                    [path, "--version"], capture_output=True, text=True, timeout=30, check=False
-                )
-            except (OSError, subprocess.SubprocessError):
-                continue
-            if res.returncode == 0:
-                banner = (res.stdout.strip().splitlines() or ["?"])[0]
-                return cls(path, banner)
-        return None
+        found = find_compiler(environ, "CC", ("cc", "gcc", "clang"))
+        return cls(*found) if found else None
 
     def identity(self) -> str:
         """What the cache key needs to know about the compiler and the machine it targets."""
         return "\n".join([self.cc, self.version, " ".join(self.flags), _machine()])
+
+
+def find_compiler(
+    environ: Mapping[str, str] | None, var: str, names: tuple[str, ...]
+) -> tuple[str, str] | None:
+    """(path, first line of ``--version``) of the compiler named by ``$var``, else of the first
+    of ``names`` on PATH that runs; None if none does."""
+    env = os.environ if environ is None else environ
+    for name in [env[var]] if env.get(var) else names:
+        path = shutil.which(name)
+        if path is None:
+            continue
+        try:
+            res = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if res.returncode == 0:
+            return path, (res.stdout.strip().splitlines() or ["?"])[0]
+    return None
 
 
 def _machine() -> str:

@@ -94,7 +94,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     written = build_generated(out)
     print(f"wrote {len(written)} file(s) under {out}")
     if args.compile_cuda:
-        from hipress.compll.cuda import ARCHS, compile_check
+        from hipress.compll.nvrtc import ARCHS, compile_check
 
         for name in algorithms():
             sizes = compile_check(load(name, backend="reference").program, ARCHS)

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -35,8 +33,8 @@ from typing import Any
 
 import torch
 
-from hipress.compll.cache import CompileError, KernelCache, explain
-from hipress.compll.render_cuda import NT, CudaSource, Field
+from hipress.compll.cache import CompileError, KernelCache, explain, find_compiler
+from hipress.compll.cuda_abi import NT, CudaSource, Field
 from hipress.compll.source import CllError
 
 CXX_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
@@ -64,21 +62,8 @@ class CxxToolchain:
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> CxxToolchain | None:
-        env = os.environ if environ is None else environ
-        names = [env["CXX"]] if env.get("CXX") else ["c++", "g++", "clang++"]
-        for name in names:
-            path = shutil.which(name)
-            if path is None:
-                continue
-            try:
-                res = subprocess.run(
-                    [path, "--version"], capture_output=True, text=True, timeout=30, check=False
-                )
-            except (OSError, subprocess.SubprocessError):
-                continue
-            if res.returncode == 0:
-                return cls(path, (res.stdout.strip().splitlines() or ["?"])[0])
-        return None
+        found = find_compiler(environ, "CXX", ("c++", "g++", "clang++"))
+        return cls(*found) if found else None
 
 
 def _header() -> str:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hipress.compll.render_cuda import CudaSource, Field
+from hipress.compll.cuda_abi import NT, CudaSource, Field
 
 NVRTC_OPTIONS = ("--fmad=false", "--prec-div=true", "--prec-sqrt=true", "-std=c++17",
                  "-diag-suppress=177,550")  # fmt: skip
@@ -235,8 +235,6 @@ class CupyRuntime:
         idx = device.index if device.index is not None else torch.cuda.current_device()
         if idx not in self._sms:
             self._sms[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-        from hipress.compll.render_cuda import NT
-
         return max(1, min(self._sms[idx] * self.blocks_per_sm, -(-n // NT)))
 
     def stream_key(self, device: torch.device) -> Hashable:

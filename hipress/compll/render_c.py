@@ -249,9 +249,10 @@ class CFunction(Stages):
                 ]
             self._payload(writing=False)
 
-    def render_sparse_fields(self, sd: SparseDecode) -> str:
+    def render_sparse_fields(self, sd: SparseDecode, qualifier: str = "static inline") -> str:
         """``hp_sparse_fields``: a payload's index and value arrays and how many are sent, for
-        a sparse decode (:mod:`hipress.compll.sparse`)."""
+        a sparse decode (:mod:`hipress.compll.sparse`); ``qualifier``: of the function (CUDA:
+        a device function)."""
         self._payload(writing=False)
         length = self.length(sd.length)
         body = Body()
@@ -260,6 +261,7 @@ class CFunction(Stages):
             raise ValueError(f"sparse count {ir.show_expr(sd.count)} is not a host expression")
         return self.env.get_template("c_sparse_fields.c.j2").render(
             title=f"{self.prog.name}: {self.name}",
+            qualifier=qualifier,
             setup=[*self.length_lines, *self.setup, "(void)n;"],
             count=count,
             length=length,

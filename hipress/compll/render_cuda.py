@@ -21,113 +21,22 @@ from dataclasses import dataclass, field
 import jinja2
 
 from hipress.compll import ir
+from hipress.compll.cuda_abi import (
+    NT,
+    STRUCTS,
+    CudaSource,
+    Entry,
+    Launch,
+    WsEntry,
+    struct_fields,
+)
 from hipress.compll.lower import lower
 from hipress.compll.plan import Loop, Plan, ScatterAdd, Special, Target
-from hipress.compll.render_c import CFunction, tileable
+from hipress.compll.render_c import CFunction
+from hipress.compll.render_cuda_sum import decode_sum_kernel, sparse_kernels
 from hipress.compll.render_expr import Body, ctype, mtype
 from hipress.compll.render_reduce import combine_acc, reduction
-from hipress.compll.sparse import sparse_decode
 from hipress.compll.types import BOOL, I64, DType
-
-NT = 256  # threads per block (shared arrays are sized by it)
-SUM_PAYLOADS = 32  # payload pointers per hp_decode_sum launch
-SYNC_BYTES = 64  # the block counter at the head of every workspace, then the slots
-
-
-@dataclass(frozen=True)
-class Field:
-    """One field of an argument struct: 8 bytes (``code``: struct format "q", "Q" or "d"), or
-    an array of ``count`` such elements."""
-
-    name: str
-    ctype: str
-    code: str = "Q"
-    count: int = 0  # 0: not an array
-
-    @property
-    def size(self) -> int:
-        """Elements it holds."""
-        return max(1, self.count)
-
-
-def struct_fields(kind: str, nstate: int = 0, nws: int = 0) -> tuple[Field, ...]:
-    """The fields of the argument struct of ``kind``: "enc", "dec", "dsum" or "sparse"."""
-    common = (Field("ws", "uint8_t*"), Field("sc", "uint64_t*"), Field("sync", "unsigned int*"))
-    if kind == "enc":
-        return (
-            Field("n", "int64_t", "q"), Field("grad", "const float*"), Field("out", "uint8_t*"),
-            *common, Field("nonfinite", "uint8_t*"), Field("seed", "uint64_t"),
-            Field("step", "uint64_t"), Field("tensor_id", "uint64_t"),
-            Field("state", "void*", "Q", max(1, nstate)),
-            Field("wsoff", "int64_t", "q", max(1, nws)),
-        )  # fmt: skip
-    if kind == "dec":
-        return (
-            Field("n", "int64_t", "q"), Field("payload", "const uint8_t*"),
-            Field("out", "float*"), *common, Field("wsoff", "int64_t", "q", max(1, nws)),
-        )  # fmt: skip
-    if kind == "dsum":
-        return (
-            Field("n", "int64_t", "q"), Field("out", "float*"), Field("k", "int64_t", "q"),
-            Field("cont", "int64_t", "q"), Field("divide", "int64_t", "q"),
-            Field("divisor", "double", "d"), Field("pays", "const uint8_t*", "Q", SUM_PAYLOADS),
-        )  # fmt: skip
-    if kind == "sparse":
-        return (
-            Field("n", "int64_t", "q"), Field("out", "float*"),
-            Field("payload", "const uint8_t*"), *common, Field("r", "int64_t", "q"),
-            Field("mode", "int64_t", "q"), Field("divisor", "double", "d"),
-        )  # fmt: skip
-    raise ValueError(f"unknown argument struct {kind!r}")
-
-
-STRUCTS = {"enc": "hp_enc_args", "dec": "hp_dec_args", "dsum": "hp_dsum_args",
-           "sparse": "hp_sparse_args"}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class WsEntry:
-    """A workspace array: ``length`` elements (an IR length, or an int) of ``item`` bytes (a
-    negative ``item``: packed, ``-item`` bits each); with ``per_block``, ``per_block`` elements
-    per block of the launch instead."""
-
-    length: object
-    item: int
-    per_block: int = 0
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One step of an entry point: a kernel on the grid ("grid") or on one thread ("one"), or
-    a host step ("host": ``host`` says which)."""
-
-    kernel: str
-    grid: str = "grid"
-    host: dict[str, object] | None = None
-
-
-@dataclass(frozen=True)
-class Entry:
-    """An entry point (``hp_encode``, ``hp_decode``, ``hp_decode_acc``): its argument struct,
-    launches, workspace layout, slot count, and (encode) whether it reports NaN/Inf."""
-
-    struct: str
-    launches: tuple[Launch, ...]
-    workspace: tuple[WsEntry, ...]
-    slots: int
-    nonfinite: bool = False
-
-
-@dataclass(frozen=True)
-class CudaSource:
-    """Rendered CUDA C and what the host side needs to run it (see module doc)."""
-
-    source: str
-    entries: dict[str, Entry]
-    structs: dict[str, tuple[Field, ...]]
-    decode_sum: bool  # hp_decode_sum exists (a decode that is one map over its output)
-    sparse: bool  # the hp_sparse_* kernels exist
-    kernels: dict[str, str]  # every kernel -> the name of its argument struct
 
 
 @dataclass
@@ -526,54 +435,6 @@ def _target_spec(t: Target | None, fn: CudaFunction) -> dict[str, object]:
     return {"kind": t.kind, "name": t.name}
 
 
-# ---------------------------------------------------------------- decode_sum and sparse kernels
-
-
-def _decode_sum_kernel(env: jinja2.Environment, prog: ir.Program, plan: Plan) -> str | None:
-    """``hp_decode_sum`` for a decode that is one map over its output (see module doc)."""
-    if not tileable(plan):
-        return None
-    f = CFunction(env, prog, plan, "hp_decode_sum", tile=True)
-    f._inputs()
-    f._arrays()
-    (lp,) = [lp for st in plan.steps for lp in st.loops]
-    (item,) = lp.items
-    body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True)
-    lets: list[str] = []
-    for st in plan.steps:
-        for let in st.lets:
-            lb = Body(level=st.level)
-            v = f.em.expr(let.value, lb, {})
-            lets += (
-                lb.hoist
-                + lb.lines
-                + [f"const {ctype(let.value.dtype)} {f.names.get(let.name)} = {v};"]
-            )
-    value = f.em.apply(item.op.fn, ["i"], body)
-    return env.get_template("cuda_decode_sum.cu.j2").render(
-        title=f"{prog.name}: hp_decode_sum", maxk=SUM_PAYLOADS, lengths=f.length_lines,
-        length=f.length(lp.length), setup=f.setup + f.safe_lines + lets + body.hoist,
-        body=body.lines, value=value,
-    )  # fmt: skip
-
-
-def _sparse_kernels(env: jinja2.Environment, prog: ir.Program, plan: Plan) -> str | None:
-    sd = None if tileable(plan) else sparse_decode(prog)
-    if sd is None:
-        return None
-    f = CFunction(env, prog, plan, "hp_sparse_fields")
-    f._payload(writing=False)
-    length = f.length(sd.length)
-    body = Body()
-    count = f.em.expr(sd.count, body, {})
-    if body.lines:  # pragma: no cover - a payload scalar or a host expression of n
-        raise ValueError(f"sparse count {ir.show_expr(sd.count)} is not a host expression")
-    return env.get_template("cuda_sparse.cu.j2").render(
-        algorithm=prog.name, setup=[*f.length_lines, *f.setup, "(void)n;"], count=count,
-        length=length, idx=f.names.get(sd.idx, "f"), val=f.names.get(sd.val, "f"),
-    )  # fmt: skip
-
-
 def render_cuda_program(prog: ir.Program) -> CudaSource:
     """CUDA kernels of ``prog``'s encode, decode and decode-accumulate, and its decode_sum or
     sparse decode kernels where it has them (see module doc)."""
@@ -596,8 +457,8 @@ def render_cuda_program(prog: ir.Program) -> CudaSource:
         STRUCTS["enc"]: struct_fields("enc", len(prog.state), len(funcs[0].ws)),
         STRUCTS["dec"]: struct_fields("dec", 0, nws_dec),
     }
-    dsum = _decode_sum_kernel(env, prog, dec)
-    sparse = _sparse_kernels(env, prog, dec)
+    dsum = decode_sum_kernel(env, prog, dec)
+    sparse = sparse_kernels(env, prog, dec)
     if dsum is not None:
         structs[STRUCTS["dsum"]] = struct_fields("dsum")
         kernels.append(dsum)
