@@ -29,9 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hipress.compll import Algorithm, algorithms, load, load_source
 from hipress.compll.calls import CallError
 from hipress.compll.cuda import CudaBackend, CudaBackendError
+from hipress.compll.cuda_abi import CudaSource, Field
 from hipress.compll.cuda_emu import CxxToolchain, EmulatedRuntime, EmulationError
 from hipress.compll.cuda_runtime import select_topk, stable_sort
-from hipress.compll.cuda_abi import CudaSource, Field
 from hipress.compll.source import SourceFile
 
 pytestmark = pytest.mark.skipif(CxxToolchain.detect() is None, reason="no C++ compiler")
