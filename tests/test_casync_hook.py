@@ -99,13 +99,16 @@ def _poison(g: torch.Tensor) -> torch.Tensor:
     return g
 
 
-def _through_ddp(rank: int, world_size: int, alg_name: str, dtype_name: str, steps: int) -> list:
-    """Train a few steps with the hook; record each step's local and synced gradients."""
+def _through_ddp(rank: int, world_size: int, alg_name: str, dtype_name: str, steps: int,
+                 device_flags: bool | None = None) -> list:  # fmt: skip
+    """Train a few steps with the hook; record each step's local and synced gradients.
+    ``device_flags``: keep the non-finite flags as tensors, as on a GPU."""
     dtype = DTYPES[dtype_name]
     model = _model(0, dtype)
     replica = copy.deepcopy(model)
     ddp = _ddp(model)
     state = register(ddp, make_algorithm(alg_name), plan=_plan(alg_name, model, world_size), seed=3)
+    state._ctx.device_flags = device_flags
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     records = []
     for step in range(steps):
@@ -183,6 +186,19 @@ def _ddp_cases() -> list[tuple[int, str, str]]:
 def test_ddp_matches_reference(case: tuple[int, str, str]) -> None:
     world_size, alg_name, dtype_name = case
     results = run_workers(_through_ddp, world_size, alg_name, dtype_name, 4)
+    _check_against_reference(world_size, alg_name, dtype_name, results)
+
+
+@pytest.mark.parametrize(
+    "case", [(2, "onebit", "float32"), (4, "dgc", "float32"), (2, "int8", "float16")],
+    ids=lambda c: f"N{c[0]}-{c[1]}-{c[2]}",
+)  # fmt: skip
+def test_flags_kept_on_the_device_give_the_same_gradients(case: tuple[int, str, str]) -> None:
+    """The path CUDA buckets take: non-finite flags as tensors, every decision (NaN fills,
+    state resets) a tensor operation; the same gradients as the reference, NaN step included.
+    (int8's encode does not report NaN/Inf: its chunks are read for it.)"""
+    world_size, alg_name, dtype_name = case
+    results = run_workers(_through_ddp, world_size, alg_name, dtype_name, 4, True)
     _check_against_reference(world_size, alg_name, dtype_name, results)
 
 

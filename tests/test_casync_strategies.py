@@ -222,24 +222,24 @@ def test_partitions_are_encoded_and_issued_without_waiting_for_the_wire() -> Non
 
 
 def _checks(rank: int, world_size: int, alg_name: str) -> list[int]:
-    import hipress.casync.algorithm as calg
-    import hipress.casync.strategies as strat
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     sizes: list[int] = []
 
-    def counted(x: torch.Tensor) -> bool:
-        sizes.append(x.numel())
-        return calg.all_finite.__wrapped__(x)  # type: ignore[attr-defined]
+    class Reads(TorchDispatchMode):  # the NaN/Inf check reads a tensor with aminmax
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func.overloadpacket.__name__ == "aminmax":
+                sizes.append(args[0].numel())
+            return func(*args, **(kwargs or {}))
 
-    counted.__wrapped__ = calg.all_finite  # type: ignore[attr-defined]
-    calg.all_finite = strat.all_finite = counted  # type: ignore[assignment]
     tensors = [("p", 1000, PS, 2), ("q", 37, AR, 1), ("r", 513, AG, 1)]
     plan = Plan(alg_name, {}, world_size, tuple(
         TensorPlan(name, n, s is not AR, s, k) for name, n, s, k in tensors))  # fmt: skip
     state = CaSyncState(make_algorithm(alg_name), named_parameters=[(n, k) for n, k, *_ in tensors],
                         plan=plan, seed=1)  # fmt: skip
     buf = torch.randn(1550, generator=torch.Generator().manual_seed(rank))
-    state.submit(buf, [t[0] for t in tensors], last=True).wait()
+    with Reads():
+        state.submit(buf, [t[0] for t in tensors], last=True).wait()
     return sizes
 
 

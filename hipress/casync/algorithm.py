@@ -29,6 +29,7 @@ __all__ = [
     "chunk_key",
     "chunk_tensor_id",
     "decode_mean",
+    "encode_reporting",
     "init_chunk_states",
     "rank_seed",
     "resolve_algorithm",
@@ -68,26 +69,17 @@ class CompressionAlgorithm(Protocol):
     ) -> torch.Tensor: ...
 
 
-def encode_checked(
+def encode_reporting(
     alg: CompressionAlgorithm, grad: torch.Tensor, state: Any, out: torch.Tensor
-) -> bool:
-    """Encode ``grad`` into ``out``; return whether ``grad`` holds NaN/Inf: from the encode
-    itself where the algorithm finds out in the same pass (CompLL's ``encode_checked``), else
-    by one read pass over ``grad``."""
+) -> bool | torch.Tensor | None:
+    """Encode ``grad`` into ``out``; return whether ``grad`` holds NaN/Inf where the algorithm
+    finds out in the same pass (CompLL's ``encode_checked``: a bool, or a 0-d bool tensor on
+    the device), else None (the caller reads ``grad`` for it: :mod:`hipress.casync.flags`)."""
     fused = getattr(alg, "encode_checked", None)
     if fused is not None:
-        bad = fused(grad, state, out=out)[1]
-    else:
-        alg.encode(grad, state, out=out)
-        bad = None
-    return not all_finite(grad) if bad is None else bool(bad)
-
-
-def all_finite(x: torch.Tensor) -> bool:
-    """Whether ``x`` holds no NaN/Inf: one read pass (min and max propagate NaN and reach
-    +-Inf; much faster than ``isfinite().all()`` or a float64 sum, and no allocation)."""
-    lo, hi = torch.aminmax(x)
-    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+        return fused(grad, state, out=out)[1]
+    alg.encode(grad, state, out=out)
+    return None
 
 
 def decode_mean(

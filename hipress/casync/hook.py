@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,8 @@ class CaSyncState:
             stats=self.stats,
             check_finite=self.check_finite,
         )
+        # the ring's thread ends with this state (it holds the driver, never the state)
+        weakref.finalize(self, self._ctx.ring.close)
         self._param_names: dict[int, str] = {}
         self._cache: dict[tuple[Any, ...], tuple[BucketSchedule, Workspace, int]] = {}
         self._pending: list[BucketOp] = []
@@ -227,26 +230,28 @@ class CaSyncState:
             f"{self.warmup_steps}"
         )
 
-    def _check_agreement(self) -> None:
-        """Exchange config digests (one small all-gather); on any difference, exchange
+    def _check_agreement(self, device: torch.device) -> None:
+        """Exchange config digests (one small all-gather, on ``device``: the buckets', which
+        the group's backend serves, e.g. CUDA for NCCL); on any difference, exchange
         descriptions and raise :class:`ConfigMismatchError` on every rank."""
         mine = self.config_digest()
         keys = sorted(mine)
         local = torch.frombuffer(
             bytearray(b"".join(_hash(mine[k]) for k in keys)), dtype=torch.uint8
-        )
-        gathered = torch.empty(self.world_size * local.numel(), dtype=torch.uint8)
+        ).to(device)
+        gathered = torch.empty(self.world_size * local.numel(), dtype=torch.uint8, device=device)
         all_gather(gathered, local, group=self.process_group)
+        gathered = gathered.cpu()  # (once per training)
         rows = gathered.view(self.world_size, len(keys), _DIGEST_BYTES)
         differ = [k for i, k in enumerate(keys) if not bool((rows[:, i] == rows[0, i]).all())]
         if not differ:
             self._agreed = True
             return
         note = self._describe_config().encode()[:_NOTE_BYTES].ljust(_NOTE_BYTES, b"\0")
-        notes = torch.empty(self.world_size * _NOTE_BYTES, dtype=torch.uint8)
-        all_gather(
-            notes, torch.frombuffer(bytearray(note), dtype=torch.uint8), group=self.process_group
-        )
+        notes = torch.empty(self.world_size * _NOTE_BYTES, dtype=torch.uint8, device=device)
+        mine_note = torch.frombuffer(bytearray(note), dtype=torch.uint8).to(device)
+        all_gather(notes, mine_note, group=self.process_group)
+        notes = notes.cpu()
         lines = [
             f"  rank {r}: "
             + bytes(notes[r * _NOTE_BYTES : (r + 1) * _NOTE_BYTES].tolist())
@@ -324,7 +329,7 @@ class CaSyncState:
         with self._lock:
             if not self._agreed:
                 try:
-                    self._check_agreement()
+                    self._check_agreement(buffer.device)
                 except CaSyncError:
                     raise
                 except Exception as exc:  # gloo/NCCL error: a peer died or timed out
@@ -407,6 +412,11 @@ class CaSyncState:
         self._step += 1
         if self.params_schedule:
             self._apply_params(self._params_at(self._step))
+
+    def close(self) -> None:
+        """End the state's ring thread (also done when the state is collected). A closed
+        state cannot run ring rounds any more."""
+        self._ctx.ring.close()
 
     # ---- checkpoints and pickling -----------------------------------------------------------
 

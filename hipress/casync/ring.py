@@ -22,6 +22,15 @@ matched by peer and tag, not by issue order among collectives, so this thread ne
 the order of the hook's collectives. Rounds are pipelined: the driver takes one hop of each
 round in turn, so round r+1's transfer is on the wire while round r decodes and re-encodes.
 
+A hop is one ``batch_isend_irecv`` of its send and its receive: every rank takes part in the
+first one (NCCL then creates its point-to-point communicators together instead of blocking in a
+cycle for N >= 3), and NCCL, which ignores tags, matches the k-th message on a link with the
+k-th one expected, the same on every rank. On CUDA buffers the driver thread sets the buffer's
+device and works on a stream of its own that first waits for the hook's stream (the bucket is
+ready), so the ring's encodes and decodes overlap backward; the op's future then waits for it.
+The thread ends with the :class:`RingDriver` (:meth:`RingDriver.close`, called when its state
+is collected).
+
 Non-finite flags travel with the partial sums (each rank ORs in its own), so the aggregate
 carries the flags of every rank. A chunk that is non-finite anywhere comes out all-NaN on every
 rank, and every state that encoded any of its shards is reset afterwards.
@@ -42,6 +51,7 @@ import torch.distributed as dist
 from hipress.casync.algorithm import chunk_key
 from hipress.casync.bulk import Chunk, Round
 from hipress.casync.errors import CaSyncError
+from hipress.casync.flags import Flag, FlagMode
 
 if TYPE_CHECKING:
     from hipress.casync.strategies import BucketOp
@@ -58,38 +68,89 @@ class RingDriver:
     Every rank submits the same operations in the same order (the hook's bucket order), so the
     k-th message rank r sends to r+1 is the k-th one r+1 expects. After a failure every later
     operation fails at once with the same error instead of waiting out the timeout again.
+    :meth:`close` ends the thread (idempotent; the owner calls it when it is collected).
     """
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[BucketOp, list[int], dist.ProcessGroup | None]] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[
+            tuple[BucketOp, list[int], dist.ProcessGroup | None, torch.cuda.Event | None] | None
+        ] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._broken: CaSyncError | None = None
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def submit(self, op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
         """Run ``op``'s ring rounds (indices into its schedule) on the driver thread."""
+        ready = None
+        if op.buffer.is_cuda:  # the bucket is complete on the hook's current stream
+            ready = torch.cuda.current_stream(op.buffer.device).record_event()
         with self._start_lock:
+            if self._closed:
+                raise CaSyncError("the CaSync state's ring thread was closed")
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._run, name="hipress-casync-ring", daemon=True
-                )
+                    target=_drive, args=(self._queue, self), name="hipress-casync-ring",
+                    daemon=True,
+                )  # fmt: skip
                 self._thread.start()
-        self._queue.put((op, rounds, group))
+        self._queue.put((op, rounds, group, ready))
 
-    def _run(self) -> None:
-        while True:
-            op, rounds, group = self._queue.get()
-            if self._broken is not None:
-                op.fail(self._broken, "ring")
-            else:
-                try:
+    def close(self) -> None:
+        """End the thread once the rounds queued before are done."""
+        with self._start_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._thread is not None:
+                self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def _drive(jobs: queue.SimpleQueue, driver: RingDriver) -> None:  # type: ignore[type-arg]
+    streams: dict[torch.device, torch.cuda.Stream] = {}
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        op, rounds, group, ready = job
+        if driver._broken is not None:
+            op.fail(driver._broken, "ring")
+        else:
+            try:
+                if ready is None:
                     _run_rounds(op, rounds, group)
-                except BaseException as exc:
-                    self._broken = op.fail(exc, "ring transfer")
-            # hold nothing while idle: the op's buffers and the group belong to the hook
-            del op, rounds, group
+                else:
+                    dev = op.buffer.device
+                    torch.cuda.set_device(dev)
+                    stream = streams.setdefault(dev, torch.cuda.Stream(dev))
+                    with torch.cuda.stream(stream):
+                        stream.wait_event(ready)
+                        _run_rounds(op, rounds, group)
+            except BaseException as exc:
+                driver._broken = op.fail(exc, "ring transfer")
+        # hold nothing while idle: the op's buffers and the group belong to the hook
+        del op, rounds, group, ready, job
+
+
+class _Hop:
+    """A hop's works, waited for as one (NCCL may return one work for the batch), once: a
+    gloo work waited for a second time blocks until the group's timeout."""
+
+    def __init__(self, works: list[dist.Work]) -> None:
+        self.works = works
+
+    def wait(self) -> None:
+        works, self.works = self.works, []
+        for w in works:
+            w.wait()
 
 
 def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
@@ -113,7 +174,7 @@ def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None
 
 def _ring_round(
     op: BucketOp, i: int, group: dist.ProcessGroup | None
-) -> Iterator[tuple[dist.Work, float]]:
+) -> Iterator[tuple[_Hop, float]]:
     """Round ``i``'s 2(N-1) hops; yields each receive to be waited for before going on, with
     the time it was posted."""
     ctx, buf = op.ctx, op.buffer
@@ -123,23 +184,26 @@ def _ring_round(
     blocks = op.ws.recv[i].view(n, rnd.block_nbytes)
     scratch = op.ws.scratch[i]
     fo, nc = rnd.flags_offset, len(rnd.chunks)
+    fm = op.flags
     own_flags = op.local_flags(rnd)
     right, left, tag = (r + 1) % n, (r - 1) % n, _TAG_BASE + i
-    sends: list[dist.Work | None] = [None] * n
+    hops: list[_Hop | None] = [None] * n  # the last hop that used each block
 
     def region(c: Chunk, s: int) -> torch.Tensor:
         pos = c.offset + c.shard_offset(s)
         return buf[pos : pos + c.shards[s]]
 
-    def send(s: int) -> None:
-        sends[s] = dist.isend(blocks[s], group=group, tag=tag, group_dst=right)
-
-    def receive(s: int) -> tuple[dist.Work, float]:
-        if sends[s] is not None:  # the block still leaving must be gone before it is overwritten
-            sends[s].wait()  # type: ignore[union-attr]
-            sends[s] = None
-        work = dist.irecv(blocks[s], group=group, tag=tag, group_src=left)
-        return work, time.perf_counter()
+    def hop(s: int, into: int) -> tuple[_Hop, float]:
+        """Send block ``s`` right and receive block ``into`` from the left, in one batch."""
+        before = hops[into]
+        if before is not None:  # the block still leaving must be gone before it is reused
+            before.wait()
+        done = _Hop(dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, blocks[s], group=group, tag=tag, group_peer=right),
+            dist.P2POp(dist.irecv, blocks[into], group=group, tag=tag, group_peer=left),
+        ]))  # fmt: skip
+        hops[s] = hops[into] = done
+        return done, time.perf_counter()
 
     # reduce-scatter, hop 0: encode my own shard r-1
     t = time.perf_counter()
@@ -150,23 +214,19 @@ def _ring_round(
         nbytes = alg.payload_nbytes(c.shards[s])
         with ctx.codec("encode_ms"):
             alg.encode(region(c, s), state, out=blk[off : off + nbytes])
-    blk[fo:].zero_()
-    for idx, bad in enumerate(own_flags):
-        if bad:
-            blk[fo + idx] = 1
+    FlagMode.write(blk[fo:], own_flags)
     ctx.stats.add(encode_ms=time.perf_counter() - t, collectives=1, bytes_sent=rnd.block_nbytes)
-    send(s)
-    yield receive((s - 1) % n)
+    yield hop(s, (s - 1) % n)
 
     # reduce-scatter, hops 1 .. N-2, then the aggregate of shard r
-    flags = own_flags
+    flags: list[Flag] = own_flags
     for h in range(1, n):
         s = (r - h - 1) % n
         last = h == n - 1  # s == r: the full sum has arrived
         blk = blocks[s]
         t, t_enc = time.perf_counter(), 0.0
-        got = blk[fo : fo + nc].tolist()
-        flags = [bool(a) or b for a, b in zip(got, own_flags, strict=True)]
+        got = fm.read(blk[fo : fo + nc])
+        flags = [FlagMode.either(a, b) for a, b in zip(got, own_flags, strict=True)]
         for _, c, off in rnd.slots():
             size = c.shards[s]
             nbytes = alg.payload_nbytes(size)
@@ -184,32 +244,28 @@ def _ring_round(
             with ctx.codec("encode_ms"):
                 alg.encode(acc, state, out=blk[off : off + nbytes])
             t_enc += time.perf_counter() - t0
-        for idx, bad in enumerate(flags):
-            blk[fo + idx] = int(bad)
+        FlagMode.write(blk[fo:], flags)
         ctx.stats.add(encode_ms=t_enc, decode_ms=time.perf_counter() - t - t_enc)
         if last:
             break
         ctx.stats.add(collectives=1, bytes_sent=rnd.block_nbytes)
-        send(s)
-        yield receive((s - 1) % n)
+        yield hop(s, (s - 1) % n)
 
     # flags now hold every rank's: reset what encoded a non-finite chunk
     for idx, c, _ in rnd.slots():
-        if flags[idx]:
-            for j in range(n):
-                key = chunk_key(c.name, c.part, c.parts, shard=j, server=j == r)
-                (ctx.server_states if j == r else ctx.worker_states)[key].reset()
+        for j in range(n):
+            key = chunk_key(c.name, c.part, c.parts, shard=j, server=j == r)
+            FlagMode.reset((ctx.server_states if j == r else ctx.worker_states)[key], flags[idx])
 
     # all-gather: forward aggregate r-h, decode it while the next one arrives
     for h in range(n):
         s = (r - h) % n
         if h < n - 1:
             ctx.stats.add(collectives=1, bytes_sent=rnd.block_nbytes)
-            send(s)
-            work = receive((s - 1) % n)
+            work = hop(s, (s - 1) % n)
         t = time.perf_counter()
         for idx, c, off in rnd.slots():
-            if flags[idx]:
+            if flags[idx] is True:
                 continue
             out = region(c, s)
             size = c.shards[s]
@@ -223,9 +279,8 @@ def _ring_round(
             yield work
 
     for idx, c, _ in rnd.slots():
-        if flags[idx]:
-            buf[c.offset : c.offset + c.numel].fill_(float("nan"))
-    for w in sends:
-        if w is not None:
-            w.wait()
+        FlagMode.fill_nan(buf[c.offset : c.offset + c.numel], flags[idx])
+    for h in hops:
+        if h is not None:
+            h.wait()
     op.part_done()

@@ -20,9 +20,17 @@ Decoding needs no collective, so it runs in the collectives' completion callback
 round arrives. :attr:`BucketOp.future` completes with the bucket buffer, averaged over the world
 size and in the buffer's dtype, once every part is done, or with a :class:`CommError`.
 
+CUDA buffers: a collective's future completes once the collective is enqueued, and its callbacks
+run with current streams that wait for it, so each part's decode is ordered after its transfer.
+Each part records an event on the stream its last work went to; the last part makes its stream
+wait for all of them and completes :attr:`BucketOp.future`, which is created for the buffer's
+device, so whoever waits on it (DDP) is ordered after every part.
+
 Non-finite inputs: a chunk whose input holds NaN/Inf on any rank comes out all-NaN on every rank
 (its flag travels in the round's message), and the states that encoded it are reset afterwards
-so error feedback is not poisoned. The set of collectives never depends on the data.
+so error feedback is not poisoned. The set of collectives never depends on the data. Flags of
+CUDA buffers stay on the device (:mod:`hipress.casync.flags`): nothing in a step waits for the
+GPU.
 """
 
 from __future__ import annotations
@@ -39,13 +47,13 @@ import torch.distributed as dist
 
 from hipress.casync.algorithm import (
     CompressionAlgorithm,
-    all_finite,
     chunk_key,
     decode_mean,
-    encode_checked,
+    encode_reporting,
 )
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
 from hipress.casync.errors import CaSyncError, CommError
+from hipress.casync.flags import Flag, FlagMode
 from hipress.casync.ring import RingDriver
 from hipress.casync.stats import SyncStats
 from hipress.secopa.plan import Strategy
@@ -71,6 +79,8 @@ class SyncContext:
         worker_states, server_states: per-chunk states, see ``init_chunk_states``.
         stats: where figures are recorded.
         check_finite: whether to look for NaN/Inf in the input (one extra pass over the bucket).
+        device_flags: keep non-finite flags on the device (None: for CUDA buffers; tests set it
+            True to run that path on a CPU).
         codec_lock: serialises the algorithm's encode and decode calls, which run on the
             hook's thread, on the backend's completion threads and on the ring driver's thread:
             an algorithm object need not be thread-safe.
@@ -84,6 +94,7 @@ class SyncContext:
     server_states: Mapping[str, Any]
     stats: SyncStats
     check_finite: bool = True
+    device_flags: bool | None = None
     codec_lock: threading.Lock = field(default_factory=threading.Lock)
     ring: RingDriver = field(default_factory=RingDriver)
 
@@ -130,12 +141,21 @@ class BucketOp:
         self.schedule = schedule
         self.ws = workspace
         self.buffer = buffer
-        self.future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self.flags = FlagMode.for_tensor(buffer, ctx.device_flags)
+        # a CUDA future records events of the current streams when it completes: its waiters
+        # are ordered after them
+        self.future: torch.futures.Future[torch.Tensor] = (
+            torch.futures.Future(devices=[buffer.device])
+            if buffer.is_cuda
+            else torch.futures.Future()
+        )
+        self._events: list[torch.cuda.Event] = []
         self._lock = threading.Lock()
         self._remaining = (1 if schedule.allreduce_ranges else 0) + len(schedule.rounds)
         self._done = False
         self._ps_pending: list[tuple[int, dist.Work, float, list[float]]] = []
-        self._bad = False
+        self._check = False  # look for NaN/Inf in this bucket's compressed chunks
+        self._bucket_bad = True  # (host flags, ring rounds) the bucket holds NaN/Inf
 
     @property
     def deferred(self) -> bool:
@@ -150,11 +170,23 @@ class BucketOp:
     # ---- completion -------------------------------------------------------------------------
 
     def part_done(self) -> None:
+        """One part (the allreduce, a round) is done: its work is queued on the current
+        stream. The last part completes :attr:`future`."""
+        event = None
+        if self.buffer.is_cuda:
+            event = torch.cuda.current_stream(self.buffer.device).record_event()
         with self._lock:
+            if event is not None:
+                self._events.append(event)
             self._remaining -= 1
             if self._remaining or self._done:
                 return
             self._done = True
+            events, self._events = self._events, []
+        if events:
+            stream = torch.cuda.current_stream(self.buffer.device)
+            for ev in events:
+                stream.wait_event(ev)
         self.ws.busy = False
         self.ctx.stats.bucket_finished()
         self.future.set_result(self.buffer)
@@ -202,14 +234,14 @@ class BucketOp:
         default group); see the module docstring."""
         ctx, buf, rounds = self.ctx, self.buffer, self.schedule.rounds
         t = time.perf_counter()
-        if not (ctx.check_finite and rounds):
-            self._bad = False
-        elif any(r.strategy is Strategy.RING for r in rounds):
+        self._check = bool(ctx.check_finite and rounds)
+        if self._check and not self.flags.device and any(
+            r.strategy is Strategy.RING for r in rounds
+        ):
             # the ring's first hop sends one shard of each chunk: it needs every chunk's flag
-            # before encoding, so the bucket is read once for it (counted as encoding)
-            self._bad = not all_finite(buf)
-        else:
-            self._bad = None  # each chunk's flag comes from its encode (encode_checked)
+            # before encoding; on a CPU the bucket is read once, and its chunks only if that
+            # finds NaN/Inf (counted as encoding)
+            self._bucket_bad = bool(self.flags.nonfinite(buf))
         ctx.stats.add(
             bytes_uncompressed=buf.numel() * buf.element_size(),
             encode_ms=time.perf_counter() - t,
@@ -256,46 +288,38 @@ class BucketOp:
                 pos += n
         self.part_done()
 
-    def local_flags(self, rnd: Round) -> list[bool]:
-        """Whether each of ``rnd``'s chunks holds NaN/Inf on this rank (before encoding: the
-        ring's rounds)."""
-        if not self._bad:
+    def local_flags(self, rnd: Round) -> list[Flag]:
+        """Whether each of ``rnd``'s chunks holds NaN/Inf on this rank, read from the bucket
+        before encoding (the ring's rounds)."""
+        if not self._check or not self._bucket_bad:
             return [False] * len(rnd.chunks)
-        return [not all_finite(self.buffer[c.offset : c.offset + c.numel]) for c in rnd.chunks]
+        return [self.flags.nonfinite(self.buffer[c.offset : c.offset + c.numel])
+                for c in rnd.chunks]  # fmt: skip
 
-    def _encode(self, region: torch.Tensor, state: Any, out: torch.Tensor) -> bool:
-        """Encode ``region`` (under the codec lock); whether it holds NaN/Inf (False when the
-        bucket was found finite or is not checked)."""
+    def _encode(self, region: torch.Tensor, state: Any, out: torch.Tensor) -> Flag:
+        """Encode ``region`` (under the codec lock); whether it holds NaN/Inf (from the encode
+        where the algorithm finds out, else by reading it; never when not checked)."""
         ctx = self.ctx
         assert ctx.algorithm is not None
         with ctx.codec("encode_ms"):
-            if self._bad is None:
-                return encode_checked(ctx.algorithm, region, state, out)
-            ctx.algorithm.encode(region, state, out=out)
-        return False
-
-    @staticmethod
-    def _write_flags(rnd: Round, blocks: torch.Tensor, flags: list[bool]) -> None:
-        """This rank's non-finite flags of ``rnd``'s chunks, into every block's trailer."""
-        fo = rnd.flags_offset
-        blocks[:, fo:].zero_()
-        for idx, bad in enumerate(flags):
-            if bad:
-                blocks[:, fo + idx] = 1
+            if not self._check:
+                ctx.algorithm.encode(region, state, out=out)
+                return False
+            bad = encode_reporting(ctx.algorithm, region, state, out)
+        return self.flags.from_encode(bad, region)
 
     def _start_allgather(self, i: int, rnd: Round, group: dist.ProcessGroup | None) -> None:
         ctx, alg, buf = self.ctx, self.ctx.algorithm, self.buffer
         assert alg is not None
         send = self.ws.send[i]
         t = time.perf_counter()
-        flags = self.local_flags(rnd) if self._bad is not None else [False] * len(rnd.chunks)
-        for idx, c, off in rnd.slots():
+        flags: list[Flag] = []
+        for _, c, off in rnd.slots():
             state = ctx.worker_states[chunk_key(c.name, c.part, c.parts)]
             region = buf[c.offset : c.offset + c.numel]
-            flags[idx] = self._encode(region, state, send[off : off + c.slot]) or flags[idx]
-            if flags[idx]:
-                state.reset()
-        self._write_flags(rnd, send.view(1, -1), flags)
+            flags.append(self._encode(region, state, send[off : off + c.slot]))
+            FlagMode.reset(state, flags[-1])
+        FlagMode.write(send[rnd.flags_offset :], flags)
         t_issue = time.perf_counter()
         work = all_gather(self.ws.recv[i], send, group=group, async_op=True)
         ctx.stats.add(encode_ms=t_issue - t, collectives=1, bytes_sent=send.numel())
@@ -309,10 +333,10 @@ class BucketOp:
         t = time.perf_counter()
         rnd = self.schedule.rounds[i]
         blocks = self.ws.recv[i].view(n, rnd.block_nbytes)
-        flags = self._gathered_flags(rnd, blocks)
+        flags = self.flags.gathered(blocks, rnd.flags_offset, len(rnd.chunks))
         for idx, c, off in rnd.slots():
             region = buf[c.offset : c.offset + c.numel]
-            if flags[idx]:
+            if flags[idx] is True:
                 region.fill_(float("nan"))
                 continue
             out = region if region.dtype == torch.float32 else self.ws.scratch[i][: c.numel]
@@ -320,34 +344,31 @@ class BucketOp:
                 decode_mean(alg, [blocks[r, off : off + c.slot] for r in range(n)], c.numel, out)
             if out is not region:
                 region.copy_(out)
+            FlagMode.fill_nan(region, flags[idx])
         ctx.stats.add(comm_ms=t - t_issue, decode_ms=time.perf_counter() - t)
         self.part_done()
-
-    @staticmethod
-    def _gathered_flags(rnd: Round, blocks: torch.Tensor) -> list[bool]:
-        fo, nc = rnd.flags_offset, len(rnd.chunks)
-        return [bool(v) for v in blocks[:, fo : fo + nc].amax(dim=0).tolist()]
 
     def _start_ps(self, i: int, rnd: Round, group: dist.ProcessGroup | None) -> None:
         ctx, alg, buf = self.ctx, self.ctx.algorithm, self.buffer
         assert alg is not None
         blocks = self.ws.send[i].view(ctx.world_size, rnd.block_nbytes)
         t = time.perf_counter()
-        flags = self.local_flags(rnd) if self._bad is not None else [False] * len(rnd.chunks)
-        for idx, c, off in rnd.slots():
+        flags: list[Flag] = []
+        for _, c, off in rnd.slots():
             pos = c.offset
             states = []
+            bad: Flag = False
             for j, s in enumerate(c.shards):
                 state = ctx.worker_states[chunk_key(c.name, c.part, c.parts, shard=j)]
                 nbytes = alg.payload_nbytes(s)
-                bad = self._encode(buf[pos : pos + s], state, blocks[j, off : off + nbytes])
-                flags[idx] = bad or flags[idx]
+                got = self._encode(buf[pos : pos + s], state, blocks[j, off : off + nbytes])
+                bad = FlagMode.either(bad, got)
                 states.append(state)
                 pos += s
-            if flags[idx]:  # a shard of the chunk held NaN/Inf: none of its states keeps this step
-                for state in states:
-                    state.reset()
-        self._write_flags(rnd, blocks, flags)
+            flags.append(bad)
+            for state in states:  # a shard held NaN/Inf: none of the chunk's states keeps it
+                FlagMode.reset(state, bad)
+        FlagMode.write(blocks[:, rnd.flags_offset :], flags)
         t_issue = time.perf_counter()
         work = dist.all_to_all_single(self.ws.recv[i], self.ws.send[i], group=group, async_op=True)
         done = [t_issue]
@@ -375,7 +396,7 @@ class BucketOp:
         ctx, alg, n, rank = self.ctx, self.ctx.algorithm, self.ctx.world_size, self.ctx.rank
         assert alg is not None
         blocks = self.ws.recv[i].view(n, rnd.block_nbytes)
-        flags = self._gathered_flags(rnd, blocks)
+        flags = self.flags.gathered(blocks, rnd.flags_offset, len(rnd.chunks))
         own = blocks[rank]
         t, t_enc = time.perf_counter(), 0.0
         for idx, c, off in rnd.slots():
@@ -389,13 +410,9 @@ class BucketOp:
             # overwrites this rank's own slot of chunk idx, which was decoded just above
             with ctx.codec("encode_ms"):
                 alg.encode(merged, state, out=own[off : off + nbytes])
-            if flags[idx]:
-                state.reset()
+            FlagMode.reset(state, flags[idx])
             t_enc += time.perf_counter() - t0
-        own[rnd.flags_offset : rnd.flags_offset + len(flags)].zero_()
-        for idx, bad in enumerate(flags):
-            if bad:
-                own[rnd.flags_offset + idx] = 1
+        FlagMode.write(own[rnd.flags_offset :], flags)
         t_issue = time.perf_counter()
         work = all_gather(self.ws.send[i], own, group=group, async_op=True)
         ctx.stats.add(
@@ -414,9 +431,9 @@ class BucketOp:
         t = time.perf_counter()
         rnd = self.schedule.rounds[i]
         blocks = self.ws.send[i].view(n, rnd.block_nbytes)
-        flags = self._gathered_flags(rnd, blocks)
+        flags = self.flags.gathered(blocks, rnd.flags_offset, len(rnd.chunks))
         for idx, c, off in rnd.slots():
-            if flags[idx]:
+            if flags[idx] is True:
                 buf[c.offset : c.offset + c.numel].fill_(float("nan"))
                 continue
             pos = c.offset
@@ -428,5 +445,6 @@ class BucketOp:
                 if out is not region:
                     region.copy_(out)
                 pos += s
+            FlagMode.fill_nan(buf[c.offset : c.offset + c.numel], flags[idx])
         ctx.stats.add(comm_ms=t - t_issue, decode_ms=time.perf_counter() - t)
         self.part_done()

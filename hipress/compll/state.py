@@ -64,6 +64,12 @@ class State:
         for t in self.tensors.values():
             t.zero_()
 
+    def reset_where(self, flag: torch.Tensor) -> None:
+        """:meth:`reset` if the 0-d bool tensor ``flag`` is set, decided on its device (no
+        read back to the host)."""
+        for t in self.tensors.values():
+            t.masked_fill_(flag, 0)
+
 
 def _unmasked(
     old: dict[str, torch.Tensor], mine: dict[str, torch.Tensor]

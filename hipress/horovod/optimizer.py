@@ -319,7 +319,10 @@ def DistributedOptimizer(
     if isinstance(plan, str) and plan == "auto":
         plan = _auto_plan(hvd, alg, named_numels)
     resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule)
-    sync = HorovodSync(hvd, alg, resolved, seed, compression, gradient_predivide_factor)
+    devices = {names[p]: p.device for p in names if p.requires_grad}
+    sync = HorovodSync(
+        hvd, alg, resolved, seed, compression, gradient_predivide_factor, devices=devices
+    )
     sync.check_agreement()
     n_comp = sum(e.compress for e in resolved.entries)
     log.info(

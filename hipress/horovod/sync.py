@@ -22,6 +22,7 @@ matches operations across ranks by name, so every name is unique per parameter a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,12 @@ from hipress.casync.algorithm import (
     CompressionAlgorithm,
     chunk_key,
     decode_mean,
-    encode_checked,
+    encode_reporting,
     init_chunk_states,
 )
 from hipress.casync.bulk import split_sizes
 from hipress.casync.errors import ConfigMismatchError
+from hipress.casync.flags import Flag, FlagMode
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 
 __all__ = ["HorovodSync", "Pending"]
@@ -44,12 +46,11 @@ __all__ = ["HorovodSync", "Pending"]
 FLAG_BYTES = 8  # the trailer after each payload: the non-finite flag, then zeros
 
 
-def _with_flag(payload: torch.Tensor, bad: bool) -> torch.Tensor:
+def _with_flag(payload: torch.Tensor, bad: Flag) -> torch.Tensor:
     """``payload`` and its trailer (a multiple of 8 bytes, like the payload)."""
-    msg = torch.zeros(payload.numel() + FLAG_BYTES, dtype=torch.uint8, device=payload.device)
+    msg = torch.empty(payload.numel() + FLAG_BYTES, dtype=torch.uint8, device=payload.device)
     msg[: payload.numel()].copy_(payload)
-    if bad:
-        msg[payload.numel()] = 1
+    FlagMode.write(msg[payload.numel() :], [bad])
     return msg
 
 
@@ -84,6 +85,9 @@ class HorovodSync:
         seed: base seed of the random streams (each rank mixes in its rank).
         compression: Horovod ``Compression`` applied to uncompressed (allreduce) entries.
         gradient_predivide_factor: as in ``hvd.DistributedOptimizer`` (allreduce entries).
+        devices: parameter name -> the device its gradient lives on (default CPU); the
+            algorithm states, payloads and outputs live there too. Non-finite flags of CUDA
+            gradients stay on the device (:mod:`hipress.casync.flags`).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class HorovodSync:
         seed: int = 0,
         compression: Any = None,
         gradient_predivide_factor: float = 1.0,
+        devices: Mapping[str, torch.device] | None = None,
     ) -> None:
         self.hvd = hvd
         self.algorithm = algorithm
@@ -113,7 +118,7 @@ class HorovodSync:
             )
         if algorithm is not None:
             self.worker_states, self.server_states = init_chunk_states(
-                algorithm, plan, self.rank, self.world_size, seed
+                algorithm, plan, self.rank, self.world_size, seed, devices
             )
         else:
             self.worker_states, self.server_states = {}, {}
@@ -150,21 +155,21 @@ class HorovodSync:
             pos += size
         return p
 
-    def _encode(self, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, bool]:
+    def _encode(self, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, Flag]:
         """x's payload, and whether x holds NaN/Inf (from the encode's own pass where the
-        algorithm finds out there, casync.algorithm.encode_checked)."""
+        algorithm finds out there; on the device for CUDA tensors)."""
         assert self.algorithm is not None
         payload = torch.empty(
             self.algorithm.payload_nbytes(x.numel()), dtype=torch.uint8, device=x.device
         )
-        return payload, encode_checked(self.algorithm, x, state, payload)
+        bad = encode_reporting(self.algorithm, x, state, payload)
+        return payload, FlagMode.for_tensor(x).from_encode(bad, x)
 
     def _start_allgather(self, name: str, k: int, parts: int, x: torch.Tensor) -> Any:
         key = chunk_key(name, k, parts)
         state = self.worker_states[key]
         payload, bad = self._encode(x, state)
-        if bad:  # do not let NaN/Inf poison the error-feedback memory
-            state.reset()
+        FlagMode.reset(state, bad)  # do not let NaN/Inf poison the error-feedback memory
         return self.hvd.allgather_async(_with_flag(payload, bad), name=f"hipress.ag.{key}")
 
     def _start_ps(self, name: str, k: int, parts: int, x: torch.Tensor) -> Any:
@@ -173,10 +178,9 @@ class HorovodSync:
             states.append(self.worker_states[chunk_key(name, k, parts, shard=j)])
             encoded.append(self._encode(x[pos : pos + s], states[-1]))
             pos += s
-        bad = any(b for _, b in encoded)  # the chunk's flag: any of its shards
-        if bad:
-            for state in states:
-                state.reset()
+        bad = FlagMode.any([b for _, b in encoded])  # the chunk's flag: any of its shards
+        for state in states:
+            FlagMode.reset(state, bad)
         msgs = [_with_flag(payload, bad) for payload, _ in encoded]
         splits = [m.numel() for m in msgs]
         return self.hvd.alltoall_async(
@@ -203,12 +207,11 @@ class HorovodSync:
             rows = recv.view(n, nb + FLAG_BYTES)
             merged = torch.empty(s, dtype=torch.float32, device=recv.device)
             decode_mean(alg, [rows[r, :nb] for r in range(n)], s, merged)
-            any_bad = bool(rows[:, nb].any())
+            (any_bad,) = FlagMode.for_tensor(recv).gathered(rows, nb, 1)
             key = chunk_key(p.name, k, e.partitions, shard=self.rank, server=True)
             state = self.server_states[key]
             msg = _with_flag(alg.encode(merged, state), any_bad)
-            if any_bad:
-                state.reset()
+            FlagMode.reset(state, any_bad)
             name = f"hipress.ps2.{chunk_key(p.name, k, e.partitions)}"
             c.handle = self.hvd.allgather_async(msg, name=name)
             c.phase = 2
@@ -236,24 +239,27 @@ class HorovodSync:
         alg, n = self.algorithm, self.world_size
         nb = alg.payload_nbytes(c.size)
         rows = self.hvd.synchronize(c.handle).view(n, nb + FLAG_BYTES)
-        if bool(rows[:, nb].any()):
+        (bad,) = FlagMode.for_tensor(rows).gathered(rows, nb, 1)
+        if bad is True:
             out.fill_(float("nan"))
             return
         decode_mean(alg, [rows[r, :nb] for r in range(n)], c.size, out)
+        FlagMode.fill_nan(out, bad)
 
     def _finish_ps(self, c: _Chunk, out: torch.Tensor) -> None:
         assert self.algorithm is not None
         alg = self.algorithm
         got = self.hvd.synchronize(c.handle)
+        flags = FlagMode.for_tensor(got)
         pos_in, pos_out, bad = 0, 0, False
         for s in split_sizes(c.size, self.world_size):
             nb = alg.payload_nbytes(s)
             alg.decode(got[pos_in : pos_in + nb], s, out=out[pos_out : pos_out + s])
-            bad = bad or bool(got[pos_in + nb])
+            (b,) = flags.read(got[pos_in + nb : pos_in + nb + 1])
+            bad = FlagMode.either(bad, b)
             pos_in += nb + FLAG_BYTES
             pos_out += s
-        if bad:
-            out.fill_(float("nan"))
+        FlagMode.fill_nan(out, bad)
 
     def describe(self) -> str:
         """A one-line description of the algorithm, plan digest and seed (what ranks compare)."""
