@@ -86,6 +86,8 @@ class RingDriver:
 
     def submit(self, op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
         """Run ``op``'s ring rounds (indices into its schedule) on the driver thread."""
+        if self._closed:
+            raise CaSyncError("the CaSync state's ring thread was closed")
         ready = None
         if op.buffer.is_cuda:  # the bucket is complete on the hook's current stream
             ready = torch.cuda.current_stream(op.buffer.device).record_event()
