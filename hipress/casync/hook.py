@@ -111,6 +111,7 @@ class CaSyncState:
         log_every: int = 100,
         warmup_steps: int = 0,
         params_schedule: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        device: torch.device | str | None = None,
     ) -> None:
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise CaSyncError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
@@ -121,7 +122,12 @@ class CaSyncState:
         if not named:
             raise CaSyncError("the model has no parameter that requires a gradient")
         numels = [(n, int(p) if isinstance(p, int) else p.numel()) for n, p in named]
-        devices = {n: p.device for n, p in named if isinstance(p, torch.Tensor)}
+        home = torch.device(device) if device is not None else None
+        devices = {
+            n: p.device if isinstance(p, torch.Tensor) else home or torch.device("cpu")
+            for n, p in named
+        }
+        trained_on = next((p.device for _, p in named if isinstance(p, torch.Tensor)), home)
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
@@ -130,8 +136,9 @@ class CaSyncState:
         )
         self.algorithm = resolve_algorithm(algorithm, params, backend)
         self.plan = resolve_plan(
-            plan, self.algorithm, numels, self.world_size, rule, group=process_group
-        )
+            plan, self.algorithm, numels, self.world_size, rule, group=process_group,
+            device=trained_on,
+        )  # fmt: skip
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
         self.warmup_steps = warmup_steps

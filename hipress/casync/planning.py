@@ -74,13 +74,14 @@ def _auto_plan(
     named_numels: Sequence[tuple[str, int]],
     world_size: int,
     group: Any,
+    device: Any = None,
 ) -> Plan:
     # ---- SeCoPa hook-up: the single place where plan="auto" asks the planner. ----
     # auto_plan profiles this machine and network (every rank takes part, a few seconds),
     # plans on rank 0 and broadcasts, so every rank returns the same plan.
     if algorithm is None:
         raise PlanError("plan='auto' needs a compression algorithm")
-    return auto_plan(algorithm, named_numels, world_size, group=group)
+    return auto_plan(algorithm, named_numels, world_size, group=group, device=device)
 
 
 def check_plan(
@@ -126,11 +127,12 @@ def resolve_plan(
     world_size: int,
     rule: DefaultRule | None = None,
     group: Any = None,
+    device: Any = None,
 ) -> Plan:
     """Return the plan to run and check that it fits.
 
     Takes a :class:`Plan`, a path to a plan JSON file, ``"auto"`` (SeCoPa profiles and plans
-    it, a collective call over ``group``: every rank must make it) or ``None`` (the
+    it on ``device``, a collective call over ``group``: every rank must make it) or ``None`` (the
     :class:`DefaultRule`); ``named_numels`` are the (name, numel) pairs of every parameter
     that receives a gradient. Raises :class:`PlanError` if the plan does not cover exactly these
     parameters, was made for another world size or algorithm, or asks for partitions too small
@@ -141,7 +143,7 @@ def resolve_plan(
     elif isinstance(plan, Plan):
         resolved = plan
     elif isinstance(plan, str) and plan == "auto":
-        resolved = _auto_plan(algorithm, named_numels, world_size, group)
+        resolved = _auto_plan(algorithm, named_numels, world_size, group, device)
     elif isinstance(plan, (str, Path)):
         resolved = load_plan_for_model(plan, named_numels, world_size)
     else:

@@ -51,7 +51,7 @@ TINY = 256  # elements per tensor of the call-overhead probe
 
 def sync_step_ms(state: Any, bufs: Sequence[torch.Tensor], names: Sequence[list[str]]) -> float:
     """ms of one CaSync step over every bucket (after a barrier; submitted in order, then
-    awaited), as DDP's hook would run it."""
+    awaited, on a GPU until the device is done), as DDP's hook would run it."""
     dist.barrier()
     t0 = time.perf_counter()
     futs = [
@@ -60,18 +60,23 @@ def sync_step_ms(state: Any, bufs: Sequence[torch.Tensor], names: Sequence[list[
     ]
     for f in futs:
         f.wait()
+    if bufs and bufs[0].is_cuda:
+        torch.cuda.synchronize(bufs[0].device)
     return (time.perf_counter() - t0) * 1e3
 
 
-def _max(x: float, group: Any) -> float:
-    t = torch.tensor([x], dtype=torch.float64)
+def _max(x: float, group: Any, device: Any = None) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())
 
 
-def _gather(x: float, group: Any) -> list[float]:
-    out = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, torch.tensor([x], dtype=torch.float64), group=group)
+def _gather(x: float, group: Any, device: Any = None) -> list[float]:
+    out = [
+        torch.zeros(1, dtype=torch.float64, device=device)
+        for _ in range(dist.get_world_size(group))
+    ]
+    dist.all_gather(out, torch.tensor([x], dtype=torch.float64, device=device), group=group)
     return [float(t.item()) for t in out]
 
 
@@ -82,9 +87,10 @@ def _probe(
     group: Any,
     warmup: int,
     steps: int,
+    device: Any = None,
 ) -> tuple[Any, float, dict[str, float]]:
-    """Run CaSync on ``named`` with rank 0's all-compressed plan; return (plan, median step ms
-    on this rank, CaSync's mean per-step figures over the measured steps)."""
+    """Run CaSync on ``named`` with rank 0's all-compressed plan, on ``device``; return (plan,
+    median step ms on this rank, CaSync's mean per-step figures over the measured steps)."""
     from hipress.casync import CaSyncState
     from hipress.secopa.runtime import broadcast_plan
 
@@ -96,27 +102,30 @@ def _probe(
     numels = [k for _, k in named]
     buckets = ddp_buckets(numels)
     gen = torch.Generator().manual_seed(1234 + dist.get_rank(group))
-    bufs = [torch.randn(sum(numels[i] for i in b), generator=gen) for b in buckets]
+    bufs = [torch.randn(sum(numels[i] for i in b), generator=gen).to(device or "cpu")
+            for b in buckets]  # fmt: skip
     names = [[named[i][0] for i in b] for b in buckets]
     state = CaSyncState(
-        algorithm, named_parameters=named, plan=plan, process_group=group, log_every=0
-    )
+        algorithm, named_parameters=named, plan=plan, process_group=group, log_every=0,
+        device=device,
+    )  # fmt: skip
     times = [sync_step_ms(state, bufs, names) for _ in range(warmup + steps)]
     return plan, statistics.median(times[warmup:]), state.stats.mean(last=steps)
 
 
 def _scale_probe(
-    algorithm: Any, base: Profile, numel: int, group: Any, warmup: int, steps: int
-) -> tuple[float, dict[str, Any]]:
+    algorithm: Any, base: Profile, numel: int, group: Any, warmup: int, steps: int,
+    device: Any = None,
+) -> tuple[float, dict[str, Any]]:  # fmt: skip
     """The compute scale at ``numel`` elements per tensor (two tensors: two buckets), and its
     record."""
     world = dist.get_world_size(group)
     big = [("probe.a", numel), ("probe.b", numel)]
-    plan, big_ms, stats = _probe(algorithm, base, big, group, warmup, steps)
+    plan, big_ms, stats = _probe(algorithm, base, big, group, warmup, steps, device)
     predicted = Planner(base, world).breakdown(plan)
     measured_compute = stats.get("encode_ms", 0.0) + stats.get("decode_ms", 0.0)
     ratio = measured_compute / predicted["compute_ms"] if predicted["compute_ms"] > 1e-3 else 1.0
-    ratios = _gather(ratio, group)
+    ratios = _gather(ratio, group, device)
     scale = min(max(statistics.fmean(ratios), SCALE_RANGE[0]), SCALE_RANGE[1])
     record = {
         "numel": numel,
@@ -129,7 +138,7 @@ def _scale_probe(
         "probe_step_ms": {
             "before": round(Planner(base, world).predict(plan), 4),
             "after": round(Planner(replace(base, compute_scale=scale), world).predict(plan), 4),
-            "measured": round(_max(big_ms, group), 4),
+            "measured": round(_max(big_ms, group, device), 4),
         },
     }
     return scale, record
@@ -144,28 +153,32 @@ def calibrate(
     steps: int = 12,
     large: int | None = None,
     large_steps: tuple[int, int] = (1, 4),
+    device: Any = None,
 ) -> Profile:
     """``profile`` with ``compute_scale`` and ``call_ms`` measured in ``group`` (see the module
     docstring); its ``meta["calibration"]`` records the probes. With ``large`` (elements, the
     model's largest tensor) at least 4x ``numel``, the scale is measured there too (``large_steps``:
     warm-up and measured steps) and the profile scales each op by the size it runs on
-    (``compute_scale_by_size``). Every rank must call it."""
+    (``compute_scale_by_size``). ``device``: where the probes run (the model's; default CPU).
+    Every rank must call it."""
     numel = max(int(numel), 4 * TINY)
     base = replace(profile, compute_scale=1.0, call_ms=0.0, compute_scale_by_size=())
     world = dist.get_world_size(group)
 
-    scale, record = _scale_probe(algorithm, base, numel, group, warmup, steps)
+    scale, record = _scale_probe(algorithm, base, numel, group, warmup, steps, device)
     points = [(float(numel), scale)]
     records = [record]
     if large is not None and large >= 4 * numel:
-        big_scale, big_record = _scale_probe(algorithm, base, int(large), group, *large_steps)
+        big_scale, big_record = _scale_probe(
+            algorithm, base, int(large), group, *large_steps, device
+        )
         points.append((float(large), big_scale))
         records.append(big_record)
     scaled = replace(base, compute_scale=scale, compute_scale_by_size=tuple(points))
     tiny = [("tiny.a", TINY), ("tiny.b", TINY)]
-    tplan, tiny_ms, _ = _probe(algorithm, scaled, tiny, group, warmup, steps)
+    tplan, tiny_ms, _ = _probe(algorithm, scaled, tiny, group, warmup, steps, device)
     calls = max(Planner(scaled, world).breakdown(tplan)["rounds"], 1.0)
-    excess = _max(tiny_ms - Planner(scaled, world).predict(tplan), group)
+    excess = _max(tiny_ms - Planner(scaled, world).predict(tplan), group, device)
     call_ms = min(max(excess / calls, 0.0), CALL_MS_MAX)
 
     out = replace(scaled, call_ms=call_ms)
@@ -174,6 +187,6 @@ def calibrate(
         **records[0],
         "call_ms": round(call_ms, 4),
         "probes": records,
-        "tiny_step_ms": {"measured": round(_max(tiny_ms, group), 4), "calls": calls},
+        "tiny_step_ms": {"measured": round(_max(tiny_ms, group, device), 4), "calls": calls},
     }
     return replace(out, meta=meta)

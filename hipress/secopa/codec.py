@@ -44,16 +44,18 @@ class Codec(Protocol):
         ...
 
 
-def _gradient(n: int, seed: int = 0) -> torch.Tensor:
+def _gradient(n: int, seed: int = 0, device: torch.device | None = None) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n, generator=gen, dtype=torch.float32)
+    return torch.randn(n, generator=gen, dtype=torch.float32).to(device or "cpu")
 
 
 @dataclass(frozen=True)
 class AlgorithmCodec:
-    """A CompLL algorithm object (``encode(g, state, out)``, ``decode(p, n, out)``)."""
+    """A CompLL algorithm object (``encode(g, state, out)``, ``decode(p, n, out)``), run on
+    tensors on ``device`` (default CPU; a GPU for a model trained there: its CUDA kernels)."""
 
     alg: Any
+    device: torch.device | None = None
 
     @property
     def name(self) -> str:
@@ -72,13 +74,15 @@ class AlgorithmCodec:
         fn = getattr(self.alg, "encode_checked", None)
         if fn is None:
             return False
-        return fn(_gradient(256), self.alg.init_state(256))[1] is not None
+        g = _gradient(256, device=self.device)
+        return fn(g, self.alg.init_state(256, device=self.device))[1] is not None
 
     def prepare(self, n: int) -> Mapping[str, Thunk]:
-        g = _gradient(n)
-        st = self.alg.init_state(n, device=None, seed=0, tensor_id=0)
-        payload = torch.empty(self.payload_nbytes(n), dtype=torch.uint8)
-        out = torch.empty(n, dtype=torch.float32)
+        dev = self.device
+        g = _gradient(n, device=dev)
+        st = self.alg.init_state(n, device=dev, seed=0, tensor_id=0)
+        payload = torch.empty(self.payload_nbytes(n), dtype=torch.uint8, device=dev)
+        out = torch.empty(n, dtype=torch.float32, device=dev)
         self.alg.encode(g, st, out=payload)
 
         def encode() -> object:
@@ -156,13 +160,14 @@ def cast_codec(name: str) -> Codec:
     return _CastCodec(name, dtypes[name])
 
 
-def as_codec(obj: object) -> Codec:
-    """Return ``obj`` as a :class:`Codec`: a codec as is, a CompLL algorithm wrapped."""
+def as_codec(obj: object, device: torch.device | str | None = None) -> Codec:
+    """Return ``obj`` as a :class:`Codec`: a codec as is, a CompLL algorithm wrapped (run on
+    ``device``)."""
     if isinstance(obj, Codec):
         return obj
     needed = ("name", "params", "payload_nbytes", "init_state", "encode", "decode")
     if all(hasattr(obj, a) for a in needed):
-        return AlgorithmCodec(obj)
+        return AlgorithmCodec(obj, torch.device(device) if device is not None else None)
     raise CodecError(
         f"{type(obj).__name__} is neither a Codec nor a CompLL algorithm (needs {needed})"
     )

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hipress.secopa.profile import ProfileError
 
-__all__ = ["Comm", "TorchComm", "Wait"]
+__all__ = ["Comm", "TorchComm", "Wait", "default_device"]
 
 Wait = Callable[[], object]
 
@@ -71,11 +71,25 @@ def _all_gather(dst: torch.Tensor, src: torch.Tensor, group: Any, async_op: bool
     return fn(dst, src, group=group, async_op=async_op)
 
 
-def _as_casync(issue: Callable[[], Any]) -> Callable[[], object]:
+def default_device(group: Any = None) -> torch.device:
+    """The device a process group's collectives run on: CUDA (the current device) for an
+    NCCL-only group, else the CPU. A group that serves both (``cpu:gloo,cuda:nccl``) is
+    measured on the device the model trains on: pass that instead."""
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and "gloo" not in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _as_casync(issue: Callable[[], Any], device: torch.device) -> Callable[[], object]:
     """A blocking call of an asynchronous collective completed the way CaSync completes its
     own: a callback on the work's future (run on the backend's thread) completes a second
     future, which the caller waits for. On loopback that hand-off costs about 0.15 ms per
-    collective more than a plain blocking call (measured here), which the profile should see."""
+    collective more than a plain blocking call (measured here), which the profile should see.
+    On a GPU the work's future completes once the collective is enqueued: the call then makes
+    the current stream wait for the work (timed with CUDA events, :mod:`profiler`)."""
+    if device.type == "cuda":
+        return lambda: issue().wait()
 
     def call() -> object:
         done: torch.futures.Future[None] = torch.futures.Future()
@@ -94,59 +108,72 @@ def _as_casync(issue: Callable[[], Any]) -> Callable[[], object]:
 
 
 class TorchComm:
-    """:class:`Comm` over a ``torch.distributed`` process group (default: the default group).
+    """:class:`Comm` over a ``torch.distributed`` process group (default: the default group),
+    on ``device`` (default: :func:`default_device`; the model's device for a group that serves
+    several).
 
     Needs an initialised process group. Buffers are preallocated and reused, and collectives
-    are issued asynchronously and completed through a callback, as CaSync does.
+    are issued asynchronously and completed through a callback, as CaSync does (on a GPU: a
+    wait of the current stream, see :func:`_as_casync`).
     """
 
     point_to_point = True
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, device: torch.device | str | None = None) -> None:
         if not dist.is_initialized():
             raise ProfileError("TorchComm needs an initialised torch.distributed process group")
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        self.backend = str(dist.get_backend(group))
+        self.device = torch.device(device) if device is not None else default_device(group)
+        self.backend = str(dist.get_backend(group)) + (
+            "" if self.device.type == "cpu" else f"/{self.device.type}"
+        )
         self._src = dist.get_global_rank(group, 0) if group is not None else 0
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
     def collective(self, op: str, nbytes: int) -> Callable[[], object]:
-        group, world = self.group, self.size
+        group, world, dev = self.group, self.size, self.device
+
+        def u8(n: int, fill: bool = False) -> torch.Tensor:
+            return (torch.ones if fill else torch.empty)(n, dtype=torch.uint8, device=dev)
+
         if op == "allreduce":
-            t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
-            return _as_casync(lambda: dist.all_reduce(t, group=group, async_op=True))
+            t = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dev)
+            return _as_casync(lambda: dist.all_reduce(t, group=group, async_op=True), dev)
         if op == "all_gather":
-            src = torch.ones(nbytes, dtype=torch.uint8)
-            dst = torch.empty(nbytes * world, dtype=torch.uint8)
-            return _as_casync(lambda: _all_gather(dst, src, group, async_op=True))
+            src, dst = u8(nbytes, True), u8(nbytes * world)
+            return _as_casync(lambda: _all_gather(dst, src, group, async_op=True), dev)
         if op == "all_to_all":
             n = max(world, nbytes // world * world)
-            src = torch.ones(n, dtype=torch.uint8)
-            dst = torch.empty(n, dtype=torch.uint8)
-            return _as_casync(lambda: dist.all_to_all_single(dst, src, group=group, async_op=True))
+            src, dst = u8(n, True), u8(n)
+            return _as_casync(
+                lambda: dist.all_to_all_single(dst, src, group=group, async_op=True), dev
+            )
         if op == "broadcast":
-            t = torch.ones(nbytes, dtype=torch.uint8)
-            return _as_casync(lambda: dist.broadcast(t, src=self._src, group=group, async_op=True))
+            t = u8(nbytes, True)
+            return _as_casync(
+                lambda: dist.broadcast(t, src=self._src, group=group, async_op=True), dev
+            )
         if op == "send":  # one ring hop, as CaSync's ring sends it
-            out = torch.ones(nbytes, dtype=torch.uint8)
-            into = torch.empty(nbytes, dtype=torch.uint8)
+            out, into = u8(nbytes, True), u8(nbytes)
             right, left = (self.rank + 1) % world, (self.rank - 1) % world
 
             def hop() -> None:
-                sent = dist.isend(out, group=group, group_dst=right)
-                dist.irecv(into, group=group, group_src=left).wait()
-                sent.wait()
+                for w in dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, out, group=group, group_peer=right),
+                    dist.P2POp(dist.irecv, into, group=group, group_peer=left),
+                ]):  # fmt: skip
+                    w.wait()
 
             return hop
         raise ProfileError(f"unknown collective {op!r}")
 
     def start_all_gather(self, nbytes: int) -> Callable[[], Wait]:
-        src = torch.ones(nbytes, dtype=torch.uint8)
-        dst = torch.empty(nbytes * self.size, dtype=torch.uint8)
+        src = torch.ones(nbytes, dtype=torch.uint8, device=self.device)
+        dst = torch.empty(nbytes * self.size, dtype=torch.uint8, device=self.device)
 
         def start() -> Wait:
             work = _all_gather(dst, src, self.group, async_op=True)
@@ -158,9 +185,9 @@ class TorchComm:
         ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
         if op not in ops:
             raise ProfileError(f"unknown reduction {op!r} (sum, max)")
-        out = values.clone()
+        out = values.to(self.device, copy=True)
         dist.all_reduce(out, op=ops[op], group=self.group)
-        return out
+        return out.to(values.device)
 
     def broadcast_object(self, obj: Any) -> Any:
         box = [obj if self.rank == 0 else None]

@@ -90,14 +90,32 @@ class NetworkSamples:
     backend: str = ""  # the transport measured over (e.g. gloo, horovod/gloo)
 
 
-def _time_calls(fn: Callable[[], object], reps: int, stat: str = "median") -> float:
-    """ms of one call of fn over ``reps`` calls: the fastest (``min``) or the ``median``."""
+def _time_calls(
+    fn: Callable[[], object], reps: int, stat: str = "median", device: Any = None
+) -> float:
+    """ms of one call of fn over ``reps`` calls: the fastest (``min``) or the ``median``. On a
+    CUDA ``device`` each call is timed by CUDA events on the current stream (a call there only
+    enqueues work; its collectives make that stream wait for them)."""
     ts = []
+    cuda = device is not None and torch.device(device).type == "cuda"
     for _ in range(reps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+            continue
         t0 = time.perf_counter()
         fn()
         ts.append((time.perf_counter() - t0) * 1e3)
     return min(ts) if stat == "min" else statistics.median(ts)
+
+
+def _device(obj: Any) -> Any:
+    """The device a codec or a comm works on (None: the CPU)."""
+    return getattr(obj, "device", None)
 
 
 def measure_compute(
@@ -140,14 +158,14 @@ def measure_compute(
             break
         t_size = time.perf_counter()
         thunks = dict(codec.prepare(n))
-        acc = torch.zeros(n, dtype=torch.float32)
-        inc = torch.ones(n, dtype=torch.float32)
+        acc = torch.zeros(n, dtype=torch.float32, device=_device(codec))
+        inc = torch.ones(n, dtype=torch.float32, device=_device(codec))
         thunks["merge"] = lambda a=acc, b=inc: a.add_(b)
         for op in ops:
-            first = _time_calls(thunks[op], 1)
+            first = _time_calls(thunks[op], 1, device=_device(codec))
             reps = max(2, min(max_reps, int(share * 1e3 / max(first, 1e-3))))
             got[op][0].append(float(n))
-            got[op][1].append(_time_calls(thunks[op], reps, stat))
+            got[op][1].append(_time_calls(thunks[op], reps, stat, _device(codec)))
         prev_n, prev_s = n, time.perf_counter() - t_size
     return ComputeSamples({op: (tuple(x), tuple(t)) for op, (x, t) in got.items()})
 
@@ -184,13 +202,14 @@ def fit_alpha_beta(
     return AlphaBeta(alpha, beta, (algorithm,))
 
 
-def _comm(comm: Comm | None, group: Any, what: str) -> Comm:
-    """``comm``, or a :class:`TorchComm` over ``group`` (raises if there is no process group)."""
+def _comm(comm: Comm | None, group: Any, what: str, device: Any = None) -> Comm:
+    """``comm``, or a :class:`TorchComm` over ``group`` on ``device`` (raises if there is no
+    process group)."""
     if comm is not None:
         return comm
     if not dist.is_initialized():
         raise ProfileError(f"{what} needs an initialised process group")
-    return TorchComm(group)
+    return TorchComm(group, device)
 
 
 def measure_network(
@@ -239,17 +258,15 @@ def measure_network(
         while todo:
             nbytes, r = todo.pop(0)
             call = comm.collective(op, nbytes)
-            t0 = time.perf_counter()
-            call()
+            once = _time_calls(call, 1, device=_device(comm))
             first = float(
-                comm.all_reduce(
-                    torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64), "max"
-                ).item()
+                comm.all_reduce(torch.tensor([once], dtype=torch.float64), "max").item()
             )
             # more calls where they are cheap (every rank agrees on the count)
             more = int(NETWORK_REPS_BUDGET_MS / max(first, 1e-3))
             comm.barrier()
-            results.append(_time_calls(call, max(r, min(NETWORK_REPS_MAX, more)), "median"))
+            reps_now = max(r, min(NETWORK_REPS_MAX, more))
+            results.append(_time_calls(call, reps_now, "median", _device(comm)))
             # on a fast network, up to DDP's 25 MiB buckets instead of extrapolating to them
             bigger = 4 * nbytes
             fits = bigger <= EXTEND_TO and bigger * world <= EXTEND_TOTAL
@@ -314,10 +331,11 @@ def measure_overlap(
     Mbit/s against a 0.4 ms encode) the timer noise of the long one decides it.
     """
     comm = _comm(comm, group, "measure_overlap")
+    dev = _device(comm)
     encode = codec.prepare(n)["encode"]
     encode()
     comm.barrier()
-    t_c = _time_calls(encode, 3, "median")
+    t_c = _time_calls(encode, 3, "median", dev)
     nbytes = 4 * n
     if network is not None and "all_gather" in network:
         slowest = float(comm.all_reduce(torch.tensor([t_c], dtype=torch.float64), "max").item())
@@ -327,17 +345,19 @@ def measure_overlap(
     gather()
     start_gather()()
     comm.barrier()
-    t_c = _time_calls(encode, OVERLAP_REPS, "median")
+    t_c = _time_calls(encode, OVERLAP_REPS, "median", dev)
     comm.barrier()
-    t_w = _time_calls(gather, OVERLAP_REPS, "median")
+    t_w = _time_calls(gather, OVERLAP_REPS, "median", dev)
     both = []
-    for _ in range(OVERLAP_REPS):
-        comm.barrier()
-        t0 = time.perf_counter()
+
+    def together() -> None:
         wait = start_gather()
         encode()
         wait()
-        both.append((time.perf_counter() - t0) * 1e3)
+
+    for _ in range(OVERLAP_REPS):
+        comm.barrier()
+        both.append(_time_calls(together, 1, device=dev))
     t_b = statistics.median(both)
     ov = (t_c + t_w - t_b) / max(min(t_c, t_w), 1e-9)
     out = comm.all_reduce(torch.tensor([min(1.0, max(0.0, ov))], dtype=torch.float64), "sum")

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -150,6 +151,7 @@ def auto_profile(
     *,
     comm: Comm | None = None,
     calibrate_step: bool = True,
+    device: torch.device | str | None = None,
 ) -> Profile:
     """Measure a profile in the current process group (or over ``comm``, e.g. Horovod's);
     every rank must call it.
@@ -162,8 +164,13 @@ def auto_profile(
     real steps in the group (:func:`~hipress.secopa.calibrate.calibrate`: compute inside a step
     and CaSync's fixed cost per collective), unless ``calibrate_step`` is false. Each rank
     returns its own profile; the network part and the calibration are identical on all ranks.
+    ``device``: where the model trains (default: the group's, :func:`~hipress.secopa.comm.
+    default_device`); collectives and kernels are measured there, on a GPU with CUDA events.
     """
-    codec = as_codec(algorithm)
+    if comm is None:
+        comm = TorchComm(group, device)
+    dev = getattr(comm, "device", None) if device is None else torch.device(device)
+    codec = as_codec(algorithm, dev)
     top = max(max_numel, 512) if max_numel is not None else None
     net = measure_network(group, comm=comm, largest=4 * top if top is not None else None)
     ov = measure_overlap(codec, group, n=1 << 20, comm=comm, network=net.ops) if overlap else 1.0
@@ -174,7 +181,7 @@ def auto_profile(
         group = comm.group if isinstance(comm, TorchComm) else group
         numel = min(top, PROBE_NUMEL) if top is not None else PROBE_NUMEL
         large = min(top, LARGE_PROBE_NUMEL) if top is not None else None
-        profile = calibrate(codec.alg, profile, group, numel=numel, large=large)
+        profile = calibrate(codec.alg, profile, group, numel=numel, large=large, device=dev)
     return profile
 
 
@@ -187,6 +194,7 @@ def auto_plan(
     config: PlannerConfig | None = None,
     compute_budget_s: float = 1.5,
     comm: Comm | None = None,
+    device: torch.device | str | None = None,
 ) -> Plan:
     """Profile (see :func:`auto_profile`) and plan on rank 0, broadcast to all ranks.
 
@@ -197,18 +205,21 @@ def auto_plan(
         group: the process group CaSync synchronises over (default: the default group).
         comm: the transport to profile and broadcast over instead of ``group`` (the Horovod
             optimizer passes Horovod's, see :mod:`hipress.horovod.comm`).
+        device: where the model trains (default: the group's device); profiled there.
     Needs an initialised process group (or ``comm``); every rank must call it. Takes a few
     seconds. Returns the plan, identical on every rank.
     """
     if comm is None:
         if not dist.is_initialized():
             raise PlanError("auto_plan needs an initialised process group (or plan with a profile)")
-        comm = TorchComm(group)
+        comm = TorchComm(group, device)
     world = comm.size
     if world_size is not None and world_size != world:
         raise PlanError(f"auto_plan asked for {world_size} workers, the group has {world}")
     named = named_numels(model)
     top = max((k for _, k in named), default=None)
-    profile = auto_profile(algorithm, group, compute_budget_s, max_numel=top, comm=comm)
+    profile = auto_profile(
+        algorithm, group, compute_budget_s, max_numel=top, comm=comm, device=device
+    )
     mine = profile if comm.rank == 0 else None
     return plan_for_model(named, mine, world, config, comm=comm)
