@@ -22,43 +22,47 @@ __all__ = ["HorovodComm"]
 
 
 class HorovodComm:
-    """:class:`~hipress.secopa.comm.Comm` over all Horovod ranks (``hvd.init()`` done).
+    """:class:`~hipress.secopa.comm.Comm` over all Horovod ranks (``hvd.init()`` done), with
+    buffers on ``device`` (the gradients'; default CPU).
 
     Every operation carries a name (``hipress.secopa.<op>.<bytes>``): Horovod matches
     operations across ranks by name, and a name is reused only after its operation finished.
+    Horovod's operations are blocking on the host (``synchronize`` waits for the device), so
+    the profiler's timings hold on a GPU too.
     """
 
     point_to_point = False  # Horovod has no send/receive
 
-    def __init__(self, hvd: Any) -> None:
+    def __init__(self, hvd: Any, device: torch.device | str | None = None) -> None:
         self.hvd = hvd
         self.rank = int(hvd.rank())
         self.size = int(hvd.size())
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.backend = "horovod/gloo" if hvd.gloo_enabled() else "horovod/mpi"
 
     def barrier(self) -> None:
         self.hvd.barrier()
 
     def collective(self, op: str, nbytes: int) -> Callable[[], object]:
-        hvd, name = self.hvd, f"hipress.secopa.{op}.{nbytes}"
+        hvd, name, dev = self.hvd, f"hipress.secopa.{op}.{nbytes}", self.device
         if op == "allreduce":
-            t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+            t = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dev)
             return lambda: hvd.allreduce_(t, op=hvd.Sum, name=name)
         if op == "all_gather":
-            src = torch.ones(nbytes, dtype=torch.uint8)
+            src = torch.ones(nbytes, dtype=torch.uint8, device=dev)
             return lambda: hvd.allgather(src, name=name)
         if op == "all_to_all":
             n = max(self.size, nbytes // self.size * self.size)
-            src = torch.ones(n, dtype=torch.uint8)
+            src = torch.ones(n, dtype=torch.uint8, device=dev)
             return lambda: hvd.alltoall(src, name=name)
         if op == "broadcast":
-            t = torch.ones(nbytes, dtype=torch.uint8)
+            t = torch.ones(nbytes, dtype=torch.uint8, device=dev)
             return lambda: hvd.broadcast_(t, root_rank=0, name=name)
         raise ProfileError(f"unknown collective {op!r}")
 
     def start_all_gather(self, nbytes: int) -> Callable[[], Wait]:
         hvd, name = self.hvd, f"hipress.secopa.all_gather_async.{nbytes}"
-        src = torch.ones(nbytes, dtype=torch.uint8)
+        src = torch.ones(nbytes, dtype=torch.uint8, device=self.device)
 
         def start() -> Wait:
             handle = hvd.allgather_async(src, name=name)

@@ -250,7 +250,10 @@ def _check_unsupported(hvd: Any, op: Any, num_groups: int, groups: Any, process_
 
 
 def _auto_plan(
-    hvd: Any, alg: CompressionAlgorithm | None, named_numels: list[tuple[str, int]]
+    hvd: Any,
+    alg: CompressionAlgorithm | None,
+    named_numels: list[tuple[str, int]],
+    device: torch.device | None = None,
 ) -> Plan:
     """SeCoPa's ``plan="auto"`` over Horovod: profile with Horovod's operations on every rank
     (a few seconds), plan on rank 0, broadcast; the same plan on every rank."""
@@ -259,7 +262,10 @@ def _auto_plan(
     t0 = time.perf_counter()
     # no ring: Horovod has no point-to-point messages
     config = PlannerConfig(strategies=(Strategy.ALLGATHER, Strategy.PS))
-    plan = auto_plan(alg, named_numels, hvd.size(), comm=HorovodComm(hvd), config=config)
+    plan = auto_plan(
+        alg, named_numels, hvd.size(), comm=HorovodComm(hvd, device), config=config,
+        device=device,
+    )  # fmt: skip
     log.info(
         "hipress.horovod: plan='auto' profiled and planned in %.1f s", time.perf_counter() - t0
     )
@@ -316,10 +322,10 @@ def DistributedOptimizer(
         raise HorovodSyncError(str(exc)) from exc
     names = _names(optimizer, named_parameters)
     named_numels = [(names[p], p.numel()) for p in names if p.requires_grad]
-    if isinstance(plan, str) and plan == "auto":
-        plan = _auto_plan(hvd, alg, named_numels)
-    resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule)
     devices = {names[p]: p.device for p in names if p.requires_grad}
+    if isinstance(plan, str) and plan == "auto":
+        plan = _auto_plan(hvd, alg, named_numels, next(iter(devices.values()), None))
+    resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule)
     sync = HorovodSync(
         hvd, alg, resolved, seed, compression, gradient_predivide_factor, devices=devices
     )
