@@ -85,6 +85,18 @@ def _cmd_algorithms(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from hipress.selftest import print_report, run_selftest
+
+    report = run_selftest(quick=args.quick, out=Path(args.out))
+    if os.environ.get("RANK", "0") == "0" or not report.ok:
+        print_report(report)
+    return 0 if report.ok else 1
+
+
 # Subcommands owned by other parts register here: (module, function adding the parser).
 _EXTENSIONS: tuple[tuple[str, str], ...] = (
     ("hipress.compll.cli_codegen", "add_parsers"),
@@ -118,6 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("algorithms", help="list the shipped algorithms")
     a.add_argument("-n", type=int, default=1 << 20, help="element count for bits/element")
     a.set_defaults(func=_cmd_algorithms)
+
+    t = sub.add_parser(
+        "selftest",
+        help="check this installation: kernels against the reference on this device, their "
+        "speed, and (under torchrun) the DDP hook against plain DDP",
+    )
+    t.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    t.add_argument("--out", default="hipress-results/selftest.json",
+                   help="where to write the report as JSON")  # fmt: skip
+    t.set_defaults(func=_cmd_selftest)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write bench/results/*.json)")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
