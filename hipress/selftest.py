@@ -51,7 +51,7 @@ class Report:
         """Run ``fn``: None or "" is a pass, a string a skip reason; an exception a failure."""
         try:
             why = fn()
-        except Exception as exc:  # noqa: BLE001 - a failed check is reported, not raised
+        except Exception as exc:
             self.checks[name] = f"FAIL: {type(exc).__name__}: {exc}"[:400]
             return
         self.checks[name] = f"skipped: {why}" if why else "pass"
@@ -78,7 +78,7 @@ def environment() -> dict[str, str]:
         v = cp.cuda.runtime.driverGetVersion()
         found["CuPy"] = f"{cp.__version__} (built for CUDA {cp.cuda.runtime.runtimeGetVersion()})"
         found["NVIDIA driver"] = f"supports CUDA {v // 1000}.{v % 1000 // 10}"
-    except Exception as exc:  # noqa: BLE001 - not installed, or no driver
+    except Exception as exc:
         found["CuPy"] = f"unavailable ({type(exc).__name__}: {str(exc)[:120]})"
     try:
         import ctypes
@@ -88,7 +88,7 @@ def environment() -> dict[str, str]:
         major, minor = ctypes.c_int(), ctypes.c_int()
         _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
         found["NVRTC"] = f"{major.value}.{minor.value}"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         found["NVRTC"] = f"unavailable ({exc})"
     tc, cxx = Toolchain.detect(), CxxToolchain.detect()
     found["C compiler"] = f"{tc.cc}: {tc.version}" if tc else "none ($CC, cc, gcc, clang)"
@@ -258,7 +258,7 @@ def training_check(report: Report, device: torch.device, steps: int = 6) -> None
             loss.backward()
             grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]).cpu())
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         return losses, grads
 
     def uncompressed() -> None:
@@ -325,6 +325,10 @@ def run_selftest(quick: bool = False, out: Path | None = None) -> Report:
         if not dist.is_initialized():
             dist.init_process_group(backend)
         training_check(report, device or torch.device("cpu"))
+        import gc
+
+        gc.collect()  # every DDP model and hook state gone before the group
+        dist.barrier()
         dist.destroy_process_group()
     else:
         report.checks["training over DDP"] = (
