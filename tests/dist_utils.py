@@ -63,6 +63,7 @@ def _worker_main(
     outdir: str,
     pg_timeout: float,
     threads: int,
+    backend: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:
@@ -70,6 +71,8 @@ def _worker_main(
     try:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(threads)
+        if backend == "nccl":  # one GPU per rank
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.TCPStore(
             "127.0.0.1",
             port,
@@ -78,7 +81,7 @@ def _worker_main(
             timeout=datetime.timedelta(seconds=pg_timeout),
         )
         dist.init_process_group(
-            "gloo",
+            backend,
             store=store,
             rank=rank,
             world_size=world_size,
@@ -105,6 +108,7 @@ def run_workers(
     pg_timeout: float = 30.0,
     threads: int = 1,
     preload: Sequence[str] = DEFAULT_PRELOAD,
+    backend: str = "gloo",
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ranks ``0..world_size-1``, each in its
@@ -115,7 +119,8 @@ def run_workers(
     modules the forkserver imports when it starts (the first call in a process decides). Returns the
     workers' return values in rank order (``None`` for a worker that exited with status 0 without
     returning). Raises :class:`WorkerError` if any worker failed or the group exceeded
-    ``timeout`` seconds (stragglers are killed).
+    ``timeout`` seconds (stragglers are killed). ``backend``: the process group's ("nccl":
+    rank r uses GPU r).
     """
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
@@ -124,7 +129,10 @@ def run_workers(
         procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(fn, r, world_size, store.port, outdir, pg_timeout, threads, args, kwargs),
+                args=(
+                    fn, r, world_size, store.port, outdir, pg_timeout, threads, backend, args,
+                    kwargs,
+                ),
                 name=f"rank{r}",
             )
             for r in range(world_size)
