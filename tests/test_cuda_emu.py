@@ -438,3 +438,22 @@ def test_topk_and_sort_host_steps_equal_a_stable_sort(kbits: int, data: st.DataO
     got = torch.empty(length)
     stable_sort(raw, kbits, vals, got)
     assert got.tolist() == [j * 0.5 for j in want]
+
+
+@pytest.mark.parametrize("name", ["mixed_select", "segreduce_length", "invariant_sqrt"])
+def test_red_team_programs_on_the_emulator(name: str) -> None:
+    from test_native import _RED
+
+    decl, body = _RED[name]
+    text = (f'algorithm t_{name} "t";\n{decl}\npayload {{ v: f32[n]; }}\nencode(g) {{ {body} '
+            "return concat(v); }\ndecode(p) { return map(n, i => p.v[i]); }\n")  # fmt: skip
+    ref = load_source(SourceFile("t.cll", text), backend="reference")
+    emu = Algorithm(ref.program, CudaBackend(ref.program, SHUFFLED))
+    for n in (0, 1, 9, 1000, 20_003):
+        x = torch.randint(-64, 64, (n,), generator=torch.Generator().manual_seed(n)).float() / 8
+        run_both(ref, emu, x, steps=2)
+
+
+def test_int8_near_the_float32_maximum_on_the_emulator() -> None:
+    ref, emu = _pair("int8", {})
+    run_both(ref, emu, torch.tensor([3.4028234663852886e38, -3.3e38, 1.0, 2.0**127] * 64))

@@ -224,7 +224,7 @@ encode(g) {
     let gmin = segreduce(min, seg, g);
     let gmax = segreduce(max, seg, n, i => f64(g[i]));
     let gabs = segreduce(absmax, seg, n, i => i32(g[i] * 3e9));
-    let gsum = segreduce(sum, seg, n, i => f64(g[i]) * f64(g[i]));
+    let gsum = segreduce(sum, seg, n, i => f64(g[i]) * 3.0);  // (a square would need > 53 bits)
     let gisum = segreduce(sum, seg, n, i => i32(g[i] * 1e9));
     let gcnt = segreduce(count, seg, n, i => g[i] < 0.0);
     let gany = segreduce(any, seg, n, i => g[i] > 1.0);
@@ -911,3 +911,43 @@ def test_sparse_decode_sum_equals_decode_by_decode(name: str, case: str) -> None
     # its bound takes the unused zero indices after the last one sent)
     repeats = case == "repeated index" or (case == "count past bound" and name == "dgc")
     assert (("ws", n) in cpu.backend._ws) == repeats, case
+
+
+# ---------------------------------------------------------------- programs a red team wrote
+
+_RED = {
+    # a ?: of int and float literals
+    "mixed_select": ("", "let v = map(n, i => g[i] > 0.0 ? 1 : (g[i] < 0.0 ? 0.5 : 0));"),
+    # a segment reduction over a length other than n, dividing by a non-constant
+    "segreduce_length": (
+        "const m = n + 1;",
+        "let s = segreduce(sum, 2, m, t => g[t / m]); let v = map(n, i => g[i] + s[i / 2]);",
+    ),
+    # a loop-invariant square root inside a segment reduction (computed once)
+    "invariant_sqrt": (
+        "const c = sqrt(f32(n) + 0.5);",
+        "let s = segreduce(sum, 4, n, t => g[t] * c); let v = map(n, i => s[i / 4] / c);",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RED))
+def test_red_team_programs_equal_reference(name: str) -> None:
+    decl, body = _RED[name]
+    text = (f'algorithm t_{name} "t";\n{decl}\npayload {{ v: f32[n]; }}\nencode(g) {{ {body} '
+            "return concat(v); }\ndecode(p) { return map(n, i => p.v[i]); }\n")  # fmt: skip
+    ref, cpu = _program_pair(text)
+    for n in (0, 1, 9, 1000, 2048 * 8 + 3):
+        x = torch.randint(-64, 64, (n,), generator=torch.Generator().manual_seed(n)).float() / 8
+        run_both(ref, cpu, x, steps=2)
+    if name == "invariant_sqrt":
+        src = cpu.backend.source  # type: ignore[attr-defined]
+        hoisted = [ln for ln in src.splitlines() if "sqrtf(" in ln and "const float inv" in ln]
+        assert hoisted, "the constant's sqrt should be computed once, before the loop"
+
+
+def test_int8_decodes_values_near_the_float32_maximum_finite() -> None:
+    ref, cpu = _pair("int8", {})
+    x = torch.tensor([3.4028234663852886e38, -3.3e38, 1.0, 2.0**127] * 64)
+    run_both(ref, cpu, x)
+    assert torch.isfinite(cpu.decode(cpu.encode(x, cpu.init_state(256)), 256)).all()

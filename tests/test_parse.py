@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hipress.compll import ast
+from hipress.compll import ast, load_source
 from hipress.compll.algorithm import algorithms, shipped_path
 from hipress.compll.check import check_source
 from hipress.compll.parse import parse
+from hipress.compll.render import render
 from hipress.compll.source import CllError, CllSyntaxError, SourceFile, Span
 
 
@@ -147,3 +149,32 @@ def test_fuzz_mutated_programs(which: int, edits: list[tuple[str, float, str]]) 
         else:
             words.insert(k, words[k])
     _must_be_clean(" ".join(words))
+
+
+def test_adversarial_sources_are_refused_at_bounded_cost() -> None:
+    """A huge file is refused before parsing; the largest accepted file with a chain nested
+    too deep is refused, located, in about a second, never with a RecursionError."""
+    import time
+
+    from hipress.compll.parse import MAX_SOURCE_BYTES
+
+    def source(terms: int) -> SourceFile:
+        chain = "+".join(["g[i]"] * terms)
+        return SourceFile("t.cll", "algorithm t;\npayload { q: f32[n]; }\nencode(g) { return "
+                          f"concat(map(n, i => {chain})); }}\ndecode(p) {{ return p.q; }}\n")  # fmt: skip
+
+    t = time.perf_counter()
+    with pytest.raises(CllSyntaxError, match="at most 64 KiB"):
+        parse(source(1 << 18))
+    assert time.perf_counter() - t < 1.0
+    biggest = (MAX_SOURCE_BYTES - 200) // 5
+    with pytest.raises(CllSyntaxError, match=r"t.cll:3:\d+: syntax error: nested more than 100"):
+        parse(source(biggest))
+    # 90 terms, 90 nested calls, ?: and unary minus are fine, through every stage
+    for body in ("+".join(["g[i]"] * 90), "abs(" * 90 + "g[i]" + ")" * 90, "-" * 90 + "g[i]",
+                 "g[i] > 0.0 ? " * 90 + "1.0" + " : 0.0" * 90):  # fmt: skip
+        text = (f"algorithm t;\npayload {{ q: f32[n]; }}\nencode(g) {{ return concat(map(n, "
+                f"i => {body})); }}\ndecode(p) {{ return p.q; }}\n")  # fmt: skip
+        alg = load_source(SourceFile("t.cll", text), backend="reference")
+        render(alg.program, "c")
+        render(alg.program, "cuda")

@@ -166,7 +166,8 @@ def compile_c(source: str, out: Path, toolchain: Toolchain, name: str = "kernel"
     numbers, around each error.
     """
     with tempfile.TemporaryDirectory(prefix="hipress-cc-") as d:
-        src = Path(d) / f"{name}.c"
+        safe = re.sub(r"[^A-Za-z0-9_]", "_", name)[:64] or "kernel"
+        src = Path(d) / f"{safe}.c"
         src.write_text(source)
         cmd = [toolchain.cc, *toolchain.flags, "-o", str(out), str(src)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -42,6 +42,8 @@ from hipress.compll.types import (
     DType,
 )
 
+MAX_NAME = 64  # characters of an algorithm's name (it names files and kernels)
+
 # ---------------------------------------------------------------- the elaborator
 
 
@@ -73,6 +75,11 @@ class Elaborator(BodyChecker):
             raise CllTypeError("missing `algorithm NAME;` declaration", self.src, Span(1, 1, 1, 2))
         if len(algo) > 1:
             raise self.err("more than one `algorithm` declaration", algo[1].span)
+        if len(algo[0].name) > MAX_NAME:
+            raise self.err(
+                f"the algorithm's name has {len(algo[0].name)} characters; at most {MAX_NAME}",
+                algo[0].span,
+            )
         for kind, cls in (("encode", ast.EncodeDecl), ("decode", ast.DecodeDecl)):
             found = [d for d in decls if isinstance(d, cls)]
             if not found:
@@ -91,6 +98,8 @@ class Elaborator(BodyChecker):
         top.names[ir.N] = Binding(Scalar(N_REF), "builtin")
         params = self._params(decls, top)
         state: list[ir.Slot] = []
+        state_spans: dict[str, Span] = {}
+        self.state_assigned: dict[str, Span] = {}
         for d in decls:
             if isinstance(d, ast.ConstDecl):
                 self._declare(top, d.name, d.span)
@@ -98,6 +107,13 @@ class Elaborator(BodyChecker):
                 top.names[d.name] = Binding(v, "const")
             elif isinstance(d, ast.StateDecl):
                 self._declare(top, d.name, d.span)
+                if d.name in state_spans:
+                    raise self.err(
+                        f"state `{d.name}` is declared twice (first at line "
+                        f"{state_spans[d.name].line})",
+                        d.span,
+                    )
+                state_spans[d.name] = d.span
                 t = self._type(d.type, top)
                 state.append(ir.Slot(d.name, t))
                 self.used[d.name] = 1
@@ -107,6 +123,7 @@ class Elaborator(BodyChecker):
                 if d.name in self.fns:
                     raise self.err(f"function `{d.name}` is defined twice", d.span)
                 self.fns[d.name] = d
+        self._recursion_check()
         fields: list[ir.Slot] = []
         seen: set[str] = set()
         for f in payloads[0].fields:
@@ -130,6 +147,29 @@ class Elaborator(BodyChecker):
             encode=encode,
             decode=decode,
         )
+
+    def _recursion_check(self) -> None:
+        """Every function, called or not: none may call itself, directly or through others."""
+        calls = {name: _called(fn.body, self.fns) for name, fn in self.fns.items()}
+        for start in self.fns:
+            path, stack = [start], [iter(sorted(calls[start]))]
+            while stack:
+                nxt = next(stack[-1], None)
+                if nxt is None:
+                    stack.pop()
+                    path.pop()
+                    continue
+                if nxt == start:
+                    how = "" if len(path) == 1 else " through " + " -> ".join(
+                        f"`{f}`" for f in [*path, start]
+                    )
+                    raise self.err(
+                        f"function `{start}` calls itself{how}; recursion is not supported",
+                        calls[path[-1]][start].span,
+                    )
+                if nxt not in path and len(path) <= len(self.fns):
+                    path.append(nxt)
+                    stack.append(iter(sorted(calls[nxt])))
 
     def _declare(self, scope: Scope, name: str, span: Span) -> None:
         if name in scope.names:
@@ -295,6 +335,8 @@ class Elaborator(BodyChecker):
             raise self.err(f"array length must be an integer, got {v.dtype}", e.span)
         x = fold(ir.Cast(v.expr, I64)) if v.dtype != I64 else v.expr
         self._static(x, e.span, "an array length")
+        if isinstance(x, ir.Const) and int(x.value) < 0:
+            raise self.err(f"array length {x.value} is negative", e.span)
         return x
 
     # -- encode / decode
@@ -383,6 +425,21 @@ class Elaborator(BodyChecker):
                 )
             outs.append(v2.name)
         return outs
+
+
+def _called(node: object, fns: Mapping[str, ast.FnDecl]) -> dict[str, ast.Call]:
+    """The functions in ``fns`` that ``node`` (an AST subtree) calls, each with a call."""
+    out: dict[str, ast.Call] = {}
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ast.Call) and x.func in fns:
+            out.setdefault(x.func, x)
+        if isinstance(x, tuple | list):
+            stack.extend(x)
+        elif hasattr(x, "__dataclass_fields__"):
+            stack.extend(getattr(x, f) for f in x.__dataclass_fields__ if f != "span")
+    return out
 
 
 def elaborate(source: SourceFile, module: ast.Module, params: Mapping[str, Any]) -> ir.Program:

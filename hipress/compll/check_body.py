@@ -294,6 +294,11 @@ class BodyChecker(ExprChecker, ParallelChecker):
             retyped = _retype_literal(v.expr, t)
             if retyped is not None:
                 return Scalar(retyped)
+        if isinstance(v.expr, ir.Const) and v.dtype.is_int and t.is_int:
+            from hipress.compll.semantics import int_range
+
+            lo, hi = int_range(t)
+            raise self.err(f"{v.expr.value} is out of range for {t} ({lo} to {hi})", span)
         raise self.err(f"expected {t}, got {v.dtype}; convert explicitly, e.g. {t}(...)", span)
 
     def _concrete(self, v: Scalar) -> Scalar:
@@ -303,8 +308,10 @@ class BodyChecker(ExprChecker, ParallelChecker):
         if lhs.dtype == rhs.dtype:
             return lhs, rhs
         lc, rc = isinstance(lhs.expr, ir.Const), isinstance(rhs.expr, ir.Const)
-        if lhs.lit and rhs.lit:  # int literal meets float literal
-            return Scalar(_convert(lhs.expr, F32), True), Scalar(_convert(rhs.expr, F32), True)
+        if lhs.lit and rhs.lit:  # int literal meets float literal (or a ?: of literals)
+            a, b = _retype_literal(lhs.expr, F32), _retype_literal(rhs.expr, F32)
+            if a is not None and b is not None:
+                return Scalar(a, True), Scalar(b, True)
         if lc and (lhs.lit or not rc) and _representable(lhs.expr, rhs.dtype, lhs.lit):
             return Scalar(_convert(lhs.expr, rhs.dtype)), rhs
         if rc and _representable(rhs.expr, lhs.dtype, rhs.lit):
@@ -401,6 +408,13 @@ class BodyChecker(ExprChecker, ParallelChecker):
                 raise self.err("state can only be assigned at the top level of encode", s.span)
             if s.op != "=":
                 raise self.err("state arrays are assigned with `=` only", s.span)
+            first = self.state_assigned.setdefault(s.name, s.span)
+            if first is not s.span:
+                raise self.err(
+                    f"state `{s.name}` is assigned twice (first at line {first.line}); compute "
+                    "its new value with `let`s and assign it once",
+                    s.span,
+                )
             if isinstance(b.value, Array):
                 v = self._value(s.value, scope, ctx, s.name, b.value.type)
                 if not isinstance(v, Array) or not same_type(v.type, b.value.type):

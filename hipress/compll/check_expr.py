@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 _UNARY = {"-": "neg", "!": "not", "~": "bnot"}
 
 
+MAX_CALL_DEPTH = 32  # functions are inlined: a chain of calls nests that deep
+
+
 class ExprChecker:
     """Scalar and array expressions. Mixed into :class:`BodyChecker`."""
 
@@ -205,6 +208,19 @@ class ExprChecker:
             t = SCALAR_TYPES[f]
             if x.dtype == t:
                 return Scalar(x.expr)
+            if x.lit and isinstance(x.expr, ir.Const) and t.is_int and x.dtype.is_int:
+                from hipress.compll.semantics import int_range
+
+                lo, hi = int_range(t)
+                if not lo <= int(x.expr.value) <= hi:
+                    wrapped = fold(ir.Cast(ir.Const(int(x.expr.value), x.dtype), t))
+                    shown = getattr(wrapped, "value", "?")
+                    raise self.err(
+                        f"{f}({x.expr.value}): {x.expr.value} is out of range for {t} ({lo} to "
+                        f"{hi}); the conversion would wrap it to {shown}: write that if it "
+                        "is meant",
+                        e.span,
+                    )
             return Scalar(fold(ir.Cast(self._concrete(x).expr, t)))
         if f in MATH1:
             self._arity(e, 1)
@@ -315,6 +331,13 @@ class ExprChecker:
         fn = self.fns[e.func]
         if e.func in self.fn_stack:
             raise self.err(f"function `{e.func}` calls itself; recursion is not supported", e.span)
+        if len(self.fn_stack) >= MAX_CALL_DEPTH:
+            chain = " -> ".join(f"`{f}`" for f in [*self.fn_stack[:3], "...", e.func])
+            raise self.err(
+                f"functions call each other more than {MAX_CALL_DEPTH} deep ({chain}); "
+                "flatten the chain",
+                e.span,
+            )
         if len(e.args) != len(fn.params):
             raise self.err(
                 f"`{fn.name}` takes {len(fn.params)} argument(s), got {len(e.args)}", e.span

@@ -3,6 +3,11 @@
 The grammar (``cll.lark``) is data; the transformer below only builds nodes and spans. Lark's
 exceptions never escape: they become :class:`CllSyntaxError` with the position and what was
 expected there.
+
+Bounded cost: a source of more than :data:`MAX_SOURCE_BYTES` is refused before it is parsed, and a
+parse tree nested more than :data:`MAX_DEPTH` levels deep (a sum of hundreds of terms, hundreds
+of nested calls or ``?:``) is refused where it gets too deep, before any stage recurses into it.
+Literals must fit their types: an integer at most ``2**63 - 1``, a float finite.
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from hipress.compll import ast
 from hipress.compll.source import CllSyntaxError, SourceFile, Span
+
+MAX_SOURCE_BYTES = 64 * 1024  # the largest shipped algorithm has 4 KiB
+MAX_DEPTH = 100  # levels of the parse tree: expressions, blocks, statements
+_I64_MAX = (1 << 63) - 1
+
+
+class _LiteralError(Exception):
+    """A literal that fits no type (raised inside the transformer, reported by :func:`parse`)."""
+
+    def __init__(self, msg: str, span: Span) -> None:
+        super().__init__(msg)
+        self.msg, self.span = msg, span
 
 
 @lru_cache(maxsize=1)
@@ -144,7 +161,22 @@ class _Build(Transformer):
     def number(self, meta, c):
         text = str(c[0])
         is_float = not text.lower().startswith("0x") and any(ch in text for ch in ".eE")
-        return ast.Number(text, is_float, _span(meta))
+        span = _span(meta)
+        if is_float:
+            if float(text) in (float("inf"), float("-inf")):
+                raise _LiteralError(
+                    f"float literal {text} is out of range (finite floats stay below 1.8e308)",
+                    span,
+                )
+        else:
+            digits = text[2:] if text.lower().startswith("0x") else text
+            big = len(digits.lstrip("0")) > 19 or ast.Number(text, False).value > _I64_MAX
+            if big:
+                shown = text if len(text) <= 30 else f"{text[:12]}...{text[-6:]} ({len(text)} digits)"
+                raise _LiteralError(
+                    f"integer literal {shown} does not fit in i64 (at most {_I64_MAX})", span
+                )
+        return ast.Number(text, is_float, span)
 
     def true(self, meta, c):
         return ast.Bool(True, _span(meta))
@@ -212,6 +244,14 @@ def parse(source: SourceFile) -> ast.Module:
     Returns the :class:`ast.Module`; raises :class:`CllSyntaxError` (with span and the expected
     tokens) on any syntax error. No Lark exception escapes.
     """
+    size = len(source.text.encode("utf-8", "surrogatepass"))
+    if size > MAX_SOURCE_BYTES:
+        raise CllSyntaxError(
+            f"the file is {size // 1024} KiB; a .cll file may have at most "
+            f"{MAX_SOURCE_BYTES // 1024} KiB",
+            source,
+            None,
+        )
     parser = _parser()
     try:
         tree = parser.parse(source.text)
@@ -219,7 +259,41 @@ def parse(source: SourceFile) -> ast.Module:
         raise _syntax_error(parser, source, exc) from None
     except lark.exceptions.LarkError as exc:  # pragma: no cover - defensive
         raise CllSyntaxError(f"cannot parse: {exc}", source, None) from None
-    return _Build().transform(tree)
+    deep = _too_deep(tree)
+    if deep is not None:
+        raise CllSyntaxError(
+            f"nested more than {MAX_DEPTH} levels deep; split the expression with `let`s or "
+            "into functions",
+            source,
+            _span(deep.meta),
+        )
+    try:
+        return _Build().transform(tree)
+    except lark.exceptions.VisitError as exc:
+        err = exc.orig_exc
+        if isinstance(err, _LiteralError):
+            raise CllSyntaxError(err.msg, source, err.span) from None
+        raise  # pragma: no cover - a bug in the transformer
+
+
+def _too_deep(tree: lark.Tree) -> lark.Tree | None:
+    """The first subtree deeper than :data:`MAX_DEPTH` levels, if any (no recursion)."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return node
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
+    return None
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as the parser counts them (at ``\n`` only), without the empty one after a final
+    newline."""
+    lines = text.split("\n")
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _syntax_error(parser: lark.Lark, source: SourceFile, exc: UnexpectedInput) -> CllSyntaxError:
@@ -228,13 +302,16 @@ def _syntax_error(parser: lark.Lark, source: SourceFile, exc: UnexpectedInput) -
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         if tok.type == "$END":
-            lines = source.text.splitlines() or [""]
+            lines = _lines(source.text)
             line, col = len(lines), len(lines[-1]) + 1
             got, width = "end of file", 1
         else:
             got, width = f"'{tok}'", max(1, len(str(tok)))
         expected = _describe(parser, set(exc.accepts or exc.expected))
         msg = f"unexpected {got}; expected {expected}"
+        pos = getattr(tok, "start_pos", None)
+        if str(tok) == "/" and pos is not None and source.text.startswith("/*", pos):
+            msg, width = "unterminated comment: this `/*` has no `*/`", 2
     elif isinstance(exc, UnexpectedCharacters):
         ch = source.text[exc.pos_in_stream] if exc.pos_in_stream < len(source.text) else "?"
         width = 1
@@ -243,7 +320,7 @@ def _syntax_error(parser: lark.Lark, source: SourceFile, exc: UnexpectedInput) -
         else:
             msg = f"unexpected character {ch!r}"
     elif isinstance(exc, UnexpectedEOF):
-        lines = source.text.splitlines() or [""]
+        lines = _lines(source.text)
         line, col, width = len(lines), len(lines[-1]) + 1, 1
         msg = f"unexpected end of file; expected {_describe(parser, set(exc.expected))}"
     else:  # pragma: no cover

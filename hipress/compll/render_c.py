@@ -96,7 +96,7 @@ class CFunction(Stages):
         self.ws: list[str] = []  # byte-size expressions, in layout order
         self.ws_sizes: list[tuple[object, int] | None] = []
         self.ws_ptr: dict[str, str] = {}
-        self.em = Emitter(plan, self.names, self.mem, self.lengths)
+        self.em = Emitter(plan, self.names, self.mem, self.lengths, self.length)
         self.scalar_decl: set[str] = set()
         self.safe_lines: list[str] = []
         self.hoisted: list[str] = []

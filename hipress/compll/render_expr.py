@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -202,13 +203,24 @@ _F32 = DType("f32", "float", 32)
 class Emitter:
     """Emits the statements of lambdas and host expressions for one plan."""
 
-    def __init__(self, plan: Plan, names: Names, mem: dict[str, Mem], lengths: dict[str, str]):
+    def __init__(
+        self,
+        plan: Plan,
+        names: Names,
+        mem: dict[str, Mem],
+        lengths: dict[str, str],
+        register: Callable[[ir.Expr], str] | None = None,
+    ):
         self.plan = plan
         self.names = names
         self.mem = mem  # stored / input arrays
         self.lengths = lengths  # repr(length expr) -> C variable
+        self.register = register  # makes the C variable of a length not seen yet
 
     def length(self, e: ir.Expr) -> str:
+        got = self.lengths.get(repr(e))
+        if got is None and self.register is not None:
+            return self.register(e)
         return self.lengths[repr(e)]
 
     # -- lambdas
@@ -236,6 +248,8 @@ class Emitter:
     def expr(self, e: ir.Expr, body: Body, env: dict[str, str]) -> str:
         if isinstance(e, ir.Const):
             return const(e.value, e.dtype)
+        if body.index is not None and _costly(e) and self._invariant(e, env):
+            return self._hoisted(e, body)
         if isinstance(e, ir.Ref):
             if e.name in env:
                 return env[e.name]
@@ -418,6 +432,19 @@ class Emitter:
                         return inner[0] * int(y.value), []
         return None
 
+    def _hoisted(self, e: ir.Expr, body: Body) -> str:
+        """A loop-invariant expression with a costly operation (a constant's ``sqrt``, a
+        division), computed once before the loop instead of per element."""
+        key = ("<hoisted>", repr(e))
+        var = body.memo.get(key)
+        if var is None:
+            host = Body(level=body.level)
+            code = self.expr(e, host, {})
+            var = self.names.fresh("inv")
+            body.hoist += [*host.hoist, *host.lines, f"const {ctype(e.dtype)} {var} = {code};"]
+            body.memo[key] = var
+        return var
+
     def _invariant(self, e: ir.Expr, env: dict[str, str]) -> bool:
         """Whether ``e`` is the same on every iteration (host scalars and constants only)."""
         from hipress.compll.walk import walk
@@ -556,6 +583,17 @@ class Emitter:
             return elem
         zero = const(0, m.dtype)
         return f"hp_sel_{m.dtype.name}((uint64_t){idx} < (uint64_t){m.length}, {elem}, {zero})"
+
+
+def _costly(e: ir.Expr) -> bool:
+    """Whether ``e`` holds an operation worth computing once: a square root or a division."""
+    from hipress.compll.walk import walk
+
+    return any(
+        (isinstance(x, ir.Unary) and x.op == "sqrt")
+        or (isinstance(x, ir.Binary) and x.op in ("div", "mod"))
+        for x in walk(e)
+    )
 
 
 # ---------------------------------------------------------------- body variants

@@ -29,8 +29,10 @@ class SourceFile:
             raise CllError(f"cannot read {path}: {exc}") from None
 
     def line(self, lineno: int) -> str:
-        lines = self.text.splitlines()
-        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+        """Line ``lineno`` (1-based) as the parser counts lines: split at ``\n`` only (not at
+        ``\v``, ``\f``, ``\x85`` or ``\u2028``, which :meth:`str.splitlines` also splits at)."""
+        lines = self.text.split("\n")
+        return lines[lineno - 1].rstrip("\r") if 0 < lineno <= len(lines) else ""
 
 
 @dataclass(frozen=True)
