@@ -46,14 +46,26 @@ def test_out_buffers_are_used_and_accumulate() -> None:
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_decode_sum_is_decode_accumulate_divide(backend: str) -> None:
+def test_an_average_near_the_float32_maximum_stays_finite(backend: str) -> None:
+    """Every decode is divided before the sum, as DDP divides each gradient: two workers'
+    3e38 average to 3e38, not to Inf."""
+    for name in ("bf16", "onebit", "topk"):
+        a = load(name, backend=backend)
+        x = torch.full((1000,), 3e38)
+        p = a.encode(x, a.init_state(1000))
+        got = a.decode_sum([p, p], 1000, divide_by=2)
+        d = a.decode(p, 1000)
+        assert torch.isfinite(got).all() and torch.equal(got, d / 2 + d / 2), name
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_decode_sum_divides_each_decode_then_adds(backend: str) -> None:
     a = load("terngrad", backend=backend)
     n = 5000
     payloads = [a.encode(torch.randn(n), a.init_state(n, seed=k)) for k in range(3)]
-    want = torch.empty(n)
-    for r, p in enumerate(payloads):
-        a.decode(p, n, out=want, accumulate=r > 0)
-    want.div_(3)
+    want = a.decode(payloads[0], n) / 3
+    for p in payloads[1:]:
+        want += a.decode(p, n) / 3
     assert torch.equal(a.decode_sum(payloads, n, divide_by=3), want)
     out = torch.full((n,), 5.0)
     assert a.decode_sum(payloads, n, out=out, divide_by=3) is out  # overwritten, not added to

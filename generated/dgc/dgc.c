@@ -1657,20 +1657,19 @@ static inline int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n
 
 
 
-/* dgc: hp_decode_sum: out = (decode(p[0]) + ... + decode(p[k-1])) / divisor, summed
- * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
- * compute it. A sparse decode (hipress/compll/sparse.py): out is zeroed once, every
- * payload's pairs are added into it in payload order, and one pass adds the flags and divides,
+/* dgc: hp_decode_sum: out = decode(p[0]) / divisor + ... + decode(p[k-1]) / divisor,
+ * in float32 in that order (each decode divided before it is added, as DDP divides each
+ * gradient). A sparse decode (hipress/compll/sparse.py): out is zeroed once, every
+ * payload's pairs, divided, are added into it in payload order, and one pass adds the flags,
  * when no payload repeats an index (checked: ascending, or ascending rotated once); else one
  * whole pass per payload. */
 /* The sparse path, without workspace: out (zeroed first unless acc) += every payload's pairs
- * in payload order, then one pass adds the flags (always when acc: out + (s + flag) turns -0 into
- * +0 where nothing was sent, as the definition does) and divides. Returns 1, touching nothing, if
- * a payload repeats an index (not ascending, nor ascending rotated once): the caller then takes
- * the path with workspace. */
+ * divided by d, in payload order, then one pass adds the flags (always when acc: out + (s +
+ * flag) turns -0 into +0 where nothing was sent, as the definition does; a flag is 0 or NaN, so
+ * divided it is itself). Returns 1, touching nothing, if a payload repeats an index (not
+ * ascending, nor ascending rotated once): the caller then takes the path with workspace. */
 static int hp_sparse_sum(const uint8_t* const* pays, int64_t k, int64_t n, float* const out,
                          float d, int acc, int nt) {
-  const int divide = d != 1.0f;
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
   float flag = 0.0f;
   for (int64_t r = 0; r < k; r++) {
@@ -1699,22 +1698,17 @@ static int hp_sparse_sum(const uint8_t* const* pays, int64_t k, int64_t n, float
     const int64_t c = hp_sparse_fields(pays[r], n, &idx, &val);
     for (int64_t j = 0; j < c; j++) {
       const int64_t xi = (int64_t)idx[j];
-      if ((uint64_t)xi < (uint64_t)n) out[xi] = out[xi] + val[j];
+      if ((uint64_t)xi < (uint64_t)n) out[xi] = out[xi] + val[j] / d;
     }
   }
   const int addflag = acc || flag != 0.0f || flag != flag;
-  if (addflag || divide) {
+  if (addflag) {
     #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
     for (int64_t tb = 0; tb < ntiles; tb++) {
       const int64_t i0 = tb * HP_TILE;
       const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
       #pragma omp simd
-      for (int64_t t = 0; t < tl; t++) {
-        float v = out[i0 + t];
-        if (addflag) v = v + flag;
-        if (divide) v = v / d;
-        out[i0 + t] = v;
-      }
+      for (int64_t t = 0; t < tl; t++) out[i0 + t] = out[i0 + t] + flag;
     }
   }
   return 0;
@@ -1729,9 +1723,9 @@ int hp_decode_sparse(const hp_decsum_args* a, int32_t acc) {
                        hp_nthreads(a->nthreads));
 }
 
+/* the decode's workspace, then a float32 buffer for each further payload's decode */
 int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
-  const int64_t a = hp_decode_ws_bytes(n, nthreads), b = hp_decode_acc_ws_bytes(n, nthreads);
-  return a > b ? a : b;
+  return hp_up64(hp_decode_ws_bytes(n, nthreads)) + 4 * n;
 }
 
 int hp_decode_sum(const hp_decsum_args* a) {
@@ -1742,20 +1736,25 @@ int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
   float* const out = a->out;
   if (a->k < 1) return 1;
+  (void)divide;
   if (hp_sparse_sum((const uint8_t* const*)a->payloads, a->k, n, out, d, 0, nt) == 0) return 0;
+  float* const tmp = (float*)((char*)a->ws + hp_up64(hp_decode_ws_bytes(n, a->nthreads)));
   hp_dec_args b = {n, a->payloads[0], out, a->ws, a->nthreads};
   hp_decode(&b);
-  for (int64_t r = 1; r < a->k; r++) {
-    b.payload = a->payloads[r];
-    hp_decode_acc(&b);
-  }
-  if (divide) {
+  for (int64_t r = 0; r < a->k; r++) {
+    if (r > 0) {
+      b.payload = a->payloads[r];
+      b.out = tmp;
+      hp_decode(&b);
+    }
+    if (!divide && r == 0) continue;
     #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
     for (int64_t tb = 0; tb < ntiles; tb++) {
       const int64_t i0 = tb * HP_TILE;
       const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
       #pragma omp simd
-      for (int64_t t = 0; t < tl; t++) out[i0 + t] = out[i0 + t] / d;
+      for (int64_t t = 0; t < tl; t++)
+        out[i0 + t] = r == 0 ? out[i0 + t] / d : out[i0 + t] + tmp[i0 + t] / d;
     }
   }
   return 0;

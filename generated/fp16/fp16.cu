@@ -552,7 +552,6 @@ typedef struct {
   float* out;
   int64_t k;
   int64_t cont;
-  int64_t divide;
   double divisor;
   const uint8_t* pays[32];
 } hp_dsum_args;
@@ -669,9 +668,9 @@ extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
 
 
 
-/* fp16: hp_decode_sum: out = (decode(pays[0]) + ... + decode(pays[k-1])) / divisor (cont: out +
- * decode(pays[0]) + ...), summed in float32 in that order, element by element: out is written
- * once per launch of up to 32 payloads. */
+/* fp16: hp_decode_sum: out = decode(pays[0]) / divisor + ... + decode(pays[k-1]) / divisor (cont: out +
+ * ...), in float32 in that order, element by element: out is written once per launch of up to
+ * 32 payloads. */
 extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
   const hp_dsum_args* const a = &A;
   const int64_t n = a->n;
@@ -687,9 +686,9 @@ extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
       const uint16_t* const rp_p_h = L1 > 0 ? (const uint16_t*)f_h : (const uint16_t*)hp_zeros;
       const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
       const uint16_t r1 = f_h[i];
-      acc = r == 0 && !a->cont ? hp_f16_to_f32(r1) : acc + hp_f16_to_f32(r1);
+      const float q = (hp_f16_to_f32(r1)) / d;
+      acc = r == 0 && !a->cont ? q : acc + q;
     }
-    if (d != 1.0f && a->divide) acc = acc / d;
     out[i] = acc;
   }
 }

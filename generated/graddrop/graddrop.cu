@@ -2075,8 +2075,8 @@ extern "C" __global__ void hp_decode_acc_4(const hp_dec_args A) {
  * payload: hp_sparse_check (zeroes out where it starts from zero; the payload's flag, added to
  * the running sum of flags, and whether it repeats no index), hp_sparse_scatter (its pairs
  * added into out: in parallel where no index repeats, else by one thread in payload order),
- * hp_sparse_finish (the flags added once, the division). mode 0: decode, 1: decode-accumulate,
- * 2: the sum of payloads (r = 0, 1, ...) divided by `divisor`. */
+ * hp_sparse_finish (the flags added once). mode 0: decode, 1: decode-accumulate, 2: the sum of
+ * payloads (r = 0, 1, ...), each divided by `divisor` (a flag, 0 or NaN, is itself divided). */
 /* graddrop: hp_sparse_fields: where one payload's sent (index, value) pairs are; returns how many
  * (hp_decode_sum adds them up) */
 HP_FN int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n,
@@ -2168,20 +2168,21 @@ extern "C" __global__ void hp_sparse_scatter(const hp_sparse_args A) {
   const int32_t* idx;
   const float* val;
   const int64_t c = hp_sparse_fields(a->payload, n, &idx, &val);
+  const float d = (float)a->divisor;
   if (a->sc[0] != 0) {
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
       const int64_t x = (int64_t)idx[j];
-      if ((uint64_t)x < (uint64_t)n) out[x] = out[x] + val[j];
+      if ((uint64_t)x < (uint64_t)n) out[x] = out[x] + val[j] / d;
     }
   } else if (blockIdx.x == 0 && threadIdx.x == 0) {
-    if (a->mode == 0 || (a->mode == 2 && a->r == 0)) {
-      for (int64_t j = 0; j < c; j++) {  /* from zero: the definition's order */
+    if (a->mode == 0) {
+      for (int64_t j = 0; j < c; j++) {  /* from zero: the definition's order (d == 1) */
         const int64_t x = (int64_t)idx[j];
         if ((uint64_t)x < (uint64_t)n) out[x] = out[x] + val[j];
       }
     } else {
-      /* out + (this payload's decode): each index's values summed from zero in payload order
-         first, then added to out once */
+      /* out + (this payload's decode) / d: each index's values summed from zero in payload
+         order first, then divided and added to out once */
       for (int64_t j = 0; j < c; j++) {
         const int64_t x = (int64_t)idx[j];
         if ((uint64_t)x >= (uint64_t)n) continue;
@@ -2192,7 +2193,7 @@ extern "C" __global__ void hp_sparse_scatter(const hp_sparse_args A) {
         for (int64_t q = j + 1; q < c; q++) {
           if (idx[q] == idx[j]) s = s + val[q];
         }
-        out[x] = out[x] + s;
+        out[x] = out[x] + s / d;
       }
     }
   }
@@ -2204,16 +2205,9 @@ extern "C" __global__ void hp_sparse_finish(const hp_sparse_args A) {
   float* const out = a->out;
   float flag;
   memcpy(&flag, &a->sc[1], sizeof(flag));
-  const float d = (float)a->divisor;
-  const bool addflag = a->mode == 1 || flag != 0.0f || flag != flag;
-  const bool divide = a->mode == 2 && d != 1.0f;
-  if (!addflag && !divide) return;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float v = out[i];
-    if (addflag) v = v + flag;
-    if (divide) v = v / d;
-    out[i] = v;
-  }
+  if (!(a->mode == 1 || flag != 0.0f || flag != flag)) return;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = out[i] + flag;
 }
 
 

@@ -552,7 +552,6 @@ typedef struct {
   float* out;
   int64_t k;
   int64_t cont;
-  int64_t divide;
   double divisor;
   const uint8_t* pays[32];
 } hp_dsum_args;
@@ -767,9 +766,9 @@ extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
 
 
 
-/* int8: hp_decode_sum: out = (decode(pays[0]) + ... + decode(pays[k-1])) / divisor (cont: out +
- * decode(pays[0]) + ...), summed in float32 in that order, element by element: out is written
- * once per launch of up to 32 payloads. */
+/* int8: hp_decode_sum: out = decode(pays[0]) / divisor + ... + decode(pays[k-1]) / divisor (cont: out +
+ * ...), in float32 in that order, element by element: out is written once per launch of up to
+ * 32 payloads. */
 extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
   const hp_dsum_args* const a = &A;
   const int64_t n = a->n;
@@ -794,9 +793,9 @@ extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
       const int8_t r5 = f_q[i];
       const double l4 = (((double)(r5)) * ((double)(l1)));
       const double m6 = hp_sel_f64((-0x1.fffffe0000000p+127 >= l4), -0x1.fffffe0000000p+127, l4);
-      acc = r == 0 && !a->cont ? ((float)(hp_sel_f64((fabsf(l1) < HP_INF_F), hp_sel_f64((0x1.fffffe0000000p+127 <= m6), 0x1.fffffe0000000p+127, m6), l4))) : acc + ((float)(hp_sel_f64((fabsf(l1) < HP_INF_F), hp_sel_f64((0x1.fffffe0000000p+127 <= m6), 0x1.fffffe0000000p+127, m6), l4)));
+      const float q = (((float)(hp_sel_f64((fabsf(l1) < HP_INF_F), hp_sel_f64((0x1.fffffe0000000p+127 <= m6), 0x1.fffffe0000000p+127, m6), l4)))) / d;
+      acc = r == 0 && !a->cont ? q : acc + q;
     }
-    if (d != 1.0f && a->divide) acc = acc / d;
     out[i] = acc;
   }
 }

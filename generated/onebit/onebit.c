@@ -1052,9 +1052,10 @@ int hp_decode_acc(const hp_dec_args* a) {
 
 
 
-/* onebit: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially (hp_decode_sum runs the tiles) */
+/* onebit: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
+ * (hp_decode_sum runs the tiles) */
 static inline void hp_decode_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl) {
+                              const int64_t i0, const int64_t tl, const float hp_d) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   float s_p_pos;
@@ -1077,7 +1078,7 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const uint8_t r2 = unp1[t];
-          out[i] = hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos);
+          out[i] = (hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos)) / hp_d;
         }
   }
 
@@ -1086,9 +1087,10 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
 
 
 
-/* onebit: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially (hp_decode_sum runs the tiles) */
+/* onebit: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
+ * (hp_decode_sum runs the tiles) */
 static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl) {
+                              const int64_t i0, const int64_t tl, const float hp_d) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   float s_p_pos;
@@ -1111,7 +1113,7 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const uint8_t r2 = unp1[t];
-          out[i] = out[i] + hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos);
+          out[i] = out[i] + (hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos)) / hp_d;
         }
   }
 
@@ -1120,9 +1122,9 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
 
 
 
-/* onebit: hp_decode_sum: out = (decode(p[0]) + ... + decode(p[k-1])) / divisor, summed
- * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
- * compute it. Tile by tile: a tile of out stays in cache while every payload adds to it, so
+/* onebit: hp_decode_sum: out = decode(p[0]) / divisor + ... + decode(p[k-1]) / divisor,
+ * in float32 in that order (each decode divided before it is added, as DDP divides each
+ * gradient). Tile by tile: a tile of out stays in cache while every payload adds to it, so
  * out is written once. */
 
 /* hp_decode_sum (acc = 0), or hp_decode_acc of one payload (acc = 1), without workspace where
@@ -1134,6 +1136,7 @@ int hp_decode_sparse(const hp_decsum_args* a, int32_t acc) {
   return 2;
 }
 
+/* the decode's workspace, then a float32 buffer for each further payload's decode */
 int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
   (void)n;
   (void)nthreads;
@@ -1148,16 +1151,13 @@ int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
   float* const out = a->out;
   if (a->k < 1) return 1;
+  (void)divide;
   #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
   for (int64_t tb = 0; tb < ntiles; tb++) {
     const int64_t i0 = tb * HP_TILE;
     const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-    hp_decode_tile(a->payloads[0], out, n, i0, tl);
-    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl);
-    if (divide) {
-      #pragma omp simd
-      for (int64_t t = 0; t < tl; t++) out[i0 + t] = out[i0 + t] / d;
-    }
+    hp_decode_tile(a->payloads[0], out, n, i0, tl, d);
+    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d);
   }
   return 0;
 }

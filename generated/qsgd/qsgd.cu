@@ -552,7 +552,6 @@ typedef struct {
   float* out;
   int64_t k;
   int64_t cont;
-  int64_t divide;
   double divisor;
   const uint8_t* pays[32];
 } hp_dsum_args;
@@ -793,9 +792,9 @@ extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
 
 
 
-/* qsgd: hp_decode_sum: out = (decode(pays[0]) + ... + decode(pays[k-1])) / divisor (cont: out +
- * decode(pays[0]) + ...), summed in float32 in that order, element by element: out is written
- * once per launch of up to 32 payloads. */
+/* qsgd: hp_decode_sum: out = decode(pays[0]) / divisor + ... + decode(pays[k-1]) / divisor (cont: out +
+ * ...), in float32 in that order, element by element: out is written once per launch of up to
+ * 32 payloads. */
 extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
   const hp_dsum_args* const a = &A;
   const int64_t n = a->n;
@@ -820,9 +819,9 @@ extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
       const int64_t ix5 = (fastdiv4 ? hp_fdiv_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) : hp_div_i64(i, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
       const float r6 = hp_sel_f32((uint64_t)ix5 < (uint64_t)L1, rp_p_norm[hp_clampi(ix5, L1)], 0x0.0p+0f);
       const float l3 = (r6 * (((float)(l1)) / 0x1.c000000000000p+2f));
-      acc = r == 0 && !a->cont ? hp_sel_f32((hp_shr_u8(r2, ((uint8_t)3)) == ((uint8_t)1)), (-l3), l3) : acc + hp_sel_f32((hp_shr_u8(r2, ((uint8_t)3)) == ((uint8_t)1)), (-l3), l3);
+      const float q = (hp_sel_f32((hp_shr_u8(r2, ((uint8_t)3)) == ((uint8_t)1)), (-l3), l3)) / d;
+      acc = r == 0 && !a->cont ? q : acc + q;
     }
-    if (d != 1.0f && a->divide) acc = acc / d;
     out[i] = acc;
   }
 }

@@ -552,7 +552,6 @@ typedef struct {
   float* out;
   int64_t k;
   int64_t cont;
-  int64_t divide;
   double divisor;
   const uint8_t* pays[32];
 } hp_dsum_args;
@@ -726,9 +725,9 @@ extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
 
 
 
-/* signsgd: hp_decode_sum: out = (decode(pays[0]) + ... + decode(pays[k-1])) / divisor (cont: out +
- * decode(pays[0]) + ...), summed in float32 in that order, element by element: out is written
- * once per launch of up to 32 payloads. */
+/* signsgd: hp_decode_sum: out = decode(pays[0]) / divisor + ... + decode(pays[k-1]) / divisor (cont: out +
+ * ...), in float32 in that order, element by element: out is written once per launch of up to
+ * 32 payloads. */
 extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
   const hp_dsum_args* const a = &A;
   const int64_t n = a->n;
@@ -747,9 +746,9 @@ extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
       const uint8_t* const rp_p_s = L1 > 0 ? (const uint8_t*)f_s : (const uint8_t*)hp_zeros;
       const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
       const uint8_t r1 = ((uint8_t)((f_s[(i) >> 3] >> (((i) & 7) * 1)) & 1));
-      acc = r == 0 && !a->cont ? hp_sel_f32((r1 == ((uint8_t)1)), (-s_p_scale), s_p_scale) : acc + hp_sel_f32((r1 == ((uint8_t)1)), (-s_p_scale), s_p_scale);
+      const float q = (hp_sel_f32((r1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) / d;
+      acc = r == 0 && !a->cont ? q : acc + q;
     }
-    if (d != 1.0f && a->divide) acc = acc / d;
     out[i] = acc;
   }
 }

@@ -1012,9 +1012,10 @@ int hp_decode_acc(const hp_dec_args* a) {
 
 
 
-/* tbq: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially (hp_decode_sum runs the tiles) */
+/* tbq: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
+ * (hp_decode_sum runs the tiles) */
 static inline void hp_decode_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl) {
+                              const int64_t i0, const int64_t tl, const float hp_d) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   const uint8_t* const f_q = (const uint8_t*)(pay + po0);
@@ -1032,7 +1033,7 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = r3;
-          out[i] = hp_sel_f32((l1 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)));
+          out[i] = (hp_sel_f32((l1 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) / hp_d;
         }
   }
 
@@ -1041,9 +1042,10 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
 
 
 
-/* tbq: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially (hp_decode_sum runs the tiles) */
+/* tbq: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
+ * (hp_decode_sum runs the tiles) */
 static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl) {
+                              const int64_t i0, const int64_t tl, const float hp_d) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   const uint8_t* const f_q = (const uint8_t*)(pay + po0);
@@ -1061,7 +1063,7 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = r3;
-          out[i] = out[i] + hp_sel_f32((l1 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)));
+          out[i] = out[i] + (hp_sel_f32((l1 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) / hp_d;
         }
   }
 
@@ -1070,9 +1072,9 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
 
 
 
-/* tbq: hp_decode_sum: out = (decode(p[0]) + ... + decode(p[k-1])) / divisor, summed
- * in float32 in that order, as hp_decode then hp_decode_acc k-1 times then one division would
- * compute it. Tile by tile: a tile of out stays in cache while every payload adds to it, so
+/* tbq: hp_decode_sum: out = decode(p[0]) / divisor + ... + decode(p[k-1]) / divisor,
+ * in float32 in that order (each decode divided before it is added, as DDP divides each
+ * gradient). Tile by tile: a tile of out stays in cache while every payload adds to it, so
  * out is written once. */
 
 /* hp_decode_sum (acc = 0), or hp_decode_acc of one payload (acc = 1), without workspace where
@@ -1084,6 +1086,7 @@ int hp_decode_sparse(const hp_decsum_args* a, int32_t acc) {
   return 2;
 }
 
+/* the decode's workspace, then a float32 buffer for each further payload's decode */
 int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
   (void)n;
   (void)nthreads;
@@ -1098,16 +1101,13 @@ int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
   float* const out = a->out;
   if (a->k < 1) return 1;
+  (void)divide;
   #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
   for (int64_t tb = 0; tb < ntiles; tb++) {
     const int64_t i0 = tb * HP_TILE;
     const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-    hp_decode_tile(a->payloads[0], out, n, i0, tl);
-    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl);
-    if (divide) {
-      #pragma omp simd
-      for (int64_t t = 0; t < tl; t++) out[i0 + t] = out[i0 + t] / d;
-    }
+    hp_decode_tile(a->payloads[0], out, n, i0, tl, d);
+    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d);
   }
   return 0;
 }

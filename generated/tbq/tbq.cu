@@ -552,7 +552,6 @@ typedef struct {
   float* out;
   int64_t k;
   int64_t cont;
-  int64_t divide;
   double divisor;
   const uint8_t* pays[32];
 } hp_dsum_args;
@@ -722,9 +721,9 @@ extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
 
 
 
-/* tbq: hp_decode_sum: out = (decode(pays[0]) + ... + decode(pays[k-1])) / divisor (cont: out +
- * decode(pays[0]) + ...), summed in float32 in that order, element by element: out is written
- * once per launch of up to 32 payloads. */
+/* tbq: hp_decode_sum: out = decode(pays[0]) / divisor + ... + decode(pays[k-1]) / divisor (cont: out +
+ * ...), in float32 in that order, element by element: out is written once per launch of up to
+ * 32 payloads. */
 extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
   const hp_dsum_args* const a = &A;
   const int64_t n = a->n;
@@ -741,9 +740,9 @@ extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
       const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
       const uint8_t r2 = ((uint8_t)((f_q[(i) >> 2] >> (((i) & 3) * 2)) & 3));
       const uint8_t l1 = r2;
-      acc = r == 0 && !a->cont ? hp_sel_f32((l1 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f))) : acc + hp_sel_f32((l1 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)));
+      const float q = (hp_sel_f32((l1 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l1 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) / d;
+      acc = r == 0 && !a->cont ? q : acc + q;
     }
-    if (d != 1.0f && a->divide) acc = acc / d;
     out[i] = acc;
   }
 }

@@ -552,7 +552,6 @@ typedef struct {
   float* out;
   int64_t k;
   int64_t cont;
-  int64_t divide;
   double divisor;
   const uint8_t* pays[32];
 } hp_dsum_args;
@@ -851,9 +850,9 @@ extern "C" __global__ void hp_decode_acc_0(const hp_dec_args A) {
 
 
 
-/* terngrad: hp_decode_sum: out = (decode(pays[0]) + ... + decode(pays[k-1])) / divisor (cont: out +
- * decode(pays[0]) + ...), summed in float32 in that order, element by element: out is written
- * once per launch of up to 32 payloads. */
+/* terngrad: hp_decode_sum: out = decode(pays[0]) / divisor + ... + decode(pays[k-1]) / divisor (cont: out +
+ * ...), in float32 in that order, element by element: out is written once per launch of up to
+ * 32 payloads. */
 extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
   const hp_dsum_args* const a = &A;
   const int64_t n = a->n;
@@ -877,9 +876,9 @@ extern "C" __global__ void hp_decode_sum(const hp_dsum_args A) {
       const float s_gap_1 = ((s_p_hi - s_p_lo) / 0x1.8000000000000p+1f);
       const uint8_t r2 = ((uint8_t)((f_q[(i) >> 2] >> (((i) & 3) * 2)) & 3));
       const uint8_t l1 = r2;
-      acc = r == 0 && !a->cont ? (s_p_lo + (((float)(l1)) * s_gap_1)) : acc + (s_p_lo + (((float)(l1)) * s_gap_1));
+      const float q = ((s_p_lo + (((float)(l1)) * s_gap_1))) / d;
+      acc = r == 0 && !a->cont ? q : acc + q;
     }
-    if (d != 1.0f && a->divide) acc = acc / d;
     out[i] = acc;
   }
 }

@@ -32,6 +32,7 @@ __all__ = [
     "encode_reporting",
     "init_chunk_states",
     "rank_seed",
+    "recompressible",
     "resolve_algorithm",
 ]
 
@@ -127,6 +128,42 @@ def resolve_algorithm(
     if params:
         raise CaSyncError("params are only accepted with an algorithm name, not an object")
     return algorithm
+
+
+RECOMPRESS_VARIANCE_MAX = 4.0  # the error of compressing twice, against once, in variance
+_RECOMPRESSIBLE: dict[str, bool] = {}
+
+
+def recompressible(alg: CompressionAlgorithm) -> bool:
+    """Whether compressing a decoded payload again (a PS server, each ring hop) keeps the error
+    near that of compressing once: the mean squared error of decode(encode(decode(encode(g))))
+    against g, over a few random g of 16K elements, at most ``RECOMPRESS_VARIANCE_MAX`` times
+    that of decode(encode(g)). Quantisers and error-feedback sparsifiers are (their decodes
+    re-encode almost exactly); an unbiased random sparsifier (randomk: n/k times the variance
+    again) is not. Measured once per algorithm digest, on the CPU."""
+    key = str(getattr(alg, "digest", "")) or f"{alg.name}{dict(alg.params)}"
+    if key in _RECOMPRESSIBLE:
+        return _RECOMPRESSIBLE[key]
+    probe: Any = alg
+    program = getattr(alg, "program", None)
+    if program is not None:  # the reference on CPU tensors, whatever the algorithm's backend
+        from hipress.compll import Algorithm
+        from hipress.compll.algorithm import ReferenceBackend
+
+        probe = Algorithm(program, ReferenceBackend(program))
+    n, once, twice = 1 << 14, 0.0, 0.0
+    try:
+        for t in range(8):
+            g = torch.randn(n, generator=torch.Generator().manual_seed(t))
+            y1 = probe.decode(probe.encode(g, probe.init_state(n, seed=t + 1)), n)
+            y2 = probe.decode(probe.encode(y1, probe.init_state(n, seed=t + 101)), n)
+            once += float((y1 - g).square().sum())
+            twice += float((y2 - g).square().sum())
+    except Exception:
+        return True
+    ok = twice <= RECOMPRESS_VARIANCE_MAX * once + 1e-30
+    _RECOMPRESSIBLE[key] = ok
+    return ok
 
 
 def rank_seed(seed: int, rank: int) -> int:

@@ -5,22 +5,34 @@ The default rule (no plan): tensors of fewer than ``min_compress_numel`` element
 compressed and go, batched, into one allreduce per bucket; larger ones are compressed with the PS
 strategy (compressed scatter-reduce + all-gather) in ``ceil(numel / partition_numel)``
 partitions, at most ``max_partitions``.
+
+PS and the ring compress an aggregate again (the server's shard, each hop's partial sum). An
+algorithm that does not survive that (:func:`~hipress.casync.algorithm.recompressible`: randomk,
+an unbiased random sparsifier, multiplies its variance by n/k) is planned with the all-gather by
+the default rule and by ``plan="auto"``; an explicit plan that asks otherwise is run, with a
+warning that says why and what to change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hipress.casync.algorithm import CompressionAlgorithm
+from hipress.casync.algorithm import CompressionAlgorithm, recompressible
 from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.secopa.planner import PlannerConfig
 from hipress.secopa.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.runtime import check_plan as check_plan_fits_model
 
 __all__ = ["DefaultRule", "resolve_plan"]
+
+log = logging.getLogger(__name__)
+_TWICE = (Strategy.PS, Strategy.RING)
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,11 @@ def _default_plan(
         )
         return Plan("none", {}, world_size, entries)
     entries = tuple(rule.entry(n, k, world_size) for n, k in named_numels)
+    if not recompressible(algorithm):
+        entries = tuple(
+            dataclasses.replace(e, strategy=Strategy.ALLGATHER) if e.strategy in _TWICE else e
+            for e in entries
+        )
     return Plan(algorithm.name, dict(algorithm.params), world_size, entries)
 
 
@@ -81,7 +98,10 @@ def _auto_plan(
     # plans on rank 0 and broadcasts, so every rank returns the same plan.
     if algorithm is None:
         raise PlanError("plan='auto' needs a compression algorithm")
-    return auto_plan(algorithm, named_numels, world_size, group=group, device=device)
+    config = None if recompressible(algorithm) else PlannerConfig(strategies=(Strategy.ALLGATHER,))
+    return auto_plan(
+        algorithm, named_numels, world_size, group=group, device=device, config=config
+    )
 
 
 def check_plan(
@@ -108,6 +128,15 @@ def check_plan(
             f"plan parameters {wrong} differ from the algorithm's {dict(have)}; "
             "make the plan for the same parameters"
         )
+    twice = [e.name for e in compressed if e.strategy in _TWICE]
+    if twice and not recompressible(algorithm):
+        log.warning(
+            "%s loses accuracy when compressed twice, which the plan's PS/ring tensors (%s%s) "
+            "do at the server or at each hop (for randomk: n/k times the variance); plan them "
+            "with the all-gather (the default rule and plan='auto' do, or `hipress plan "
+            "--strategies allgather`)",
+            algorithm.name, twice[0], f" and {len(twice) - 1} more" if len(twice) > 1 else "",
+        )  # fmt: skip
     for e in compressed:
         if e.strategy is Strategy.RING and world_size < 2:
             raise PlanError(f"{e.name}: the ring strategy needs at least 2 workers")

@@ -74,15 +74,25 @@ def decode_sum_by_parts(
     out: torch.Tensor,
     divisor: float,
 ) -> None:
-    """``decode_sum`` as one decode, ``len(payloads) - 1`` accumulating decodes and one
-    division: the definition of what every backend's ``decode_sum`` computes, and how the
-    backends without a fused kernel run it."""
+    """``decode_sum`` payload by payload: each decoded into float32, divided by ``divisor``,
+    and added to the sum of the ones before, in order (the first is the start): the definition
+    of what every backend's ``decode_sum`` computes, and how the backends without a fused
+    kernel run it. Dividing each decode first, like DDP divides each gradient before the sum,
+    keeps a sum of N values near the float32 maximum finite."""
+    # a float32 division by float32(divisor) on every device (CUDA divides by a Python number
+    # as a multiplication by its reciprocal)
+    div = torch.full((), divisor, dtype=torch.float32, device=out.device)
+    tmp = None
     for r, p in enumerate(payloads):
-        backend.decode(p, n, out, r > 0)
-    if divisor != 1:
-        # a float32 division by float32(divisor) on every device (CUDA divides by a Python
-        # number as a multiplication by its reciprocal)
-        out.div_(torch.full((), divisor, dtype=torch.float32, device=out.device))
+        if r == 0:
+            target = out
+        else:
+            tmp = target = tmp if tmp is not None else torch.empty_like(out)
+        backend.decode(p, n, target, False)
+        if divisor != 1:
+            target.div_(div)
+        if r > 0:
+            out.add_(target)
 
 
 class ReferenceBackend:
@@ -279,10 +289,11 @@ class Algorithm:
         out: torch.Tensor | None = None,
         divide_by: float = 1,
     ) -> torch.Tensor:
-        """The sum of several payloads' decodes of ``n`` floats, divided by ``divide_by``:
-        ``(decode(p[0]) + decode(p[1]) + ...) / divide_by``, added in float32 in that order
-        (exactly what :meth:`decode`, then :meth:`decode` with ``accumulate`` for each further
-        payload, then one ``div_`` give in float32), rounded once to ``out``'s dtype.
+        """The sum of several payloads' decodes of ``n`` floats, each divided by
+        ``divide_by``: ``decode(p[0]) / divide_by + decode(p[1]) / divide_by + ...``, in
+        float32, in that order (:func:`decode_sum_by_parts`), rounded once to ``out``'s dtype.
+        Each decode is divided before the sum, as DDP divides each gradient: N workers'
+        values near the float32 maximum average to a finite value.
 
         Averaging N workers' payloads this way writes ``out`` once: where the backend can
         (a decode that is one map over its output, C backend), each tile of ``out`` stays in

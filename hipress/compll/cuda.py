@@ -285,7 +285,7 @@ class CudaBackend:
                 for c, chunk in enumerate(chunks):
                     args = self._pack(STRUCTS["dsum"], {
                         "n": n, "out": out.data_ptr(), "k": len(chunk), "cont": int(c > 0),
-                        "divide": int(c == len(chunks) - 1), "divisor": float(divisor),
+                        "divisor": float(divisor),
                         "pays": [p.data_ptr() for p in chunk],
                     })  # fmt: skip
                     self._launch("hp_decode_sum", STRUCTS["dsum"], args, grid, device)

@@ -50,8 +50,7 @@ def struct_fields(kind: str, nstate: int = 0, nws: int = 0) -> tuple[Field, ...]
     if kind == "dsum":
         return (
             Field("n", "int64_t", "q"), Field("out", "float*"), Field("k", "int64_t", "q"),
-            Field("cont", "int64_t", "q"), Field("divide", "int64_t", "q"),
-            Field("divisor", "double", "d"), Field("pays", "const uint8_t*", "Q", SUM_PAYLOADS),
+            Field("cont", "int64_t", "q"), Field("divisor", "double", "d"), Field("pays", "const uint8_t*", "Q", SUM_PAYLOADS),
         )  # fmt: skip
     if kind == "sparse":
         return (

@@ -73,7 +73,8 @@ def tileable(plan: Plan) -> bool:
 class CFunction(Stages):
     """Renders one plan (encode, decode or decode-accumulate) as a C function; with ``tile``
     (a :func:`tileable` decode only), as a serial function of one tile of the output, taking
-    ``pay``, ``out``, ``n``, ``i0`` and ``tl``."""
+    ``pay``, ``out``, ``n``, ``i0``, ``tl`` and ``hp_d``, by which it divides each value it
+    stores or adds (``hp_decode_sum``: every decode divided before the sum)."""
 
     reports_nonfinite = True  # hp_enc_args.nonfinite (hipress/compll/finite.py)
 
@@ -485,7 +486,9 @@ class CFunction(Stages):
                 stores.append(f"{buf}[t] = {v};")
                 packs.append((buf, ptr, t.bits))
             elif tg.kind == "outacc":
-                stores.append(f"out[i] = out[i] + {v};")
+                stores.append(f"out[i] = out[i] + {self._scaled(v)};")
+            elif tg.kind == "out" and self.tile:
+                stores.append(f"out[i] = {self._scaled(v)};")
             elif t.dtype.is_bool:
                 stores.append(f"{ptr}[i] = (uint8_t)({v});")
             elif t.dtype.name == "f16" and v.startswith("hp_f32_to_f16(") and _balanced(v):
@@ -497,6 +500,10 @@ class CFunction(Stages):
                 stores.append(f"{ptr}[i] = hp_canon_{t.dtype.name}({v});")
             else:
                 stores.append(f"{ptr}[i] = {v};")
+
+    def _scaled(self, v: str) -> str:
+        """A decoded value as a tile function stores it: divided by ``hp_d``."""
+        return f"({v}) / hp_d" if self.tile else v
 
     def _tile_pre(self, body: Body) -> list[str]:
         pre: list[str] = list(body.tile_pre)
