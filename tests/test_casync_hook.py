@@ -345,7 +345,9 @@ def _dead_peer(rank: int, world_size: int, how: str, pg_timeout: float) -> tuple
         plan = Plan(plan.algorithm, {}, world_size, tuple(
             TensorPlan(e.name, e.numel, True, RING, 1) for e in plan.entries
         ))  # fmt: skip
-    register(ddp, "terngrad", plan=plan)
+    warm = how.startswith("warmup-")  # still in the uncompressed warm-up steps
+    how = how.removeprefix("warmup-")
+    register(ddp, "terngrad", plan=plan, warmup_steps=10 if warm else 0)
     first = 0 if how == "first" else 2  # "first": gone before the first step's config check
     for step in range(first):
         _step(ddp, rank, step, torch.float32)
@@ -359,7 +361,9 @@ def _dead_peer(rank: int, world_size: int, how: str, pg_timeout: float) -> tuple
     return time.monotonic() - t, f"{type(info.value).__name__}: {info.value}"
 
 
-@pytest.mark.parametrize("how", ["exit", "stall", "first", "ring-exit", "ring-stall"])
+@pytest.mark.parametrize(
+    "how", ["exit", "stall", "first", "ring-exit", "ring-stall", "warmup-exit", "warmup-stall"]
+)
 def test_dead_peer_fails_the_step_within_the_timeout(how: str) -> None:
     pg_timeout = 4.0
     results = run_workers(_dead_peer, 3, how, pg_timeout, pg_timeout=pg_timeout, timeout=60)
@@ -367,6 +371,46 @@ def test_dead_peer_fails_the_step_within_the_timeout(how: str) -> None:
     for elapsed, msg in results[:2]:
         assert elapsed < pg_timeout + 4, (elapsed, msg)
         assert msg.startswith("CommError: CaSync: ") and "peer may have exited" in msg, msg
+
+
+class _Broken:
+    """An algorithm whose decode fails on this rank (a corrupt kernel library, say)."""
+
+    def __init__(self) -> None:
+        from hipress.compll import load
+
+        self._alg = load("onebit", backend="reference")
+        self.name, self.params, self.digest = "broken", {}, "broken"
+
+    def payload_nbytes(self, n: int) -> int:
+        return self._alg.payload_nbytes(n)
+
+    def init_state(self, n: int, device=None, seed: int = 0, tensor_id: int = 0):  # type: ignore[no-untyped-def]
+        return self._alg.init_state(n, device, seed, tensor_id)
+
+    def encode(self, grad, state, out=None):  # type: ignore[no-untyped-def]
+        return self._alg.encode(grad, state, out)
+
+    def decode(self, payload, n, out=None, accumulate=False):  # type: ignore[no-untyped-def]
+        raise OSError("libkernel.so: invalid ELF header")
+
+
+def _local_failure(rank: int, world_size: int) -> str:
+    model = _model(0)
+    ddp = _ddp(model)
+    plan = Plan("broken", {}, world_size, tuple(
+        TensorPlan(n, p.numel(), True, AG, 1) for n, p in model.named_parameters()
+    ))  # fmt: skip
+    register(ddp, _Broken(), plan=plan)
+    with pytest.raises(CaSyncError) as info:
+        _step(ddp, rank, 0, torch.float32)
+    return f"{type(info.value).__name__}: {info.value}"
+
+
+def test_a_local_failure_is_not_reported_as_the_network() -> None:
+    for msg in run_workers(_local_failure, 2, timeout=60):
+        assert msg.startswith("CaSyncError: CaSync: decoding failed on this rank (OSError: "
+                              "libkernel.so: invalid ELF header)"), msg  # fmt: skip
 
 
 # ---- SeCoPa plans -----------------------------------------------------------------------------

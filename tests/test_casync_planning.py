@@ -60,3 +60,25 @@ def test_partitions_must_leave_a_shard_per_worker() -> None:
     plan = Plan("terngrad", {}, 4, (TensorPlan("a", 10, True, Strategy.PS, 3),))
     with pytest.raises(PlanError, match="lower its partitions"):
         resolve_plan(plan, load("terngrad"), [("a", 10)], 4)
+
+
+def test_randomk_is_never_compressed_twice_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    """randomk scales by n/k: a PS server or a ring hop compressing the aggregate again
+    multiplies its variance by n/k (94x the error measured). The default rule gives it the
+    all-gather; an explicit PS plan runs, with a warning that says why."""
+    from hipress.casync.algorithm import recompressible
+    from hipress.casync.planning import resolve_plan
+    from hipress.compll import algorithms, load
+
+    assert [a for a in algorithms() if not recompressible(load(a))] == ["randomk"]
+    named = [("w", 1 << 20), ("b", 100)]
+    plan = resolve_plan(None, load("randomk"), named, 4)
+    assert [e.strategy for e in plan.entries] == [Strategy.ALLGATHER, Strategy.ALLREDUCE]
+    assert resolve_plan(None, load("topk"), named, 4).entries[0].strategy is Strategy.PS
+    explicit = Plan("randomk", dict(load("randomk").params), 4, (
+        TensorPlan("w", 1 << 20, True, Strategy.PS, 1),
+        TensorPlan("b", 100, False, Strategy.ALLREDUCE, 1),
+    ))  # fmt: skip
+    with caplog.at_level("WARNING"):
+        resolve_plan(explicit, load("randomk"), named, 4)
+    assert "randomk loses accuracy when compressed twice" in caplog.text

@@ -18,6 +18,7 @@ last bucket's call returns once every bucket of the step is synchronised.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import json
@@ -36,6 +37,7 @@ from hipress.casync.algorithm import CompressionAlgorithm, init_chunk_states, re
 from hipress.casync.bulk import BucketSchedule, Workspace, build_schedule
 from hipress.casync.errors import CaSyncError, CommError, ConfigMismatchError
 from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.casync.ring import RingDriver
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies import BucketOp, SyncContext, all_gather
 from hipress.secopa.plan import Plan
@@ -47,6 +49,20 @@ logger = logging.getLogger(__name__)
 _FORMAT = "hipress.casync/1"
 _DIGEST_BYTES = 16
 _NOTE_BYTES = 512
+
+
+# every live state's ring driver, closed and joined when the interpreter exits: a daemon thread
+# still running then, or a hop still pending when the process group goes, aborts the process
+_RINGS: weakref.WeakSet[RingDriver] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_rings() -> None:
+    rings = list(_RINGS)
+    for ring in rings:
+        ring.close()
+    for ring in rings:
+        ring.join(timeout=120)
 
 
 def _as_error(exc: BaseException) -> CaSyncError:
@@ -180,12 +196,15 @@ class CaSyncState:
             stats=self.stats,
             check_finite=self.check_finite,
         )
-        # the ring's thread ends with this state (it holds the driver, never the state)
+        # the ring's thread ends with this state (it holds the driver, never the state), and
+        # at the latest when the interpreter exits
         weakref.finalize(self, self._ctx.ring.close)
+        _RINGS.add(self._ctx.ring)
         self._param_names: dict[int, str] = {}
         self._cache: dict[tuple[Any, ...], tuple[BucketSchedule, Workspace, int]] = {}
         self._pending: list[BucketOp] = []
         self._inflight: list[BucketOp] = []  # this step's buckets
+        self._warm: list[torch.futures.Future[torch.Tensor]] = []  # this warm-up step's
         self._agreed = False
         self._step = 0
         self._lock = threading.Lock()
@@ -347,8 +366,17 @@ class CaSyncState:
                     ) from exc
             if self._step < self.warmup_steps:
                 fut = self._allreduce_bucket(buffer, last)
+                self._warm.append(fut)
                 if last:
+                    warm, self._warm = self._warm, []
                     self._end_step()
+                    for f in warm:  # raise a failure as the CommError it is (see below)
+                        try:
+                            f.wait()
+                        except Exception as exc:
+                            cause = exc.__cause__ or exc
+                            msg = str(cause).split("CommError: ", 1)[-1]
+                            raise CommError(msg if "CaSync" in msg else f"CaSync: {msg}") from exc
                 return fut
             earlier, self._pending = self._pending, []
             op: BucketOp | None = None
@@ -370,10 +398,13 @@ class CaSyncState:
                 elif op.deferred:
                     self._pending.append(op)
             except BaseException as exc:
-                # fail every bucket of the step, so no future is left waiting forever
+                # fail every bucket of the step, so no future is left waiting forever, and let
+                # nothing it issued stay pending (see BucketOp.drain)
                 err = op.fail(exc) if op is not None else _as_error(exc)
                 for other in self._inflight:
                     other.fail(err)
+                for other in self._inflight:
+                    other.drain()
                 self._inflight = []
                 self.stats.abandon_step()
                 raise err from exc
@@ -467,7 +498,8 @@ class CaSyncState:
 
     def __getstate__(self) -> dict[str, Any]:
         runtime = (
-            "process_group", "_ctx", "_param_names", "_cache", "_pending", "_inflight", "_lock"
+            "process_group", "_ctx", "_param_names", "_cache", "_pending", "_inflight", "_lock",
+            "_warm",
         )  # fmt: skip
         d = {k: v for k, v in self.__dict__.items() if k not in (*runtime, "_agreed", "_step")}
         if self._spec is not None:

@@ -205,6 +205,7 @@ def _ring_round(
             dist.P2POp(dist.irecv, blocks[into], group=group, tag=tag, group_peer=left),
         ]))  # fmt: skip
         hops[s] = hops[into] = done
+        op.works.append(done)  # (drained after a failure)
         return done, time.perf_counter()
 
     # reduce-scatter, hop 0: encode my own shard r-1

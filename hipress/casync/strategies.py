@@ -108,7 +108,15 @@ class SyncContext:
         with self.codec_lock:
             waited = time.perf_counter() - t
             self.stats.add(codec_wait_ms=waited, **{figure: -waited})
-            yield
+            try:
+                yield
+            except CaSyncError:
+                raise
+            except Exception as exc:  # this rank's own failure, not the network's
+                what = "encoding" if figure == "encode_ms" else "decoding"
+                raise CaSyncError(
+                    f"CaSync: {what} failed on this rank ({type(exc).__name__}: {exc})"
+                ) from exc
 
 
 class BucketOp:
@@ -154,6 +162,7 @@ class BucketOp:
         self._remaining = (1 if schedule.allreduce_ranges else 0) + len(schedule.rounds)
         self._done = False
         self._ps_pending: list[tuple[int, dist.Work, float, list[float]]] = []
+        self.works: list[Any] = []  # every collective (and ring hop) issued: drain() waits
         self._check = False  # look for NaN/Inf in this bucket's compressed chunks
         self._bucket_bad = True  # (host flags, ring rounds) the bucket holds NaN/Inf
 
@@ -212,6 +221,24 @@ class BucketOp:
         self.ctx.stats.abandon_step()
         self.future.set_exception(err)
         return err
+
+    def _issued(self, work: Any) -> Any:
+        self.works.append(work)
+        return work
+
+    def drain(self) -> None:
+        """Wait for every collective and ring hop this operation issued that has not completed,
+        ignoring their errors: after a failure, nothing of it may still be pending when the
+        process group is destroyed (gloo aborts the process then, losing its exit status), nor
+        run a callback during interpreter shutdown."""
+        works, self.works = self.works, []
+        for w in works:
+            try:
+                if hasattr(w, "is_completed") and w.is_completed():
+                    continue
+                w.wait()
+            except Exception:
+                pass
 
     def _callback(self, what: str, fn: Any, *args: Any) -> Any:
         """A completion callback running ``fn(*args)`` once the collective succeeded, turning
@@ -273,7 +300,7 @@ class BucketOp:
         # divide first, like DDP, so low-precision sums do not overflow
         flat.div_(self.ctx.world_size)
         t = time.perf_counter()
-        work = dist.all_reduce(flat, group=group, async_op=True)
+        work = self._issued(dist.all_reduce(flat, group=group, async_op=True))
         self.ctx.stats.add(collectives=1, bytes_sent=flat.numel() * flat.element_size())
         work.get_future().add_done_callback(
             self._callback("allreduce", self._finish_allreduce, flat, t)
@@ -321,7 +348,7 @@ class BucketOp:
             FlagMode.reset(state, flags[-1])
         FlagMode.write(send[rnd.flags_offset :], flags)
         t_issue = time.perf_counter()
-        work = all_gather(self.ws.recv[i], send, group=group, async_op=True)
+        work = self._issued(all_gather(self.ws.recv[i], send, group=group, async_op=True))
         ctx.stats.add(encode_ms=t_issue - t, collectives=1, bytes_sent=send.numel())
         work.get_future().add_done_callback(
             self._callback("allgather", self._finish_allgather, i, t_issue)
@@ -370,7 +397,9 @@ class BucketOp:
                 FlagMode.reset(state, bad)
         FlagMode.write(blocks[:, rnd.flags_offset :], flags)
         t_issue = time.perf_counter()
-        work = dist.all_to_all_single(self.ws.recv[i], self.ws.send[i], group=group, async_op=True)
+        work = self._issued(
+            dist.all_to_all_single(self.ws.recv[i], self.ws.send[i], group=group, async_op=True)
+        )
         done = [t_issue]
         work.get_future().add_done_callback(lambda _f: done.__setitem__(0, time.perf_counter()))
         ctx.stats.add(encode_ms=t_issue - t, collectives=1, bytes_sent=self.ws.send[i].numel())
@@ -414,7 +443,7 @@ class BucketOp:
             t_enc += time.perf_counter() - t0
         FlagMode.write(own[rnd.flags_offset :], flags)
         t_issue = time.perf_counter()
-        work = all_gather(self.ws.send[i], own, group=group, async_op=True)
+        work = self._issued(all_gather(self.ws.send[i], own, group=group, async_op=True))
         ctx.stats.add(
             encode_ms=t_enc,
             decode_ms=t_issue - t - t_enc,

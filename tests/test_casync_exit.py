@@ -1,0 +1,64 @@
+"""After a peer dies, the survivors raise CommError, and a script that catches it and exits
+keeps its own exit status: nothing CaSync issued is still pending when the interpreter shuts
+down (gloo aborts a process whose group still has work pending then: SIGABRT, status 134)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import datetime, os, sys, torch, torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from hipress.casync import CommError, register
+    from hipress.secopa.plan import Plan, Strategy, TensorPlan
+
+    rank, world, strategy, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=5))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10))
+    ddp = DDP(model)
+    s = Strategy(strategy)
+    plan = Plan("terngrad", {}, world, tuple(
+        TensorPlan(n, p.numel(), p.numel() >= 4 * world, s if p.numel() >= 4 * world
+                   else Strategy.ALLREDUCE, 1) for n, p in model.named_parameters()))
+    register(ddp, "terngrad", plan=plan, log_every=0)
+    x = torch.randn(32, 64)
+    for step in range(100):
+        if step == 3 and rank == world - 1:
+            os._exit(0)  # gone without a word
+        try:
+            ddp(x).square().mean().backward()
+        except CommError:
+            sys.exit(3)
+""")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("strategy", ["allgather", "ring"])
+def test_survivors_keep_their_exit_status(strategy: str, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for _ in range(2):
+        port = str(_port())
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), "4", strategy, port],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for r in range(4)]  # fmt: skip
+        codes = [p.wait(timeout=120) for p in procs]
+        outs = [p.stdout.read().decode(errors="replace")[-2000:] for p in procs]  # type: ignore[union-attr]
+        assert codes == [3, 3, 3, 0], (codes, outs)
