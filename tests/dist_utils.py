@@ -130,7 +130,15 @@ def run_workers(
             ctx.Process(
                 target=_worker_main,
                 args=(
-                    fn, r, world_size, store.port, outdir, pg_timeout, threads, backend, args,
+                    fn,
+                    r,
+                    world_size,
+                    store.port,
+                    outdir,
+                    pg_timeout,
+                    threads,
+                    backend,
+                    args,
                     kwargs,
                 ),
                 name=f"rank{r}",

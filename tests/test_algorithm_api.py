@@ -106,6 +106,43 @@ def test_state_dict_roundtrip_and_pickle() -> None:
     assert isinstance(pickle.loads(pickle.dumps(st)), State)
 
 
+def test_damaged_state_dicts_are_refused_and_change_nothing() -> None:
+    a = load("dgc", backend="reference")
+    st = a.init_state(50, seed=3)
+    a.encode(torch.randn(50), st)
+    good = st.state_dict()
+    name = next(k for k, v in good["tensors"].items() if v.dtype == torch.float32)
+    before = {k: v.clone() for k, v in st.tensors.items()}
+    bad = [
+        ([], "a state dict is a dict, got list"),
+        ({**good, "step": -1}, "`step` must be an integer >= 0, got -1"),
+        ({**good, "seed": 1.5}, "`seed` must be an integer >= 0, got 1.5"),
+        ({**good, "n": True}, "`n` must be an integer >= 0, got True"),
+        ({**good, "tensors": None}, "`tensors` must be a dict of tensors"),
+        ({**good, "tensors": {}}, "state entries do not match"),
+        (
+            {**good, "tensors": {**good["tensors"], name: torch.zeros(49)}},
+            f"state entry `{name}` has shape (49,), this tensor's has (50,)",
+        ),
+        (
+            {**good, "tensors": {**good["tensors"], name: [0.0] * 50}},
+            f"state entry `{name}` has shape list",
+        ),
+        (
+            {**good, "tensors": {**good["tensors"], name: torch.zeros(50, dtype=torch.int64)}},
+            f"state entry `{name}` is torch.int64, this tensor's is torch.float32",
+        ),
+    ]
+    for sd, msg in bad:
+        with pytest.raises(ValueError) as info:
+            st.load_state_dict(sd)  # type: ignore[arg-type]
+        assert msg in str(info.value)
+        assert st.step == 1 and all(torch.equal(before[k], v) for k, v in st.tensors.items())
+    half = {k: v.half() if v.is_floating_point() else v for k, v in good["tensors"].items()}
+    half = {**good, "tensors": half}
+    st.load_state_dict(half)  # a floating checkpoint of another precision loads
+
+
 def test_stochastic_rounding_depends_on_step_seed_and_tensor() -> None:
     a = load("terngrad", backend="reference")
     g = torch.randn(1000)

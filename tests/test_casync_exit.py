@@ -49,7 +49,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("strategy", ["allgather", "ring"])
+@pytest.mark.parametrize("strategy", ["allgather", "ring", "ps"])
 def test_survivors_keep_their_exit_status(strategy: str, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

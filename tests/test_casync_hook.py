@@ -270,6 +270,31 @@ def _pickle_and_validate(rank: int, world_size: int) -> None:
     sd["rank"] = 1 - rank
     with pytest.raises(CaSyncError, match="load each rank's own"):
         state.load_state_dict(sd)
+    # a damaged checkpoint is refused whole, naming the rank and the entry; nothing changes
+    before = {k: s.state_dict() for k, s in state.worker_states.items()}
+    sd = state.state_dict()
+    first, last = sorted(sd["worker"])[0], sorted(sd["worker"])[-1]
+    sd["worker"][first]["step"] = 7
+    sd["worker"][last]["tensors"] = {"e": torch.zeros(3)}  # terngrad keeps no tensors
+    with pytest.raises(CaSyncError, match=rf"rank {rank}: state `{last}`: state entries do not"):
+        state.load_state_dict(sd)
+    assert state.worker_states[first].step == before[first]["step"] == 1
+    with pytest.raises(CaSyncError, match="`step` must be an integer >= 0, got -2"):
+        state.load_state_dict({**state.state_dict(), "step": -2})
+    with pytest.raises(CaSyncError, match=f"rank {rank}: damaged CaSync state dict: no worker"):
+        state.load_state_dict({k: v for k, v in state.state_dict().items() if k != "worker"})
+    # options say what they take
+    for kwargs, msg in [
+        ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+        ({"log_every": "10"}, "log_every must be an integer >= 0"),
+        ({"check_finite": 1}, "check_finite must be True or False"),
+        ({"plan": "AUTO"}, "plan='auto'"),
+        ({"plan": 3}, "plan must be a Plan, a path"),
+        ({"params_schedule": "0:0.1"}, "params_schedule must be a list of"),
+        ({"params": 2}, "params must be a dict"),
+    ]:
+        with pytest.raises(CaSyncError, match=msg):
+            CaSyncState("terngrad", named_parameters=model.named_parameters(), **kwargs)
     # plans and algorithms that do not fit are refused before training
     wrong_world = Plan(plan.algorithm, {}, world_size + 1, plan.entries)
     with pytest.raises(PlanError, match="workers"):

@@ -158,6 +158,9 @@ def test_param_values_validated() -> None:
         ({"ratio": float("inf")}, "`ratio` = inf is outside its allowed values [0.0, 1.0]"),
         ({"bits": True}, "`bits` must be an integer (u32), got True (allowed values {1, 2, 4, 8})"),
         ({"nope": 1}, "unknown parameter `nope` (this algorithm's parameters: bits, flag, ratio)"),
+        ({"bits": float("inf")}, "`bits` must be an integer (u32), got inf"),
+        ({"bits": float("nan")}, "`bits` must be an integer (u32), got nan"),
+        ({"ratio": 10**400}, "`ratio` is a 401-digit integer, beyond the float range"),
     ]
     for params, msg in cases:
         with pytest.raises(CllParamError) as info:

@@ -289,6 +289,37 @@ def test_a_plan_for_another_model_is_rejected_clearly() -> None:
     check_plan(plan, named, world_size=4)  # the right model passes
 
 
+def test_damaged_plan_files_get_a_plan_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    good = json.loads(plan_named([("a", 4096)], _gpu_profile(), 2).to_json())
+    entry = good["entries"][0]
+    cases = [
+        ("[]", "not an object with a list of `entries`"),
+        ('{"entries": 3}', "not an object with a list of `entries`"),
+        ("{" * 100_000, "nested too deeply|not valid JSON"),
+        ("nope", "not valid JSON"),
+        (json.dumps({**good, "world_size": 2.5}), "`world_size` must be an integer >= 0, got 2.5"),
+        (
+            json.dumps({**good, "entries": [{**entry, "numel": "4096"}]}),
+            "`numel` of entry 'a' must be an integer >= 0, got '4096'",
+        ),
+        (
+            json.dumps({**good, "entries": [{**entry, "partitions": -1}]}),
+            "`partitions` of entry 'a' must be an integer >= 0, got -1",
+        ),
+        (
+            json.dumps({**good, "entries": [{**entry, "compress": "false"}]}),
+            "`compress` of entry 'a' must be true or false, got 'false'",
+        ),
+    ]
+    for text, msg in cases:
+        with pytest.raises(PlanError, match=msg):
+            Plan.from_json(text)
+    path = tmp_path / "plan.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(PlanError, match="not a text"):
+        Plan.load(path)
+
+
 def test_user_errors_in_the_parameters() -> None:
     with pytest.raises(PlanError, match="duplicate parameter names"):
         plan_named([("a", 4), ("a", 5)], _gpu_profile(), 2)

@@ -46,7 +46,9 @@ def test_selftest_under_torchrun_trains_with_the_hook(tmp_path: Path) -> None:
                 "hipress", "selftest", "--quick"], tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for rank in (0, 1):
-        report = json.loads((tmp_path / "hipress-results" / f"selftest-rank{rank}.json").read_text())
+        report = json.loads(
+            (tmp_path / "hipress-results" / f"selftest-rank{rank}.json").read_text()
+        )
         training = {k: v for k, v in report["checks"].items() if k.startswith("training")}
         assert len(training) == 2 and set(training.values()) == {"pass"}, training
 

@@ -129,8 +129,7 @@ class CaSyncState:
         params_schedule: Sequence[tuple[int, Mapping[str, Any]]] = (),
         device: torch.device | str | None = None,
     ) -> None:
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise CaSyncError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        _check_options(params, seed, rule, check_finite, log_every, warmup_steps, plan)
         schedule = _check_schedule(params_schedule, algorithm, params)
         if not dist.is_initialized():
             raise CaSyncError("torch.distributed is not initialised: call init_process_group first")
@@ -474,25 +473,48 @@ class CaSyncState:
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` in place. Raises :class:`CaSyncError` if it was saved
-        by another rank or world size, or for another algorithm, plan or options."""
-        if sd.get("format") != _FORMAT:
-            raise CaSyncError(f"not a CaSync state dict (format {sd.get('format')!r})")
+        """Restore :meth:`state_dict` in place, all or nothing. Raises :class:`CaSyncError`
+        (naming the rank and the entry) if it was saved by another rank or world size, for
+        another algorithm, plan or options, or is damaged (a missing entry, a tensor of
+        another shape or dtype, a step that is not an integer >= 0)."""
+        me = f"rank {self.rank}"
+        if not isinstance(sd, Mapping) or sd.get("format") != _FORMAT:
+            got = sd.get("format") if isinstance(sd, Mapping) else type(sd).__name__
+            raise CaSyncError(f"{me}: not a CaSync state dict (format {got!r})")
+        missing = [k for k in ("rank", "world_size", "config", "worker", "server") if k not in sd]
+        if missing:
+            raise CaSyncError(f"{me}: damaged CaSync state dict: no {', '.join(missing)}")
         if (sd["rank"], sd["world_size"]) != (self.rank, self.world_size):
             raise CaSyncError(
                 f"state dict is rank {sd['rank']} of {sd['world_size']}, this is rank "
                 f"{self.rank} of {self.world_size}: load each rank's own state dict"
             )
+        if not isinstance(sd["config"], Mapping):
+            raise CaSyncError(f"{me}: damaged CaSync state dict: `config` is not a dict")
         mine = self.config_digest()
         differ = sorted(k for k in mine if sd["config"].get(k) != mine[k])
         if differ:
             raise CaSyncError(f"state dict was saved with a different {', '.join(differ)}")
+        step = sd.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CaSyncError(f"{me}: state dict `step` must be an integer >= 0, got {step!r}")
         for part, states in (("worker", self.worker_states), ("server", self.server_states)):
-            if set(sd[part]) != set(states):
-                raise CaSyncError(f"state dict {part} states do not match this plan")
-            for k, s in states.items():
-                s.load_state_dict(sd[part][k])
-        self._step = int(sd.get("step", 0))  # where warm-up and the schedule stand
+            if not isinstance(sd[part], Mapping) or set(sd[part]) != set(states):
+                raise CaSyncError(f"{me}: state dict {part} states do not match this plan")
+        backup = {k: s.state_dict() for k, s in (*self.worker_states.items(),
+                                                  *self.server_states.items())}  # fmt: skip
+        try:
+            for part, states in (("worker", self.worker_states), ("server", self.server_states)):
+                for k, s in states.items():
+                    try:
+                        s.load_state_dict(sd[part][k])
+                    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                        raise CaSyncError(f"{me}: state `{k}`: {exc}") from None
+        except CaSyncError:
+            for k, s in (*self.worker_states.items(), *self.server_states.items()):
+                s.load_state_dict(backup[k])
+            raise
+        self._step = step  # where warm-up and the schedule stand
         if self.params_schedule:
             self._apply_params(self._params_at(self._step))
 
@@ -518,6 +540,35 @@ class CaSyncState:
         self._init_runtime()
 
 
+def _whole(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise CaSyncError(f"{name} must be an integer >= 0, got {v!r}")
+
+
+def _check_options(params: Any, seed: Any, rule: Any, check_finite: Any, log_every: Any,
+                   warmup_steps: Any, plan: Any) -> None:  # fmt: skip
+    """:class:`CaSyncState`'s arguments, each with a message that names it and says what it
+    takes."""
+    if params is not None and not isinstance(params, Mapping):
+        raise CaSyncError(
+            f"params must be a dict of the algorithm's parameters, e.g. {{'bitwidth': 2}}, got "
+            f"{params!r}"
+        )
+    _whole("seed", seed)
+    _whole("log_every", log_every)
+    _whole("warmup_steps", warmup_steps)
+    if not isinstance(check_finite, bool):
+        raise CaSyncError(f"check_finite must be True or False, got {check_finite!r}")
+    if rule is not None and not isinstance(rule, DefaultRule):
+        raise CaSyncError(f"rule must be a DefaultRule or None, got {rule!r}")
+    if isinstance(plan, str) and plan != "auto" and plan.strip().lower() == "auto":
+        raise CaSyncError(f"plan={plan!r}: SeCoPa's automatic plan is plan='auto'")
+    if plan is not None and not isinstance(plan, Plan | str | Path):
+        raise CaSyncError(
+            f"plan must be a Plan, a path to a plan file, 'auto' or None, got {plan!r}"
+        )
+
+
 def _check_schedule(
     schedule: Sequence[tuple[int, Mapping[str, Any]]],
     algorithm: str | CompressionAlgorithm | None,
@@ -525,6 +576,17 @@ def _check_schedule(
 ) -> tuple[tuple[int, dict[str, Any]], ...]:
     """Validate ``params_schedule`` eagerly (with the reference backend: nothing compiles):
     ascending steps, an algorithm given by name, and the same state layout at every entry."""
+    if (
+        isinstance(schedule, str | bytes)
+        or not isinstance(schedule, Sequence)
+        or not all(
+            isinstance(x, Sequence) and len(x) == 2 and isinstance(x[1], Mapping) for x in schedule
+        )
+    ):
+        raise CaSyncError(
+            f"params_schedule must be a list of (step, params) pairs, e.g. [(0, {{'s_percent': "
+            f"0.25}}), (500, {{'s_percent': 0.001}})], got {schedule!r}"
+        )
     out = tuple((at, dict(p)) for at, p in schedule)
     if not out:
         return out

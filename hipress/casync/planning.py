@@ -99,9 +99,7 @@ def _auto_plan(
     if algorithm is None:
         raise PlanError("plan='auto' needs a compression algorithm")
     config = None if recompressible(algorithm) else PlannerConfig(strategies=(Strategy.ALLGATHER,))
-    return auto_plan(
-        algorithm, named_numels, world_size, group=group, device=device, config=config
-    )
+    return auto_plan(algorithm, named_numels, world_size, group=group, device=device, config=config)
 
 
 def check_plan(

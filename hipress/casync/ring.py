@@ -147,11 +147,17 @@ class _Hop:
     gloo work waited for a second time blocks until the group's timeout."""
 
     def __init__(self, works: list[dist.Work]) -> None:
-        self.works = works
+        self.works = works  # kept after waiting (see strategies._RETIRED)
+        self._waited = False
+
+    def is_completed(self) -> bool:
+        return self._waited
 
     def wait(self) -> None:
-        works, self.works = self.works, []
-        for w in works:
+        if self._waited:
+            return
+        self._waited = True
+        for w in self.works:
             w.wait()
 
 

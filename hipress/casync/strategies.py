@@ -35,6 +35,7 @@ GPU.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
@@ -57,6 +58,21 @@ from hipress.casync.flags import Flag, FlagMode
 from hipress.casync.ring import RingDriver
 from hipress.casync.stats import SyncStats
 from hipress.secopa.plan import Strategy
+
+# Works of failed operations, kept for the life of the process. A backend thread drops its
+# reference to a work only after the work completes; if that is the last one, the work's tensors
+# are released on that thread, which must take the GIL, and during interpreter shutdown a thread
+# that takes the GIL is stopped mid-destructor (std::terminate: SIGABRT, the exit status lost).
+_RETIRED: list[Any] = []
+_SETTLE_S = 0.05
+
+
+@atexit.register
+def _settle() -> None:
+    """At exit after a failure: let the backend threads leave Python (a completion callback,
+    its release) before the interpreter stops threads from taking the GIL."""
+    if _RETIRED:
+        time.sleep(_SETTLE_S)
 
 __all__ = ["BucketOp", "SyncContext", "all_gather"]
 
@@ -163,6 +179,7 @@ class BucketOp:
         self._done = False
         self._ps_pending: list[tuple[int, dist.Work, float, list[float]]] = []
         self.works: list[Any] = []  # every collective (and ring hop) issued: drain() waits
+        self._ran: list[threading.Event] = []  # set as each completion callback returns
         self._check = False  # look for NaN/Inf in this bucket's compressed chunks
         self._bucket_bad = True  # (host flags, ring rounds) the bucket holds NaN/Inf
 
@@ -239,11 +256,18 @@ class BucketOp:
                 w.wait()
             except Exception:
                 pass
+        ran, self._ran = self._ran, []
+        for ev in ran:  # a work completes before its callbacks run: they must be over too
+            ev.wait(timeout=5.0)
+        _RETIRED.extend(works)
 
     def _callback(self, what: str, fn: Any, *args: Any) -> Any:
         """A completion callback running ``fn(*args)`` once the collective succeeded, turning
         any failure into :meth:`fail` (callbacks run on the backend's threads: nothing may
         escape them, or the future would never complete)."""
+
+        ran = threading.Event()
+        self._ran.append(ran)
 
         def run(fut: torch.futures.Future[Any]) -> None:
             try:
@@ -251,6 +275,8 @@ class BucketOp:
                 fn(*args)
             except BaseException as exc:
                 self.fail(exc, what)
+            finally:
+                ran.set()
 
         return run
 
@@ -262,8 +288,10 @@ class BucketOp:
         ctx, buf, rounds = self.ctx, self.buffer, self.schedule.rounds
         t = time.perf_counter()
         self._check = bool(ctx.check_finite and rounds)
-        if self._check and not self.flags.device and any(
-            r.strategy is Strategy.RING for r in rounds
+        if (
+            self._check
+            and not self.flags.device
+            and any(r.strategy is Strategy.RING for r in rounds)
         ):
             # the ring's first hop sends one shard of each chunk: it needs every chunk's flag
             # before encoding; on a CPU the bucket is read once, and its chunks only if that
@@ -401,7 +429,14 @@ class BucketOp:
             dist.all_to_all_single(self.ws.recv[i], self.ws.send[i], group=group, async_op=True)
         )
         done = [t_issue]
-        work.get_future().add_done_callback(lambda _f: done.__setitem__(0, time.perf_counter()))
+        ran = threading.Event()
+        self._ran.append(ran)
+
+        def arrived(_f: torch.futures.Future[Any]) -> None:
+            done[0] = time.perf_counter()
+            ran.set()
+
+        work.get_future().add_done_callback(arrived)
         ctx.stats.add(encode_ms=t_issue - t, collectives=1, bytes_sent=self.ws.send[i].numel())
         self._ps_pending.append((i, work, t_issue, done))
 

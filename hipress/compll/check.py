@@ -8,6 +8,7 @@ program is specialised), array lengths stay expressions of ``n``. Every problem 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -160,8 +161,10 @@ class Elaborator(BodyChecker):
                     path.pop()
                     continue
                 if nxt == start:
-                    how = "" if len(path) == 1 else " through " + " -> ".join(
-                        f"`{f}`" for f in [*path, start]
+                    how = (
+                        ""
+                        if len(path) == 1
+                        else " through " + " -> ".join(f"`{f}`" for f in [*path, start])
                     )
                     raise self.err(
                         f"function `{start}` calls itself{how}; recursion is not supported",
@@ -253,7 +256,10 @@ class Elaborator(BodyChecker):
             if not isinstance(v, bool):
                 raise bad(f"must be a bool, got {v!r}")
         elif t.is_int:
-            if isinstance(v, bool) or not isinstance(v, int | float) or int(v) != v:
+            whole = isinstance(v, int) or (
+                isinstance(v, float) and math.isfinite(v) and v == int(v)
+            )
+            if isinstance(v, bool) or not whole:
                 raise bad(f"must be an integer ({t}), got {v!r}")
             v = int(v)
             lo, hi = semantics.int_range(t)
@@ -262,7 +268,12 @@ class Elaborator(BodyChecker):
         else:
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise bad(f"must be a number, got {v!r}")
-            v = float(v)
+            try:
+                v = float(v)
+            except OverflowError:
+                raise bad(
+                    f"is a {len(str(abs(v)))}-digit integer, beyond the float range"
+                ) from None
             if v != v:
                 raise bad("must not be NaN")
             if t == F32:

@@ -110,4 +110,15 @@ class CudaSource:
     kernels: dict[str, str]  # every kernel -> the name of its argument struct
 
 
-__all__ = ["NT", "STRUCTS", "SUM_PAYLOADS", "SYNC_BYTES", "CudaSource", "Entry", "Field", "Launch", "WsEntry", "struct_fields"]
+__all__ = [
+    "NT",
+    "STRUCTS",
+    "SUM_PAYLOADS",
+    "SYNC_BYTES",
+    "CudaSource",
+    "Entry",
+    "Field",
+    "Launch",
+    "WsEntry",
+    "struct_fields",
+]

@@ -172,7 +172,9 @@ class _Build(Transformer):
             digits = text[2:] if text.lower().startswith("0x") else text
             big = len(digits.lstrip("0")) > 19 or ast.Number(text, False).value > _I64_MAX
             if big:
-                shown = text if len(text) <= 30 else f"{text[:12]}...{text[-6:]} ({len(text)} digits)"
+                shown = (
+                    text if len(text) <= 30 else f"{text[:12]}...{text[-6:]} ({len(text)} digits)"
+                )
                 raise _LiteralError(
                     f"integer literal {shown} does not fit in i64 (at most {_I64_MAX})", span
                 )

@@ -47,17 +47,36 @@ class State:
         """Restore from :meth:`state_dict`, in place (tensors keep their device). A checkpoint
         of dgc, graddrop or topk written before they kept their state unmasked loads too
         (:func:`_unmasked`)."""
-        if int(sd["n"]) != self.n:
+        if not isinstance(sd, dict):
+            raise ValueError(f"a state dict is a dict, got {type(sd).__name__}")
+        counters = {}
+        for key in ("n", "step", "seed", "tensor_id"):
+            v = sd.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"state dict entry `{key}` must be an integer >= 0, got {v!r}")
+            counters[key] = v
+        if counters["n"] != self.n:
             raise ValueError(f"state is for {sd['n']} elements, this tensor has {self.n}")
+        if not isinstance(sd.get("tensors"), dict):
+            raise ValueError("state dict entry `tensors` must be a dict of tensors")
         sd = {**sd, "tensors": _unmasked(sd["tensors"], self.tensors)}
         missing = set(self.tensors) ^ set(sd["tensors"])
         if missing:
             raise ValueError(f"state entries do not match: {sorted(missing)}")
         for k, v in sd["tensors"].items():
+            mine = self.tensors[k]
+            if not isinstance(v, torch.Tensor) or v.shape != mine.shape:
+                got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError(
+                    f"state entry `{k}` has shape {got}, this tensor's has {tuple(mine.shape)}"
+                )
+            if v.dtype != mine.dtype and not (v.is_floating_point() and mine.is_floating_point()):
+                raise ValueError(f"state entry `{k}` is {v.dtype}, this tensor's is {mine.dtype}")
+        for k, v in sd["tensors"].items():
             self.tensors[k].copy_(v)
-        self.step = int(sd["step"])
-        self.seed = int(sd["seed"])
-        self.tensor_id = int(sd["tensor_id"])
+        self.step = counters["step"]
+        self.seed = counters["seed"]
+        self.tensor_id = counters["tensor_id"]
 
     def reset(self) -> None:
         """Zero every declared state entry (keeps step, seed and tensor id)."""

@@ -20,6 +20,27 @@ class PlanError(ValueError):
     """A plan is malformed or does not match the model it is applied to."""
 
 
+MAX_PLAN_BYTES = 64 << 20
+
+
+def _count(v: Any, what: str, where: Mapping[str, Any]) -> int:
+    """A whole count in a plan file: an integer >= 0 (not a bool, float or string)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        name = where.get("name") if isinstance(where, Mapping) else None
+        at = f" of entry {name!r}" if name is not None and what != "world_size" else ""
+        raise PlanError(f"malformed plan: `{what}`{at} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def _flag(v: Any, where: Mapping[str, Any]) -> bool:
+    if not isinstance(v, bool):
+        raise PlanError(
+            f"malformed plan: `compress` of entry {where.get('name')!r} must be true or false, "
+            f"got {v!r}"
+        )
+    return v
+
+
 class Strategy(str, Enum):
     """How one tensor is synchronised (see docs/casync.md).
 
@@ -132,14 +153,16 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        if not isinstance(d, Mapping) or not isinstance(d.get("entries"), (list, tuple)):
+            raise PlanError("malformed plan: not an object with a list of `entries`")
         try:
             entries = tuple(
                 TensorPlan(
                     name=str(e["name"]),
-                    numel=int(e["numel"]),
-                    compress=bool(e["compress"]),
+                    numel=_count(e["numel"], "numel", e),
+                    compress=_flag(e["compress"], e),
                     strategy=Strategy(e["strategy"]),
-                    partitions=int(e.get("partitions", 1)),
+                    partitions=_count(e.get("partitions", 1), "partitions", e),
                     predicted_ms=float(e.get("predicted_ms", 0.0)),
                     uncompressed_ms=float(e.get("uncompressed_ms", 0.0)),
                 )
@@ -148,7 +171,7 @@ class Plan:
             return cls(
                 algorithm=str(d["algorithm"]),
                 params=dict(d.get("params", {})),
-                world_size=int(d["world_size"]),
+                world_size=_count(d["world_size"], "world_size", d),
                 entries=entries,
                 totals={k: float(v) for k, v in dict(d.get("totals", {})).items()},
                 meta=dict(d.get("meta", {})),
@@ -163,17 +186,25 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        if len(text) > MAX_PLAN_BYTES:
+            raise PlanError(f"a plan file has at most {MAX_PLAN_BYTES >> 20} MiB")
         try:
             return cls.from_dict(json.loads(text))
         except json.JSONDecodeError as exc:
             raise PlanError(f"plan is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise PlanError("plan is not a plan: its JSON is nested too deeply") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return cls.from_json(Path(path).read_text())
+        try:
+            text = Path(path).read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise PlanError(f"plan {path} is not a text (UTF-8 JSON) file") from None
+        return cls.from_json(text)
 
     def digest(self) -> str:
         """A content hash of the decisions (not of predictions), equal on every rank."""

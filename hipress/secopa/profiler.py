@@ -259,9 +259,7 @@ def measure_network(
             nbytes, r = todo.pop(0)
             call = comm.collective(op, nbytes)
             once = _time_calls(call, 1, device=_device(comm))
-            first = float(
-                comm.all_reduce(torch.tensor([once], dtype=torch.float64), "max").item()
-            )
+            first = float(comm.all_reduce(torch.tensor([once], dtype=torch.float64), "max").item())
             # more calls where they are cheap (every rank agrees on the count)
             more = int(NETWORK_REPS_BUDGET_MS / max(first, 1e-3))
             comm.barrier()
