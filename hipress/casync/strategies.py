@@ -74,6 +74,7 @@ def _settle() -> None:
     if _RETIRED:
         time.sleep(_SETTLE_S)
 
+
 __all__ = ["BucketOp", "SyncContext", "all_gather"]
 
 # torch 2.13 renamed all_gather_into_tensor (and deprecated the old name)
