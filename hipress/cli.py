@@ -8,15 +8,16 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from hipress.compll import CllError, algorithms, load, load_file
+from hipress.compll import CllError, algorithms, load
+from hipress.compll.algorithm import load_source
 from hipress.compll.check import check_source, param_variants
+from hipress.compll.cli_codegen import count, parse_params, read_source
 from hipress.compll.ir import show_program
 from hipress.compll.parse import parse
-from hipress.compll.source import SourceFile
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    src = SourceFile.read(args.file)
+    src = read_source(args.file)
     module = parse(src)
     prog = check_source(src)
     variants = param_variants(module)
@@ -30,31 +31,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_params(items: Sequence[str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for item in items:
-        if "=" not in item:
-            raise CllError(f"--param expects NAME=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        low = v.strip().lower()
-        val: object
-        if low in ("true", "false"):
-            val = low == "true"
-        else:
-            try:
-                val = int(v)
-            except ValueError:
-                try:
-                    val = float(v)
-                except ValueError:
-                    raise CllError(f"--param {k}: {v!r} is not a number or bool") from None
-        out[k.strip()] = val
-    return out
-
-
 def _cmd_show(args: argparse.Namespace) -> int:
-    params = _parse_params(args.param)
-    alg = load_file(args.file, backend="reference", **params)
+    params = parse_params(args.param)
+    alg = load_source(read_source(args.file), backend="reference", **params)
     if args.ir or not (args.layout):
         print(show_program(alg.program))
     if args.layout:
@@ -116,19 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("check", help="check a .cll file (all parameter variants)")
-    c.add_argument("file")
+    c.add_argument("file", help="a .cll file, or the name of a shipped algorithm")
     c.set_defaults(func=_cmd_check)
 
     s = sub.add_parser("show", help="print a .cll file's IR or payload layout")
-    s.add_argument("file")
+    s.add_argument("file", help="a .cll file, or the name of a shipped algorithm")
     s.add_argument("--ir", action="store_true", help="print the IR (default)")
     s.add_argument("--layout", action="store_true", help="print the payload layout")
-    s.add_argument("-n", type=int, default=1000, help="element count for --layout")
-    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    s.add_argument("-n", type=count, default=1000, help="element count for --layout")
+    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a parameter (repeatable), e.g. --param bitwidth=4")  # fmt: skip
     s.set_defaults(func=_cmd_show)
 
     a = sub.add_parser("algorithms", help="list the shipped algorithms")
-    a.add_argument("-n", type=int, default=1 << 20, help="element count for bits/element")
+    a.add_argument("-n", type=count, default=1 << 20, help="element count for bits/element")
     a.set_defaults(func=_cmd_algorithms)
 
     t = sub.add_parser(

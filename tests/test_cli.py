@@ -71,3 +71,35 @@ def test_bench_kernels_quick_writes_rooflines(tmp_path: Path) -> None:
     # the traffic at 3x the copy rate, capped by its 8 B of reads at the read-only rate
     by_traffic = 12 * row["copy"] / row["encode_bytes_per_elem"]
     assert abs(row["encode_roofline"] - min(by_traffic, 4 * row["read"] / 8)) < 1e-9
+
+
+def test_shipped_names_counts_and_params_are_read_carefully(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["show", "terngrad", "--layout", "-n", "9"]) == 0  # a shipped name, not a path
+    assert "payload layout for n=9: 24 bytes" in capsys.readouterr().out
+    assert main(["show", "nosuch"]) == 1
+    assert (
+        "nosuch: no such file, nor a shipped algorithm (shipped: bf16," in capsys.readouterr().err
+    )
+    for n in ("-5", str(2**63), "1e3"):
+        r = _run("show", "terngrad", "--layout", "-n", n)
+        assert r.returncode == 2 and "argument -n:" in r.stderr and "Traceback" not in r.stderr
+    for value, msg in [
+        ("nan", "must be an integer (u32), got nan"),
+        ("1e999", "must be an integer (u32), got inf"),
+        ("10**400", "'10**400' is not a number or bool"),
+    ]:
+        r = _run("show", "terngrad", "--param", f"bitwidth={value}")
+        assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_build_renders_a_users_file(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    mine = tmp_path / "mine.cll"
+    mine.write_text(
+        shipped_path("terngrad").read_text().replace("algorithm terngrad", "algorithm mine")
+    )
+    out = tmp_path / "kernels"
+    assert main(["build", str(mine), "--param", "bitwidth=4", "--out", str(out)]) == 0
+    c, cu = out / "mine" / "mine.c", out / "mine" / "mine.cu"
+    assert f"wrote {c}" in capsys.readouterr().out and cu.is_file()
+    assert "hp_encode" in c.read_text() and "__global__" in cu.read_text()
+    assert main(["build", "--param", "bitwidth=4"]) == 1  # the shipped set takes no parameters

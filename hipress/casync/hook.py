@@ -40,6 +40,7 @@ from hipress.casync.planning import DefaultRule, resolve_plan
 from hipress.casync.ring import RingDriver
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies import BucketOp, SyncContext, all_gather
+from hipress.casync.unused import UnusedGuard, supported
 from hipress.secopa.plan import Plan
 
 __all__ = ["CaSyncState", "casync_hook", "register"]
@@ -207,6 +208,8 @@ class CaSyncState:
         self._agreed = False
         self._step = 0
         self._lock = threading.Lock()
+        self._unused: UnusedGuard | None = None  # see watch_unused
+        self._open = False  # a step's first bucket was submitted
 
     # ---- binding and configuration ----------------------------------------------------------
 
@@ -352,6 +355,10 @@ class CaSyncState:
         failed (a peer died or stalled past the process group's timeout).
         """
         with self._lock:
+            if not self._open:
+                self._open = True
+                if self._unused is not None:
+                    self._unused.step_open()
             if not self._agreed:
                 try:
                     self._check_agreement(buffer.device)
@@ -382,6 +389,8 @@ class CaSyncState:
             try:
                 schedule, workspace = self._schedule(names, buffer)
                 self.stats.bucket_submitted(last)
+                if self._unused is not None:
+                    self._unused.before_encode(names)
                 op = BucketOp(self._ctx, schedule, workspace, buffer)
                 self._inflight.append(op)
                 op.start(self.process_group)
@@ -443,6 +452,9 @@ class CaSyncState:
         return work.get_future().then(done)
 
     def _end_step(self) -> None:
+        self._open = False
+        if self._unused is not None:
+            self._unused.step_done()
         stale = [k for k, (_, _, used) in self._cache.items() if used < self._step]
         for k in stale:  # layouts of buckets DDP rebuilt: free their buffers
             del self._cache[k]
@@ -455,6 +467,16 @@ class CaSyncState:
         state cannot run ring rounds any more."""
         self._ctx.ring.close()
 
+    def watch_unused(self, ddp_model: DistributedDataParallel) -> None:
+        """Keep error feedback whole under ``find_unused_parameters=True``: the states of a
+        parameter no rank used in a step are restored after it, as if it had not been
+        synchronised (DDP leaves its gradient untouched). :func:`register` calls this."""
+        if self._unused is not None:
+            self._unused.remove()
+        named = [(self._param_names[id(p)], p) for p in ddp_model.module.parameters()
+                 if id(p) in self._param_names]  # fmt: skip
+        self._unused = UnusedGuard(ddp_model, named, (self.worker_states, self.server_states))
+
     # ---- checkpoints and pickling -----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -462,6 +484,8 @@ class CaSyncState:
 
         States differ per rank: save one per rank and load each into the same rank.
         """
+        if self._unused is not None and not self._open:
+            self._unused.settle()
         return {
             "format": _FORMAT,
             "rank": self.rank,
@@ -514,6 +538,8 @@ class CaSyncState:
             for k, s in (*self.worker_states.items(), *self.server_states.items()):
                 s.load_state_dict(backup[k])
             raise
+        if self._unused is not None:
+            self._unused.forget()
         self._step = step  # where warm-up and the schedule stand
         if self.params_schedule:
             self._apply_params(self._params_at(self._step))
@@ -521,7 +547,7 @@ class CaSyncState:
     def __getstate__(self) -> dict[str, Any]:
         runtime = (
             "process_group", "_ctx", "_param_names", "_cache", "_pending", "_inflight", "_lock",
-            "_warm",
+            "_warm", "_unused", "_open",
         )  # fmt: skip
         d = {k: v for k, v in self.__dict__.items() if k not in (*runtime, "_agreed", "_step")}
         if self._spec is not None:
@@ -657,5 +683,13 @@ def register(
     options.setdefault("process_group", ddp_model.process_group)
     named = [(n, p) for n, p in ddp_model.module.named_parameters() if p.requires_grad]
     state = CaSyncState(algorithm, params, named_parameters=named, plan=plan, **options)
+    if ddp_model.find_unused_parameters and not ddp_model.static_graph:
+        if supported(ddp_model):
+            state.watch_unused(ddp_model)
+        else:
+            logger.warning(
+                "casync: this torch's DDP does not say which parameters went unused; with "
+                "find_unused_parameters=True, error feedback may lose what it had kept for them"
+            )
     ddp_model.register_comm_hook(state, casync_hook)
     return state

@@ -19,6 +19,7 @@ import torch
 from hipress.compll import ast, interp, ir
 from hipress.compll.calls import (
     StateSpec,
+    check_count,
     check_encode,
     check_output,
     check_payload,
@@ -200,9 +201,8 @@ class Algorithm:
 
     def payload_nbytes(self, n: int) -> int:
         """Bytes of the payload for ``n`` elements: a static function of n, a multiple of 8."""
-        if n < 0:
-            raise ValueError(f"element count must be >= 0, got {n}")
         if n not in self._sizes:
+            check_count(f"{self.name}.payload_nbytes", n)
             self._sizes[n] = layout(self.program, n)[1]
         return self._sizes[n]
 
@@ -213,6 +213,7 @@ class Algorithm:
         self, n: int, device: torch.device | str | None = None, seed: int = 0, tensor_id: int = 0
     ) -> State:
         """Zero-initialised declared state for a tensor of ``n`` elements."""
+        check_count(f"{self.name}.init_state", n)
         tensors = {}
         for slot in self.program.state:
             if isinstance(slot.type, ArrayType):

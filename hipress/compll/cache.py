@@ -3,7 +3,19 @@
 The key of a compiled kernel covers everything that decides its bytes: the IR digest, the target,
 the compiler's identity and flags, the machine (``-march=native``) and a digest of the generator's
 own sources and templates. Entries are written atomically (temporary file + rename), so
-concurrent processes never see a partial library; a second build of the same key is harmless.
+concurrent processes never see a partial library; builds of one key are serialised by a lock
+file, so processes starting together compile it once.
+
+Every entry has a digest record next to it (``<entry>.sha256``: sha256, size and name), written
+at build time. A file is used only after its bytes are read and match its record, so a damaged
+entry (garbage, empty, truncated, a directory or a symbolic link in its place, another entry's
+file copied under this key) is never loaded: it is rebuilt, with one warning. The record is what
+is trusted, so it only guards against accidents: whoever can write the cache directory can write
+a matching record too. That is why directories are created 0700 and files 0600 (0700 for
+libraries) whatever the umask, and why a cache directory or file that belongs to another user, or
+that group or others may write, is refused with a :class:`CacheError` (as ssh and pip refuse
+them). The directories above the cache directory are not checked. Between the check and the
+``dlopen`` of the same path, only this user (or root) could change the file.
 
 The cache lives under the user's cache directory (``$XDG_CACHE_HOME/hipress/kernels`` or
 ``~/.cache/hipress/kernels``); ``HIPRESS_CACHE_DIR`` overrides it.
@@ -11,18 +23,28 @@ The cache lives under the user's cache directory (``$XDG_CACHE_HOME/hipress/kern
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import os
 import platform
 import re
+import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hipress.compll.source import CllError
+
+log = logging.getLogger(__name__)
+
+RECORD = ".sha256"  # suffix of an entry's digest record
+_RECORD_RE = re.compile(r"sha256=([0-9a-f]{64}) size=(\d+) name=(\S+)\n")
 
 C_FLAGS = (
     "-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
@@ -40,6 +62,23 @@ class CompileError(CllError):
     """Generated code did not compile; the message shows the source with line numbers."""
 
     kind = "compile error"
+
+
+class CacheError(CllError):
+    """The kernel cache cannot be used safely (a directory or file of another user, or one that
+    group or others may write) or at all (it cannot be created); the message names the path,
+    what was found and what to do."""
+
+    kind = "cache error"
+
+
+class _Damaged(Exception):
+    """A cache entry to build again: ``reason`` says what is wrong with it, None if it is only
+    absent."""
+
+    def __init__(self, reason: str | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -108,7 +147,8 @@ def kernel_key(ir_digest: str, target: str, toolchain: str, generator: str) -> s
 
 @dataclass
 class KernelCache:
-    """A directory of compiled kernels keyed by :func:`kernel_key`.
+    """A directory of compiled kernels keyed by :func:`kernel_key` (see the module doc for what
+    is checked before a file is used).
 
     ``compiles`` counts the builds this object has run (the rest were cache hits).
     """
@@ -128,35 +168,224 @@ class KernelCache:
         return self.root / key[:2] / f"{key}{suffix}"
 
     def get_or_build(self, key: str, suffix: str, build: Callable[[Path], None]) -> Path:
-        """The cached file for ``key``, building it with ``build(tmp_path)`` if absent."""
+        """The cached file for ``key``, its bytes just checked against its digest record;
+        built with ``build(tmp_path)`` if absent, and built again (with a warning) if damaged.
+
+        Raises :class:`CacheError` if the cache directory or the file is not safe to use.
+        """
+        return self._entry(key, suffix, build, count=True)[0]
+
+    def text(self, key: str, suffix: str, make: Callable[[], str]) -> str:
+        """The text stored under ``key`` (checked like :meth:`get_or_build`), else ``make()``,
+        stored atomically. Not counted in ``compiles``."""
+        made: list[str] = []
+
+        def write(tmp: Path) -> None:
+            made.append(make())
+            tmp.write_text(made[-1], encoding="utf-8")
+
+        data = self._entry(key, suffix, write, count=False)[1]
+        if data is None:
+            return made[-1]
+        return data.decode("utf-8", errors="replace")
+
+    def _entry(
+        self, key: str, suffix: str, build: Callable[[Path], None], count: bool
+    ) -> tuple[Path, bytes | None]:
+        """(path, the bytes checked) of a valid entry; (path, None) where it was built now."""
         dst = self.path(key, suffix)
-        if dst.exists():
-            return dst
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=dst.parent)
+        self._prepare(dst.parent)
+        try:
+            return dst, self._verified(dst)
+        except _Damaged:
+            pass
+        with self._locked(dst):
+            try:  # another process may have built it while this one waited for the lock
+                return dst, self._verified(dst)
+            except _Damaged as exc:
+                reason = exc.reason
+            self._build(dst, build, count)
+        if reason is not None:
+            # an entry from before digests were recorded is not worth a warning
+            level = logging.INFO if reason == _NO_RECORD else logging.WARNING
+            log.log(level, "kernel cache: replaced %s, which was damaged (%s)", dst, reason)
+        return dst, None
+
+    def _prepare(self, shard: Path) -> None:
+        """Create the cache directory and ``shard`` (0700) if absent, after refusing the cache
+        directory if it is not this user's own; then refuse ``shard`` likewise."""
+        for d in (self.root, shard):
+            try:
+                _makedirs_private(d)
+                st = (os.stat if d == self.root else os.lstat)(d)
+            except OSError as exc:
+                raise CacheError(
+                    f"cannot create the kernel cache directory {d}: {exc.strerror}; set "
+                    "HIPRESS_CACHE_DIR to a directory of your own"
+                ) from None
+            if not stat.S_ISDIR(st.st_mode):
+                raise CacheError(
+                    f"the kernel cache directory {d} is not a directory; delete it or set "
+                    "HIPRESS_CACHE_DIR to a directory of your own"
+                )
+            self._check_owner(d, st, "directory")
+
+    def _check_owner(self, path: Path, st: os.stat_result, what: str) -> None:
+        """Refuse ``path`` unless it belongs to this user and (a symbolic link's mode aside)
+        neither group nor others may write it."""
+        uid = os.geteuid()
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid == uid and (stat.S_ISLNK(st.st_mode) or not mode & 0o022):
+            return
+        root = shlex.quote(str(self.root))
+        if st.st_uid != uid:
+            found = f"belongs to uid {st.st_uid}, not to this user (uid {uid})"
+            fix = "set HIPRESS_CACHE_DIR to a directory of your own"
+            if what == "file":
+                fix = f"delete {shlex.quote(str(path))} (it is built again) or {fix}"
+        else:
+            who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if mode & bit)
+            found = f"is writable by {who} (mode {mode:04o})"
+            fix = (
+                f"run `chmod -R go-w {root}` (or delete {root}: it only holds compiled "
+                "kernels), or set HIPRESS_CACHE_DIR to a directory of your own"
+            )
+        raise CacheError(
+            f"kernel cache {what} {path} {found}, so another user could plant code that this "
+            f"process would run; {fix}"
+        )
+
+    def _read(self, path: Path, limit: int | None = None) -> bytes:
+        """The bytes of the regular file ``path`` (at most ``limit``); :class:`_Damaged` if it
+        is absent, not a regular file or unreadable."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise _Damaged(None) from None
+        except OSError as exc:
+            raise _Damaged(f"cannot stat it: {exc.strerror}") from None
+        self._check_owner(path, st, "file")
+        if stat.S_ISLNK(st.st_mode):
+            raise _Damaged("a symbolic link in place of the file")
+        if not stat.S_ISREG(st.st_mode):
+            raise _Damaged("not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise _Damaged(f"{st.st_size} bytes, larger than expected")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                fst = os.fstat(f.fileno())
+                data = f.read()
+        except OSError as exc:
+            raise _Damaged(f"cannot read it: {exc.strerror}") from None
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise _Damaged("replaced while it was checked")
+        return data
+
+    def _verified(self, dst: Path) -> bytes:
+        """The bytes of ``dst`` if they match its digest record, else :class:`_Damaged`."""
+        try:
+            record = self._read(_record(dst), limit=256)
+            m = _RECORD_RE.fullmatch(record.decode("ascii", errors="replace"))
+            if m is None:
+                raise _Damaged("not in the expected format")
+        except _Damaged as exc:
+            try:
+                self._check_owner(dst, os.lstat(dst), "file")
+            except FileNotFoundError:
+                raise _Damaged(None) from None  # a plain miss
+            raise _Damaged(
+                f"its digest record: {exc.reason}" if exc.reason else _NO_RECORD
+            ) from None
+        size = int(m.group(2))
+        data = self._read(dst, limit=size)
+        if len(data) != size:
+            raise _Damaged(f"{len(data)} bytes where its record says {size}")
+        if m.group(3) != dst.name or hashlib.sha256(data).hexdigest() != m.group(1):
+            raise _Damaged("its bytes do not match its digest record")
+        return data
+
+    @contextmanager
+    def _locked(self, dst: Path) -> Iterator[None]:
+        """Hold the lock file of ``dst`` (one builder per key, across processes)."""
+        lock = dst.with_name(dst.name + ".lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise CacheError(
+                f"cannot open the kernel cache lock {lock}: {exc.strerror}; delete it"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _build(self, dst: Path, build: Callable[[Path], None], count: bool) -> None:
+        """Build ``dst`` (caller holds its lock): into a temporary file, made private,
+        recorded, then renamed over whatever was there."""
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=dst.suffix, dir=dst.parent)
         os.close(fd)
         try:
             build(Path(tmp))
-            self.compiles += 1
-            os.replace(tmp, dst)
+            if count:
+                self.compiles += 1
+            try:
+                # a linker creates its output with the umask's mode: libraries become 0700
+                os.chmod(tmp, 0o700 if os.stat(tmp).st_mode & 0o111 else 0o600)
+                data = Path(tmp).read_bytes()
+                digest = hashlib.sha256(data).hexdigest()
+                _remove_dir(dst)
+                os.replace(tmp, dst)
+                _write_private(_record(dst), f"sha256={digest} size={len(data)} name={dst.name}\n")
+            except OSError as exc:
+                raise CacheError(f"cannot write the kernel cache entry {dst}: {exc}") from None
         finally:
-            if os.path.exists(tmp):
+            if os.path.lexists(tmp):
                 os.unlink(tmp)
-        return dst
 
-    def put_text(self, key: str, suffix: str, text: str) -> Path:
-        """Store ``text`` under ``key`` atomically (e.g. the source next to its library)."""
-        dst = self.path(key, suffix)
-        if dst.exists():
-            return dst
 
-        def write(tmp: Path) -> None:
-            tmp.write_text(text)
+_NO_RECORD = "no digest recorded"
 
-        compiles = self.compiles
-        out = self.get_or_build(key, suffix, write)
-        self.compiles = compiles
-        return out
+
+def _record(dst: Path) -> Path:
+    return dst.with_name(dst.name + RECORD)
+
+
+def _remove_dir(path: Path) -> None:
+    """Remove a directory that stands where a file goes (rename cannot replace one)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_private(dst: Path, text: str) -> None:
+    """Write ``text`` to ``dst`` atomically, mode 0600."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=RECORD, dir=dst.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        _remove_dir(dst)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def _makedirs_private(path: Path) -> None:
+    """Create ``path`` and any missing parents, each 0700 whatever the umask (mkdir's mode is
+    masked by it)."""
+    if path.is_dir():
+        return
+    if path.parent != path:
+        _makedirs_private(path.parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)
 
 
 def compile_c(source: str, out: Path, toolchain: Toolchain, name: str = "kernel") -> None:

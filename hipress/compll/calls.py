@@ -24,6 +24,7 @@ from hipress.compll.types import ArrayType, DType, torch_storage_dtype
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 ALIGN = 8
+MAX_ELEMENTS = 1 << 40  # elements of one tensor: far beyond any device, and no size overflows
 
 
 class CallError(CllError, ValueError):
@@ -34,6 +35,13 @@ class CallError(CllError, ValueError):
 
 class CallTypeError(CallError, TypeError):
     """... of the wrong type or dtype."""
+
+
+def check_count(name: str, n: object) -> int:
+    """An element count: an integer in [0, :data:`MAX_ELEMENTS`]."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_ELEMENTS:
+        raise CallError(f"{name}: element count must be an integer in [0, 2**40], got {n!r}")
+    return n
 
 
 def _where(t: torch.Tensor) -> str:
@@ -142,5 +150,5 @@ def check_payloads(name: str, what: str, payloads: Sequence[torch.Tensor], nbyte
     return device
 
 
-__all__ = ["ALIGN", "CallError", "CallTypeError", "StateSpec", "check_encode", "check_output", "check_payload",
+__all__ = ["ALIGN", "MAX_ELEMENTS", "CallError", "CallTypeError", "StateSpec", "check_count", "check_encode", "check_output", "check_payload",
            "check_payloads", "check_state", "state_spec"]  # fmt: skip

@@ -1,6 +1,8 @@
 """Code generation commands: ``hipress build`` (render every shipped algorithm's C and CUDA
 sources into ``generated/<algorithm>/`` with a manifest of hashes, or check that they are up to
-date) and ``hipress bench kernels`` (the kernel throughput benchmark, bench/bench_kernels.py).
+date; or render the sources of given ``.cll`` files) and ``hipress bench kernels`` (the kernel
+throughput benchmark, bench/bench_kernels.py). Also the argument readers the CompLL commands
+share: a ``.cll`` file or a shipped algorithm's name, ``--param NAME=VALUE``, element counts.
 """
 
 from __future__ import annotations
@@ -13,13 +15,75 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hipress.compll.algorithm import algorithms, load
+from hipress.compll.algorithm import algorithms, load, load_source, shipped_path
+from hipress.compll.calls import MAX_ELEMENTS
 from hipress.compll.render import BANNER, generator_digest, render
+from hipress.compll.source import CllError, SourceFile
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = REPO / "generated"
 MANIFEST = "MANIFEST.json"
 SUFFIX = {"c": ".c", "cuda": ".cu"}
+
+
+def read_source(arg: str) -> SourceFile:
+    """A ``.cll`` file, or a shipped algorithm given by name (``hipress show terngrad``)."""
+    path = Path(arg)
+    if not path.exists() and arg in algorithms():
+        path = shipped_path(arg)
+    elif not path.exists() and "/" not in arg and not arg.endswith(".cll"):
+        raise CllError(
+            f"{arg}: no such file, nor a shipped algorithm (shipped: {', '.join(algorithms())})"
+        )
+    return SourceFile.read(path)
+
+
+def parse_params(items: list[str]) -> dict[str, object]:
+    """``--param NAME=VALUE`` items: true/false, integers, then floats (``nan``, ``1e-3``)."""
+    out: dict[str, object] = {}
+    for item in items:
+        if "=" not in item:
+            raise CllError(f"--param expects NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        low = v.strip().lower()
+        val: object
+        if low in ("true", "false"):
+            val = low == "true"
+        else:
+            try:
+                val = int(v)
+            except ValueError:
+                try:
+                    val = float(v)
+                except ValueError:
+                    raise CllError(f"--param {k}: {v!r} is not a number or bool") from None
+        out[k.strip()] = val
+    return out
+
+
+def count(text: str) -> int:
+    """An argparse type: an element count in [0, 2**40]."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= v <= MAX_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"{text} is not an element count in [0, 2**40]")
+    return v
+
+
+def build_files(files: list[str], params: dict[str, object], out_dir: Path) -> list[Path]:
+    """Render the C and CUDA sources of each ``.cll`` file (or shipped name) with ``params``
+    into ``out_dir/<algorithm>/``; return the paths written."""
+    written = []
+    for arg in files:
+        prog = load_source(read_source(arg), backend="reference", **params).program
+        for target, suffix in SUFFIX.items():
+            p = out_dir / prog.name / f"{prog.name}{suffix}"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(render(prog, target))
+            written.append(p)
+    return written
 
 
 def _sha(text: str) -> str:
@@ -80,7 +144,16 @@ def check_generated(out_dir: Path = GENERATED) -> list[str]:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    if args.files:
+        if args.check:
+            raise CllError("--check compares the shipped algorithms' generated/ sources: no FILE")
+        paths = build_files(args.files, parse_params(args.param), Path(args.out or "."))
+        for p in paths:
+            print(f"wrote {p}")
+        return 0
+    if args.param:
+        raise CllError("--param needs a FILE: the shipped sources use default parameters")
+    out = Path(args.out or GENERATED)
     if args.check:
         stale = check_generated(out)
         if stale:
@@ -104,8 +177,17 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 def add_build_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``build``: render generated/<algorithm>/ (``--check``: fail if stale)."""
-    p = subparsers.add_parser("build", help="render every shipped algorithm's C and CUDA sources")
-    p.add_argument("--out", default=str(GENERATED), help="output directory (default: generated/)")
+    p = subparsers.add_parser(
+        "build",
+        help="render the C and CUDA sources of .cll files (default: of every shipped algorithm)",
+    )
+    p.add_argument("files", nargs="*", metavar="FILE",
+                   help="a .cll file or a shipped algorithm's name; its sources go to "
+                   "OUT/<algorithm>/ (default: every shipped algorithm, into generated/)")  # fmt: skip
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a parameter of the FILEs, e.g. --param bitwidth=4")  # fmt: skip
+    p.add_argument("--out", default=None,
+                   help="output directory (default: generated/, or . with FILEs)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="fail if the files are stale")
     p.add_argument("--compile-cuda", action="store_true",
                    help="also compile every CUDA source with NVRTC for sm_80 and sm_90")  # fmt: skip

@@ -76,17 +76,17 @@ class _DecSumArgs(ctypes.Structure):
 
 
 def build(prog: ir.Program, cache: KernelCache, toolchain: Toolchain) -> tuple[Path, str]:
-    """Compiled library of ``prog`` (from the cache, or built now) and its source text."""
+    """Compiled library of ``prog`` (from the cache, or built now) and its source text. The
+    library's bytes have just been checked against its digest record (see
+    :mod:`hipress.compll.cache`): load it now."""
     key = kernel_key(prog.digest(), TARGET, toolchain.identity(), generator_digest(TARGET))
-    src_path = cache.path(key, ".c")
-    lib = cache.path(key, ".so")
-    if lib.exists() and src_path.exists():
-        return lib, src_path.read_text()
-    source = render_c(prog)
-    cache.put_text(key, ".c", source)
-    log.info("compiling %s kernel %s", prog.name, key[:12])
-    path = cache.get_or_build(key, ".so", lambda tmp: compile_c(source, tmp, toolchain, prog.name))
-    return path, source
+    source = cache.text(key, ".c", lambda: render_c(prog))
+
+    def compile_lib(tmp: Path) -> None:
+        log.info("compiling %s kernel %s", prog.name, key[:12])
+        compile_c(source, tmp, toolchain, prog.name)
+
+    return cache.get_or_build(key, ".so", compile_lib), source
 
 
 class NativeBackend:
@@ -107,7 +107,13 @@ class NativeBackend:
         self._lock = threading.Lock()
         self.cache = cache or KernelCache.from_env()
         self.path, self.source = build(program, self.cache, tc)
-        lib = ctypes.CDLL(str(self.path))
+        try:
+            lib = ctypes.CDLL(str(self.path))
+        except OSError as exc:  # e.g. a cache directory on a filesystem mounted noexec
+            raise NativeError(
+                f"cannot load the kernel library {self.path}: {exc}; set HIPRESS_CACHE_DIR to "
+                "a directory on a filesystem that allows executable mappings"
+            ) from None
         lib.hp_abi_version.restype = ctypes.c_int64
         if lib.hp_abi_version() != ABI_VERSION:  # pragma: no cover - stale file under our key
             raise NativeError(f"kernel library {self.path} has a different ABI; delete it")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from hipress.compll import ir
+from hipress.compll.calls import check_count
 from hipress.compll.interp import eval_size
 from hipress.compll.types import ArrayType, DType, torch_compute_dtype, torch_storage_dtype
 
@@ -33,6 +34,7 @@ class FieldLayout:
 
 def layout(prog: ir.Program, n: int) -> tuple[list[FieldLayout], int]:
     """Offsets and sizes of each payload field for ``n`` elements, and the total size."""
+    check_count(f"{prog.name} payload layout", n)
     out = []
     off = 0
     for f in prog.payload:
