@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync.algorithm import CompressionAlgorithm, init_chunk_states, resolve_algorithm
 from hipress.casync.bulk import BucketSchedule, Workspace, build_schedule
+from hipress.casync.checkpoint import load_states, save_states
 from hipress.casync.errors import CaSyncError, CommError, ConfigMismatchError
 from hipress.casync.planning import DefaultRule, resolve_plan
 from hipress.casync.ring import RingDriver
@@ -486,58 +487,27 @@ class CaSyncState:
         """
         if self._unused is not None and not self._open:
             self._unused.settle()
-        return {
-            "format": _FORMAT,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "config": self.config_digest(),
-            "step": self._step,
-            "worker": {k: s.state_dict() for k, s in self.worker_states.items()},
-            "server": {k: s.state_dict() for k, s in self.server_states.items()},
-        }
+        sd = save_states(_FORMAT, self.rank, self.world_size, self.config_digest(), self._parts())
+        sd["step"] = self._step
+        return sd
+
+    def _parts(self) -> dict[str, dict[str, Any]]:
+        return {"worker": self.worker_states, "server": self.server_states}
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` in place, all or nothing. Raises :class:`CaSyncError`
         (naming the rank and the entry) if it was saved by another rank or world size, for
         another algorithm, plan or options, or is damaged (a missing entry, a tensor of
         another shape or dtype, a step that is not an integer >= 0)."""
-        me = f"rank {self.rank}"
-        if not isinstance(sd, Mapping) or sd.get("format") != _FORMAT:
-            got = sd.get("format") if isinstance(sd, Mapping) else type(sd).__name__
-            raise CaSyncError(f"{me}: not a CaSync state dict (format {got!r})")
-        missing = [k for k in ("rank", "world_size", "config", "worker", "server") if k not in sd]
-        if missing:
-            raise CaSyncError(f"{me}: damaged CaSync state dict: no {', '.join(missing)}")
-        if (sd["rank"], sd["world_size"]) != (self.rank, self.world_size):
-            raise CaSyncError(
-                f"state dict is rank {sd['rank']} of {sd['world_size']}, this is rank "
-                f"{self.rank} of {self.world_size}: load each rank's own state dict"
-            )
-        if not isinstance(sd["config"], Mapping):
-            raise CaSyncError(f"{me}: damaged CaSync state dict: `config` is not a dict")
-        mine = self.config_digest()
-        differ = sorted(k for k in mine if sd["config"].get(k) != mine[k])
-        if differ:
-            raise CaSyncError(f"state dict was saved with a different {', '.join(differ)}")
-        step = sd.get("step", 0)
+        step = sd.get("step", 0) if isinstance(sd, Mapping) else 0
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise CaSyncError(f"{me}: state dict `step` must be an integer >= 0, got {step!r}")
-        for part, states in (("worker", self.worker_states), ("server", self.server_states)):
-            if not isinstance(sd[part], Mapping) or set(sd[part]) != set(states):
-                raise CaSyncError(f"{me}: state dict {part} states do not match this plan")
-        backup = {k: s.state_dict() for k, s in (*self.worker_states.items(),
-                                                  *self.server_states.items())}  # fmt: skip
-        try:
-            for part, states in (("worker", self.worker_states), ("server", self.server_states)):
-                for k, s in states.items():
-                    try:
-                        s.load_state_dict(sd[part][k])
-                    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
-                        raise CaSyncError(f"{me}: state `{k}`: {exc}") from None
-        except CaSyncError:
-            for k, s in (*self.worker_states.items(), *self.server_states.items()):
-                s.load_state_dict(backup[k])
-            raise
+            raise CaSyncError(
+                f"rank {self.rank}: state dict `step` must be an integer >= 0, got {step!r}"
+            )
+        load_states(
+            sd, fmt=_FORMAT, what="CaSync", rank=self.rank, world_size=self.world_size,
+            config=self.config_digest(), parts=self._parts(), error=CaSyncError,
+        )  # fmt: skip
         if self._unused is not None:
             self._unused.forget()
         self._step = step  # where warm-up and the schedule stand

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hipress.casync.algorithm import CompressionAlgorithm, resolve_algorithm
+from hipress.casync.checkpoint import load_states, save_states
 from hipress.casync.errors import CaSyncError
 from hipress.casync.planning import DefaultRule, resolve_plan
 from hipress.horovod.comm import HorovodComm
@@ -176,37 +177,20 @@ class _HiPressOptimizerMixin:
         Save one per rank and load each into the same rank.
         """
         sync = self._hipress_sync
-        return {
-            "format": _FORMAT,
-            "rank": sync.rank,
-            "world_size": sync.world_size,
-            "config": sync.config(),
-            "worker": {k: s.state_dict() for k, s in sync.worker_states.items()},
-            "server": {k: s.state_dict() for k, s in sync.server_states.items()},
-        }
+        parts = {"worker": sync.worker_states, "server": sync.server_states}
+        return save_states(_FORMAT, sync.rank, sync.world_size, sync.config(), parts)
 
     def load_compression_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Restore :meth:`compression_state_dict` in place. Raises :class:`HorovodSyncError` if
-        it was saved by another rank or world size, or for another algorithm, plan or seed."""
+        """Restore :meth:`compression_state_dict` in place, all or nothing. Raises
+        :class:`HorovodSyncError` (naming the rank and the entry) if it was saved by another
+        rank or world size, or for another algorithm, plan or seed, or is damaged."""
         sync = self._hipress_sync
-        if sd.get("format") != _FORMAT:
-            raise HorovodSyncError(
-                f"not a hipress.horovod state dict (format {sd.get('format')!r})"
-            )
-        if (sd["rank"], sd["world_size"]) != (sync.rank, sync.world_size):
-            raise HorovodSyncError(
-                f"state dict is rank {sd['rank']} of {sd['world_size']}, this is rank "
-                f"{sync.rank} of {sync.world_size}: load each rank's own state dict"
-            )
-        mine = sync.config()
-        differ = sorted(k for k in mine if sd["config"].get(k) != mine[k])
-        if differ:
-            raise HorovodSyncError(f"state dict was saved with a different {', '.join(differ)}")
-        for part, states in (("worker", sync.worker_states), ("server", sync.server_states)):
-            if set(sd[part]) != set(states):
-                raise HorovodSyncError(f"state dict {part} states do not match this plan")
-            for k, s in states.items():
-                s.load_state_dict(sd[part][k])
+        load_states(
+            sd, fmt=_FORMAT, what="hipress.horovod", rank=sync.rank,
+            world_size=sync.world_size, config=sync.config(),
+            parts={"worker": sync.worker_states, "server": sync.server_states},
+            error=HorovodSyncError,
+        )  # fmt: skip
 
 
 def _names(
@@ -312,10 +296,30 @@ def DistributedOptimizer(
     """
     hvd = import_horovod()
     _check_unsupported(hvd, op, num_groups, groups, process_set)
-    if backward_passes_per_step < 1:
+    if (
+        isinstance(backward_passes_per_step, bool)
+        or not isinstance(backward_passes_per_step, int)
+        or backward_passes_per_step < 1
+    ):
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if gradient_predivide_factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if (
+        isinstance(gradient_predivide_factor, bool)
+        or not isinstance(gradient_predivide_factor, int | float)
+        or not 0 < gradient_predivide_factor < float("inf")
+    ):
+        raise ValueError(
+            f"gradient_predivide_factor must be a finite number > 0, got "
+            f"{gradient_predivide_factor!r}"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise HorovodSyncError(f"seed must be an integer >= 0, got {seed!r}")
+    if rule is not None and not isinstance(rule, DefaultRule):
+        raise HorovodSyncError(f"rule must be a DefaultRule or None, got {rule!r}")
+    if params is not None and not isinstance(params, Mapping):
+        raise HorovodSyncError(
+            f"params must be a dict of the algorithm's parameters, e.g. {{'bitwidth': 2}}, got "
+            f"{params!r}"
+        )
     try:
         alg = resolve_algorithm(algorithm, params, backend)
     except CaSyncError as exc:

@@ -391,6 +391,22 @@ def check_state_dict_roundtrip() -> None:
         pass
     else:
         raise CheckFailure("another rank's compression state dict was accepted")
+    # a damaged one is refused whole: the states stay as they were
+    before = opt.compression_state_dict()
+    damaged = copy.deepcopy(saved)
+    keys = sorted(damaged["worker"])
+    damaged["worker"][keys[0]]["step"] = 99
+    damaged["worker"][keys[-1]]["tensors"] = {}
+    try:
+        opt.load_compression_state_dict(damaged)
+    except hipress.horovod.HorovodSyncError as exc:
+        if f"rank {hvd.rank()}: state `{keys[-1]}`" not in str(exc):
+            raise CheckFailure(f"the error does not name the rank and the entry: {exc}") from None
+    else:
+        raise CheckFailure("a damaged compression state dict was accepted")
+    after = opt.compression_state_dict()
+    if after["worker"][keys[0]]["step"] != before["worker"][keys[0]]["step"]:
+        raise CheckFailure("a refused compression state dict changed a state")
 
 
 def check_unsupported_options() -> None:

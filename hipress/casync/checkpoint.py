@@ -1,0 +1,73 @@
+"""Checkpoints of per-chunk algorithm states, shared by the DDP hook and the Horovod wrapper.
+
+A state dict holds one rank's states (they differ per rank): ``format``, ``rank``,
+``world_size``, ``config`` (digests every rank agreed on), ``worker`` and ``server`` (chunk key ->
+:meth:`~hipress.compll.state.State.state_dict`), plus whatever the caller adds. Loading checks
+everything first and restores all states or none: a damaged or foreign checkpoint leaves the
+running states as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hipress.compll.state import State
+
+PARTS = ("worker", "server")
+
+
+def save_states(
+    fmt: str, rank: int, world_size: int, config: Mapping[str, str],
+    parts: Mapping[str, Mapping[str, State]],
+) -> dict[str, Any]:  # fmt: skip
+    """The state dict of ``parts`` (``worker`` and ``server`` states by chunk key)."""
+    out: dict[str, Any] = {
+        "format": fmt, "rank": rank, "world_size": world_size, "config": dict(config),
+    }  # fmt: skip
+    for part, states in parts.items():
+        out[part] = {k: s.state_dict() for k, s in states.items()}
+    return out
+
+
+def load_states(
+    sd: Any, *, fmt: str, what: str, rank: int, world_size: int, config: Mapping[str, str],
+    parts: Mapping[str, Mapping[str, State]], error: type[Exception],
+) -> Mapping[str, Any]:  # fmt: skip
+    """Restore ``parts`` from ``sd`` in place, all or nothing; return ``sd``. Raises ``error``
+    naming the rank and the entry: ``what`` (e.g. "CaSync") names the kind of state dict."""
+    me = f"rank {rank}"
+    if not isinstance(sd, Mapping) or sd.get("format") != fmt:
+        got = sd.get("format") if isinstance(sd, Mapping) else type(sd).__name__
+        raise error(f"{me}: not a {what} state dict (format {got!r})")
+    missing = [k for k in ("rank", "world_size", "config", *parts) if k not in sd]
+    if missing:
+        raise error(f"{me}: damaged {what} state dict: no {', '.join(missing)}")
+    if (sd["rank"], sd["world_size"]) != (rank, world_size):
+        raise error(
+            f"state dict is rank {sd['rank']} of {sd['world_size']}, this is rank {rank} of "
+            f"{world_size}: load each rank's own state dict"
+        )
+    if not isinstance(sd["config"], Mapping):
+        raise error(f"{me}: damaged {what} state dict: `config` is not a dict")
+    differ = sorted(k for k in config if sd["config"].get(k) != config[k])
+    if differ:
+        raise error(f"state dict was saved with a different {', '.join(differ)}")
+    for part, states in parts.items():
+        if not isinstance(sd[part], Mapping) or set(sd[part]) != set(states):
+            raise error(f"{me}: state dict {part} states do not match this plan")
+    everything = [(part, k, s) for part, states in parts.items() for k, s in states.items()]
+    backup = [s.state_dict() for _, _, s in everything]
+    done = 0
+    try:
+        for part, k, s in everything:
+            try:
+                s.load_state_dict(sd[part][k])
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                raise error(f"{me}: state `{k}`: {exc}") from None
+            done += 1
+    except BaseException:
+        for (_, _, s), saved in zip(everything[:done], backup[:done], strict=True):
+            s.load_state_dict(saved)
+        raise
+    return sd
