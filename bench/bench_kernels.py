@@ -51,7 +51,6 @@ import math
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +59,7 @@ import torch
 
 from hipress.compll import Algorithm, algorithms, load
 from hipress.compll.algorithm import decode_sum_by_parts
+from hipress.timing import best_of
 
 Fn = Callable[[], object]
 
@@ -73,21 +73,7 @@ def _size(s: str) -> int:
 def best(fn: Fn, reps: int, cuda: bool = False) -> float:
     """Best time of ``reps`` calls after one warm-up call (seconds): wall time, or on a GPU
     (``cuda``) the time between CUDA events around each call."""
-    fn()
-    ts = []
-    for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return min(ts)
+    return best_of(fn, reps, cuda)
 
 
 # ---------------------------------------------------------------- plain torch-ops versions

@@ -22,13 +22,14 @@ import json
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from hipress.timing import best_of
 
 __all__ = ["Report", "run_selftest"]
 
@@ -194,21 +195,7 @@ def speed(report: Report, device: torch.device, n: int, make: Callable[[str], An
     cuda = device.type == "cuda"
 
     def best(fn: Callable[[], object], reps: int = 5) -> float:
-        fn()
-        ts = []
-        for _ in range(reps):
-            if cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b) / 1e3)
-            else:
-                t = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t)
-        return min(ts)
+        return best_of(fn, reps, cuda)
 
     x = torch.randn(n, device=device)
     y = torch.empty(n, device=device)

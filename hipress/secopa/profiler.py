@@ -44,6 +44,7 @@ from hipress.secopa.profile import (
     Profile,
     ProfileError,
 )
+from hipress.timing import time_once
 
 log = logging.getLogger(__name__)
 
@@ -99,17 +100,7 @@ def _time_calls(
     ts = []
     cuda = device is not None and torch.device(device).type == "cuda"
     for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-            continue
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
+        ts.append(time_once(fn, cuda) * 1e3)
     return min(ts) if stat == "min" else statistics.median(ts)
 
 
