@@ -230,12 +230,12 @@ def _run(config: DemoConfig, runs: Any, corpus: Any, net_mbit: float | None) -> 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo as ``args`` say; prints everything; returns the exit status."""
-    from hipress.cli import _parse_params
+    from hipress.compll.cli_codegen import parse_params
     from hipress.demo.data import DataError, load_corpus
 
     t0 = time.perf_counter()
     try:
-        params = _parse_params(args.param)
+        params = parse_params(args.param)
         _check_algorithm(args.algorithm, params)
         plan = None if args.plan == "default" else args.plan
         if plan not in (None, "auto") and not Path(plan).is_file():
