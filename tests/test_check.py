@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from hipress.compll import CllParamError, CllTypeError, ir, load_source
 from hipress.compll.check import check_source, param_variants
 from hipress.compll.parse import parse
 from hipress.compll.source import SourceFile
-from hipress.compll.types import F32, I64, U8, U32
+from hipress.compll.types import F32, F64, I32, I64, U8, U32
 
 
 def prog(body: str, payload: str = "q: f32[n];", decode: str = "return p.q;", head: str = ""):
@@ -199,3 +201,91 @@ def test_digest_changes_with_params_only_when_program_changes() -> None:
     assert check_source(src, {"bits": 4}).digest() != d1
     commented = SourceFile("t.cll", "// a comment\n" + SRC)
     assert check_source(commented).digest() == d1
+
+
+def _result(body: str, payload: str = "q: f32[n];") -> ir.Expr:
+    p = prog(body, payload, decode="return map(n, i => 0.0);")
+    m = next(o for o in p.encode.ops if isinstance(o, ir.Map))
+    return m.fn.result
+
+
+def test_bit_casts_read_the_bits_of_a_same_width_value() -> None:
+    r = _result("return concat(map(n, i => as_u32(g[i])));", "q: u32[n];")
+    assert r == ir.Unary("as_u32", r.x, U32) and r.x.dtype == F32
+    r = _result("return concat(map(n, i => as_f64(i64(i))));", "q: f64[n];")
+    assert isinstance(r, ir.Unary) and r.op == "as_f64" and r.dtype == F64
+    # between integers of one width the bits are kept by the conversion; same type: nothing
+    r = _result("return concat(map(n, i => as_u32(i32(i))));", "q: u32[n];")
+    assert isinstance(r, ir.Cast) and r.dtype == U32
+    r = _result("return concat(map(n, i => as_f32(g[i])));")
+    assert isinstance(r, ir.Load)
+    # literals take the type whose bits are read: as_f32 an integer (u32 before i32),
+    # as_u32 / as_i64 a float; everything constant folds
+    r = _result("return concat(map(n, i => g[i] + as_f32(0x3F800000) + as_f32(-2147483648)));")
+    assert r.a.b == ir.Const(1.0, F32) and r.b == ir.Const(-0.0, F32)
+    r = _result("return concat(map(n, i => u32(i) + as_u32(1)));", "q: u32[n];")
+    assert r.b == ir.Const(0x3F800000, U32)
+    r = _result("return concat(map(n, i => i64(i) + as_i64(1)));", "q: i64[n];")
+    assert r.b == ir.Const(0x3FF0000000000000, I64)
+
+
+def test_exponent_and_ldexp_types() -> None:
+    r = _result("return concat(map(n, i => exponent(f64(g[i]))));", "q: i32[n];")
+    assert r == ir.Unary("exponent", r.x, I32)
+    # any integer exponent, taken as i64 (no wrap-around); the float's type is the result's
+    r = _result("return concat(map(n, i => ldexp(f64(g[i]), u32(i))));", "q: f64[n];")
+    assert r.op == "ldexp" and r.dtype == F64 and r.b.dtype == I64
+    r = _result("return concat(map(n, i => ldexp(g[i], 1 << 40)));")
+    assert r.b == ir.Const(1 << 40, I64) and r.dtype == F32
+    # constant arguments fold; a literal result adapts like a literal
+    r = _result("return concat(map(n, i => f64(g[i]) * ldexp(1, 3) + f64(exponent(0.75))));",
+                "q: f64[n];")  # fmt: skip
+    assert r.a.b == ir.Const(8.0, F64) and r.b == ir.Const(-1.0, F64)
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("as_u32(f64(g[i]))", "`as_u32` reinterprets the bits of a 32-bit value (f32, i32 or "
+         "u32), got f64; convert it first, e.g. f32(...) or u32(...)"),
+        ("as_f64(g[i])", "`as_f64` reinterprets the bits of a 64-bit value (f64 or i64), got f32"),
+        ("as_f32(i > 3)", "got bool"),
+        ("as_f32(f16(g[i]))", "f16 is a storage type; convert it first"),
+        ("as_f32(4294967296)", "`as_f32(4294967296)`: 4294967296 does not fit in 32 bits"),
+        ("as_u32(g[i], 1)", "`as_u32` takes 1 argument(s), got 2"),
+        ("exponent(i)", "`exponent` needs a float (f32 or f64), got i64"),
+        ("ldexp(g[i], 2.0)", "the exponent of `ldexp(x, e)` must be an integer, got f32"),
+        ("ldexp(i, 2)", "`ldexp` needs a float (f32 or f64), got i64"),
+        ("ldexp(g[i])", "`ldexp` takes 2 argument(s), got 1"),
+    ],
+)  # fmt: skip
+def test_bit_builtin_diagnostics(expr: str, message: str) -> None:
+    with pytest.raises(CllTypeError) as info:
+        prog(f"return concat(map(n, i => f32({expr})));")
+    assert message in str(info.value)
+
+
+def test_inf_and_nan_adapt_and_a_program_may_reuse_the_names() -> None:
+    r = _result("return concat(map(n, i => min(f64(g[i]), inf) + nan));", "q: f64[n];")
+    assert r.a.b == ir.Const(math.inf, F64) and r.b.dtype == F64 and math.isnan(r.b.value)
+    with pytest.raises(CllTypeError, match="expected i32, got f32"):
+        prog("let k: i32 = inf; return concat(map(n, i => g[i]));")
+    # a const, param, let, fn or lambda parameter of the same name hides the constant
+    g = torch.tensor([1.0, 2.0])
+    assert run("return concat(map(n, i => g[i] + inf));", g, head="const inf = 3.0;").tolist() == [
+        4.0,
+        5.0,
+    ]
+    head = "param nan: f32 = 1.0;"
+    assert run("return concat(map(n, i => g[i] * nan));", g, head=head).tolist() == [1.0, 2.0]
+    assert run("let inf = 0.5; return concat(map(n, i => g[i] * inf));", g).tolist() == [0.5, 1.0]
+    head = "fn f(nan: f32) -> f32 { return nan * 2.0; }"
+    assert run("return concat(map(n, i => f(g[i])));", g, head=head).tolist() == [2.0, 4.0]
+    assert run("return concat(map(n, inf => f32(inf)));", g).tolist() == [0.0, 1.0]
+    # a state of that name is still encode-only (decode does not see the constant instead)
+    with pytest.raises(CllTypeError, match="state `inf` is only available in encode"):
+        prog(
+            "inf = 1.0; return concat(map(n, i => g[i]));",
+            decode="return map(n, i => inf);",
+            head="state inf: f32;",
+        )

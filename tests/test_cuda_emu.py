@@ -20,6 +20,9 @@ from test_native import (
     NAN,
     PROGRAMS,
     VARIANTS,
+    ZERO_MINUS,
+    bit_edge_inputs,
+    docs_example,
     gradients,
     run_both,
     same_values,
@@ -131,6 +134,28 @@ def _program_pair(prog: str) -> tuple[Algorithm, Algorithm]:
         _ALGS[key] = Algorithm(ref.program, CudaBackend(ref.program, SHUFFLED))
     ref = load_source(SourceFile(f"{prog}.cll", PROGRAMS[prog]), backend="reference")
     return ref, _ALGS[key]
+
+
+@pytest.mark.parametrize("n", [1, 9, 1000])
+@pytest.mark.parametrize("prog", ["bits", "natural", "docs natural"])
+def test_bit_builtins_on_edge_values(prog: str, n: int) -> None:
+    """Bit casts, exponent and ldexp on zeros, subnormals, Inf, NaN, the largest finite value,
+    powers of two and random bits, as CUDA code (its __float_as_uint and double arithmetic)."""
+    if prog == "docs natural":
+        text = docs_example("algorithm natural")
+        ref = load_source(SourceFile("natural.cll", text), backend="reference")
+        emu = Algorithm(ref.program, CudaBackend(ref.program, SHUFFLED))
+    else:
+        ref, emu = _program_pair(prog)
+    run_both(ref, emu, bit_edge_inputs(n), steps=2)
+
+
+def test_zero_minus_a_value_that_cannot_be_negative_zero() -> None:
+    """g++ folds 0 - x to -x where x cannot be -0 (see tests/test_native.py)."""
+    ref = load_source(SourceFile("zm.cll", ZERO_MINUS), backend="reference")
+    emu = Algorithm(ref.program, CudaBackend(ref.program, SHUFFLED))
+    x = torch.tensor([0.0, -0.0, 1.0, -2.5, 0.25, NAN, 300.0, -INF, 7.0])
+    run_both(ref, emu, x, steps=1)
 
 
 # ---------------------------------------------------------------- inputs a caller may give

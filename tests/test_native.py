@@ -10,7 +10,9 @@ f64 whatever the order (see docs/codegen.md, "exceptions"), so the comparison ca
 from __future__ import annotations
 
 import math
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -378,10 +380,97 @@ decode(p) {
 }
 """
 
+BITS = """
+algorithm t_bits "bit casts, exponent, ldexp, inf and nan";
+payload {
+    u: u32[n]; s: i32[n]; e: i32[n]; e64: i32[n]; w: i64[n];
+    back: f32[n]; back64: f64[n]; l: f32[n]; l64: f64[n]; l64s: f64[n];
+    h: i32; hl: f32; hw: i64;
+}
+encode(g) {
+    let u = map(n, i => as_u32(g[i]));
+    let s = map(n, i => as_i32(g[i] * g[(i + 1) % n]));             // NaN from Inf * 0
+    let e = map(n, i => exponent(g[i]));
+    let e64 = map(n, i => exponent(f64(g[i]) * f64(g[(i + 3) % n]) * 1e-300));  // f64 subnormals
+    let w = map(n, i => as_i64(f64(g[i]) / f64(g[(i + 2) % n])));  // NaN from 0/0, Inf/Inf
+    let back = map(n, i => as_f32(urand(i) ^ as_u32(g[i])));         // any bits, NaNs included
+    let back64 = map(n, i => as_f64(as_i64(f64(g[i])) + i64(urand(i, 1))));
+    let l = map(n, i => ldexp(g[i], i32(urand(i, 2) % 700) - 350));
+    let l64 = map(n, i => ldexp(f64(g[i]) * 1e-200, i64(urand(i, 3) % 5000) - 2500));
+    // 53-bit significands scaled into the subnormals, where rounding twice would show
+    let l64s = map(n, i => ldexp(f64(g[i]) * 1.2345678901234567, i64(urand(i, 4) % 120) - 1100));
+    let amax = reduce(absmax, g);                                     // host scalars too
+    let h = exponent(amax) + exponent(nan) - exponent(-inf);
+    let hl = ldexp(amax, h - 200) + as_f32(as_u32(nan) | 1);
+    return concat(u, s, e, e64, w, back, back64, l, l64, l64s, h, hl, as_i64(f64(hl) * inf));
+}
+decode(p) {
+    return map(n, i => as_f32(p.u[i] ^ u32(p.s[i])) + ldexp(f32(p.back64[i]), p.e[i] % 64));
+}
+"""
+
+# natural compression (docs/dsl.md, "Bits of a float") written both ways: with bit casts, and
+# with exponent and ldexp; they agree except for subnormal x
+NATURAL = """
+algorithm t_natural "natural compression, two ways";
+payload { a: f32[n]; b: f32[n]; }
+
+fn natural(x: f32, r: u32) -> f32 {
+    let b = as_u32(x);
+    let up = (r >> 9) < (b & 0x7FFFFF);             // with probability mantissa / 2^23
+    let down = b & 0xFF800000;                      // sign and exponent: a power of two
+    return isnan(x) ? x : as_f32(up ? down + 0x800000 : down);   // or the next one up
+}
+
+fn natural_exp(x: f32, u: f32) -> f32 {
+    let e = exponent(x);                            // 2^e <= |x| < 2^(e+1)
+    let up = u < ldexp(abs(x), -e) - 1.0;           // with probability |x| / 2^e - 1
+    let m = ldexp(1.0, up ? e + 1 : e);
+    return isnan(x) ? x : (x < 0.0 ? -m : m);
+}
+
+encode(g) {
+    let a = map(n, i => natural(g[i], urand(i)));
+    let b = map(n, i => natural_exp(g[i], uniform(i)));
+    return concat(a, b);
+}
+decode(p) { return p.a; }
+"""
+
 PROGRAMS = {
     "scans": SCANS, "reductions": REDUCTIONS, "casts": CASTS, "sparse": SPARSE,
-    "rotations": ROTATIONS,
+    "rotations": ROTATIONS, "bits": BITS, "natural": NATURAL,
 }  # fmt: skip
+
+
+def docs_example(first_line: str) -> str:
+    """The ```c block of docs/dsl.md that starts with ``first_line``."""
+    text = (Path(__file__).parent.parent / "docs" / "dsl.md").read_text()
+    blocks = re.findall(r"```c\n(.*?)```", text, flags=re.DOTALL)
+    return next(b for b in blocks if b.startswith(first_line))
+
+
+# f32 bit patterns at the edges: zeros, subnormals, the smallest normal, powers of two, the
+# largest finite, infinities, NaNs of either sign, quiet and signalling
+BIT_EDGES = [
+    0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x00400000, 0x00000003,
+    0x00800000, 0x80800000, 0x3F800000, 0x3FC00000, 0xBF7FFFFF, 0x40000000, 0x4B000001,
+    0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001,
+    0x7FFFFFFF, 0x7F000000, 0x00800001,
+]  # fmt: skip
+
+
+def bit_edge_inputs(n: int) -> torch.Tensor:
+    """``n`` floats: every edge pattern (as many as fit, a different rotation per n), then
+    random bit patterns and random values of every magnitude."""
+    g = torch.Generator().manual_seed(n)
+    rand_bits = torch.randint(-(2**31), 2**31, (n,), generator=g, dtype=torch.int64)
+    mags = torch.randn(n, generator=g) * 2.0 ** torch.randint(-150, 128, (n,), generator=g)
+    x = torch.where(torch.arange(n) % 2 == 0, rand_bits.to(torch.int32).view(torch.float32), mags)
+    edges = torch.tensor(BIT_EDGES, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    k = min(n, len(edges))
+    x[:k] = edges.roll(n)[:k]
+    return x.float()
 
 
 def _program_pair(text: str) -> tuple[Algorithm, Algorithm]:
@@ -407,6 +496,70 @@ def test_every_op_equals_reference_threaded(prog: str) -> None:
     x[5::211] = -INF
     x[7::307] = -0.0
     run_both(ref, cpu, x, steps=1)
+
+
+@pytest.mark.parametrize("n", [1, 9, 1000])
+@pytest.mark.parametrize("prog", ["bits", "natural"])
+def test_bit_builtins_on_edge_values(prog: str, n: int) -> None:
+    ref, cpu = _program_pair(PROGRAMS[prog])
+    run_both(ref, cpu, bit_edge_inputs(n), steps=2)
+
+
+def test_natural_compression_in_a_few_operations() -> None:
+    """The docs' example equals the test program's; both forms round to a power of two around
+    each element (the same one for normal x), and the rounding is unbiased."""
+    from hipress.compll.payload import unpack
+
+    ref = _program_pair(NATURAL)[0]
+    docs_ref, docs_cpu = _program_pair(docs_example("algorithm natural"))
+    x = bit_edge_inputs(1000)
+    run_both(docs_ref, docs_cpu, x)
+    n = x.numel()
+    a, b = unpack(ref.program, n, ref.encode(x, ref.init_state(n, seed=4)))
+    docs = docs_ref.decode(docs_ref.encode(x, docs_ref.init_state(n, seed=4)), n)
+    assert same_values(docs, a)
+    normal = torch.isinf(x) | ((x.abs() >= 2.0**-126) & torch.isfinite(x))
+    assert same_values(a[normal], b[normal])
+    fin = torch.isfinite(x) & (x != 0)
+    for y in (a, b):
+        lo = 2.0 ** torch.floor(torch.log2(x.double().abs()))  # 2^e <= |x| < 2^(e+1)
+        if y is a:  # the bit form rounds a subnormal to 0 or 2^-126
+            lo = torch.where(x.abs() < 2.0**-126, torch.zeros_like(lo), lo)
+        hi = torch.where(lo == 0, torch.full_like(lo, 2.0**-126), 2 * lo)
+        hi = torch.where(hi >= 2.0**128, torch.full_like(hi, math.inf), hi)
+        mag = y.double().abs()
+        assert ((mag == lo) | (mag == hi))[fin].all()
+        assert (torch.signbit(y) == torch.signbit(x))[fin & (mag != 0)].all()
+        assert same_values(y[~fin & (x != 0)], x[~fin & (x != 0)]) and (y[x == 0] == 0).all()
+    ones = torch.full((20000,), 1.3)
+    for y in unpack(ref.program, 20000, ref.encode(ones, ref.init_state(20000, seed=1))):
+        assert set(y.tolist()) == {1.0, 2.0} and abs(y.double().mean().item() - 1.3) < 0.02
+
+
+# 0 - x is -x, except +0 for x = +0: gcc 12 folds it to -x where x cannot be -0 (an integer
+# converted, an abs), so the renderer writes it as a select
+ZERO_MINUS = """
+algorithm t_zero_minus "0 - x of values that cannot be -0";
+payload { a: f32[n]; b: f64[n]; c: f32[n]; d: f32[n]; }
+encode(g) {
+    var v: f32 = 0.0;
+    if (g[0] > 100.0) { v = 1.0; }
+    let a = map(n, i => 0.0 - abs(g[i]));
+    let b = map(n, i => f64(0.0) - f64(i32(g[i])));
+    let c = map(n, i => { var w: f32 = 0.0; w -= f32(i32(g[i])); return w; });
+    let d = map(n, i => v - f32(u8(g[i])));
+    return concat(a, b, c, d);
+}
+decode(p) { return map(n, i => p.a[i] + p.c[i] + p.d[i]); }
+"""
+
+
+def test_zero_minus_a_value_that_cannot_be_negative_zero() -> None:
+    ref, cpu = _program_pair(ZERO_MINUS)
+    x = torch.tensor([0.0, -0.0, 1.0, -2.5, 0.25, math.nan, 300.0, -math.inf, 7.0])
+    run_both(ref, cpu, x, steps=1)
+    a = cpu.encode(x, cpu.init_state(9))[:36].view(torch.float32)
+    assert torch.equal(a[:2].view(torch.int32), torch.zeros(2, dtype=torch.int32))  # +0, not -0
 
 
 def test_sqrt_is_ieee_within_an_ulp_of_torch() -> None:

@@ -81,6 +81,15 @@ def test_comments_and_hex() -> None:
     assert m.decls[1].value.value == 255
 
 
+def test_leading_zeros_do_not_count_against_pythons_digit_limit() -> None:
+    """Python refuses to convert more than 4300 decimal digits; a literal of that many leading
+    zeros is still its value (it raised a Lark VisitError), and a long one is still refused."""
+    m = _parse(f"algorithm x; const k = {'0' * 5000}17;")
+    assert m.decls[1].value.value == 17
+    with pytest.raises(CllSyntaxError, match=r"t.cll:1:24: .*\(5022 digits\) does not fit in i64"):
+        _parse(f"algorithm x; const k = {'0' * 5000}{'9' * 22};")
+
+
 def test_syntax_error_position() -> None:
     try:
         _parse("algorithm x;\nconst k = (1 + ;")

@@ -23,7 +23,10 @@ class Number:
     def value(self) -> int | float:
         if self.is_float:
             return float(self.text)
-        return int(self.text, 16) if self.text.lower().startswith("0x") else int(self.text)
+        if self.text.lower().startswith("0x"):
+            return int(self.text, 16)
+        # (leading zeros stripped: Python refuses to convert more than 4300 decimal digits)
+        return int(self.text.lstrip("0") or "0")
 
 
 @dataclass(frozen=True)

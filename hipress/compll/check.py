@@ -26,6 +26,7 @@ from hipress.compll.check_body import (
     Tuple_,
     Value,
     _Ctx,
+    constant_scope,
     fold,
     refs,
     same_type,
@@ -93,7 +94,7 @@ class Elaborator(BodyChecker):
         if len(payloads) > 1:
             raise self.err("more than one `payload` declaration", payloads[1].span)
 
-        top = Scope()
+        top = Scope(constant_scope())
         self.top = top
         self.used[ir.N] = 1
         top.names[ir.N] = Binding(Scalar(N_REF), "builtin")

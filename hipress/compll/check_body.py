@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hipress.compll import ast, ir
+from hipress.compll.check_bits import BIT_BUILTINS, BitsChecker
 from hipress.compll.check_expr import ExprChecker
 from hipress.compll.check_par import ParallelChecker
 from hipress.compll.source import CllTypeError, Span
@@ -23,8 +24,11 @@ SCAN_OPS = ("sum", "min", "max")
 MATH1 = ("abs", "floor", "ceil", "round", "trunc", "sqrt", "sign", "isnan", "isinf", "isfinite")
 PARALLEL = ("map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter", "gather")
 RANDOM = ("urand", "uniform", "randint")
-BUILTINS = (*MATH1, "min", "max", "clamp", *PARALLEL, *RANDOM, "concat", "extract")
+BUILTINS = (*MATH1, "min", "max", "clamp", *BIT_BUILTINS, *PARALLEL, *RANDOM, "concat", "extract")
 N_REF = ir.Ref(ir.N, I64)
+# predeclared values (f32, adapting like float literals); they live in a scope above the
+# program's, so a declaration of the same name (const, param, let, parameter) hides them
+CONSTANTS = {"inf": float("inf"), "nan": float("nan")}
 
 _BINOPS = {
     "+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "<<": "shl", ">>": "shr",
@@ -106,6 +110,14 @@ class Scope:
                 return s
             s = s.parent
         return None
+
+
+def constant_scope() -> Scope:
+    """A scope holding :data:`CONSTANTS`, the parent of a program's top scope."""
+    s = Scope()
+    for name, v in CONSTANTS.items():
+        s.names[name] = Binding(Scalar(ir.Const(v, F32), True), "builtin")
+    return s
 
 
 class _Ctx:
@@ -260,7 +272,7 @@ def _retype_literal(e: ir.Expr, t: DType) -> ir.Expr | None:
     return None
 
 
-class BodyChecker(ExprChecker, ParallelChecker):
+class BodyChecker(ExprChecker, ParallelChecker, BitsChecker):
     """Statements and expressions. Expects ``err``, ``fresh``, ``_type``, ``_size``, ``top``,
     ``fns`` and ``fn_stack`` from :class:`hipress.compll.check.Elaborator`."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hipress.compll import ast, ir
+from hipress.compll.check_bits import BIT_BUILTINS
 from hipress.compll.source import CllTypeError, Span
 from hipress.compll.types import BOOL, F32, I64, SCALAR_TYPES, U32, ArrayType, DType
 
@@ -94,7 +95,8 @@ class ExprChecker:
             return Scalar(ir.Const(e.value, BOOL))
         if isinstance(e, ast.Name):
             b = scope.lookup(e.id)
-            if b is None and e.id in getattr(self, "hidden_state", ()):
+            hidden = b is None or b.kind == "builtin"  # a state named `inf` hides the constant
+            if hidden and e.id in getattr(self, "hidden_state", ()):
                 raise self.err(
                     f"state `{e.id}` is only available in encode (decode must be a pure "
                     "function of the payload)",
@@ -244,6 +246,8 @@ class ExprChecker:
                 raise self.err(f"`{f}` needs a number, got {x.dtype}", e.span)
             out = BOOL if f.startswith("is") else x.dtype
             return Scalar(fold(ir.Unary(f, x.expr, out)), x.lit and out != BOOL)
+        if f in BIT_BUILTINS:
+            return self._bits_call(e, scope, ctx)
         if f in ("min", "max"):
             if len(args) != 2:
                 raise self.err(

@@ -75,7 +75,9 @@ def _apply(fn: ir.Lambda, args: list[torch.Tensor], env: Env, length: int) -> to
         env.scalars[name] = _eval(value, env)
     out = _eval(fn.result, env)
     if out.dim() == 0:
-        out = out.expand(length)
+        # a fresh dense copy: an expanded scalar of 0 or 1 elements counts as contiguous but
+        # keeps stride 0, which the payload's byte views refuse
+        return out.repeat(length)
     return out.contiguous() if out.shape[0] == length else out
 
 

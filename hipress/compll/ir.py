@@ -49,14 +49,18 @@ class Load:
 
 @dataclass(frozen=True)
 class Unary:
-    op: str  # neg not bnot abs floor ceil round trunc sqrt sign isnan isinf isfinite
+    # neg not bnot abs floor ceil round trunc sqrt sign isnan isinf isfinite, and between a
+    # float and an integer of its width as_u32 as_i32 as_f32 as_i64 as_f64; exponent (-> i32)
+    op: str
     x: Expr
     dtype: DType
 
 
 @dataclass(frozen=True)
 class Binary:
-    op: str  # add sub mul div mod shl shr band bor bxor and or eq ne lt le gt ge min max
+    # add sub mul div mod shl shr band bor bxor and or eq ne lt le gt ge min max, and ldexp
+    # (a float, b an i64)
+    op: str
     a: Expr
     b: Expr
     dtype: DType

@@ -32,7 +32,7 @@ PAR_MIN = 16384
 # the generator's files whose text decides what is generated for each target (cache keys)
 _COMMON_MODULES = (
     "plan.py", "lower.py", "defer.py", "fuse.py", "finite.py", "walk.py", "sparse.py",
-    "render.py", "render_expr.py",
+    "render.py", "render_expr.py", "render_bits.py",
 )  # fmt: skip
 _TARGET_MODULES = {
     "c": ("render_c.py", "render_stages.py", "render_reduce.py"),

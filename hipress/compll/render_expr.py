@@ -8,6 +8,7 @@ target's prelude template with the semantics of :mod:`hipress.compll.semantics`.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hipress.compll import ir
+from hipress.compll import ir, render_bits
 from hipress.compll.plan import Plan
 from hipress.compll.types import DType
 
@@ -136,6 +137,11 @@ def _minmax_const(e: ir.Binary) -> tuple[ir.Const, bool] | None:
         if isinstance(c, ir.Const) and c.value == c.value and c.value != 0:
             return c, first
     return None
+
+
+def _plus_zero(e: ir.Expr) -> bool:
+    """Whether ``e`` is the constant +0.0."""
+    return isinstance(e, ir.Const) and e.value == 0 and math.copysign(1.0, e.value) > 0
 
 
 def const(value: int | float | bool, dt: DType) -> str:
@@ -259,10 +265,15 @@ class Emitter:
         if isinstance(e, ir.Load):
             return self.load(e, body, env)
         if isinstance(e, ir.Unary):
+            if e.op in render_bits.UNARY:
+                bind = self._binder(body)
+                return render_bits.unary(e.op, self.expr(e.x, body, env), e.x.dtype, bind)
             return self.unary(e.op, self.expr(e.x, body, env), e.x.dtype)
         if isinstance(e, ir.Binary):
             a = self.expr(e.a, body, env)
             b = self.expr(e.b, body, env)
+            if e.op == "ldexp":
+                return render_bits.ldexp(a, b, e.dtype, self._binder(body))
             if e.op == "mod" and e.a.dtype.name == "i64" and body.tile is not None:
                 rot = self._rotation(e, f"{a} % {b}", body, env)
                 if rot is not None:
@@ -278,6 +289,15 @@ class Emitter:
                     x = v
                 cmp = ">=" if e.op == "max" else "<="
                 return f"hp_sel_{e.dtype.name}(({k} {cmp} {x}), {k}, {x})"
+            if e.op == "sub" and e.dtype.name in ("f32", "f64") and _plus_zero(e.a):
+                # gcc 12 folds 0 - x to -x where x cannot be -0 (an integer converted, a fabs),
+                # which gives -0 for x = +0; IEEE's 0 - x is -x but +0 for either zero
+                if not _IDENT.match(b):
+                    v = self.names.fresh("z")
+                    body.lines.append(f"const {ctype(e.dtype)} {v} = {b};")
+                    b = v
+                zero = const(0.0, e.dtype)
+                return f"hp_sel_{e.dtype.name}(({b} == {zero}), {zero}, (-{b}))"
             if e.op in ("div", "mod") and e.a.dtype.name == "i64" and body.index is not None:
                 flag = self._fast_division(e, body, env)
                 if flag is not None:
@@ -300,6 +320,18 @@ class Emitter:
                 bits = f"hp_philox({ctr}, {e.stream}u, rk0, rk1, rstep, rtid)"
             return f"hp_uniform({bits})" if e.kind == "uniform" else bits
         raise TypeError(f"not an IR expression: {e!r}")
+
+    def _binder(self, body: Body) -> render_bits.Bind:
+        """Binds a C expression to a fresh constant in ``body`` (identifiers as they are)."""
+
+        def bind(ctype_: str, text: str) -> str:
+            if _IDENT.match(text):
+                return text
+            v = self.names.fresh("bt")
+            body.lines.append(f"const {ctype_} {v} = {text};")
+            return v
+
+        return bind
 
     def unary(self, op: str, x: str, dt: DType) -> str:
         if op == "not":

@@ -11,13 +11,19 @@ bit for bit (the tests hold them to it). Rules that differ from plain C or torch
 - min/max propagate NaN and order -0 below +0, so the result never depends on operand order.
 - sign(x) is -1, 0 or 1 (+0 for both zeros); NaN stays NaN.
 - round() rounds half to even.
+- Bit casts (as_u32 as_i32 as_i64 of a float) give every NaN the bits of the positive quiet
+  NaN, as payloads store it: how a NaN was made (0/0 is 0xFFC00000 on x86, 0x7FFFFFFF on a GPU)
+  is never observable. as_f32 / as_f64 reinterpret any bits as they are.
+- exponent(x) is floor(log2|x|) for finite nonzero x (subnormals included), one below the
+  smallest subnormal's for +-0 and one above the largest finite's for +-Inf and NaN.
+- ldexp(x, e) is x * 2^e rounded once (to nearest even), through subnormals and overflow.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hipress.compll.types import DType, torch_compute_dtype
+from hipress.compll.types import I32, DType, torch_compute_dtype
 
 
 def wrap(t: torch.Tensor, dt: DType) -> torch.Tensor:
@@ -115,7 +121,60 @@ def unary(op: str, x: torch.Tensor, dt: DType) -> torch.Tensor:
         return torch.isinf(x)
     if op == "isfinite":
         return torch.isfinite(x)
+    if op in ("as_u32", "as_i32", "as_i64"):
+        bits = x.view(_SAME_WIDTH_INT[dt.bits]).to(torch.int64)
+        bits = torch.where(torch.isnan(x), torch.full_like(bits, CANONICAL_NAN_BITS[dt.name]), bits)
+        return bits & 0xFFFFFFFF if op == "as_u32" else bits
+    if op == "as_f32":
+        return wrap(x, I32).to(torch.int32).view(torch.float32)
+    if op == "as_f64":
+        return x.view(torch.float64)
+    if op == "exponent":
+        return _exponent(x, dt)
     raise ValueError(f"unknown unary op {op}")
+
+
+# the positive quiet NaN (payload.CANONICAL_NAN), the bits a bit cast gives every NaN
+CANONICAL_NAN_BITS = {"f32": 0x7FC00000, "f64": 0x7FF8000000000000}
+_SAME_WIDTH_INT = {32: torch.int32, 64: torch.int64}
+# (mantissa bits, exponent bias) of the computing float types
+_FORMAT = {"f32": (23, 127), "f64": (52, 1023)}
+
+
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k as f64, exactly, for int64 ``k`` in [-1022, 1023] (built from its bits)."""
+    return ((k + 1023) << 52).view(torch.float64)
+
+
+def _exponent(x: torch.Tensor, dt: DType) -> torch.Tensor:
+    mant, bias = _FORMAT[dt.name]
+    mag = x.view(_SAME_WIDTH_INT[dt.bits]).to(torch.int64) & ((1 << (dt.bits - 1)) - 1)
+    field = mag >> mant
+    # a subnormal is mag * 2^(1 - bias - mant) with mag < 2^mant, exact as an f64 whose
+    # exponent field gives floor(log2 mag)
+    log2_mag = (mag.to(torch.float64).view(torch.int64) >> 52) - 1023
+    out = torch.where(field == 0, log2_mag - (bias + mant - 1), field - bias)
+    out = torch.where(mag == 0, torch.full_like(out, -(bias + mant)), out)
+    return torch.where(field == 2 * bias + 1, torch.full_like(out, bias + 1), out)
+
+
+def ldexp(x: torch.Tensor, e: torch.Tensor, dt: DType) -> torch.Tensor:
+    """``x * 2^e`` (``e`` int64) rounded once to ``dt``: no double rounding in the subnormal
+    range, overflow to +-Inf. (torch.ldexp multiplies by a rounded 2^e, which is 0 or Inf for
+    large |e| even when the product is finite.)"""
+    if dt.name == "f32":
+        # the f64 product is exact (|e| <= 300 keeps it normal); beyond, every nonzero finite
+        # f32 overflows or rounds to zero either way
+        return (x.to(torch.float64) * _pow2(e.clamp(-300, 300))).to(torch.float32)
+    # f64: up to two scalings towards the range (by 2^1023 or 2^-969), then the one rounding
+    # multiplication. A scaling down is inexact only when |x| < 2^-53, and then the result is
+    # below half the smallest subnormal both ways: zero (as in musl's scalbn)
+    y, k = x, e
+    for _ in range(2):
+        step = torch.where(k > 1023, 1023, torch.where(k < -1022, -969, 0))
+        y = y * _pow2(step)
+        k = k - step
+    return y * _pow2(k.clamp(-1022, 1023))
 
 
 _INT64_MIN = -(1 << 63)
@@ -171,6 +230,8 @@ def binary(op: str, a: torch.Tensor, b: torch.Tensor, dt: DType) -> torch.Tensor
         return fmin(a, b, dt)
     if op == "max":
         return fmax(a, b, dt)
+    if op == "ldexp":
+        return ldexp(a, b, dt)
     raise ValueError(f"unknown binary op {op}")
 
 

@@ -72,6 +72,9 @@ class State:
                 )
             if v.dtype != mine.dtype and not (v.is_floating_point() and mine.is_floating_point()):
                 raise ValueError(f"state entry `{k}` is {v.dtype}, this tensor's is {mine.dtype}")
+            if v.layout != torch.strided or v.device.type == "meta":
+                where = "a meta tensor" if v.device.type == "meta" else f"layout {v.layout}"
+                raise ValueError(f"state entry `{k}` holds no dense values ({where})")
         for k, v in sd["tensors"].items():
             self.tensors[k].copy_(v)
         self.step = counters["step"]

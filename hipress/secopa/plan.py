@@ -23,6 +23,13 @@ class PlanError(ValueError):
 MAX_PLAN_BYTES = 64 << 20
 
 
+def _object(v: Any, what: str) -> dict[str, Any]:
+    """A JSON object with string keys (``params``, ``totals``, ``meta``), as a dict."""
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise PlanError(f"malformed plan: `{what}` must be an object with string keys")
+    return dict(v)
+
+
 def _count(v: Any, what: str, where: Mapping[str, Any]) -> int:
     """A whole count in a plan file: an integer >= 0 (not a bool, float or string)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -170,11 +177,11 @@ class Plan:
             )
             return cls(
                 algorithm=str(d["algorithm"]),
-                params=dict(d.get("params", {})),
+                params=_object(d.get("params", {}), "params"),
                 world_size=_count(d["world_size"], "world_size", d),
                 entries=entries,
-                totals={k: float(v) for k, v in dict(d.get("totals", {})).items()},
-                meta=dict(d.get("meta", {})),
+                totals={k: float(v) for k, v in _object(d.get("totals", {}), "totals").items()},
+                meta=_object(d.get("meta", {}), "meta"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, PlanError):
@@ -189,11 +196,12 @@ class Plan:
         if len(text) > MAX_PLAN_BYTES:
             raise PlanError(f"a plan file has at most {MAX_PLAN_BYTES >> 20} MiB")
         try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as exc:
+            data = json.loads(text)
+        except ValueError as exc:  # bad JSON, or json's own limits (an integer of 4300+ digits)
             raise PlanError(f"plan is not valid JSON: {exc}") from None
         except RecursionError:
             raise PlanError("plan is not a plan: its JSON is nested too deeply") from None
+        return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
