@@ -62,8 +62,8 @@ class Report:
 
 
 def environment() -> dict[str, str]:
-    from hipress.compll.cache import Toolchain
-    from hipress.compll.cuda_emu import CxxToolchain
+    from hipress.compll.backends.cache import Toolchain
+    from hipress.compll.backends.cuda.emu import CxxToolchain
 
     found = {"python": platform.python_version(), "torch": torch.__version__,
              "torch CUDA": str(torch.version.cuda or "none (CPU build)")}  # fmt: skip
@@ -84,7 +84,7 @@ def environment() -> dict[str, str]:
     try:
         import ctypes
 
-        from hipress.compll.nvrtc import _nvrtc
+        from hipress.compll.backends.cuda.nvrtc import _nvrtc
 
         major, minor = ctypes.c_int(), ctypes.c_int()
         _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
@@ -274,7 +274,7 @@ def run_selftest(quick: bool = False, out: Path | None = None) -> Report:
     import torch.distributed as dist
 
     from hipress.compll import Algorithm, load
-    from hipress.compll.cuda_emu import CxxToolchain
+    from hipress.compll.backends.cuda.emu import CxxToolchain
 
     report = Report(found=environment())
     launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
@@ -297,7 +297,7 @@ def run_selftest(quick: bool = False, out: Path | None = None) -> Report:
         report.checks["CUDA kernels on a GPU"] = "skipped: no GPU visible to torch"
         kernel_checks(report, cpu, sizes[:3], lambda n: load(n, backend="cpu"), "C")
         if CxxToolchain.detect() is not None:
-            from hipress.compll.cuda_emu import emulated_backend
+            from hipress.compll.backends.cuda.emu import emulated_backend
 
             def emulated(name: str) -> Any:
                 prog = load(name, backend="reference").program

@@ -8,7 +8,7 @@
   ``var`` and ``if``, casts, ``?:``, packed and storage-only payload fields, ``extract``, a
   sparse scatter decode). Every one must be accepted, and every backend must compute it bit for
   bit like the reference interpreter, so the generator keeps to the part of the language that
-  docs/codegen.md ("Equal to the reference, and the exceptions") promises is exact: float sums
+  docs/reference/compll-api.md ("Equal on every backend") promises is exact: float sums
   only of values whose f64 sum is exact in any order (the gradient in the test's value regimes,
   its power-of-two multiples, f32/f64 of 32-bit integers), float scatters only at distinct
   indices, no ``sqrt`` and no float ``%``.

@@ -18,7 +18,7 @@ the OS picks (no port races). A worker that raises fails the call with its trace
 does not finish within ``timeout`` is killed and fails the call; a worker that exits on purpose
 (``os._exit(0)``) yields ``None``.
 
-(:func:`hipress.netsim.run_in_network` does the same inside simulated networks, for benchmarks.)
+(:func:`hipress.bench.netsim.run_in_network` does the same inside simulated networks, for benchmarks.)
 """
 
 from __future__ import annotations

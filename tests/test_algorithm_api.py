@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hipress.compll import BackendError, CllError, algorithms, load
-from hipress.compll.state import State
+from hipress.compll.ir.state import State
 
 
 def test_registry_lists_shipped_algorithms() -> None:

@@ -21,10 +21,10 @@ from hypothesis.extra import numpy as hnp
 
 from hipress import compll
 from hipress.compll import Algorithm, algorithms, shipped_path
-from hipress.compll.check import param_variants
-from hipress.compll.parse import parse
-from hipress.compll.payload import unpack
-from hipress.compll.source import SourceFile
+from hipress.compll.frontend.check import param_variants
+from hipress.compll.frontend.parse import parse
+from hipress.compll.ir.payload import unpack
+from hipress.compll.ir.source import SourceFile
 
 # The reference interpreter defines what an algorithm computes; native kernels are held to it
 # elsewhere. These properties are about the algorithms, so they run on the reference.

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from hipress.compll import Algorithm, load, load_source
-from hipress.compll.cache import (
+from hipress.compll.backends.c.native import NativeBackend, build
+from hipress.compll.backends.cache import (
     C_FLAGS,
     RECORD,
     CacheError,
@@ -29,9 +30,9 @@ from hipress.compll.cache import (
     compile_c,
     kernel_key,
 )
-from hipress.compll.native import NativeBackend, build
-from hipress.compll.render import generator_digest, render_c
-from hipress.compll.source import SourceFile
+from hipress.compll.backends.render import generator_digest
+from hipress.compll.backends.targets import render_c
+from hipress.compll.ir.source import SourceFile
 
 TOOLCHAIN = Toolchain.detect()
 needs_cc = pytest.mark.skipif(TOOLCHAIN is None, reason="no C compiler")
@@ -81,12 +82,12 @@ def test_template_or_generator_change_changes_the_key(tmp_path: Path) -> None:
     assert generator_digest("c", root) == generator_digest("c")
     copy = tmp_path / "compll"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    tpl = copy / "templates" / "c_loop.c.j2"
+    tpl = copy / "backends" / "templates" / "c_loop.c.j2"
     tpl.write_text(tpl.read_text() + "\n")
     assert generator_digest("c", copy) != generator_digest("c")
     # a CUDA template change does not invalidate C kernels
-    cu = copy / "templates" / "cuda_loop.cu.j2"
-    tpl.write_text((root / "templates" / "c_loop.c.j2").read_text())
+    cu = copy / "backends" / "templates" / "cuda_loop.cu.j2"
+    tpl.write_text((root / "backends" / "templates" / "c_loop.c.j2").read_text())
     cu.write_text(cu.read_text() + "\n")
     assert generator_digest("c", copy) == generator_digest("c")
     assert generator_digest("cuda", copy) != generator_digest("cuda")
@@ -256,7 +257,7 @@ def test_damaged_entry_is_rebuilt_before_it_is_loaded(
     lib = _lib(cache, "onebit")
     DAMAGE[kind](lib, _lib(cache, OTHER))
     ref = load("onebit", backend="reference")
-    with caplog.at_level(logging.INFO, logger="hipress.compll.cache"):
+    with caplog.at_level(logging.INFO, logger="hipress.compll.backends.cache"):
         cpu = Algorithm(ref.program, NativeBackend(ref.program, cache, TOOLCHAIN))
     assert cache.compiles == 1
     _assert_reference(_outputs(cpu))
@@ -265,7 +266,7 @@ def test_damaged_entry_is_rebuilt_before_it_is_loaded(
     assert notes[0].levelno == (logging.INFO if kind == "record-removed" else logging.WARNING)
     assert stat.S_ISREG(os.lstat(lib).st_mode)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="hipress.compll.cache"):
+    with caplog.at_level(logging.INFO, logger="hipress.compll.backends.cache"):
         NativeBackend(ref.program, cache, TOOLCHAIN)  # now a plain hit
     assert cache.compiles == 1 and not caplog.records
 
@@ -274,8 +275,8 @@ TRUNCATED_LOAD = """
 import sys
 import torch
 from hipress.compll import Algorithm, load
-from hipress.compll.cache import KernelCache, Toolchain
-from hipress.compll.native import NativeBackend
+from hipress.compll.backends.cache import KernelCache, Toolchain
+from hipress.compll.backends.c.native import NativeBackend
 sys.path.insert(0, sys.argv[3])
 from test_cache import _outputs
 ref = load("onebit", backend="reference")

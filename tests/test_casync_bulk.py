@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hipress.casync.bulk import build_schedule, split_sizes
-from hipress.secopa.plan import Strategy, TensorPlan
+from hipress.casync.bulk import build_schedule
+from hipress.core.layout import split_sizes
+from hipress.core.plan import Strategy, TensorPlan
 
 AG, PS, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.ALLREDUCE
 

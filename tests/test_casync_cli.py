@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hipress.casync.cli import _size, add_sync_arguments
 from hipress.cli import main
+from hipress.cli.casync import _size, add_sync_arguments
 
 
 def test_bench_sync_quick_writes_a_table_and_json(
@@ -45,6 +45,6 @@ def test_sizes_and_bad_options() -> None:
     parser = argparse.ArgumentParser()
     add_sync_arguments(parser)
     args = parser.parse_args(["--world-sizes", "1"])
-    from hipress.casync.cli import run_bench_sync
+    from hipress.cli.casync import run_bench_sync
 
     assert run_bench_sync(args) == 2

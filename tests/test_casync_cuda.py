@@ -15,7 +15,7 @@ from dist_utils import run_workers
 from hipress.casync import CaSyncState
 from hipress.casync.reference import ReferenceSync
 from hipress.compll import load
-from hipress.secopa.plan import Plan, Strategy, TensorPlan
+from hipress.core.plan import Plan, Strategy, TensorPlan
 
 pytestmark = [
     pytest.mark.cuda,

@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
     from hipress.casync import CommError, register
-    from hipress.secopa.plan import Plan, Strategy, TensorPlan
+    from hipress.core.plan import Plan, Strategy, TensorPlan
 
     rank, world, strategy, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

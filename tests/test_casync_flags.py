@@ -16,8 +16,8 @@ from hipress.casync import CaSyncState
 from hipress.casync.algorithm import init_chunk_states
 from hipress.casync.flags import FlagMode
 from hipress.compll import load
+from hipress.core.plan import Plan, Strategy, TensorPlan
 from hipress.horovod.sync import FLAG_BYTES, _with_flag
-from hipress.secopa.plan import Plan, Strategy, TensorPlan
 
 NAN = float("nan")
 
@@ -136,7 +136,7 @@ def test_the_ring_thread_ends_with_its_state() -> None:
 def test_a_closed_state_refuses_ring_rounds() -> None:
     pytest.importorskip("torch.distributed")
     from hipress.casync.errors import CaSyncError
-    from hipress.casync.ring import RingDriver
+    from hipress.casync.strategies.ring import RingDriver
 
     driver = RingDriver()
     driver.close()

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hipress.casync import CaSyncError, CaSyncState, ConfigMismatchError, register
 from hipress.casync.reference import ReferenceSync
 from hipress.compll import load
-from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 
 AG, PS, RING, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.RING, Strategy.ALLREDUCE
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -253,7 +253,7 @@ def _pickle_and_validate(rank: int, world_size: int) -> None:
     model = _model(0)
     ddp = _ddp(model)
     plan = _plan("terngrad", model, world_size)
-    state = register(ddp, "terngrad", {"bitwidth": 4}, plan=plan)
+    state = register(ddp, "terngrad", params={"bitwidth": 4}, plan=plan)
     _step(ddp, rank, 0, torch.float32)
     clone = pickle.loads(pickle.dumps(state))
     assert clone.process_group is None and clone.plan == state.plan
@@ -308,7 +308,7 @@ def _pickle_and_validate(rank: int, world_size: int) -> None:
     with pytest.raises(PlanError, match="algorithm 'terngrad'"):
         register(_ddp(_model(0)), "onebit", plan=plan)
     with pytest.raises(CaSyncError, match="bitwidth"):
-        register(_ddp(_model(0)), "terngrad", {"bitwidth": 3})
+        register(_ddp(_model(0)), "terngrad", params={"bitwidth": 3})
     with pytest.raises(CaSyncError, match="no_such_algorithm"):
         register(_ddp(_model(0)), "no_such_algorithm")
     with pytest.raises(CaSyncError, match="DistributedDataParallel"):
@@ -345,7 +345,7 @@ def _disagree(rank: int, world_size: int, what: str) -> str:
             )
         else:
             seed = 1
-    register(ddp, name, params if name == "terngrad" else None, plan=plan, seed=seed)
+    register(ddp, name, params=params if name == "terngrad" else None, plan=plan, seed=seed)
     with pytest.raises(Exception) as info:
         _step(ddp, rank, 0, torch.float32)
     return f"{type(info.value).__name__}: {info.value}"

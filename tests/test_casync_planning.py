@@ -8,7 +8,7 @@ import pytest
 
 from hipress.casync.planning import DefaultRule, resolve_plan
 from hipress.compll import load
-from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 
 NAMED = [("w1", 1 << 20), ("b1", 1024), ("w2", 20_000_000), ("tiny", 3)]
 

@@ -16,7 +16,7 @@ from dist_utils import run_workers
 
 from hipress.casync import CaSyncError, CaSyncState
 from hipress.casync.reference import ReferenceSync
-from hipress.secopa.plan import Plan, Strategy, TensorPlan
+from hipress.core.plan import Plan, Strategy, TensorPlan
 
 AG, PS, RING, AR = Strategy.ALLGATHER, Strategy.PS, Strategy.RING, Strategy.ALLREDUCE
 STEPS = 2  # the second step runs on states the first one advanced

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hipress.casync import DefaultRule, register
-from hipress.secopa.plan import Strategy
+from hipress.core.plan import Strategy
 
 STEPS, BATCH = 200, 64
 
@@ -33,7 +33,7 @@ def _train(rank: int, compress: bool) -> dict:
     state = None
     if compress:
         # weights (>= 512 elements) compressed with the PS strategy, biases batched uncompressed
-        state = register(ddp, "terngrad", {"bitwidth": 2}, rule=DefaultRule(min_compress_numel=512))
+        state = register(ddp, "terngrad", params={"bitwidth": 2}, rule=DefaultRule(min_compress_numel=512))
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     xs, ys = _data(100 + rank, BATCH * STEPS)
     x_eval, y_eval = _data(999, 4096)

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hipress.casync import register
-from hipress.secopa.plan import Plan, Strategy, TensorPlan
+from hipress.core.plan import Plan, Strategy, TensorPlan
 
 
 class TwoHeads(nn.Module):

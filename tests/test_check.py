@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from hipress.compll import CllParamError, CllTypeError, ir, load_source
-from hipress.compll.check import check_source, param_variants
-from hipress.compll.parse import parse
-from hipress.compll.source import SourceFile
-from hipress.compll.types import F32, F64, I32, I64, U8, U32
+from hipress.compll import CllParamError, CllTypeError, load_source
+from hipress.compll.frontend.check import check_source, param_variants
+from hipress.compll.frontend.parse import parse
+from hipress.compll.ir import nodes as ir
+from hipress.compll.ir.source import SourceFile
+from hipress.compll.ir.types import F32, F64, I32, I64, U8, U32
 
 
 def prog(body: str, payload: str = "q: f32[n];", decode: str = "return p.q;", head: str = ""):

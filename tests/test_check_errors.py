@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hipress.compll import CllError, CllSyntaxError, CllTypeError
-from hipress.compll.check import check_source
-from hipress.compll.source import SourceFile
+from hipress.compll.frontend.check import check_source
+from hipress.compll.ir.source import SourceFile
 
 GOLDEN = Path(__file__).parent / "golden" / "errors"
 CASES = sorted(p.stem for p in GOLDEN.glob("*.cll"))

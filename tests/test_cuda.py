@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from hipress.compll import algorithms, load, load_source
-from hipress.compll.cache import CompileError
-from hipress.compll.source import SourceFile
+from hipress.compll.backends.cache import CompileError
+from hipress.compll.ir.source import SourceFile
 
-cuda_mod = pytest.importorskip("hipress.compll.cuda")
+cuda_mod = pytest.importorskip("hipress.compll.backends.cuda.backend")
 
 
 def _nvrtc_ok() -> bool:
-    from hipress.compll.nvrtc import _nvrtc
+    from hipress.compll.backends.cuda.nvrtc import _nvrtc
 
     try:
         _nvrtc()

@@ -30,17 +30,17 @@ from test_native import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hipress.compll import Algorithm, algorithms, load, load_source
-from hipress.compll.calls import CallError
-from hipress.compll.cuda import CudaBackend, CudaBackendError
-from hipress.compll.cuda_abi import CudaSource, Field
-from hipress.compll.cuda_emu import CxxToolchain, EmulatedRuntime, EmulationError
-from hipress.compll.cuda_runtime import select_topk, stable_sort
-from hipress.compll.source import SourceFile
+from hipress.compll.backends.cuda.abi import CudaSource, Field
+from hipress.compll.backends.cuda.backend import CudaBackend, CudaBackendError
+from hipress.compll.backends.cuda.emu import CxxToolchain, EmulatedRuntime, EmulationError
+from hipress.compll.backends.cuda.runtime import select_topk, stable_sort
+from hipress.compll.ir.calls import CallError
+from hipress.compll.ir.source import SourceFile
 
 pytestmark = pytest.mark.skipif(CxxToolchain.detect() is None, reason="no C++ compiler")
 
 # HIPRESS_EMU_SANITIZE=address and/or alignment: the kernels under AddressSanitizer / UBSan's
-# alignment check (the runtime preloaded; docs/codegen.md)
+# alignment check (the runtime preloaded; docs/how-to/write-an-algorithm.md)
 SANITIZE = tuple(s for s in os.environ.get("HIPRESS_EMU_SANITIZE", "").split(",") if s)
 SHUFFLED = EmulatedRuntime(blocks=3, shuffle=True, seed=11, sanitize=SANITIZE)
 _ALGS: dict[tuple, Algorithm] = {}

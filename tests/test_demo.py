@@ -13,7 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hipress.bench.netsim import ShapedNetwork, shaping_unavailable_reason
 from hipress.cli import main
+from hipress.cli.demo import format_summary
 from hipress.demo import (
     DemoConfig,
     DemoError,
@@ -25,7 +27,6 @@ from hipress.demo import (
     WordLM,
     load_corpus,
 )
-from hipress.demo.cli import format_summary
 from hipress.demo.data import (
     NL,
     build_vocab,
@@ -37,7 +38,6 @@ from hipress.demo.data import (
 )
 from hipress.demo.launch import launch
 from hipress.demo.models import evaluate
-from hipress.netsim import ShapedNetwork, shaping_unavailable_reason
 
 # ---------------------------------------------------------------------------- corpus
 

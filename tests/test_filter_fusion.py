@@ -10,10 +10,10 @@ import torch
 from test_native import run_both
 
 from hipress.compll import load, load_source
-from hipress.compll.cache import Toolchain
-from hipress.compll.lower import lower
-from hipress.compll.render import render
-from hipress.compll.source import SourceFile
+from hipress.compll.backends.cache import Toolchain
+from hipress.compll.backends.targets import render
+from hipress.compll.ir.source import SourceFile
+from hipress.compll.lower.lower import lower
 
 NAN, INF = float("nan"), float("inf")
 SIZES = (0, 1, 2, 7, 9, 100, 2049, 16384 + 9, 50001)
@@ -203,7 +203,7 @@ def test_sparsifiers_fused_pass_equals_reference_when_the_bound_fills(name: str)
 
 @pytest.mark.parametrize("prog", sorted(PROGRAMS))
 def test_cuda_runs_the_plain_steps_and_compiles(prog: str) -> None:
-    cuda = pytest.importorskip("hipress.compll.nvrtc")
+    cuda = pytest.importorskip("hipress.compll.backends.cuda.nvrtc")
     try:
         cuda._nvrtc()
     except cuda.CudaUnavailable:

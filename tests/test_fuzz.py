@@ -42,17 +42,17 @@ from hypothesis import strategies as st
 from test_native import run_both
 
 from hipress.compll import Algorithm, algorithms, load, load_source, shipped_path
-from hipress.compll import ir as cir
-from hipress.compll.cache import KernelCache, Toolchain
-from hipress.compll.check import check_source
-from hipress.compll.cuda_emu import CxxToolchain, emulated_backend
-from hipress.compll.interp import eval_size
-from hipress.compll.native import NativeBackend
-from hipress.compll.payload import layout
-from hipress.compll.render import render
-from hipress.compll.source import CllError, CllParamError, SourceFile
-from hipress.compll.types import ArrayType
-from hipress.secopa.plan import Plan, PlanError
+from hipress.compll.backends.c.native import NativeBackend
+from hipress.compll.backends.cache import KernelCache, Toolchain
+from hipress.compll.backends.cuda.emu import CxxToolchain, emulated_backend
+from hipress.compll.backends.targets import render
+from hipress.compll.frontend.check import check_source
+from hipress.compll.ir import nodes as cir
+from hipress.compll.ir.interp import eval_size
+from hipress.compll.ir.payload import layout
+from hipress.compll.ir.source import CllError, CllParamError, SourceFile
+from hipress.compll.ir.types import ArrayType
+from hipress.core.plan import Plan, PlanError
 
 FUZZ = int(os.environ.get("HIPRESS_FUZZ_EXAMPLES", "0"))
 CPU_LIMIT_S, WALL_LIMIT_S = 5.0, 30.0  # per input: check and render (not kernel builds)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from hipress.compll import load_source
-from hipress.compll.payload import CANONICAL_NAN
-from hipress.compll.semantics import CANONICAL_NAN_BITS
-from hipress.compll.source import SourceFile
+from hipress.compll.ir.payload import CANONICAL_NAN
+from hipress.compll.ir.semantics import CANONICAL_NAN_BITS
+from hipress.compll.ir.source import SourceFile
 
 
 def enc(body: str, g: torch.Tensor, out: str = "f32[n]", head: str = "") -> torch.Tensor:
@@ -25,7 +25,7 @@ def enc(body: str, g: torch.Tensor, out: str = "f32[n]", head: str = "") -> torc
     a = load_source(SourceFile("t.cll", text), backend="reference")
     st = a.init_state(g.numel())
     payload = a.encode(g, st)
-    from hipress.compll.payload import unpack
+    from hipress.compll.ir.payload import unpack
 
     return unpack(a.program, g.numel(), payload)[0]
 
@@ -154,7 +154,7 @@ def test_segreduce_partial_segment() -> None:
 
 
 def test_random_matches_the_rng_module_and_is_uniform() -> None:
-    from hipress.compll.rng import philox_bits
+    from hipress.compll.ir.rng import philox_bits
 
     g = torch.zeros(100_000)
     u = enc("return concat(map(n, i => uniform(i)));", g)

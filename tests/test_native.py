@@ -4,7 +4,8 @@ For every shipped algorithm (and small programs exercising every op and type the
 not), the C kernel's payload bytes equal the reference's, and its decoded values and new state
 equal the reference's (NaN compares equal to NaN: NaN payload bits inside decoded values and
 state are unspecified). Inputs are drawn from value "regimes" in which a float sum is exact in
-f64 whatever the order (see docs/codegen.md, "exceptions"), so the comparison can be exact.
+f64 whatever the order (see docs/reference/compll-api.md, "Equal on every backend"), so the
+comparison can be exact.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hipress.compll import Algorithm, algorithms, load, load_source, shipped_path
-from hipress.compll.backends import AutoBackend, NativeUnavailableWarning
-from hipress.compll.cache import C_FLAGS, KernelCache, Toolchain
-from hipress.compll.calls import CallError
-from hipress.compll.check import param_variants
-from hipress.compll.native import NativeBackend, NativeError
-from hipress.compll.parse import parse
-from hipress.compll.source import SourceFile
+from hipress.compll.backends.c.native import NativeBackend, NativeError
+from hipress.compll.backends.cache import C_FLAGS, KernelCache, Toolchain
+from hipress.compll.backends.select import AutoBackend, NativeUnavailableWarning
+from hipress.compll.frontend.check import param_variants
+from hipress.compll.frontend.parse import parse
+from hipress.compll.ir.calls import CallError
+from hipress.compll.ir.source import SourceFile
 
 TOOLCHAIN = Toolchain.detect()
 pytestmark = pytest.mark.skipif(TOOLCHAIN is None, reason="no C compiler")
@@ -409,8 +410,8 @@ decode(p) {
 }
 """
 
-# natural compression (docs/dsl.md, "Bits of a float") written both ways: with bit casts, and
-# with exponent and ldexp; they agree except for subnormal x
+# natural compression (docs/reference/compll-language.md, "Bits of a float") written both ways:
+# with bit casts, and with exponent and ldexp; they agree except for subnormal x
 NATURAL = """
 algorithm t_natural "natural compression, two ways";
 payload { a: f32[n]; b: f32[n]; }
@@ -444,8 +445,8 @@ PROGRAMS = {
 
 
 def docs_example(first_line: str) -> str:
-    """The ```c block of docs/dsl.md that starts with ``first_line``."""
-    text = (Path(__file__).parent.parent / "docs" / "dsl.md").read_text()
+    """The ```c block of docs/reference/compll-language.md that starts with ``first_line``."""
+    text = (Path(__file__).parent.parent / "docs" / "reference" / "compll-language.md").read_text()
     blocks = re.findall(r"```c\n(.*?)```", text, flags=re.DOTALL)
     return next(b for b in blocks if b.startswith(first_line))
 
@@ -508,7 +509,7 @@ def test_bit_builtins_on_edge_values(prog: str, n: int) -> None:
 def test_natural_compression_in_a_few_operations() -> None:
     """The docs' example equals the test program's; both forms round to a power of two around
     each element (the same one for normal x), and the rounding is unbiased."""
-    from hipress.compll.payload import unpack
+    from hipress.compll.ir.payload import unpack
 
     ref = _program_pair(NATURAL)[0]
     docs_ref, docs_cpu = _program_pair(docs_example("algorithm natural"))
@@ -741,7 +742,7 @@ IN_KERNEL_FLAG = {
 
 @pytest.mark.parametrize("name", algorithms())
 def test_encode_reports_nonfinite_from_its_own_pass(name: str) -> None:
-    from hipress.compll.lower import lower
+    from hipress.compll.lower.lower import lower
 
     cpu, ref = load(name, backend="cpu"), load(name, backend="reference")
     prog = ref.program
@@ -856,7 +857,7 @@ def _seg_input(n: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("seg", SEG_LENGTHS)
 def test_fused_segment_reduction_equals_reference(seg: int) -> None:
-    from hipress.compll.lower import lower
+    from hipress.compll.lower.lower import lower
 
     src = SourceFile("segfuse.cll", SEGFUSE)
     ref = load_source(src, backend="reference", seg=seg)
@@ -976,7 +977,7 @@ def test_min_max_with_constants_equal_reference() -> None:
 
 
 def test_the_sparse_decodes_are_recognised_and_nothing_else() -> None:
-    from hipress.compll.sparse import sparse_decode
+    from hipress.compll.lower.sparse import sparse_decode
 
     found = {a for a in algorithms() if sparse_decode(load(a, backend="reference").program)}
     assert found == {"dgc", "graddrop", "randomk", "topk"}
@@ -993,7 +994,7 @@ def test_the_sparse_decodes_are_recognised_and_nothing_else() -> None:
 
 
 def _sparse_payload(alg: Algorithm, n: int, idx: list[int], val: list[float], count=None):  # type: ignore[no-untyped-def]
-    from hipress.compll.payload import layout, pack
+    from hipress.compll.ir.payload import layout, pack
 
     prog = alg.program
     fields, total = layout(prog, n)
@@ -1020,7 +1021,7 @@ def test_sparse_decode_sum_equals_decode_by_decode(name: str, case: str) -> None
     ignored; a non-finite value makes every element NaN)."""
     n = 1000
     ref, cpu = _pair(name, {"ratio": 0.01} if name == "topk" else {"s_percent": 0.005})
-    from hipress.compll.payload import layout
+    from hipress.compll.ir.payload import layout
 
     k = layout(ref.program, n)[0][-1].length  # idx and val: k (topk) or the bound (dgc)
     m = k if name == "topk" else k - 2  # dgc's count may be below its bound

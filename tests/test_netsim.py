@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hipress.netsim import (
+from hipress.bench.netsim import (
     NETNS_DIR,
     PREFIX,
     LoopbackNetwork,

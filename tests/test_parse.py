@@ -9,12 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hipress.compll import ast, load_source
+from hipress.compll import load_source
 from hipress.compll.algorithm import algorithms, shipped_path
-from hipress.compll.check import check_source
-from hipress.compll.parse import parse
-from hipress.compll.render import render
-from hipress.compll.source import CllError, CllSyntaxError, SourceFile, Span
+from hipress.compll.backends.targets import render
+from hipress.compll.frontend import ast
+from hipress.compll.frontend.check import check_source
+from hipress.compll.frontend.parse import parse
+from hipress.compll.ir.source import CllError, CllSyntaxError, SourceFile, Span
 
 
 def _parse(text: str) -> ast.Module:
@@ -165,7 +166,7 @@ def test_adversarial_sources_are_refused_at_bounded_cost() -> None:
     too deep is refused, located, in about a second, never with a RecursionError."""
     import time
 
-    from hipress.compll.parse import MAX_SOURCE_BYTES
+    from hipress.compll.frontend.parse import MAX_SOURCE_BYTES
 
     def source(terms: int) -> SourceFile:
         chain = "+".join(["g[i]"] * terms)

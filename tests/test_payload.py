@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hipress.compll import load_source
-from hipress.compll.payload import layout, pack, pack_bits, unpack, unpack_bits
-from hipress.compll.source import SourceFile
+from hipress.compll.ir.payload import layout, pack, pack_bits, unpack, unpack_bits
+from hipress.compll.ir.source import SourceFile
 
 SRC = """algorithm t;
 payload { a: f32; b: i64; c: u8; h: f16[n]; q: uint<2>[n]; k: i32[(n + 1) / 2]; z: bf16; }

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from hipress.cli.compll import GENERATED, check_generated, render_all
 from hipress.compll import algorithms, load, load_source
-from hipress.compll.cli_codegen import GENERATED, check_generated, render_all
-from hipress.compll.lower import lower
-from hipress.compll.render import BANNER, environment, render
-from hipress.compll.source import SourceFile
+from hipress.compll.backends.render import BANNER, environment
+from hipress.compll.backends.targets import render
+from hipress.compll.ir.source import SourceFile
+from hipress.compll.lower.lower import lower
 
 
 def _prog(text: str):
@@ -51,7 +52,7 @@ def test_elementwise_chains_fuse_into_one_pass() -> None:
     """)
     plan = lower(prog, "encode")
     assert len(_loops(plan)) == 1  # one pass: pack + in-place state update
-    assert plan.ws == []  # nothing materialised
+    assert plan.ws == ()  # nothing materialised
     assert plan.homes["r.1"].kind == "state"  # state updated in place
 
 

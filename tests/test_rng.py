@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hipress.compll.rng import philox_bits, uniform_from_bits
+from hipress.compll.ir.rng import philox_bits, uniform_from_bits
 
 
 def test_random123_known_answers() -> None:

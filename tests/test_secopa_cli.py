@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hipress.secopa.cli import main, parse_bandwidth, parse_latency, parse_param
+from hipress.cli import main
+from hipress.cli.args import parse_bandwidth, parse_latency, parse_param
+from hipress.core.plan import Plan
 from hipress.secopa.models import resolve_model
-from hipress.secopa.plan import Plan
 from hipress.secopa.profile import Profile, affine_profile
 
 

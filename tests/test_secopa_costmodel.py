@@ -61,8 +61,9 @@ def test_original_formulas_are_one_configuration(
     bcast: tuple[float, float, float],
     send: tuple[float, float, float],
 ) -> None:
-    """shared/REFERENCE.md section 1, term by term, with every cost affine-with-floor in
-    elements (the original's per-cluster fits); network ops take bytes, so w/4."""
+    """The original HiPress formulas (docs/explanation/secopa.md), term by term, with every
+    cost affine-with-floor in elements (the original's per-cluster fits); network ops take
+    bytes, so w/4."""
     k = 1 + int(kf * (n - 1))
     base = affine_profile("x", encode=enc, decode=dec, merge=merge, bytes_per_element=4 * r)
     net = dict(base.network)

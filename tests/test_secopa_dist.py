@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from hipress.secopa.cli import main
+from hipress.cli import main
+from hipress.core.plan import PlanError
 from hipress.secopa.codec import cast_codec
 from hipress.secopa.comm import TorchComm
 from hipress.secopa.localgroup import LocalGroupError, run_local
 from hipress.secopa.models import resolve_model
-from hipress.secopa.plan import PlanError
 from hipress.secopa.profile import MeasuredComm, Profile
 from hipress.secopa.profiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.runtime import auto_plan, plan_for_model
@@ -72,6 +72,7 @@ def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> No
 
 
 def _auto_plan_timed(rank: int, world: int) -> tuple[float, str]:
+    from hipress.casync.profiling import auto_plan
     from hipress.secopa.codec import load_codec
 
     named = resolve_model("mlp").named_numels()
@@ -89,7 +90,7 @@ def test_auto_plan_with_defaults_takes_a_few_seconds() -> None:
 
 
 def _calibrated(rank: int, world: int) -> dict[str, Any]:
-    from hipress.secopa.calibrate import calibrate
+    from hipress.casync.profiling import calibrate
     from hipress.secopa.codec import load_codec
     from hipress.secopa.runtime import auto_profile
 

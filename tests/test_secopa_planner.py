@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.secopa.costmodel import CostModel
 from hipress.secopa.models import resolve_model
-from hipress.secopa.plan import Plan, PlanError, Strategy
 from hipress.secopa.planner import Planner, PlannerConfig, ddp_buckets, plan_named, size_grid
 from hipress.secopa.profile import Profile, affine_profile
 from hipress.secopa.runtime import check_plan, load_plan_for_model
@@ -50,7 +50,7 @@ def _named(numels: list[int]) -> list[tuple[str, int]]:
 
 
 def _gpu_profile(bandwidth: float = 1.25e9) -> Profile:
-    # TernGrad on a V100 (shared/REFERENCE.md: 0.2 ms per 1M floats), 2 bits per element
+    # TernGrad on a V100 (the HiPress paper's figure: 0.2 ms per 1M floats), 2 bits per element
     return affine_profile(
         "terngrad",
         encode=(2e-7, 0.02, 0.02),
@@ -207,7 +207,7 @@ def test_bucket_pass_saves_the_allreduce_a_bucket_keeps_for_its_small_tensors() 
 
 
 def test_threshold_guard_compresses_what_the_bucket_totals_favour() -> None:
-    """A profile measured on loopback (2 ranks, onebit, 2026-11-25): per byte, an allreduce of
+    """A profile measured on loopback (2 ranks, onebit): per byte, an allreduce of
     a few MiB (in cache) costs half of one of 200 MB, so the per-size rule, which charges an
     uncompressed tensor the cheapest rate, compresses nothing; all-compressed is blocked by a
     4096-element tensor that compression leaves 0.001 ms slower alone. The guard's threshold

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from hipress.bench.models import LSTMLM, load_corpus
-from hipress.netsim import LoopbackNetwork, run_in_network
+from hipress.bench.netsim import LoopbackNetwork, run_in_network
+from hipress.bench.tables import convergence_rows
 
 __all__ = ["ConvergenceOptions", "convergence_markdown", "run_convergence"]
 
@@ -276,21 +277,6 @@ def convergence_markdown(results: dict[str, Any]) -> str:
         "after every epoch, as one would pick the checkpoint to keep); each compared with "
         "uncompressed's own final or best.",
         "",
-        "| algorithm | EF | final accuracy % | vs uncompressed | best % (epoch) | vs best "
-        "uncompressed | final valid loss | train s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results["rows"]:
-        ef = {None: "-", True: "yes", False: "no"}[r["error_feedback"]]
-        if "accuracy" not in r:
-            err = r.get("error", "no result").strip().splitlines()[-1][:160]
-            out.append(f"| {r['algorithm']} | {ef} | failed: {err} | | | | | |")
-            continue
-        d, bd = r.get("delta_points"), r.get("best_delta_points")
-        out.append(
-            f"| {r['algorithm']} | {ef} | {100 * r['accuracy']:.2f} | "
-            f"{'-' if d is None else f'{d:+.2f}'} | {100 * r['best_accuracy']:.2f} "
-            f"({r['best_epoch']}) | {'-' if bd is None else f'{bd:+.2f}'} | "
-            f"{r['valid_loss']:.3f} | {r['seconds']:.0f} |"
-        )
+    out += convergence_rows(results)
     return "\n".join(out) + "\n"

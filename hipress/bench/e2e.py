@@ -1,5 +1,5 @@
 """End-to-end training throughput on a simulated cluster: every worker in its own network
-namespace with a rate-shaped NIC (:mod:`hipress.netsim`), the same model trained by DDP with
+namespace with a rate-shaped NIC (:mod:`hipress.bench.netsim`), the same model trained by DDP with
 PyTorch's own hooks (fp32 allreduce, ``fp16_compress_hook``, ``powerSGD_hook``) and by hipress
 (CaSync with each algorithm under its SeCoPa plan), against the model's compute-only rate.
 
@@ -26,14 +26,14 @@ import torch
 import torch.distributed as dist
 
 from hipress.bench.models import WORKLOADS
+from hipress.bench.netsim import LoopbackNetwork, Network, open_network, run_in_network
 from hipress.bench.report import check_targets
-from hipress.netsim import LoopbackNetwork, Network, open_network, run_in_network
 
 __all__ = ["BASELINES", "Config", "E2EOptions", "configs_for", "run_config", "run_matrix"]
 
 logger = logging.getLogger(__name__)
 
-_ONE_BUCKET_MB = 4096  # powerSGD_hook needs a single DDP bucket on gloo (REFERENCE §2)
+_ONE_BUCKET_MB = 4096  # powerSGD_hook needs a single DDP bucket on gloo (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)

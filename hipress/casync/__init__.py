@@ -3,7 +3,7 @@
 A DDP communication hook that synchronises each parameter's gradient as a plan says: uncompressed
 allreduce (small tensors batched), compressed allgather, or compressed PS (scatter-reduce +
 all-gather with a server co-located on every worker), with partitions pipelined and the payloads
-of many tensors batched into one collective. See docs/casync.md.
+of many tensors batched into one collective. See docs/explanation/casync.md.
 
     state = hipress.casync.register(ddp_model, algorithm="terngrad", params={"bitwidth": 2})
 """

@@ -1,14 +1,13 @@
-"""The compression-algorithm interface CaSync relies on, and the keys of per-chunk state.
+"""The compression-algorithm helpers CaSync relies on, and the per-chunk states.
 
-CaSync needs only the CompLL :class:`~hipress.compll.Algorithm` surface described by
-:class:`CompressionAlgorithm`: a static payload size, per-tensor state, ``encode`` and ``decode``
-(with ``accumulate`` for merging without temporaries). Anything with that surface works; an
-object that also has CompLL's ``decode_sum`` averages N payloads in one pass over the output
-(:func:`decode_mean`).
+CaSync needs only the :class:`~hipress.core.codec.CompressionAlgorithm` surface; an object that
+also has CompLL's ``decode_sum`` averages N payloads in one pass over the output
+(:func:`decode_mean`). "No compression" is :class:`~hipress.core.codec.Uncompressed`.
 
-State keys and RNG streams are derived here, in one place, so the runtime
-(:mod:`hipress.casync.hook`) and the single-process reference (:mod:`hipress.casync.reference`)
-draw exactly the same random numbers.
+State keys (:func:`~hipress.core.layout.chunk_key`, on each
+:class:`~hipress.core.layout.ChunkLayout`) and RNG streams are derived in one place, so the
+runtime (:mod:`hipress.casync.state`) and the single-process reference
+(:mod:`hipress.casync.reference`) draw exactly the same random numbers.
 """
 
 from __future__ import annotations
@@ -16,17 +15,16 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
-from hipress.casync.bulk import split_sizes
 from hipress.casync.errors import CaSyncError
-from hipress.secopa.plan import Plan, Strategy
+from hipress.core.codec import CompressionAlgorithm, Uncompressed
+from hipress.core.layout import PlanLayout, layout_plan
+from hipress.core.plan import Plan
 
 __all__ = [
-    "CompressionAlgorithm",
-    "chunk_key",
     "chunk_tensor_id",
     "decode_mean",
     "encode_reporting",
@@ -35,39 +33,6 @@ __all__ = [
     "recompressible",
     "resolve_algorithm",
 ]
-
-
-@runtime_checkable
-class CompressionAlgorithm(Protocol):
-    """What CaSync calls on a compression algorithm (the CompLL ``Algorithm`` API).
-
-    Guarantees CaSync relies on: ``payload_nbytes(n)`` is a static function of ``n`` and the
-    parameters, a multiple of 8 and non-decreasing in ``n``; ``encode`` writes exactly that many
-    bytes and advances ``state.step``; ``decode`` returns float32 and, with ``accumulate=True``,
-    adds into ``out``.
-    """
-
-    name: str
-    params: Mapping[str, Any]
-    digest: str
-
-    def payload_nbytes(self, n: int) -> int: ...
-
-    def init_state(
-        self, n: int, device: torch.device | str | None = None, seed: int = 0, tensor_id: int = 0
-    ) -> Any: ...
-
-    def encode(
-        self, grad: torch.Tensor, state: Any, out: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-    def decode(
-        self,
-        payload: torch.Tensor,
-        n: int,
-        out: torch.Tensor | None = None,
-        accumulate: bool = False,
-    ) -> torch.Tensor: ...
 
 
 def encode_reporting(
@@ -102,18 +67,19 @@ def resolve_algorithm(
     algorithm: str | CompressionAlgorithm | None,
     params: Mapping[str, Any] | None = None,
     backend: str = "auto",
-) -> CompressionAlgorithm | None:
+) -> CompressionAlgorithm:
     """Turn ``algorithm`` into an algorithm object.
 
     Takes a CompLL algorithm name (loaded with ``hipress.compll.load(name, backend=..., **params)``),
     an object that already has the :class:`CompressionAlgorithm` surface (``params`` must then be
-    empty), or ``None``/``"none"`` for no compression. Returns the object, or ``None`` for no
-    compression. Raises :class:`CaSyncError` for an unknown name or bad parameters.
+    empty), or ``None``/``"none"`` for no compression. Returns the object (for no compression,
+    :class:`~hipress.core.codec.Uncompressed`). Raises :class:`CaSyncError` for an unknown name
+    or bad parameters.
     """
     if algorithm is None or algorithm == "none":
         if params:
             raise CaSyncError(f"algorithm=None takes no params, got {dict(params)}")
-        return None
+        return Uncompressed()
     if isinstance(algorithm, str):
         from hipress import compll  # deferred: CaSync's uncompressed path needs no compiler
 
@@ -148,7 +114,7 @@ def recompressible(alg: CompressionAlgorithm) -> bool:
     program = getattr(alg, "program", None)
     if program is not None:  # the reference on CPU tensors, whatever the algorithm's backend
         from hipress.compll import Algorithm
-        from hipress.compll.algorithm import ReferenceBackend
+        from hipress.compll.backends.base import ReferenceBackend
 
         probe = Algorithm(program, ReferenceBackend(program))
     n, once, twice = 1 << 14, 0.0, 0.0
@@ -173,24 +139,9 @@ def rank_seed(seed: int, rank: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def chunk_key(
-    name: str, part: int, parts: int, shard: int | None = None, server: bool = False
-) -> str:
-    """The state key of one compressed unit of parameter ``name``.
-
-    A unit is partition ``part`` of ``parts`` (ALLGATHER), or shard ``shard`` of that partition
-    (PS and RING, where every shard is encoded on its own). Worker-side states (``server=False``)
-    compress the worker's own gradient (RING: plus the partial sum it received); server-side
-    states (PS, RING) re-compress the aggregate of the shard the worker serves.
-    """
-    key = f"{name}#{part}/{parts}"
-    if shard is not None:
-        key += f".{shard}"
-    return key + ("@server" if server else "")
-
-
 def chunk_tensor_id(key: str) -> int:
-    """The 32-bit RNG stream of the state with :func:`chunk_key` ``key``: a CRC of the key."""
+    """The 32-bit RNG stream of the state with :func:`~hipress.core.layout.chunk_key` ``key``:
+    a CRC of the key."""
     return zlib.crc32(key.encode())
 
 
@@ -201,36 +152,25 @@ def init_chunk_states(
     world_size: int,
     seed: int,
     devices: Mapping[str, torch.device] | None = None,
+    layout: PlanLayout | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Create every algorithm state rank ``rank`` needs under ``plan``, all zero.
 
-    Returns ``(worker, server)``, dicts from :func:`chunk_key` to state: one worker state per
-    ALLGATHER partition, per PS shard and per RING shard but ``rank``'s own, of each compressed
-    parameter, and one server state per PS or RING partition (for the shard ``rank`` serves). States live on ``devices[name]`` (default CPU)
-    and draw from key :func:`rank_seed` and stream :func:`chunk_tensor_id`.
+    Returns ``(worker, server)``, dicts from state key to state: the states each chunk of
+    ``layout`` (default: ``plan`` laid out for ``world_size`` and ``algorithm``) names for
+    ``rank`` (:meth:`~hipress.core.layout.ChunkLayout.states`). States live on ``devices[name]``
+    (default CPU) and draw from key :func:`rank_seed` and stream :func:`chunk_tensor_id`.
     """
+    if layout is None:
+        layout = layout_plan(plan, world_size, algorithm.payload_nbytes)
     worker: dict[str, Any] = {}
     server: dict[str, Any] = {}
     key_seed = rank_seed(seed, rank)
-
-    def make(key: str, n: int, device: torch.device) -> Any:
-        return algorithm.init_state(n, device=device, seed=key_seed, tensor_id=chunk_tensor_id(key))
-
-    for e in plan.entries:
-        if not e.compress:
-            continue
-        device = (devices or {}).get(e.name, torch.device("cpu"))
-        for k, size in enumerate(split_sizes(e.numel, e.partitions)):
-            if e.strategy is Strategy.ALLGATHER:
-                key = chunk_key(e.name, k, e.partitions)
-                worker[key] = make(key, size, device)
-                continue
-            shards = split_sizes(size, world_size)
-            for j, s in enumerate(shards):
-                if e.strategy is Strategy.RING and j == rank:
-                    continue  # in a ring, a worker's own shard is only encoded as the aggregate
-                key = chunk_key(e.name, k, e.partitions, shard=j)
-                worker[key] = make(key, s, device)
-            key = chunk_key(e.name, k, e.partitions, shard=rank, server=True)
-            server[key] = make(key, shards[rank], device)
+    for c in layout.all_chunks():
+        device = (devices or {}).get(c.name, torch.device("cpu"))
+        for key, n, is_server in c.states(rank, world_size):
+            state = algorithm.init_state(
+                n, device=device, seed=key_seed, tensor_id=chunk_tensor_id(key)
+            )
+            (server if is_server else worker)[key] = state
     return worker, server

@@ -14,7 +14,7 @@ A round's message is a block of bytes per worker, identical in layout on every r
   (all_to_all), and the block worker j all-gathers holds its re-encoded aggregate of shard j. A
   slot is sized for the largest shard, so all blocks have one size ``B``.
 - RING: shards as in PS; each hop sends one block: shard s of every chunk (a partial sum, later
-  the aggregate), see :mod:`hipress.casync.ring`.
+  the aggregate), see :mod:`hipress.casync.strategies.ring`.
 
 :class:`Workspace` holds the message buffers of one layout, allocated once and reused.
 
@@ -25,21 +25,16 @@ Every size here is a static function of the parameter sizes, the plan, N and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from hipress.secopa.plan import Strategy, TensorPlan
+from hipress.casync.flags import Flag, FlagMode
+from hipress.core.layout import ChunkLayout, layout_tensor
+from hipress.core.plan import Strategy, TensorPlan
 
-__all__ = ["BucketSchedule", "Chunk", "Round", "Workspace", "build_schedule", "split_sizes"]
-
-
-def split_sizes(n: int, parts: int) -> tuple[int, ...]:
-    """Split ``n`` elements into ``parts`` contiguous pieces as equal as possible (the first
-    ``n % parts`` get one more)."""
-    base, extra = divmod(n, parts)
-    return tuple(base + (1 if i < extra else 0) for i in range(parts))
+__all__ = ["BucketSchedule", "Chunk", "Round", "Workspace", "build_schedule", "schedule_bucket"]
 
 
 def _round8(n: int) -> int:
@@ -48,28 +43,53 @@ def _round8(n: int) -> int:
 
 @dataclass(frozen=True)
 class Chunk:
-    """Partition ``part`` of ``parts`` of parameter ``name``.
+    """A chunk (its :class:`~hipress.core.layout.ChunkLayout`) placed in a bucket buffer.
 
     Fields:
-        name: parameter name.
-        part, parts: partition index k and count K.
+        layout: the chunk's layout (shards, payload sizes, state keys).
         offset: first element of the chunk in the bucket buffer.
-        numel: element count.
-        shards: PS and RING: element counts of the N shards (contiguous, in order); else ``()``.
-        slot: bytes reserved for the chunk's payload (PS, RING: one shard's payload) in a block.
     """
 
-    name: str
-    part: int
-    parts: int
+    layout: ChunkLayout
     offset: int
-    numel: int
-    shards: tuple[int, ...]
-    slot: int
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    @property
+    def part(self) -> int:
+        return self.layout.part
+
+    @property
+    def parts(self) -> int:
+        return self.layout.parts
+
+    @property
+    def numel(self) -> int:
+        return self.layout.numel
+
+    @property
+    def shards(self) -> tuple[int, ...]:
+        return self.layout.shards
+
+    @property
+    def slot(self) -> int:
+        """Bytes reserved for the chunk's payload (PS, RING: one shard's) in a block."""
+        return self.layout.slot
 
     def shard_offset(self, j: int) -> int:
         """Element offset of shard ``j`` inside the chunk."""
-        return sum(self.shards[:j])
+        return self.layout.shard_starts[j]
+
+    def shard_region(self, buffer: torch.Tensor, j: int) -> torch.Tensor:
+        """Shard ``j`` of this chunk in the bucket ``buffer``."""
+        start = self.offset + self.layout.shard_starts[j]
+        return buffer[start : start + self.layout.shards[j]]
+
+    def region(self, buffer: torch.Tensor) -> torch.Tensor:
+        """This chunk in the bucket ``buffer``."""
+        return buffer[self.offset : self.offset + self.layout.numel]
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,18 @@ class Round:
         """(index, chunk, slot byte offset) of every chunk, in order."""
         for idx, (c, off) in enumerate(zip(self.chunks, self.slot_offsets, strict=True)):
             yield idx, c, off
+
+    def write_flags(self, blocks: torch.Tensor, flags: Sequence[Flag]) -> None:
+        """Write the chunks' non-finite ``flags`` into one block (or each row of ``blocks``)."""
+        FlagMode.write(blocks[..., self.flags_offset :], flags)
+
+    def read_flags(self, mode: FlagMode, blocks: torch.Tensor) -> list[Flag]:
+        """The chunks' flags of the blocks in the rows of ``blocks``, ORed over the rows."""
+        return mode.gathered(blocks, self.flags_offset, len(self.chunks))
+
+    def read_block_flags(self, mode: FlagMode, block: torch.Tensor) -> list[Flag]:
+        """The chunks' flags in one ``block``."""
+        return mode.read(block[self.flags_offset : self.flags_offset + len(self.chunks)])
 
     @property
     def max_chunk_numel(self) -> int:
@@ -149,9 +181,24 @@ def build_schedule(
     synchronised as ``decisions`` say among ``world_size`` workers.
 
     ``payload_nbytes`` is the algorithm's static payload size (``None`` when nothing is
-    compressed). Returns the schedule; raises ``ValueError`` if a payload size is not a multiple
-    of 8 or a chunk is too small for its strategy.
+    compressed). Returns the schedule; raises ``ValueError`` (a
+    :class:`~hipress.core.plan.PlanError`) if a payload size is not a multiple of 8 or a chunk
+    is too small for its strategy.
     """
+    chunks = {d.name: layout_tensor(d, world_size, payload_nbytes) for d in decisions}
+    return schedule_bucket(names, numels, decisions, chunks)
+
+
+def schedule_bucket(
+    names: Sequence[str],
+    numels: Sequence[int],
+    decisions: Sequence[TensorPlan],
+    chunks: Mapping[str, tuple[ChunkLayout, ...]],
+) -> BucketSchedule:
+    """The schedule of a bucket holding ``names`` (sizes ``numels``, decisions ``decisions``,
+    in buffer order) whose compressed tensors are laid out as ``chunks`` says (by name, e.g. a
+    :class:`~hipress.core.layout.PlanLayout`). Round ``k`` of a strategy carries chunk ``k`` of
+    each of its tensors."""
     ranges: list[tuple[int, int]] = []
     order = (Strategy.ALLGATHER, Strategy.PS, Strategy.RING)
     by_strategy: dict[Strategy, list[list[Chunk]]] = {s: [] for s in order}
@@ -162,29 +209,12 @@ def build_schedule(
                 ranges[-1] = (ranges[-1][0], ranges[-1][1] + numel)
             else:
                 ranges.append((offset, numel))
-            offset += numel
-            continue
-        if payload_nbytes is None:
-            raise ValueError(f"{name} is compressed but no algorithm was given")
-        rounds = by_strategy[d.strategy]
-        pos = offset
-        for k, size in enumerate(split_sizes(numel, d.partitions)):
-            if d.strategy in (Strategy.PS, Strategy.RING):
-                if size < world_size:
-                    raise ValueError(f"{name}: partition of {size} elements < {world_size} shards")
-                shards = split_sizes(size, world_size)
-                slot = max(payload_nbytes(s) for s in set(shards))
-            else:
-                if size < 1:
-                    raise ValueError(f"{name}: empty partition")
-                shards = ()
-                slot = payload_nbytes(size)
-            if slot % 8:
-                raise ValueError(f"payload_nbytes must be a multiple of 8, got {slot}")
-            while len(rounds) <= k:
-                rounds.append([])
-            rounds[k].append(Chunk(name, k, d.partitions, pos, size, shards, slot))
-            pos += size
+        else:
+            rounds = by_strategy[d.strategy]
+            for k, c in enumerate(chunks[name]):
+                while len(rounds) <= k:
+                    rounds.append([])
+                rounds[k].append(Chunk(c, offset + c.start))
         offset += numel
     built = [_make_round(s, cs) for s in order for cs in by_strategy[s]]
     return BucketSchedule(tuple(names), offset, tuple(ranges), tuple(built))

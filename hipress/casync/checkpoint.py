@@ -2,7 +2,7 @@
 
 A state dict holds one rank's states (they differ per rank): ``format``, ``rank``,
 ``world_size``, ``config`` (digests every rank agreed on), ``worker`` and ``server`` (chunk key ->
-:meth:`~hipress.compll.state.State.state_dict`), plus whatever the caller adds. Loading checks
+:meth:`~hipress.compll.ir.state.State.state_dict`), plus whatever the caller adds. Loading checks
 everything first and restores all states or none: a damaged or foreign checkpoint leaves the
 running states as they were.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hipress.compll.state import State
+from hipress.compll.ir.state import State
 
 PARTS = ("worker", "server")
 
@@ -71,3 +71,35 @@ def load_states(
             s.load_state_dict(saved)
         raise
     return sd
+
+
+# ---- one checkpoint for every rank (rank 0 writes it) --------------------------------------------
+
+GATHERED = "hipress.casync.gathered/1"
+
+
+def gathered(sds: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """Every rank's state dict (``sds``, in rank order) as one: ``format`` (:data:`GATHERED`),
+    ``world_size`` and ``ranks``."""
+    return {"format": GATHERED, "world_size": world_size, "ranks": list(sds)}
+
+
+def is_gathered(sd: Any) -> bool:
+    """Whether ``sd`` is the gathered form (:func:`gathered`) rather than one rank's."""
+    return isinstance(sd, Mapping) and sd.get("format") == GATHERED
+
+
+def own_entry(sd: Mapping[str, Any], rank: int, world_size: int, error: type[Exception]) -> Any:
+    """Rank ``rank``'s state dict in the gathered ``sd``. Raises ``error`` if ``sd`` was
+    gathered from another world size or is damaged."""
+    ranks, saved = sd.get("ranks"), sd.get("world_size")
+    if not isinstance(ranks, list | tuple) or saved != len(ranks):
+        raise error(f"rank {rank}: damaged gathered state dict: `ranks` does not hold "
+                    f"`world_size` ({saved!r}) entries")  # fmt: skip
+    if saved != world_size:
+        raise error(
+            f"the state dict was gathered from {saved} ranks, this run has {world_size}: "
+            f"resume with {saved} ranks, or leave out the hook's state (its error feedback "
+            "then starts afresh)"
+        )
+    return ranks[rank]

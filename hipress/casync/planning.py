@@ -1,4 +1,4 @@
-"""Which plan CaSync runs: a given :class:`~hipress.secopa.Plan`, one loaded from a file, SeCoPa's
+"""Which plan CaSync runs: a given :class:`~hipress.core.plan.Plan`, one loaded from a file, SeCoPa's
 automatic plan, or the default rule.
 
 The default rule (no plan): tensors of fewer than ``min_compress_numel`` elements are not
@@ -23,15 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hipress.casync.algorithm import CompressionAlgorithm, recompressible
-from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.casync.algorithm import recompressible
+from hipress.casync.logs import RANK_FILTER
+from hipress.core.codec import CompressionAlgorithm, Uncompressed, compresses
+from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.secopa.calibrate import StepProbe
 from hipress.secopa.planner import PlannerConfig
 from hipress.secopa.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.runtime import check_plan as check_plan_fits_model
 
-__all__ = ["DefaultRule", "resolve_plan"]
+__all__ = ["DefaultRule", "check_plan_arg", "resolve_plan"]
 
 log = logging.getLogger(__name__)
+log.addFilter(RANK_FILTER)
 _TWICE = (Strategy.PS, Strategy.RING)
 
 
@@ -67,12 +71,12 @@ class DefaultRule:
 
 
 def _default_plan(
-    algorithm: CompressionAlgorithm | None,
+    algorithm: CompressionAlgorithm,
     named_numels: Sequence[tuple[str, int]],
     world_size: int,
     rule: DefaultRule,
 ) -> Plan:
-    if algorithm is None:
+    if not compresses(algorithm):
         entries = tuple(
             TensorPlan(n, k, compress=False, strategy=Strategy.ALLREDUCE) for n, k in named_numels
         )
@@ -87,31 +91,36 @@ def _default_plan(
 
 
 def _auto_plan(
-    algorithm: CompressionAlgorithm | None,
+    algorithm: CompressionAlgorithm,
     named_numels: Sequence[tuple[str, int]],
     world_size: int,
     group: Any,
     device: Any = None,
+    probe: StepProbe | None = None,
 ) -> Plan:
     # ---- SeCoPa hook-up: the single place where plan="auto" asks the planner. ----
     # auto_plan profiles this machine and network (every rank takes part, a few seconds),
-    # plans on rank 0 and broadcasts, so every rank returns the same plan.
-    if algorithm is None:
+    # calibrates with ``probe`` (CaSync's real steps), plans on rank 0 and broadcasts, so
+    # every rank returns the same plan.
+    if not compresses(algorithm):
         raise PlanError("plan='auto' needs a compression algorithm")
     config = None if recompressible(algorithm) else PlannerConfig(strategies=(Strategy.ALLGATHER,))
-    return auto_plan(algorithm, named_numels, world_size, group=group, device=device, config=config)
+    return auto_plan(
+        algorithm, named_numels, world_size, group=group, device=device, config=config,
+        probe=probe,
+    )  # fmt: skip
 
 
 def check_plan(
     plan: Plan,
-    algorithm: CompressionAlgorithm | None,
+    algorithm: CompressionAlgorithm,
     named_numels: Sequence[tuple[str, int]],
     world_size: int,
 ) -> None:
     """Raise :class:`PlanError` unless ``plan`` fits this model, algorithm and world size."""
     check_plan_fits_model(plan, named_numels, world_size)
     compressed = [e for e in plan.entries if e.compress]
-    if algorithm is None:
+    if not compresses(algorithm):
         if compressed:
             raise PlanError(f"plan compresses {compressed[0].name!r} but no algorithm was given")
         return
@@ -147,6 +156,29 @@ def check_plan(
             )
 
 
+def check_plan_arg(
+    plan: Plan | str | Path | None, algorithm: CompressionAlgorithm | None
+) -> Plan | str | None:
+    """``plan`` as far as it can be checked before the process group exists: a plan file is
+    read (a missing one says so and names ``"auto"``); ``"auto"`` needs a compression
+    algorithm. Returns the :class:`Plan` read, or ``plan``. Raises :class:`PlanError`."""
+    if isinstance(plan, str) and plan == "auto":
+        if algorithm is None or not compresses(algorithm):
+            raise PlanError("plan='auto' needs a compression algorithm")
+        return plan
+    if isinstance(plan, str | Path):
+        try:
+            return Plan.load(plan)
+        except OSError as exc:
+            hint = (
+                " (for the plan SeCoPa makes for this model, pass plan='auto')"
+                if isinstance(exc, FileNotFoundError)
+                else ""
+            )
+            raise PlanError(f"cannot read plan {plan}: {exc.strerror}{hint}") from None
+    return plan
+
+
 def resolve_plan(
     plan: Plan | str | Path | None,
     algorithm: CompressionAlgorithm | None,
@@ -155,22 +187,27 @@ def resolve_plan(
     rule: DefaultRule | None = None,
     group: Any = None,
     device: Any = None,
+    probe: StepProbe | None = None,
 ) -> Plan:
     """Return the plan to run and check that it fits.
 
-    Takes a :class:`Plan`, a path to a plan JSON file, ``"auto"`` (SeCoPa profiles and plans
-    it on ``device``, a collective call over ``group``: every rank must make it) or ``None`` (the
+    ``algorithm`` is the codec (None or :class:`~hipress.core.codec.Uncompressed`: no
+    compression). Takes a :class:`Plan`, a path to a plan JSON file, ``"auto"`` (SeCoPa
+    profiles and plans it on ``device``, a collective call over ``group``: every rank must make
+    it; ``probe`` runs CaSync's steps to calibrate the profile) or ``None`` (the
     :class:`DefaultRule`); ``named_numels`` are the (name, numel) pairs of every parameter
     that receives a gradient. Raises :class:`PlanError` if the plan does not cover exactly these
     parameters, was made for another world size or algorithm, or asks for partitions too small
     to split.
     """
+    if algorithm is None:
+        algorithm = Uncompressed()
     if plan is None:
         resolved = _default_plan(algorithm, named_numels, world_size, rule or DefaultRule())
     elif isinstance(plan, Plan):
         resolved = plan
     elif isinstance(plan, str) and plan == "auto":
-        resolved = _auto_plan(algorithm, named_numels, world_size, group, device)
+        resolved = _auto_plan(algorithm, named_numels, world_size, group, device, probe)
     elif isinstance(plan, (str, Path)):
         resolved = load_plan_for_model(plan, named_numels, world_size)
     else:

@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import CompressionAlgorithm, chunk_key, init_chunk_states
-from hipress.casync.bulk import split_sizes
-from hipress.secopa.plan import Plan, Strategy
+from hipress.casync.algorithm import init_chunk_states, resolve_algorithm
+from hipress.core.codec import CompressionAlgorithm
+from hipress.core.layout import ChunkLayout, layout_plan
+from hipress.core.plan import Plan, Strategy
 
 __all__ = ["ReferenceSync"]
 
@@ -46,7 +47,8 @@ class ReferenceSync:
     """Every rank's CaSync computation in one process.
 
     Args:
-        algorithm: the compression algorithm (None if ``plan`` compresses nothing).
+        algorithm: the compression algorithm (None or ``Uncompressed`` if ``plan`` compresses
+            nothing).
         plan: the resolved plan (``CaSyncState.plan``).
         world_size: N.
         seed: the base seed the runtime was given.
@@ -59,17 +61,14 @@ class ReferenceSync:
         world_size: int,
         seed: int = 0,
     ) -> None:
-        self.algorithm = algorithm
+        self.algorithm = resolve_algorithm(algorithm)
         self.plan = plan
         self.world_size = world_size
+        self.layout = layout_plan(plan, world_size, self.algorithm.payload_nbytes)
         self.worker: list[dict[str, Any]] = []
         self.server: list[dict[str, Any]] = []
         for r in range(world_size):
-            w, s = (
-                init_chunk_states(algorithm, plan, r, world_size, seed)
-                if algorithm is not None
-                else ({}, {})
-            )
+            w, s = init_chunk_states(self.algorithm, plan, r, world_size, seed, layout=self.layout)
             self.worker.append(w)
             self.server.append(s)
 
@@ -91,34 +90,29 @@ class ReferenceSync:
                     acc = acc + g / n
                 out[e.name] = acc
                 continue
-            pieces, pos = [], 0
-            for k, size in enumerate(split_sizes(e.numel, e.partitions)):
-                chunk = [g[pos : pos + size] for g in gs]
+            pieces = []
+            for c in self.layout[e.name]:
+                chunk = [g[c.start : c.start + c.numel] for g in gs]
                 if e.strategy is Strategy.PS:
-                    pieces.append(self._ps(e.name, k, e.partitions, chunk))
+                    pieces.append(self._ps(c, chunk))
                 elif e.strategy is Strategy.RING:
-                    pieces.append(self._ring(e.name, k, e.partitions, chunk))
+                    pieces.append(self._ring(c, chunk))
                 else:
-                    pieces.append(self._allgather(e.name, k, e.partitions, chunk))
-                pos += size
+                    pieces.append(self._allgather(c, chunk))
             out[e.name] = torch.cat(pieces).to(gs[0].dtype)
         return out
 
     def _encode(self, x: torch.Tensor, state: Any, bad: bool) -> torch.Tensor:
-        alg = self.algorithm
-        assert alg is not None
-        payload = alg.encode(x, state)
+        payload = self.algorithm.encode(x, state)
         if bad:
             state.reset()
         return payload
 
-    def _allgather(self, name: str, k: int, parts: int, chunk: list[torch.Tensor]) -> torch.Tensor:
+    def _allgather(self, c: ChunkLayout, chunk: list[torch.Tensor]) -> torch.Tensor:
         alg, n = self.algorithm, self.world_size
-        assert alg is not None
-        key = chunk_key(name, k, parts)
         bad = [not _finite(x) for x in chunk]
-        payloads = [self._encode(x, self.worker[r][key], bad[r]) for r, x in enumerate(chunk)]
-        size = chunk[0].numel()
+        payloads = [self._encode(x, self.worker[r][c.key], bad[r]) for r, x in enumerate(chunk)]
+        size = c.numel
         if any(bad):
             return torch.full((size,), float("nan"))
         acc = torch.empty(size, dtype=torch.float32)
@@ -126,46 +120,36 @@ class ReferenceSync:
             alg.decode(p, size, out=acc, accumulate=r > 0)
         return acc.div_(n)
 
-    def _ps(self, name: str, k: int, parts: int, chunk: list[torch.Tensor]) -> torch.Tensor:
+    def _ps(self, c: ChunkLayout, chunk: list[torch.Tensor]) -> torch.Tensor:
         alg, n = self.algorithm, self.world_size
-        assert alg is not None
-        size = chunk[0].numel()
         bad_chunk = [not _finite(x) for x in chunk]
         any_bad = any(bad_chunk)
-        shards = split_sizes(size, n)
         results = []
-        pos = 0
-        for j, s in enumerate(shards):
-            key = chunk_key(name, k, parts, shard=j)
+        for j, s in enumerate(c.shards):
+            lo, hi = c.shard_span(j)
             payloads = [
-                self._encode(x[pos : pos + s], self.worker[r][key], bad_chunk[r])
+                self._encode(x[lo:hi], self.worker[r][c.shard_key(j)], bad_chunk[r])
                 for r, x in enumerate(chunk)
             ]
             merged = torch.empty(s, dtype=torch.float32)
             for r, p in enumerate(payloads):
                 alg.decode(p, s, out=merged, accumulate=r > 0)
             merged.div_(n)
-            server = self.server[j][chunk_key(name, k, parts, shard=j, server=True)]
-            back = self._encode(merged, server, any_bad)
+            back = self._encode(merged, self.server[j][c.shard_key(j, server=True)], any_bad)
             results.append(alg.decode(back, s, out=torch.empty(s, dtype=torch.float32)))
-            pos += s
         if any_bad:
-            return torch.full((size,), float("nan"))
+            return torch.full((c.numel,), float("nan"))
         return torch.cat(results)
 
-    def _ring(self, name: str, k: int, parts: int, chunk: list[torch.Tensor]) -> torch.Tensor:
+    def _ring(self, c: ChunkLayout, chunk: list[torch.Tensor]) -> torch.Tensor:
         alg, n = self.algorithm, self.world_size
-        assert alg is not None
-        size = chunk[0].numel()
         bad = any(not _finite(x) for x in chunk)
         results = []
-        pos = 0
-        for j, s in enumerate(split_sizes(size, n)):
-            shard = [x[pos : pos + s] for x in chunk]
+        for j, s in enumerate(c.shards):
+            lo, hi = c.shard_span(j)
+            shard = [x[lo:hi] for x in chunk]
             first = (j + 1) % n
-            payload = self._encode(
-                shard[first], self.worker[first][chunk_key(name, k, parts, j)], bad
-            )
+            payload = self._encode(shard[first], self.worker[first][c.shard_key(j)], bad)
             acc = torch.empty(s, dtype=torch.float32)
             for step in range(2, n + 1):
                 r = (j + step) % n
@@ -173,12 +157,11 @@ class ReferenceSync:
                 acc.add_(shard[r])
                 if r == j:
                     acc.div_(n)
-                    state = self.server[j][chunk_key(name, k, parts, shard=j, server=True)]
+                    state = self.server[j][c.shard_key(j, server=True)]
                 else:
-                    state = self.worker[r][chunk_key(name, k, parts, shard=j)]
+                    state = self.worker[r][c.shard_key(j)]
                 payload = self._encode(acc, state, bad)
             results.append(alg.decode(payload, s, out=torch.empty(s, dtype=torch.float32)))
-            pos += s
         if bad:
-            return torch.full((size,), float("nan"))
+            return torch.full((c.numel,), float("nan"))
         return torch.cat(results)

@@ -9,16 +9,21 @@ step has completed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from hipress.casync.logs import RANK_FILTER
 
 __all__ = ["StepStats", "SyncStats"]
 
 logger = logging.getLogger(__name__)
+logger.addFilter(RANK_FILTER)
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,16 @@ class SyncStats:
                 return
             for k, v in figures.items():
                 self._open[k] += v * 1e3 if k.endswith("_ms") else v
+
+    @contextlib.contextmanager
+    def timed(self, figure: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` block to ``figure`` (a ``*_ms`` field): a phase of
+        the engine (encoding a round, decoding one), timed where it runs."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(**{figure: time.perf_counter() - t})
 
     def bucket_finished(self) -> None:
         """Count a completed bucket; closes the step when it was the last outstanding one."""

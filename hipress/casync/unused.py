@@ -10,7 +10,7 @@ be lost. :class:`UnusedGuard` keeps it:
 - before a bucket is encoded, the states of every parameter this rank did not use are copied
   (on their device; a parameter used here cannot be unused everywhere, so nothing else is);
 - once DDP has reduced its used map (at the end of the backward pass), the next forward pass of
-  the DDP model or :meth:`~hipress.casync.hook.CaSyncState.state_dict` restores the copies of
+  the DDP model or :meth:`~hipress.casync.state.CaSyncState.state_dict` restores the copies of
   the parameters no rank used (not the hook: DDP holds its lock while it runs the hook). Every
   rank decides from the same reduced map, so the states stay consistent. Reading the map costs
   one small device-to-host copy, only after a step in which this rank left a parameter unused.
@@ -28,9 +28,11 @@ from typing import Any
 
 import torch
 
-from hipress.compll.state import State
+from hipress.casync.logs import RANK_FILTER
+from hipress.compll.ir.state import State
 
 logger = logging.getLogger(__name__)
+logger.addFilter(RANK_FILTER)
 
 
 def reducer_order(ddp_model: Any) -> list[torch.nn.Parameter]:

@@ -1,7 +1,8 @@
 """CompLL: a small language for gradient-compression algorithms.
 
-Pipeline: ``.cll`` text -> :mod:`parse` (AST) -> :mod:`check` (IR) -> backends
-(:mod:`interp` reference interpreter; generated C and CUDA kernels).
+Pipeline: ``.cll`` text -> :mod:`~hipress.compll.frontend` (parse, check: the IR of
+:mod:`~hipress.compll.ir`) -> :mod:`~hipress.compll.lower` (a kernel plan) ->
+:mod:`~hipress.compll.backends` (generated C and CUDA kernels; the reference interpreter).
 
     >>> from hipress.compll import load
     >>> alg = load("terngrad", bitwidth=2)
@@ -14,15 +15,21 @@ from __future__ import annotations
 
 from hipress.compll.algorithm import (
     Algorithm,
-    BackendError,
     algorithms,
     load,
     load_file,
     load_source,
     shipped_path,
 )
-from hipress.compll.source import CllError, CllParamError, CllSyntaxError, CllTypeError, SourceFile
-from hipress.compll.state import State
+from hipress.compll.backends.base import BackendError
+from hipress.compll.ir.source import (
+    CllError,
+    CllParamError,
+    CllSyntaxError,
+    CllTypeError,
+    SourceFile,
+)
+from hipress.compll.ir.state import State
 
 __all__ = [
     "Algorithm",

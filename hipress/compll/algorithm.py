@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from hipress.compll import ast, interp, ir
-from hipress.compll.calls import (
+from hipress.compll.backends.base import Backend, BackendFactory
+from hipress.compll.backends.select import factories, resolve_backend
+from hipress.compll.frontend import ast
+from hipress.compll.frontend.check import elaborate
+from hipress.compll.frontend.parse import parse
+from hipress.compll.ir import interp
+from hipress.compll.ir import nodes as ir
+from hipress.compll.ir.calls import (
     StateSpec,
     check_count,
     check_encode,
@@ -26,135 +32,15 @@ from hipress.compll.calls import (
     check_payloads,
     state_spec,
 )
-from hipress.compll.check import elaborate
-from hipress.compll.parse import parse
-from hipress.compll.payload import layout, pack, unpack
-from hipress.compll.source import CllError, SourceFile
-from hipress.compll.state import State
-from hipress.compll.types import ArrayType, DType, torch_compute_dtype, torch_storage_dtype
+from hipress.compll.ir.payload import layout
+from hipress.compll.ir.source import CllError, SourceFile
+from hipress.compll.ir.state import State
+from hipress.compll.ir.types import ArrayType, torch_storage_dtype
 
 log = logging.getLogger(__name__)
 
 # names of the state array that carries error feedback (Algorithm.error_feedback)
 EF_STATES = ("residual", "comp")
-
-
-class BackendError(CllError):
-    """A backend is unknown or cannot run here."""
-
-    kind = "backend error"
-
-
-class Backend(Protocol):
-    """Executes one program. Outputs are caller-provided buffers; nothing is returned."""
-
-    name: str
-
-    def encode(
-        self, grad: torch.Tensor, state: State, out: torch.Tensor
-    ) -> bool | torch.Tensor | None:
-        """Encode into ``out``; return whether ``grad`` holds NaN/Inf if the backend found out
-        while encoding (a bool, or a 0-d bool tensor on the device), else None."""
-        ...
-
-    def decode(
-        self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool
-    ) -> None: ...
-
-    def decode_sum(
-        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
-    ) -> None:
-        """``out`` (contiguous float32) = sum of the payloads' decodes / ``divisor``."""
-        ...
-
-
-def decode_sum_by_parts(
-    backend: Backend,
-    payloads: Sequence[torch.Tensor],
-    n: int,
-    out: torch.Tensor,
-    divisor: float,
-) -> None:
-    """``decode_sum`` payload by payload: each decoded into float32, divided by ``divisor``,
-    and added to the sum of the ones before, in order (the first is the start): the definition
-    of what every backend's ``decode_sum`` computes, and how the backends without a fused
-    kernel run it. Dividing each decode first, like DDP divides each gradient before the sum,
-    keeps a sum of N values near the float32 maximum finite."""
-    # a float32 division by float32(divisor) on every device (CUDA divides by a Python number
-    # as a multiplication by its reciprocal)
-    div = torch.full((), divisor, dtype=torch.float32, device=out.device)
-    tmp = None
-    for r, p in enumerate(payloads):
-        if r == 0:
-            target = out
-        else:
-            tmp = target = tmp if tmp is not None else torch.empty_like(out)
-        backend.decode(p, n, target, False)
-        if divisor != 1:
-            target.div_(div)
-        if r > 0:
-            out.add_(target)
-
-
-class ReferenceBackend:
-    """Runs the IR with the reference interpreter (torch ops; any device)."""
-
-    name = "reference"
-
-    def __init__(self, program: ir.Program) -> None:
-        self.program = program
-
-    def encode(self, grad: torch.Tensor, state: State, out: torch.Tensor) -> bool:
-        p = self.program
-        env = interp.Env(
-            scalars={ir.N: torch.tensor(state.n, dtype=torch.int64)},
-            arrays={p.encode.grad: grad.to(torch.float32)},
-            seed=state.seed,
-            step=state.step,
-            tensor_id=state.tensor_id,
-            device=grad.device,
-        )
-        for slot in p.state:
-            t = state.tensors[slot.name]
-            dt = slot.type if isinstance(slot.type, DType) else slot.type.dtype
-            v = t.to(torch_compute_dtype(dt))
-            if isinstance(slot.type, DType):
-                env.scalars[slot.name] = v.reshape(())
-            else:
-                env.arrays[slot.name] = v
-        new_state: dict[str, torch.Tensor] = {}
-        interp.run(p.encode.ops, env, new_state)
-        values = [
-            env.arrays[f] if isinstance(f, str) else interp._eval(f, env) for f in p.encode.fields
-        ]
-        pack(p, state.n, values, out)
-        for name, v in new_state.items():
-            state.tensors[name].copy_(v.reshape(state.tensors[name].shape))
-        return not bool(torch.isfinite(env.arrays[p.encode.grad]).all())
-
-    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
-        p = self.program
-        env = interp.Env(scalars={ir.N: torch.tensor(n, dtype=torch.int64)}, device=payload.device)
-        for slot, v in zip(p.payload, unpack(p, n, payload), strict=True):
-            name = f"{p.decode.payload}.{slot.name}"
-            if isinstance(slot.type, DType):
-                env.scalars[name] = v
-            else:
-                env.arrays[name] = v
-        interp.run(p.decode.ops, env, {})
-        res = env.arrays[p.decode.result]
-        if accumulate:
-            out.add_(res.to(out.dtype))
-        else:
-            out.copy_(res)
-
-    def decode_sum(
-        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
-    ) -> None:
-        decode_sum_by_parts(self, payloads, n, out, divisor)
-
-
-BackendFactory = Callable[[ir.Program], Backend]
 
 
 class Algorithm:
@@ -192,7 +78,7 @@ class Algorithm:
     def error_feedback(self) -> bool:
         """Whether the algorithm keeps error feedback: by convention a state array named
         ``residual`` (the error itself) or ``comp`` (the last compensated gradient, whose
-        residual is ``comp`` minus its decode; docs/dsl.md)."""
+        residual is ``comp`` minus its decode; docs/reference/compll-language.md)."""
         return any(s.name in EF_STATES for s in self.program.state)
 
     @property
@@ -240,11 +126,11 @@ class Algorithm:
         self, grad: torch.Tensor, state: State, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, bool | torch.Tensor | None]:
         """:meth:`encode`, and whether ``grad`` holds NaN/Inf, where the backend finds out in
-        the same pass (the C and CUDA kernels of most algorithms: hipress/compll/finite.py; the
+        the same pass (the C and CUDA kernels of most algorithms: hipress/compll/lower/finite.py; the
         reference): a bool, or on the CUDA backend a 0-d bool tensor on the device (reading it
         waits for the encode); None where it does not (check it yourself then).
 
-        Raises :class:`~hipress.compll.calls.CallError` for a state, gradient or buffer the
+        Raises :class:`~hipress.compll.ir.calls.CallError` for a state, gradient or buffer the
         kernels cannot use (wrong size, dtype, device, layout), before anything runs."""
         nbytes = self.payload_nbytes(state.n) if isinstance(state, State) else 0
         check_encode(self.name, self._state_spec(state), grad, state, out, nbytes)
@@ -323,15 +209,11 @@ class Algorithm:
 
 
 def _backends() -> dict[str, BackendFactory]:
-    """Backend name -> constructor (see :mod:`hipress.compll.backends`)."""
-    from hipress.compll.backends import factories
-
+    """Backend name -> constructor (see :mod:`hipress.compll.backends.select`)."""
     return factories()
 
 
 def _resolve_backend(name: str, program: ir.Program) -> Backend:
-    from hipress.compll.backends import resolve_backend
-
     return resolve_backend(name, program)
 
 

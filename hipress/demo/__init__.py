@@ -8,7 +8,7 @@ standard library's own source, uncompressed and with hipress, and compare (``hip
 
 Stages: :mod:`~hipress.demo.data` (corpus), :mod:`~hipress.demo.models` (the model),
 :mod:`~hipress.demo.launch` (worker processes), :mod:`~hipress.demo.train` (the runs),
-:mod:`~hipress.demo.cli` (output). See docs/demo.md.
+:mod:`hipress.cli.demo` (the command and its output). See docs/reference/demo.md.
 """
 
 from __future__ import annotations

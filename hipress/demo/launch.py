@@ -9,7 +9,7 @@ to exit and are then stopped, and :class:`~hipress.demo.config.DemoError` carrie
 worker's exception and traceback (the first failure first); a job that exceeds ``timeout`` is
 stopped the same way.
 
-With ``net`` (a :class:`hipress.netsim.Network` the caller has entered, e.g. a
+With ``net`` (a :class:`hipress.bench.netsim.Network` the caller has entered, e.g. a
 ``ShapedNetwork`` whose NICs are rate-limited), each worker first moves into its own network
 namespace, and rank 0 hosts the rendezvous store at its address there.
 """
@@ -28,8 +28,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hipress.bench.netsim import STORE_PORT, run_rank
 from hipress.demo.config import DemoError
-from hipress.netsim import STORE_PORT, run_rank
 
 __all__ = ["launch"]
 
@@ -99,7 +99,7 @@ def launch(
 
     ``fn`` and ``args`` must be picklable (``fn`` at module level). ``threads`` is each worker's
     torch thread count; ``pg_timeout`` the process group's timeout; ``on_tick`` is called about
-    ten times a second while the workers run; ``net`` an entered :class:`hipress.netsim.Network`
+    ten times a second while the workers run; ``net`` an entered :class:`hipress.bench.netsim.Network`
     to run the workers in (None: loopback in this namespace). Returns the return values in rank order. Raises
     :class:`DemoError` if a worker raised or died (with its traceback) or the job took longer
     than ``timeout`` seconds; every worker has been stopped by then.

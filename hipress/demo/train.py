@@ -228,7 +228,7 @@ def run_demo(
 
     ``corpus`` must have ``config.model.vocab_size`` tokens in its vocabulary. ``on_tick`` is
     called about ten times a second while the workers run; ``net`` is an entered
-    :class:`hipress.netsim.Network` to run the workers in (None: loopback). Returns every run's figures. Raises
+    :class:`hipress.bench.netsim.Network` to run the workers in (None: loopback). Returns every run's figures. Raises
     :class:`DemoError` if the settings do not fit the corpus, a worker fails (the message holds
     its traceback) or the job exceeds ``config.timeout``.
     """

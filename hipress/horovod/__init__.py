@@ -12,7 +12,7 @@ Plans, per-chunk algorithm states and their random streams are CaSync's; only th
 (Horovod's public async operations) and the triggering (per-parameter gradient hooks, like
 Horovod's own optimizer) differ. Importing this package does not import Horovod; calling
 :func:`DistributedOptimizer` without it raises :class:`HorovodNotInstalledError` with an install
-hint. See docs/horovod.md.
+hint. See docs/reference/horovod-api.md.
 """
 
 from __future__ import annotations

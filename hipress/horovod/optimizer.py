@@ -20,14 +20,15 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import CompressionAlgorithm, resolve_algorithm
+from hipress.casync.algorithm import resolve_algorithm
 from hipress.casync.checkpoint import load_states, save_states
 from hipress.casync.errors import CaSyncError
 from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.core.codec import CompressionAlgorithm, compresses
+from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.horovod.comm import HorovodComm
 from hipress.horovod.errors import HorovodSyncError, import_horovod
 from hipress.horovod.sync import HorovodSync, Pending
-from hipress.secopa.plan import Plan, PlanError, Strategy
 from hipress.secopa.planner import PlannerConfig
 from hipress.secopa.runtime import auto_plan
 
@@ -235,13 +236,13 @@ def _check_unsupported(hvd: Any, op: Any, num_groups: int, groups: Any, process_
 
 def _auto_plan(
     hvd: Any,
-    alg: CompressionAlgorithm | None,
+    alg: CompressionAlgorithm,
     named_numels: list[tuple[str, int]],
     device: torch.device | None = None,
 ) -> Plan:
     """SeCoPa's ``plan="auto"`` over Horovod: profile with Horovod's operations on every rank
     (a few seconds), plan on rank 0, broadcast; the same plan on every rank."""
-    if alg is None:
+    if not compresses(alg):
         raise PlanError("plan='auto' needs a compression algorithm")
     t0 = time.perf_counter()
     # no ring: Horovod has no point-to-point messages
@@ -254,6 +255,37 @@ def _auto_plan(
         "hipress.horovod: plan='auto' profiled and planned in %.1f s", time.perf_counter() - t0
     )
     return plan
+
+
+def _check_options(
+    backward_passes_per_step: Any, gradient_predivide_factor: Any, seed: Any, rule: Any,
+    params: Any,
+) -> None:  # fmt: skip
+    """``DistributedOptimizer``'s own arguments, each with a message naming it."""
+    if (
+        isinstance(backward_passes_per_step, bool)
+        or not isinstance(backward_passes_per_step, int)
+        or backward_passes_per_step < 1
+    ):
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if (
+        isinstance(gradient_predivide_factor, bool)
+        or not isinstance(gradient_predivide_factor, int | float)
+        or not 0 < gradient_predivide_factor < float("inf")
+    ):
+        raise ValueError(
+            f"gradient_predivide_factor must be a finite number > 0, got "
+            f"{gradient_predivide_factor!r}"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise HorovodSyncError(f"seed must be an integer >= 0, got {seed!r}")
+    if rule is not None and not isinstance(rule, DefaultRule):
+        raise HorovodSyncError(f"rule must be a DefaultRule or None, got {rule!r}")
+    if params is not None and not isinstance(params, Mapping):
+        raise HorovodSyncError(
+            f"params must be a dict of the algorithm's parameters, e.g. {{'bitwidth': 2}}, got "
+            f"{params!r}"
+        )
 
 
 def DistributedOptimizer(
@@ -282,7 +314,7 @@ def DistributedOptimizer(
     applies to the uncompressed allreduce entries; ``op`` must be Average; ``num_groups``,
     ``groups`` and ``process_set`` other than the default raise), plus CaSync's, keyword-only:
     ``algorithm`` (CompLL name, algorithm object or
-    None), ``params``, ``plan`` (a :class:`~hipress.secopa.Plan`, a plan JSON path, ``"auto"``
+    None), ``params``, ``plan`` (a :class:`~hipress.core.plan.Plan`, a plan JSON path, ``"auto"``
     or None for the :class:`DefaultRule` ``rule``), ``seed``, ``backend``. Call after
     ``hvd.init()``, with the same arguments on every rank. ``plan="auto"`` is SeCoPa's, as in
     the DDP hook: every rank profiles the network with Horovod's operations and the algorithm's
@@ -296,30 +328,7 @@ def DistributedOptimizer(
     """
     hvd = import_horovod()
     _check_unsupported(hvd, op, num_groups, groups, process_set)
-    if (
-        isinstance(backward_passes_per_step, bool)
-        or not isinstance(backward_passes_per_step, int)
-        or backward_passes_per_step < 1
-    ):
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if (
-        isinstance(gradient_predivide_factor, bool)
-        or not isinstance(gradient_predivide_factor, int | float)
-        or not 0 < gradient_predivide_factor < float("inf")
-    ):
-        raise ValueError(
-            f"gradient_predivide_factor must be a finite number > 0, got "
-            f"{gradient_predivide_factor!r}"
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise HorovodSyncError(f"seed must be an integer >= 0, got {seed!r}")
-    if rule is not None and not isinstance(rule, DefaultRule):
-        raise HorovodSyncError(f"rule must be a DefaultRule or None, got {rule!r}")
-    if params is not None and not isinstance(params, Mapping):
-        raise HorovodSyncError(
-            f"params must be a dict of the algorithm's parameters, e.g. {{'bitwidth': 2}}, got "
-            f"{params!r}"
-        )
+    _check_options(backward_passes_per_step, gradient_predivide_factor, seed, rule, params)
     try:
         alg = resolve_algorithm(algorithm, params, backend)
     except CaSyncError as exc:
@@ -337,7 +346,7 @@ def DistributedOptimizer(
     n_comp = sum(e.compress for e in resolved.entries)
     log.info(
         "hipress.horovod: %s, %d/%d tensors compressed, %d ranks",
-        alg.name if alg is not None else "no compression",
+        alg.name if compresses(alg) else "no compression",
         n_comp,
         len(resolved.entries),
         hvd.size(),

@@ -28,17 +28,12 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import (
-    CompressionAlgorithm,
-    chunk_key,
-    decode_mean,
-    encode_reporting,
-    init_chunk_states,
-)
-from hipress.casync.bulk import split_sizes
+from hipress.casync.algorithm import decode_mean, encode_reporting, init_chunk_states
 from hipress.casync.errors import ConfigMismatchError
 from hipress.casync.flags import Flag, FlagMode
-from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.core.codec import CompressionAlgorithm, compresses
+from hipress.core.layout import ChunkLayout, layout_plan
+from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 
 __all__ = ["HorovodSync", "Pending"]
 
@@ -54,12 +49,16 @@ def _with_flag(payload: torch.Tensor, bad: Flag) -> torch.Tensor:
     return msg
 
 
+def _flag_of(msg: torch.Tensor, nbytes: int, mode: FlagMode) -> list[Flag]:
+    """The flag of the message(s) ``msg`` (a row, or rows ORed) whose payload has ``nbytes``."""
+    return mode.gathered(msg.view(-1, nbytes + FLAG_BYTES), nbytes, 1)
+
+
 @dataclass
 class _Chunk:
-    """One partition in flight: its element range, strategy-specific handle and phase."""
+    """One partition in flight (or the uncompressed allreduce of the whole tensor): its
+    strategy-specific handle and phase."""
 
-    start: int
-    size: int
     handle: Any
     phase: int = 1
     ctx: Any = None
@@ -80,7 +79,7 @@ class HorovodSync:
 
     Args:
         hvd: the ``horovod.torch`` module (initialised).
-        algorithm: the compression algorithm, or None if the plan compresses nothing.
+        algorithm: the compression algorithm (``Uncompressed`` if the plan compresses nothing).
         plan: the resolved plan (every entry's name is a parameter name).
         seed: base seed of the random streams (each rank mixes in its rank).
         compression: Horovod ``Compression`` applied to uncompressed (allreduce) entries.
@@ -93,7 +92,7 @@ class HorovodSync:
     def __init__(
         self,
         hvd: Any,
-        algorithm: CompressionAlgorithm | None,
+        algorithm: CompressionAlgorithm,
         plan: Plan,
         seed: int = 0,
         compression: Any = None,
@@ -116,12 +115,10 @@ class HorovodSync:
                 "strategy needs point-to-point messages, which Horovod does not offer; plan "
                 "with strategies allgather and ps (hipress plan --strategies allgather,ps)"
             )
-        if algorithm is not None:
-            self.worker_states, self.server_states = init_chunk_states(
-                algorithm, plan, self.rank, self.world_size, seed, devices
-            )
-        else:
-            self.worker_states, self.server_states = {}, {}
+        self.layout = layout_plan(plan, self.world_size, algorithm.payload_nbytes)
+        self.worker_states, self.server_states = init_chunk_states(
+            algorithm, plan, self.rank, self.world_size, seed, devices, layout=self.layout
+        )
 
     # ---- starting -----------------------------------------------------------------------------
 
@@ -141,51 +138,43 @@ class HorovodSync:
                 prescale_factor=1.0 / self.predivide,
                 postscale_factor=self.predivide,
             )
-            p.chunks.append(_Chunk(0, grad.numel(), handle, ctx=ctx))
+            p.chunks.append(_Chunk(handle, ctx=ctx))
             return p
         flat = grad.reshape(-1)
-        pos = 0
-        for k, size in enumerate(split_sizes(e.numel, e.partitions)):
-            x = flat[pos : pos + size]
+        for c in self.layout[name]:
+            x = flat[c.start : c.start + c.numel]
             if e.strategy is Strategy.PS:
-                handle = self._start_ps(name, k, e.partitions, x)
+                handle = self._start_ps(c, x)
             else:
-                handle = self._start_allgather(name, k, e.partitions, x)
-            p.chunks.append(_Chunk(pos, size, handle))
-            pos += size
+                handle = self._start_allgather(c, x)
+            p.chunks.append(_Chunk(handle))
         return p
 
-    def _encode(self, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, Flag]:
-        """x's payload, and whether x holds NaN/Inf (from the encode's own pass where the
-        algorithm finds out there; on the device for CUDA tensors)."""
-        assert self.algorithm is not None
-        payload = torch.empty(
-            self.algorithm.payload_nbytes(x.numel()), dtype=torch.uint8, device=x.device
-        )
+    def _encode(self, x: torch.Tensor, state: Any, nbytes: int) -> tuple[torch.Tensor, Flag]:
+        """x's payload (``nbytes``), and whether x holds NaN/Inf (from the encode's own pass
+        where the algorithm finds out there; on the device for CUDA tensors)."""
+        payload = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
         bad = encode_reporting(self.algorithm, x, state, payload)
         return payload, FlagMode.for_tensor(x).from_encode(bad, x)
 
-    def _start_allgather(self, name: str, k: int, parts: int, x: torch.Tensor) -> Any:
-        key = chunk_key(name, k, parts)
-        state = self.worker_states[key]
-        payload, bad = self._encode(x, state)
+    def _start_allgather(self, c: ChunkLayout, x: torch.Tensor) -> Any:
+        state = self.worker_states[c.key]
+        payload, bad = self._encode(x, state, c.payloads[0])
         FlagMode.reset(state, bad)  # do not let NaN/Inf poison the error-feedback memory
-        return self.hvd.allgather_async(_with_flag(payload, bad), name=f"hipress.ag.{key}")
+        return self.hvd.allgather_async(_with_flag(payload, bad), name=f"hipress.ag.{c.key}")
 
-    def _start_ps(self, name: str, k: int, parts: int, x: torch.Tensor) -> Any:
-        encoded, states, pos = [], [], 0
-        for j, s in enumerate(split_sizes(x.numel(), self.world_size)):
-            states.append(self.worker_states[chunk_key(name, k, parts, shard=j)])
-            encoded.append(self._encode(x[pos : pos + s], states[-1]))
-            pos += s
+    def _start_ps(self, c: ChunkLayout, x: torch.Tensor) -> Any:
+        encoded, states = [], []
+        for j, nbytes in enumerate(c.payloads):
+            lo, hi = c.shard_span(j)
+            states.append(self.worker_states[c.shard_key(j)])
+            encoded.append(self._encode(x[lo:hi], states[-1], nbytes))
         bad = FlagMode.any([b for _, b in encoded])  # the chunk's flag: any of its shards
         for state in states:
             FlagMode.reset(state, bad)
         msgs = [_with_flag(payload, bad) for payload, _ in encoded]
         splits = [m.numel() for m in msgs]
-        return self.hvd.alltoall_async(
-            torch.cat(msgs), splits=splits, name=f"hipress.ps1.{chunk_key(name, k, parts)}"
-        )
+        return self.hvd.alltoall_async(torch.cat(msgs), splits=splits, name=f"hipress.ps1.{c.key}")
 
     # ---- completing ---------------------------------------------------------------------------
 
@@ -196,24 +185,20 @@ class HorovodSync:
         e = p.entry
         if not e.compress or e.strategy is not Strategy.PS:
             return
-        assert self.algorithm is not None
         alg, n = self.algorithm, self.world_size
-        for k, c in enumerate(p.chunks):
+        for lay, c in zip(self.layout[p.name], p.chunks, strict=True):
             if c.phase != 1:
                 continue
             recv, _ = self.hvd.synchronize(c.handle)
-            s = split_sizes(c.size, n)[self.rank]
-            nb = alg.payload_nbytes(s)
+            s, nb = lay.shards[self.rank], lay.payloads[self.rank]
             rows = recv.view(n, nb + FLAG_BYTES)
             merged = torch.empty(s, dtype=torch.float32, device=recv.device)
             decode_mean(alg, [rows[r, :nb] for r in range(n)], s, merged)
-            (any_bad,) = FlagMode.for_tensor(recv).gathered(rows, nb, 1)
-            key = chunk_key(p.name, k, e.partitions, shard=self.rank, server=True)
-            state = self.server_states[key]
+            (any_bad,) = _flag_of(rows, nb, FlagMode.for_tensor(recv))
+            state = self.server_states[lay.shard_key(self.rank, server=True)]
             msg = _with_flag(alg.encode(merged, state), any_bad)
             FlagMode.reset(state, any_bad)
-            name = f"hipress.ps2.{chunk_key(p.name, k, e.partitions)}"
-            c.handle = self.hvd.allgather_async(msg, name=name)
+            c.handle = self.hvd.allgather_async(msg, name=f"hipress.ps2.{lay.key}")
             c.phase = 2
 
     def finish(self, p: Pending) -> torch.Tensor:
@@ -226,45 +211,45 @@ class HorovodSync:
             return self.compression.decompress(out, c.ctx)
         self.advance(p)
         result = torch.empty(e.numel, dtype=torch.float32, device=p.grad.device)
-        for c in p.chunks:
-            piece = result[c.start : c.start + c.size]
+        for lay, c in zip(self.layout[p.name], p.chunks, strict=True):
+            piece = result[lay.start : lay.start + lay.numel]
             if e.strategy is Strategy.PS:
-                self._finish_ps(c, piece)
+                self._finish_ps(lay, c.handle, piece)
             else:
-                self._finish_allgather(c, piece)
+                self._finish_allgather(lay, c.handle, piece)
         return result.to(p.grad.dtype).view_as(p.grad)
 
-    def _finish_allgather(self, c: _Chunk, out: torch.Tensor) -> None:
-        assert self.algorithm is not None
-        alg, n = self.algorithm, self.world_size
-        nb = alg.payload_nbytes(c.size)
-        rows = self.hvd.synchronize(c.handle).view(n, nb + FLAG_BYTES)
-        (bad,) = FlagMode.for_tensor(rows).gathered(rows, nb, 1)
+    def _finish_allgather(self, c: ChunkLayout, handle: Any, out: torch.Tensor) -> None:
+        alg, n, nb = self.algorithm, self.world_size, c.payloads[0]
+        rows = self.hvd.synchronize(handle).view(n, nb + FLAG_BYTES)
+        (bad,) = _flag_of(rows, nb, FlagMode.for_tensor(rows))
         if bad is True:
             out.fill_(float("nan"))
             return
-        decode_mean(alg, [rows[r, :nb] for r in range(n)], c.size, out)
+        decode_mean(alg, [rows[r, :nb] for r in range(n)], c.numel, out)
         FlagMode.fill_nan(out, bad)
 
-    def _finish_ps(self, c: _Chunk, out: torch.Tensor) -> None:
-        assert self.algorithm is not None
-        alg = self.algorithm
-        got = self.hvd.synchronize(c.handle)
-        flags = FlagMode.for_tensor(got)
-        pos_in, pos_out, bad = 0, 0, False
-        for s in split_sizes(c.size, self.world_size):
-            nb = alg.payload_nbytes(s)
-            alg.decode(got[pos_in : pos_in + nb], s, out=out[pos_out : pos_out + s])
-            (b,) = flags.read(got[pos_in + nb : pos_in + nb + 1])
+    def _finish_ps(self, c: ChunkLayout, handle: Any, out: torch.Tensor) -> None:
+        got = self.hvd.synchronize(handle)
+        mode = FlagMode.for_tensor(got)
+        pos, bad = 0, False
+        for j, (s, nb) in enumerate(zip(c.shards, c.payloads, strict=True)):
+            lo, hi = c.shard_span(j)
+            msg = got[pos : pos + nb + FLAG_BYTES]
+            self.algorithm.decode(msg[:nb], s, out=out[lo:hi])
+            (b,) = _flag_of(msg, nb, mode)
             bad = FlagMode.either(bad, b)
-            pos_in += nb + FLAG_BYTES
-            pos_out += s
+            pos += nb + FLAG_BYTES
         FlagMode.fill_nan(out, bad)
 
     def describe(self) -> str:
         """A one-line description of the algorithm, plan digest and seed (what ranks compare)."""
         alg = self.algorithm
-        what = f"{alg.name} {dict(alg.params)} [{alg.digest[:16]}]" if alg else "no compression"
+        what = (
+            f"{alg.name} {dict(alg.params)} [{alg.digest[:16]}]"
+            if compresses(alg)
+            else "no compression"
+        )
         compressed = sum(e.compress for e in self.plan.entries)
         return (
             f"{what}; plan {self.plan.digest()} ({compressed}/{len(self.plan.entries)} "
@@ -289,7 +274,7 @@ class HorovodSync:
         """What a checkpoint must match: algorithm digest, plan digest and seed."""
         alg = self.algorithm
         return {
-            "algorithm": alg.digest if alg is not None else "none",
+            "algorithm": alg.digest,
             "plan": self.plan.digest(),
             "seed": self.seed,
         }

@@ -5,14 +5,14 @@ Stages: :mod:`~hipress.secopa.profiler` measures a :class:`Profile` (or
 predicts every strategy's time for every K; :mod:`~hipress.secopa.planner` turns a model's
 parameters into a :class:`Plan`; :mod:`~hipress.secopa.runtime` plans once on rank 0 and
 broadcasts it (``auto_plan`` is what CaSync's and ``hipress.horovod``'s ``plan="auto"`` call);
-:mod:`~hipress.secopa.comm` is the transport both measure and broadcast over. See docs/secopa.md.
+:mod:`~hipress.secopa.comm` is the transport both measure and broadcast over. See docs/explanation/secopa.md.
 """
 
 from __future__ import annotations
 
+from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.comm import Comm, TorchComm
 from hipress.secopa.costmodel import CASYNC_FORMULAS, ORIGINAL_FORMULAS, CostModel
-from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.planner import Planner, PlannerConfig, plan_named
 from hipress.secopa.profile import Profile, ProfileError, affine_profile, link_network
 from hipress.secopa.runtime import (

@@ -4,8 +4,8 @@ The profiler times encode, decode and each collective alone. Inside a CaSync ste
 run alone: the hook's thread encodes the next bucket while gloo's completion thread decodes the
 last one, and on a host with one core per rank (or collectives that are CPU copies, as on
 loopback) they share the same core with the transport's threads. Each step also pays CaSync's
-own fixed cost per collective: the hook's Python and the hand-offs between threads. Measured
-on an AMD EPYC host with two ranks on two cores (docs/secopa.md), decode ran 2.5-3x and encode
+own fixed cost per collective: the hook's Python and the hand-offs between threads. With two
+ranks on two cores (docs/explanation/secopa.md), decode ran 2.5-3x and encode
 1.3-2.4x their profiled cost inside a step, and a layout of tiny tensors took ~2 ms more per
 step than predicted.
 
@@ -24,6 +24,9 @@ synthetic layouts, with the all-compressed plan the profile predicts for them:
 - **call_ms**: a layout of two tiny tensors (compute and bandwidth negligible): the measured
   step minus the prediction (with the scale above), per collective call.
 
+SeCoPa does not run CaSync itself (CaSync is a layer above it): the caller passes a
+:class:`StepProbe` that runs the sync steps, :func:`hipress.casync.profiling.step_probe`.
+
 Every rank must call it; every rank gets the same figures: the scale is the mean of the ranks'
 ratios, the call cost the largest rank's excess (the slowest rank sets the step). Needs a ``torch.distributed`` group and a CompLL
 algorithm (CaSync runs only those); costs well under a second on loopback, plus about
@@ -33,36 +36,41 @@ five steps of the large probe.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from hipress.secopa.planner import Planner, ddp_buckets
+from hipress.core.plan import Plan
+from hipress.secopa.broadcast import broadcast_plan
+from hipress.secopa.planner import Planner
 from hipress.secopa.profile import Profile
+
+__all__ = ["StepProbe", "calibrate"]
 
 SCALE_RANGE = (0.5, 10.0)  # a measured compute_scale is clipped to this
 CALL_MS_MAX = 50.0
 TINY = 256  # elements per tensor of the call-overhead probe
 
 
-def sync_step_ms(state: Any, bufs: Sequence[torch.Tensor], names: Sequence[list[str]]) -> float:
-    """ms of one CaSync step over every bucket (after a barrier; submitted in order, then
-    awaited, on a GPU until the device is done), as DDP's hook would run it."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    futs = [
-        state.submit(buf, bn, last=(j == len(bufs) - 1))
-        for j, (buf, bn) in enumerate(zip(bufs, names, strict=True))
-    ]
-    for f in futs:
-        f.wait()
-    if bufs and bufs[0].is_cuda:
-        torch.cuda.synchronize(bufs[0].device)
-    return (time.perf_counter() - t0) * 1e3
+class StepProbe(Protocol):
+    """Runs real sync steps of ``algorithm`` under ``plan`` on synthetic gradients of the
+    tensors ``named`` (``(name, numel)`` pairs), in ``group`` on ``device``: ``warmup`` steps,
+    then ``steps`` measured ones. Returns the median measured step time in ms on this rank and
+    the sync engine's mean per-step figures over the measured steps (at least ``encode_ms``
+    and ``decode_ms``: compute only, without waits between threads). Every rank calls it."""
+
+    def __call__(
+        self,
+        algorithm: Any,
+        plan: Plan,
+        named: list[tuple[str, int]],
+        group: Any,
+        warmup: int,
+        steps: int,
+        device: Any = None,
+    ) -> tuple[float, dict[str, float]]: ...
 
 
 def _max(x: float, group: Any, device: Any = None) -> float:
@@ -81,6 +89,7 @@ def _gather(x: float, group: Any, device: Any = None) -> list[float]:
 
 
 def _probe(
+    probe: StepProbe,
     algorithm: Any,
     profile: Profile,
     named: list[tuple[str, int]],
@@ -88,40 +97,27 @@ def _probe(
     warmup: int,
     steps: int,
     device: Any = None,
-) -> tuple[Any, float, dict[str, float]]:
-    """Run CaSync on ``named`` with rank 0's all-compressed plan, on ``device``; return (plan,
-    median step ms on this rank, CaSync's mean per-step figures over the measured steps)."""
-    from hipress.casync import CaSyncState
-    from hipress.secopa.runtime import broadcast_plan
-
+) -> tuple[Plan, float, dict[str, float]]:
+    """Run ``probe`` on ``named`` with rank 0's all-compressed plan, on ``device``; return (plan,
+    median step ms on this rank, the engine's mean per-step figures over the measured steps)."""
     world = dist.get_world_size(group)
     mine = None
     if dist.get_rank(group) == 0:
         mine = Planner(profile, world).baseline(named, compress=True)
     plan = broadcast_plan(mine, group)
-    numels = [k for _, k in named]
-    buckets = ddp_buckets(numels)
-    gen = torch.Generator().manual_seed(1234 + dist.get_rank(group))
-    bufs = [torch.randn(sum(numels[i] for i in b), generator=gen).to(device or "cpu")
-            for b in buckets]  # fmt: skip
-    names = [[named[i][0] for i in b] for b in buckets]
-    state = CaSyncState(
-        algorithm, named_parameters=named, plan=plan, process_group=group, log_every=0,
-        device=device,
-    )  # fmt: skip
-    times = [sync_step_ms(state, bufs, names) for _ in range(warmup + steps)]
-    return plan, statistics.median(times[warmup:]), state.stats.mean(last=steps)
+    step_ms, stats = probe(algorithm, plan, named, group, warmup, steps, device)
+    return plan, step_ms, stats
 
 
 def _scale_probe(
-    algorithm: Any, base: Profile, numel: int, group: Any, warmup: int, steps: int,
-    device: Any = None,
+    probe: StepProbe, algorithm: Any, base: Profile, numel: int, group: Any, warmup: int,
+    steps: int, device: Any = None,
 ) -> tuple[float, dict[str, Any]]:  # fmt: skip
     """The compute scale at ``numel`` elements per tensor (two tensors: two buckets), and its
     record."""
     world = dist.get_world_size(group)
     big = [("probe.a", numel), ("probe.b", numel)]
-    plan, big_ms, stats = _probe(algorithm, base, big, group, warmup, steps, device)
+    plan, big_ms, stats = _probe(probe, algorithm, base, big, group, warmup, steps, device)
     predicted = Planner(base, world).breakdown(plan)
     measured_compute = stats.get("encode_ms", 0.0) + stats.get("decode_ms", 0.0)
     ratio = measured_compute / predicted["compute_ms"] if predicted["compute_ms"] > 1e-3 else 1.0
@@ -154,29 +150,31 @@ def calibrate(
     large: int | None = None,
     large_steps: tuple[int, int] = (1, 4),
     device: Any = None,
+    *,
+    probe: StepProbe,
 ) -> Profile:
     """``profile`` with ``compute_scale`` and ``call_ms`` measured in ``group`` (see the module
     docstring); its ``meta["calibration"]`` records the probes. With ``large`` (elements, the
     model's largest tensor) at least 4x ``numel``, the scale is measured there too (``large_steps``:
     warm-up and measured steps) and the profile scales each op by the size it runs on
     (``compute_scale_by_size``). ``device``: where the probes run (the model's; default CPU).
-    Every rank must call it."""
+    ``probe`` runs the sync steps (see :class:`StepProbe`). Every rank must call it."""
     numel = max(int(numel), 4 * TINY)
     base = replace(profile, compute_scale=1.0, call_ms=0.0, compute_scale_by_size=())
     world = dist.get_world_size(group)
 
-    scale, record = _scale_probe(algorithm, base, numel, group, warmup, steps, device)
+    scale, record = _scale_probe(probe, algorithm, base, numel, group, warmup, steps, device)
     points = [(float(numel), scale)]
     records = [record]
     if large is not None and large >= 4 * numel:
         big_scale, big_record = _scale_probe(
-            algorithm, base, int(large), group, *large_steps, device
+            probe, algorithm, base, int(large), group, *large_steps, device
         )
         points.append((float(large), big_scale))
         records.append(big_record)
     scaled = replace(base, compute_scale=scale, compute_scale_by_size=tuple(points))
     tiny = [("tiny.a", TINY), ("tiny.b", TINY)]
-    tplan, tiny_ms, _ = _probe(algorithm, scaled, tiny, group, warmup, steps, device)
+    tplan, tiny_ms, _ = _probe(probe, algorithm, scaled, tiny, group, warmup, steps, device)
     calls = max(Planner(scaled, world).breakdown(tplan)["rounds"], 1.0)
     excess = _max(tiny_ms - Planner(scaled, world).predict(tplan), group, device)
     call_ms = min(max(excess / calls, 0.0), CALL_MS_MAX)

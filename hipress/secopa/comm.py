@@ -85,7 +85,7 @@ def _as_casync(issue: Callable[[], Any], device: torch.device) -> Callable[[], o
     """A blocking call of an asynchronous collective completed the way CaSync completes its
     own: a callback on the work's future (run on the backend's thread) completes a second
     future, which the caller waits for. On loopback that hand-off costs about 0.15 ms per
-    collective more than a plain blocking call (measured here), which the profile should see.
+    collective more than a plain blocking call, which the profile should see.
     On a GPU the work's future completes once the collective is enqueued: the call then makes
     the current stream wait for the work (timed with CUDA events, :mod:`profiler`)."""
     if device.type == "cuda":

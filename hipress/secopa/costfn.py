@@ -5,8 +5,8 @@ Two forms, both evaluated on scalars or numpy arrays and both JSON round-trippab
 - :class:`AffineFloor` -- the original SeCoPa form ``max(floor, w*x + b)``.
 - :class:`PiecewiseLinear` -- linear interpolation between measured knots (non-decreasing by
   construction), the first knot's value below the first knot, linear extrapolation with the
-  upper slope above the last knot. This is the default the profiler fits; see docs/secopa.md for
-  why.
+  upper slope above the last knot. This is the default the profiler fits; see
+  docs/explanation/secopa.md for why.
 
 :func:`fit_affine_floor` and :func:`fit_piecewise` turn ``(sizes, times)`` samples into either.
 """

@@ -12,7 +12,7 @@ runs, on what size) plus a way to combine them:
 - ``"sum"`` (the original SeCoPa): the terms already describe the whole tensor, ``T = sum``.
 
 :data:`CASYNC_FORMULAS` are the strategies CaSync runs; :data:`ORIGINAL_FORMULAS` are the
-original system's PS and Ring formulas (shared/REFERENCE.md section 1) written as one
+original system's PS and Ring formulas (docs/explanation/secopa.md) written as one
 configuration of the same evaluator, so ``CostModel(profile, N, ORIGINAL_FORMULAS)`` reproduces
 them exactly when the profile holds the original's affine-with-floor fits.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from hipress.core.plan import Strategy
 from hipress.secopa.formulas import CASYNC_FORMULAS, ORIGINAL_FORMULAS, Dims, Formula, Term
-from hipress.secopa.plan import Strategy
 from hipress.secopa.profile import Profile, ProfileError
 
 __all__ = [

@@ -3,10 +3,10 @@
 A strategy is a :class:`Formula`: a table of :class:`Term` (an operation, how many times it
 runs, on what size, as functions of the :class:`Dims` of one evaluation) and a combine rule.
 
-- :data:`CASYNC_FORMULAS`: what CaSync runs (``hipress/casync/strategies.py``), per partition,
+- :data:`CASYNC_FORMULAS`: what CaSync runs (``hipress/casync/strategies/``), per partition,
   pipelined.
-- :data:`ORIGINAL_FORMULAS`: the original SeCoPa's PS and Ring formulas (shared/REFERENCE.md
-  section 1), whole-tensor sums.
+- :data:`ORIGINAL_FORMULAS`: the original SeCoPa's PS and Ring formulas
+  (docs/explanation/secopa.md), whole-tensor sums.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hipress.secopa.plan import Strategy
+from hipress.core.plan import Strategy
 from hipress.secopa.profile import PayloadModel
 
 Array = NDArray[np.float64]

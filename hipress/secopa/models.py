@@ -3,17 +3,22 @@
 :func:`builtin_models` lists the built-in specs (``resnet50``, ``vgg19``, ``bert-base``,
 ``lstm-lm``, ``mlp``): the (name, shape) of every trainable parameter, named as torchvision /
 Hugging Face name them, with no dependency on either. :func:`resolve_model` also accepts
-``module:attr``, an importable ``nn.Module`` instance, class or zero-argument factory.
+``path/to/file.py:NAME`` and ``package.module:NAME``: an ``nn.Module`` instance, a class
+constructible without arguments, or a zero-argument factory returning a module.
 :func:`module_from_spec` builds a real module with those parameters (for benchmarks).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
+from pathlib import Path
+from types import MappingProxyType, ModuleType
 
 import torch
 from torch import nn
@@ -22,7 +27,7 @@ Shape = tuple[int, ...]
 
 
 class ModelSpecError(ValueError):
-    """A model name or ``module:attr`` reference cannot be resolved to parameters."""
+    """A model name or ``file.py:NAME`` / ``module:NAME`` reference cannot be resolved."""
 
 
 @dataclass(frozen=True)
@@ -149,43 +154,110 @@ def spec_of_module(name: str, module: nn.Module) -> ModelSpec:
     return ModelSpec(name, params)
 
 
-def _import(ref: str) -> nn.Module:
-    mod_name, _, attr = ref.partition(":")
-    if not mod_name or not attr:
-        raise ModelSpecError(f"{ref!r}: expected module:attr")
+FACTORY_HELP = (
+    "NAME must be an nn.Module class whose constructor takes no arguments, an nn.Module "
+    "instance, or a zero-argument factory function returning one, e.g. "
+    "`def make_model(): return Net(width=512)` in train.py, then --model train.py:make_model"
+)
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    """``path/to/file.py:Name`` or ``package.module:Name`` -> (where, Name); the last colon
+    splits, so a Windows drive letter stays in the path."""
+    where, sep, attr = ref.rpartition(":")
+    if not sep or not where or not attr:
+        raise ModelSpecError(
+            f"{ref!r}: expected path/to/file.py:NAME or package.module:NAME ({FACTORY_HELP})"
+        )
+    return where, attr
+
+
+def _is_path(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or "\\" in where or where.startswith(".")
+
+
+def _load_file(ref: str, where: str) -> ModuleType:
+    """Execute the Python file ``where`` as a fresh module; its folder is on ``sys.path``
+    while it runs, so it can import its neighbours as ``python train.py`` would."""
+    path = Path(where).expanduser()
+    if not path.is_file():
+        raise ModelSpecError(f"{ref!r}: no such file {str(path)!r}")
+    spec = importlib.util.spec_from_file_location(f"_hipress_model_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ModelSpecError(f"{ref!r}: {str(path)!r} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
     try:
-        obj: object = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise ModelSpecError(f"{ref!r}: cannot import {mod_name!r}: {exc}") from None
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: report, never a raw traceback
+        raise ModelSpecError(f"{ref!r}: running {str(path)!r} failed: {_describe(exc)}") from None
+    finally:
+        sys.path.remove(folder)
+    return module
+
+
+def _import_module(ref: str, where: str) -> ModuleType:
+    """Import ``where`` with the current directory on ``sys.path`` (as ``python -m`` has it;
+    the console script does not)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(where)
+    except Exception as exc:
+        raise ModelSpecError(
+            f"{ref!r}: cannot import {where!r}: {_describe(exc)} (give a file as "
+            "path/to/file.py:NAME, or a module importable from the current directory)"
+        ) from None
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _import(ref: str) -> nn.Module:
+    where, attr = _split_ref(ref)
+    obj: object = _load_file(ref, where) if _is_path(where) else _import_module(ref, where)
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ModelSpecError(f"{ref!r}: module {mod_name!r} has no attribute {attr!r}")
+            raise ModelSpecError(f"{ref!r}: {where!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if isinstance(obj, nn.Module):
         return obj
-    if callable(obj):
-        try:
-            made = obj()
-        except TypeError as exc:
-            raise ModelSpecError(f"{ref!r}: calling it without arguments failed: {exc}") from None
-        if isinstance(made, nn.Module):
-            return made
-        raise ModelSpecError(f"{ref!r}() returned {type(made).__name__}, not an nn.Module")
-    raise ModelSpecError(f"{ref!r} is a {type(obj).__name__}, not an nn.Module or factory")
+    if not callable(obj):
+        raise ModelSpecError(f"{ref!r} is a {type(obj).__name__}; {FACTORY_HELP}")
+    try:
+        made = obj()
+    except TypeError as exc:
+        raise ModelSpecError(
+            f"{ref!r}: calling {attr}() without arguments failed ({exc}); {FACTORY_HELP}"
+        ) from None
+    except Exception as exc:
+        raise ModelSpecError(f"{ref!r}: {attr}() raised {_describe(exc)}") from None
+    if isinstance(made, nn.Module):
+        return made
+    raise ModelSpecError(f"{ref!r}: {attr}() returned {type(made).__name__}; {FACTORY_HELP}")
 
 
 def resolve_model(ref: str) -> ModelSpec:
-    """A built-in model name or ``module:attr`` -> its :class:`ModelSpec`.
+    """A built-in model name, ``path/to/file.py:NAME`` or ``package.module:NAME`` -> its
+    :class:`ModelSpec`. NAME is an ``nn.Module`` instance, a class constructible without
+    arguments, or a zero-argument factory returning a module (see :data:`FACTORY_HELP`).
 
-    Raises :class:`ModelSpecError` with the list of built-in names if ``ref`` is neither.
+    Raises :class:`ModelSpecError` saying what to give instead on anything else.
     """
     if ref in _BUILTIN:
         return ModelSpec(ref, tuple(_BUILTIN[ref]()))
     if ":" in ref:
         return spec_of_module(ref, _import(ref))
     raise ModelSpecError(
-        f"unknown model {ref!r}: use one of {builtin_models()} or module:attr "
-        "(an nn.Module, class or zero-argument factory)"
+        f"unknown model {ref!r}: use one of {builtin_models()}, path/to/file.py:NAME or "
+        f"package.module:NAME ({FACTORY_HELP})"
     )
 
 

@@ -10,7 +10,7 @@ bucket ("bulk synchronisation"). The planner decides per tensor size, comparing
   for the tensor alone, pipelined over K partitions, latency included (as if it had its rounds
   to itself; sharing them only makes it cheaper).
 
-Three rules make the decisions safe and predictable (docs/secopa.md explains why):
+Three rules make the decisions safe and predictable (docs/explanation/secopa.md explains why):
 
 1. *Faster*: compress only if the compressed prediction is strictly below the uncompressed one.
 2. *Saves bandwidth*: a compressed (strategy, K) is a candidate only if its bandwidth time
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
-from hipress.secopa.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.profile import AlphaBeta, MeasuredComm, Profile
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ class PlannerConfig:
     bucket_cap_mb: float = 25.0
     first_bucket_mb: float = 1.0
     max_partitions: int | None = None
-    # the ring is opt-in: its predictions were 23-26% optimistic in `hipress bench plan`
-    # (docs/secopa.md), where its hops compete for the CPU with the hook's own rounds
+    # the ring is opt-in: `hipress bench plan` measured its plans slower than predicted
+    # (docs/explanation/secopa.md), where its hops compete for the CPU with the hook's own rounds
     strategies: tuple[Strategy, ...] = (Strategy.ALLGATHER, Strategy.PS)
     formulas: tuple[Formula, ...] = field(default=CASYNC_FORMULAS, repr=False)
     grid_per_octave: int = 8

@@ -3,9 +3,10 @@
 - :func:`plan_for_model` plans on the source rank and broadcasts the plan
   (``broadcast_object_list``), so every rank holds the identical plan (same :meth:`Plan.digest`);
   without a process group it just plans.
-- :func:`auto_plan` is what ``plan="auto"`` in the DDP hook calls: it measures the network in
-  the current group and the algorithm's compute costs (a few seconds in all), then plans as
-  above. ``hipress.horovod``'s ``plan="auto"`` calls it with ``comm=`` a Horovod
+- :func:`auto_plan` is what ``plan="auto"`` in the DDP hook calls (through
+  :mod:`hipress.casync.profiling`, which passes CaSync's step probe for the calibration): it
+  measures the network in the current group and the algorithm's compute costs (a few seconds in
+  all), then plans as above. ``hipress.horovod``'s ``plan="auto"`` calls it with ``comm=`` a Horovod
   :class:`~hipress.secopa.comm.Comm`, so the same measurement and broadcast run over Horovod.
 - :func:`load_plan_for_model` / :func:`check_plan` reject a plan that does not fit the model or
   the world size, with a message saying what differs.
@@ -22,10 +23,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hipress.secopa.calibrate import calibrate
+from hipress.core.plan import Plan, PlanError
+from hipress.secopa.broadcast import broadcast_plan
+from hipress.secopa.calibrate import StepProbe, calibrate
 from hipress.secopa.codec import AlgorithmCodec, as_codec
 from hipress.secopa.comm import Comm, TorchComm
-from hipress.secopa.plan import Plan, PlanError
 from hipress.secopa.planner import PlannerConfig, plan_named
 from hipress.secopa.profile import Profile
 from hipress.secopa.profiler import (
@@ -76,25 +78,6 @@ def load_plan_for_model(
         raise PlanError(f"cannot read plan {path}: {exc.strerror}") from None
     check_plan(plan, model, world_size)
     return plan
-
-
-def broadcast_plan(
-    plan: Plan | Exception | None, group: Any = None, *, comm: Comm | None = None
-) -> Plan:
-    """Send the plan from the group's rank 0 (or ``comm``'s) to every rank; return it on every
-    rank.
-
-    Rank 0 passes the plan; the others pass None. If rank 0 passes a :class:`PlanError`
-    instead (planning failed), every rank raises it, so no rank waits forever.
-    """
-    comm = comm if comm is not None else TorchComm(group)
-    mine = None
-    if comm.rank == 0:
-        mine = plan.to_dict() if isinstance(plan, Plan) else {"error": str(plan)}
-    payload = comm.broadcast_object(mine)
-    if "error" in payload:
-        raise PlanError(f"planning failed on rank 0: {payload['error']}")
-    return Plan.from_dict(payload)
 
 
 def plan_for_model(
@@ -152,6 +135,7 @@ def auto_profile(
     comm: Comm | None = None,
     calibrate_step: bool = True,
     device: torch.device | str | None = None,
+    probe: StepProbe | None = None,
 ) -> Profile:
     """Measure a profile in the current process group (or over ``comm``, e.g. Horovod's);
     every rank must call it.
@@ -162,7 +146,9 @@ def auto_profile(
     up to ``max_numel`` elements if given. Then, over
     ``torch.distributed`` and for a CompLL algorithm, the profile is calibrated against CaSync's
     real steps in the group (:func:`~hipress.secopa.calibrate.calibrate`: compute inside a step
-    and CaSync's fixed cost per collective), unless ``calibrate_step`` is false. Each rank
+    and CaSync's fixed cost per collective) run by ``probe`` (CaSync's:
+    :func:`hipress.casync.profiling.auto_profile` passes it), unless ``calibrate_step`` is false
+    or there is no ``probe`` (the profile then stays uncalibrated). Each rank
     returns its own profile; the network part and the calibration are identical on all ranks.
     ``device``: where the model trains (default: the group's, :func:`~hipress.secopa.comm.
     default_device`); collectives and kernels are measured there, on a GPU with CUDA events.
@@ -177,11 +163,15 @@ def auto_profile(
     compute = measure_compute(codec, budget_s=compute_budget_s, max_size=top)
     profile = build_profile(codec, compute, net.ops, overlap=ov, meta=network_meta(net))
     torch_comm = comm is None or isinstance(comm, TorchComm)
-    if calibrate_step and torch_comm and isinstance(codec, AlgorithmCodec):
+    if probe is None and calibrate_step and torch_comm:
+        log.debug("auto_profile: no step probe given, the profile is not calibrated")
+    if probe is not None and calibrate_step and torch_comm and isinstance(codec, AlgorithmCodec):
         group = comm.group if isinstance(comm, TorchComm) else group
         numel = min(top, PROBE_NUMEL) if top is not None else PROBE_NUMEL
         large = min(top, LARGE_PROBE_NUMEL) if top is not None else None
-        profile = calibrate(codec.alg, profile, group, numel=numel, large=large, device=dev)
+        profile = calibrate(
+            codec.alg, profile, group, numel=numel, large=large, device=dev, probe=probe
+        )
     return profile
 
 
@@ -195,6 +185,7 @@ def auto_plan(
     compute_budget_s: float = 1.5,
     comm: Comm | None = None,
     device: torch.device | str | None = None,
+    probe: StepProbe | None = None,
 ) -> Plan:
     """Profile (see :func:`auto_profile`) and plan on rank 0, broadcast to all ranks.
 
@@ -206,6 +197,7 @@ def auto_plan(
         comm: the transport to profile and broadcast over instead of ``group`` (the Horovod
             optimizer passes Horovod's, see :mod:`hipress.horovod.comm`).
         device: where the model trains (default: the group's device); profiled there.
+        probe: runs real sync steps to calibrate the profile (see :func:`auto_profile`).
     Needs an initialised process group (or ``comm``); every rank must call it. Takes a few
     seconds. Returns the plan, identical on every rank.
     """
@@ -219,7 +211,7 @@ def auto_plan(
     named = named_numels(model)
     top = max((k for _, k in named), default=None)
     profile = auto_profile(
-        algorithm, group, compute_budget_s, max_numel=top, comm=comm, device=device
+        algorithm, group, compute_budget_s, max_numel=top, comm=comm, device=device, probe=probe
     )
     mine = profile if comm.rank == 0 else None
     return plan_for_model(named, mine, world, config, comm=comm)

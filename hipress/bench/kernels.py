@@ -1,0 +1,203 @@
+"""``hipress bench kernels``: encode / decode throughput of the generated kernels against plain
+torch-ops implementations of the same algorithms (:mod:`hipress.bench.torch_ops`), with the
+device's copy bandwidth (measured in the same run) as the roofline. GB/s counts gradient input
+bytes (4 per element).
+
+``--device``: ``cpu`` (the C kernels), ``cuda`` (the CUDA kernels on CUDA tensors, timed with
+CUDA events; the default where a GPU is available), ``emulated`` (the CUDA kernels on the CPU
+emulator: a check of this benchmark's CUDA path, its figures say nothing about a GPU).
+
+On a GPU a copy moves 8 bytes per element (no read-for-ownership), so the traffic rate is 2 x
+copy GB/s, and a kernel's compulsory traffic counts each write once.
+
+Roofline per algorithm: ``dst.copy_(src)`` moves 12 bytes of memory traffic per element (read,
+read-for-ownership of the destination line, write), so the traffic rate is 3 x copy GB/s. An
+encode must at least read the gradient (4 B), read and write its per-element state (2 x state
+bytes) and write the payload (2 x payload bytes, read-for-ownership included); a decode reads
+the payload and writes 4 B (+4 B read-for-ownership). The roofline is the rate at which that
+compulsory traffic moves, capped by the rate at which its reads alone move at the read-only
+bandwidth (``x.sum()``, measured in the same run; on some machines it is far below what the
+traffic model alone would allow a read-mostly kernel); "% roof" is how close a kernel gets
+(passes beyond the first, e.g. a reduction before its map, are what keeps multi-pass algorithms
+below it).
+
+OpenMP threads: the run re-executes itself with ``OMP_WAIT_POLICY=PASSIVE`` unless that variable
+is set. With libgomp's default (spin before sleeping), every parallel region on a small machine
+shared with other processes waits for a spinning or descheduled thread, which can slow a copy
+or a kernel by an order of magnitude. The policy in force and the load average are recorded in
+the JSON.
+
+``sum4``: CaSync's averaging of 4 payloads (``decode_sum``, GB/s of decoded float32, 4 x 4 bytes
+per element), and ``sum4 x`` its speed-up over one decode pass per payload
+(``decode_sum_by_parts``), measured side by side.
+
+Prints a table and writes ``hipress-results/kernels.json`` (``--out``). Outputs are preallocated;
+every timed call is a steady-state call (workspaces exist, pages are touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hipress.bench.provenance import stamp
+from hipress.bench.torch_ops import Fn, torch_versions
+from hipress.compll import Algorithm, algorithms, load
+from hipress.compll.backends.base import decode_sum_by_parts
+from hipress.timing import best_of
+
+
+def _size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(s[:-1] if s[-1:] in "KMG" else s) * mult
+
+
+def best(fn: Fn, reps: int, cuda: bool = False) -> float:
+    """Best time of ``reps`` calls after one warm-up call (seconds): wall time, or on a GPU
+    (``cuda``) the time between CUDA events around each call."""
+    return best_of(fn, reps, cuda)
+
+
+def roofline(copy: float, read: float, traffic: float, reads: float, gpu: bool = False) -> float:
+    """GB/s of gradient input at which a kernel's compulsory memory traffic moves: ``traffic``
+    bytes per element (reads, writes twice: read-for-ownership; on a GPU once) at the copy's
+    traffic rate (12 bytes per element at ``copy`` GB/s of input; on a GPU 8), and never faster
+    than its ``reads`` bytes per element at the read-only rate (``read``: a ``sum``, 4 bytes per
+    element), which on some machines is far below 3x the copy rate."""
+    by_traffic = (8 if gpu else 12) * copy / traffic
+    return min(by_traffic, 4 * read / reads) if reads > 0 else by_traffic
+
+
+def _setup(kind: str) -> tuple[str, torch.device, Callable[[str], Algorithm]]:
+    """The device kind to measure, its torch device, and how to load an algorithm there."""
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("bench kernels --device cuda: torch sees no CUDA GPU")
+        return kind, torch.device("cuda"), lambda name: load(name, backend="cuda")
+    if kind == "emulated":
+        from hipress.compll.backends.cuda.emu import emulated_backend
+
+        def make(name: str) -> Algorithm:
+            prog = load(name, backend="reference").program
+            return Algorithm(prog, emulated_backend(prog, blocks=None))
+
+        return kind, torch.device("cpu"), make
+    return "cpu", torch.device("cpu"), lambda name: load(name, backend="cpu")
+
+
+HEADER = (f"{'algorithm':10s} {'n':>9s} {'enc':>8s} {'roof':>6s} {'%':>4s} {'dec':>8s} "
+          f"{'roof':>6s} {'%':>4s} {'torch enc':>10s} {'torch dec':>10s} {'enc x':>6s} "
+          f"{'copy':>7s} {'sum4':>7s} {'sum4 x':>6s}")  # fmt: skip
+
+
+def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[Fn, int], float],
+             reps: int, gpu: bool) -> dict[str, Any]:  # fmt: skip
+    """One algorithm at ``x.numel()`` elements: GB/s of encode, decode and the 4-payload
+    average, the bytes each must move and its rooflines (``copy``/``read`` not yet set)."""
+    n = x.numel()
+    st = alg.init_state(n, seed=1, device=x.device)
+    pay = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8, device=x.device)
+    te = timed(lambda: alg.encode(x, st, pay), reps)
+    td = timed(lambda: alg.decode(pay, n, y), reps)
+    # CaSync's averaging of 4 workers' payloads: the kernel, and one pass per payload
+    four = [pay] * 4
+    ts4 = timed(lambda: alg.decode_sum(four, n, out=y, divide_by=4), reps)
+    tp4 = timed(lambda: decode_sum_by_parts(alg.backend, four, n, y, 4), reps)
+    state_b = sum(t.numel() * t.element_size() for t in st.tensors.values() if t.numel() >= n)
+    w = 1 if gpu else 2  # a write's traffic: read-for-ownership on a CPU
+    return {"encode": 4 * n / te / 1e9, "decode": 4 * n / td / 1e9,
+            "encode_s": te, "decode_s": td,
+            "decode_sum4": 16 * n / ts4 / 1e9, "decode_sum4_by_parts": 16 * n / tp4 / 1e9,
+            "encode_bytes_per_elem": (4 * n + 2 * state_b + w * pay.numel()) / n,
+            "decode_bytes_per_elem": (pay.numel() + 4 * w * n) / n,
+            "encode_reads": (4 * n + state_b) / n, "decode_reads": pay.numel() / n}  # fmt: skip
+
+
+def _line(name: str, n: int, row: dict[str, Any]) -> str:
+    te_t, td_t = row.get("torch_encode"), row.get("torch_decode")
+    ratio = f"{row['encode'] / te_t:6.1f}" if te_t else "     -"
+    er, dr = row["encode_roofline"], row["decode_roofline"]
+    return (f"{name:10s} {n:>9d} {row['encode']:8.2f} {er:6.1f} "
+            f"{100 * row['encode'] / er:4.0f} {row['decode']:8.2f} {dr:6.1f} "
+            f"{100 * row['decode'] / dr:4.0f} "
+            f"{te_t if te_t else float('nan'):10.2f} {td_t if td_t else float('nan'):10.2f} "
+            f"{ratio} {row['copy']:7.2f} {row['decode_sum4']:7.2f} "
+            f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f}")  # fmt: skip
+
+
+def _reexec_passive() -> None:
+    """libgomp reads ``OMP_WAIT_POLICY`` once, when torch loads it: set it and run this
+    command again (``python -m hipress`` or the ``hipress`` script, the same arguments)."""
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    print("[bench kernels] re-running with OMP_WAIT_POLICY=PASSIVE", flush=True)
+    argv = sys.orig_argv if Path(sys.argv[0]).name == "__main__.py" else [sys.executable, *sys.argv]
+    os.execv(sys.executable, argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``hipress bench kernels``: prints the table, writes the JSON, returns 0."""
+    kind, device, make = _setup(getattr(args, "device", "auto"))
+    gpu = kind == "cuda"
+    if kind == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
+        _reexec_passive()
+    sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
+    names = [a for a in args.algorithms.split(",") if a] or algorithms()
+    results: dict[str, Any] = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "load_average_start": os.getloadavg()[0],
+            "device": kind,
+            "gpu": torch.cuda.get_device_name() if gpu else None,
+        },
+        "units": "GB/s of float32 gradient input (4 bytes per element); copy = dst.copy_(src), "
+        "read = src.sum()",
+        "copy": {},
+        "read": {},
+        "kernels": {},
+    }
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def timed(fn: Fn, reps: int) -> float:
+        return best(fn, reps, cuda=gpu)
+
+    print(HEADER)
+    for n in sizes:
+        x = torch.randn(n, generator=gen, device=device)
+        y = torch.empty(n, device=device)
+        copy = 4 * n / timed(lambda: y.copy_(x), args.reps) / 1e9  # noqa: B023
+        read = 4 * n / timed(lambda: x.sum(), args.reps) / 1e9  # noqa: B023
+        results["copy"][str(n)] = copy
+        results["read"][str(n)] = read
+        for name in names:
+            row = _measure(make(name), x, y, timed, args.reps, gpu)
+            enc_r, dec_r = row.pop("encode_reads"), row.pop("decode_reads")
+            row["copy"], row["read"] = copy, read
+            row["encode_roofline"] = roofline(copy, read, row["encode_bytes_per_elem"], enc_r, gpu)
+            row["decode_roofline"] = roofline(copy, read, row["decode_bytes_per_elem"], dec_r, gpu)
+            if not args.no_torch and n % 512 == 0:
+                enc, dec = torch_versions(name, x)
+                row["torch_encode"] = 4 * n / timed(enc, max(1, args.reps // 2)) / 1e9
+                row["torch_decode"] = 4 * n / timed(dec, max(1, args.reps // 2)) / 1e9
+            results["kernels"].setdefault(name, {})[str(n)] = row
+            print(_line(name, n, row), flush=True)
+    results["machine"]["load_average_end"] = os.getloadavg()[0]
+    out = Path(args.out)
+    stamp(results, getattr(args, "invocation", "hipress bench kernels"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,201 @@
+"""Markdown tables of benchmark results, one function per benchmark: each takes the JSON a
+``hipress bench`` command (or ``hipress demo``) wrote and returns the table's lines. The result
+files of :mod:`hipress.bench.report` and the generated tables of the docs both come from here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["TABLES", "convergence_rows", "e2e_cell_rows", "fmt"]
+
+Table = Callable[[dict[str, Any]], list[str]]
+
+
+def fmt(x: float | None, spec: str) -> str:
+    """``x`` formatted by ``spec``, or ``-`` for a missing figure."""
+    return "-" if x is None else format(x, spec)
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.2f}"
+
+
+def e2e_cell_rows(cell: dict[str, Any]) -> list[str]:
+    """One (model, network) cell of ``hipress bench e2e``: a row per configuration."""
+    out = [
+        "| configuration | samples/s | step ms | MB/step | x fp32 | x fp16 | x PowerSGD | eff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in cell["rows"]:
+        if "samples_per_s" not in r:
+            err = r["error"].strip().splitlines()[-1][:160]
+            out.append(f"| {r['config']} | failed: {err} |")
+            continue
+        sp = r.get("speedup", {})
+        wire = r.get("wire_bytes_per_step")
+        out.append(
+            f"| {r['config']} | {r['samples_per_s']:.1f} | {r['step_ms']:.0f} | "
+            f"{fmt(None if wire is None else wire / 1e6, '.2f')} | "
+            f"{fmt(sp.get('ddp-fp32'), '.2f')} | {fmt(sp.get('ddp-fp16'), '.2f')} | "
+            f"{fmt(sp.get('ddp-powersgd'), '.2f')} | "
+            f"{fmt(r.get('scaling_efficiency'), '.2f')} |"
+        )
+    return out
+
+
+def e2e_table(results: dict[str, Any]) -> list[str]:
+    """Every cell of ``hipress bench e2e``, each under its model and network."""
+    out: list[str] = []
+    for cell in results["cells"]:
+        out += ["", f"{cell['model']} ({cell['kind']}), {cell['network']['label']}:", ""]
+        out += e2e_cell_rows(cell)
+    return out[1:]
+
+
+def convergence_rows(results: dict[str, Any]) -> list[str]:
+    """``hipress bench convergence``: final and best accuracy of each algorithm."""
+    out = [
+        "| algorithm | EF | final accuracy % | vs uncompressed | best % (epoch) | vs best "
+        "uncompressed | final valid loss | train s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["rows"]:
+        ef = {None: "-", True: "yes", False: "no"}[r["error_feedback"]]
+        if "accuracy" not in r:
+            err = r.get("error", "no result").strip().splitlines()[-1][:160]
+            out.append(f"| {r['algorithm']} | {ef} | failed: {err} | | | | | |")
+            continue
+        out.append(
+            f"| {r['algorithm']} | {ef} | {100 * r['accuracy']:.2f} | "
+            f"{_signed(r.get('delta_points'))} | {100 * r['best_accuracy']:.2f} "
+            f"({r['best_epoch']}) | {_signed(r.get('best_delta_points'))} | "
+            f"{r['valid_loss']:.3f} | {r['seconds']:.0f} |"
+        )
+    return out
+
+
+def kernels_table(results: dict[str, Any]) -> list[str]:
+    """``hipress bench kernels`` at its largest size: GB/s, % of roofline, x torch ops."""
+    sizes = sorted({int(n) for rows in results["kernels"].values() for n in rows})
+    n = str(sizes[-1])
+    out = [
+        f"{sizes[-1]:,} elements, GB/s of float32 gradient input; copy "
+        f"{results['copy'][n]:.1f} GB/s, read {results['read'][n]:.1f} GB/s.",
+        "",
+        "| algorithm | encode | % roof | decode | % roof | x torch encode | x torch decode "
+        "| sum4 x |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in sorted(results["kernels"]):
+        r = results["kernels"][name].get(n)
+        if r is None:
+            continue
+        te, td = r.get("torch_encode"), r.get("torch_decode")
+        out.append(
+            f"| {name} | {r['encode']:.2f} | {100 * r['encode'] / r['encode_roofline']:.0f} | "
+            f"{r['decode']:.2f} | {100 * r['decode'] / r['decode_roofline']:.0f} | "
+            f"{fmt(r['encode'] / te if te else None, '.1f')} | "
+            f"{fmt(r['decode'] / td if td else None, '.1f')} | "
+            f"{r['decode_sum4'] / r['decode_sum4_by_parts']:.1f} |"
+        )
+    return out
+
+
+def plan_table(results: dict[str, Any]) -> list[str]:
+    """``hipress bench plan``: predicted against measured sync time of each plan."""
+    out = [
+        f"{results['model']} on {results['world_size']} processes "
+        f"({results['network']['label']}), {results['algorithm']} {results['params']}.",
+        "",
+        "| plan | compressed tensors | predicted ms | measured ms | error |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, r in results["rows"].items():
+        err = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+        out.append(
+            f"| {key} | {r['compressed']} | {r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
+            f"| {err:+.1%} |"
+        )
+    return out
+
+
+def sync_table(results: dict[str, Any]) -> list[str]:
+    """``hipress bench sync`` at its largest tensor: ms per sync of each method."""
+    rows = results["rows"]
+    top = max(r["bytes"] for r in rows)
+    out = [
+        f"One sync of {top / 2**20:g} MB of float32 gradient; median ms, speed-up over DDP's "
+        "allreduce in the same network and world size, bytes sent against fp32.",
+        "",
+        "| network | workers | method | ms | x DDP | sent |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r["bytes"] == top:
+            out.append(
+                f"| {r['network']} | {r['world_size']} | {r['method']} | {r['ms']:.2f} | "
+                f"{r['speedup']:.2f} | {100 * r['ratio']:.1f}% |"
+            )
+    return out
+
+
+def costfit_table(results: dict[str, Any]) -> list[str]:
+    """``hipress bench costfit``: held-out relative error of each cost-function form."""
+    out = [
+        "| algorithm | op | form | median error | max error |",
+        "|---|---|---|---:|---:|",
+    ]
+    for r in results["rows"]:
+        out.append(
+            f"| {r['algorithm']} | {r['op']} | {r['form']} | {r['median_error']:.3f} | "
+            f"{r['max_error']:.2f} |"
+        )
+    return out
+
+
+def ring_table(results: dict[str, Any]) -> list[str]:
+    """``hipress bench ring``: in how many cases the compressed Ring is predicted fastest."""
+    out = [
+        "| algorithm | variant, overlap | Ring faster in | best ring / min(ps, allgather) | at |",
+        "|---|---|---:|---:|---|",
+    ]
+    for name, entry in results["algorithms"].items():
+        for key, s in entry["summary"].items():
+            at = s["best_at"]
+            out.append(
+                f"| {name} | {key.replace('@', ', ')} | {s['wins']} of {s['cases']} | "
+                f"{s['best_ratio']:.2f} | N={at['n']}, {at['bits_per_s']:.0e} bit/s, "
+                f"m={at['m']} |"
+            )
+    return out
+
+
+def demo_table(results: dict[str, Any]) -> list[str]:
+    """``hipress demo``: throughput, bytes sent and validation figures of each run."""
+    out = [
+        "| run | samples/s | MB sent/step/worker | val loss | val acc | wall s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["runs"]:
+        out.append(
+            f"| {r['spec']['name']} | {r['samples_per_s']:.1f} | {r['bytes_per_step'] / 2**20:.2f} "
+            f"| {r['final']['loss']:.3f} | {100 * r['final']['accuracy']:.1f}% | "
+            f"{r['wall_s']:.1f} |"
+        )
+    return out
+
+
+TABLES: Mapping[str, Table] = MappingProxyType(
+    {
+        "e2e": e2e_table,
+        "convergence": convergence_rows,
+        "kernels": kernels_table,
+        "plan": plan_table,
+        "sync": sync_table,
+        "costfit": costfit_table,
+        "ring": ring_table,
+        "demo": demo_table,
+    }
+)

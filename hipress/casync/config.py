@@ -1,0 +1,203 @@
+"""A CaSync state's configuration: its options checked eagerly, the parameter schedule, the
+digests every rank must agree on, and the first step's agreement check.
+
+Every check raises :class:`~hipress.casync.errors.CaSyncError` with a message that names the
+option and says what it takes; ranks that disagree raise
+:class:`~hipress.casync.errors.ConfigMismatchError` on every rank, with each rank's description.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hipress.casync.algorithm import resolve_algorithm
+from hipress.casync.errors import CaSyncError, ConfigMismatchError
+from hipress.casync.planning import DefaultRule
+from hipress.casync.strategies.context import all_gather
+from hipress.core.codec import CompressionAlgorithm, compresses
+from hipress.core.plan import Plan
+
+__all__ = [
+    "FORMAT",
+    "check_agreement",
+    "check_options",
+    "check_schedule",
+    "config_digest",
+    "describe",
+    "params_at",
+]
+
+FORMAT = "hipress.casync/1"
+DIGEST_BYTES = 16
+NOTE_BYTES = 512
+
+Schedule = tuple[tuple[int, dict[str, Any]], ...]
+
+
+def digest16(text: str) -> bytes:
+    """The first :data:`DIGEST_BYTES` of ``text``'s SHA-256."""
+    return hashlib.sha256(text.encode()).digest()[:DIGEST_BYTES]
+
+
+def _whole(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise CaSyncError(f"{name} must be an integer >= 0, got {v!r}")
+
+
+def check_options(params: Any, seed: Any, rule: Any, check_finite: Any, log_every: Any,
+                   warmup_steps: Any, plan: Any) -> None:  # fmt: skip
+    """:class:`CaSyncState`'s arguments, each with a message that names it and says what it
+    takes."""
+    if params is not None and not isinstance(params, Mapping):
+        raise CaSyncError(
+            f"params must be a dict of the algorithm's parameters, e.g. {{'bitwidth': 2}}, got "
+            f"{params!r}"
+        )
+    _whole("seed", seed)
+    _whole("log_every", log_every)
+    _whole("warmup_steps", warmup_steps)
+    if not isinstance(check_finite, bool):
+        raise CaSyncError(f"check_finite must be True or False, got {check_finite!r}")
+    if rule is not None and not isinstance(rule, DefaultRule):
+        raise CaSyncError(f"rule must be a DefaultRule or None, got {rule!r}")
+    if isinstance(plan, str) and plan != "auto" and plan.strip().lower() == "auto":
+        raise CaSyncError(f"plan={plan!r}: SeCoPa's automatic plan is plan='auto'")
+    if plan is not None and not isinstance(plan, Plan | str | Path):
+        raise CaSyncError(
+            f"plan must be a Plan, a path to a plan file, 'auto' or None, got {plan!r}"
+        )
+
+
+def check_schedule(
+    schedule: Sequence[tuple[int, Mapping[str, Any]]],
+    algorithm: str | CompressionAlgorithm | None,
+    params: Mapping[str, Any] | None,
+) -> tuple[tuple[int, dict[str, Any]], ...]:
+    """Validate ``params_schedule`` eagerly (with the reference backend: nothing compiles):
+    ascending steps, an algorithm given by name, and the same state layout at every entry."""
+    if (
+        isinstance(schedule, str | bytes)
+        or not isinstance(schedule, Sequence)
+        or not all(
+            isinstance(x, Sequence) and len(x) == 2 and isinstance(x[1], Mapping) for x in schedule
+        )
+    ):
+        raise CaSyncError(
+            f"params_schedule must be a list of (step, params) pairs, e.g. [(0, {{'s_percent': "
+            f"0.25}}), (500, {{'s_percent': 0.001}})], got {schedule!r}"
+        )
+    out = tuple((at, dict(p)) for at, p in schedule)
+    if not out:
+        return out
+    if not isinstance(algorithm, str):
+        raise CaSyncError("params_schedule needs the algorithm given by name, e.g. 'dgc'")
+    steps = [at for at, _ in out]
+    if any(
+        isinstance(a, bool) or not isinstance(a, int) or a < 0 for a in steps
+    ) or steps != sorted(set(steps)):
+        raise CaSyncError(f"params_schedule steps must be ascending integers >= 0, got {steps}")
+    merged = dict(params or {})
+    base = resolve_algorithm(algorithm, merged, "reference")
+
+    def layout(alg: CompressionAlgorithm) -> list[dict[str, tuple[Any, Any]]]:
+        return [
+            {k: (t.shape, t.dtype) for k, t in alg.init_state(n, device="meta").tensors.items()}
+            for n in (1, 997, 1 << 16)
+        ]
+
+    want = layout(base)
+    for at, update in out:
+        merged.update(update)
+        alg = resolve_algorithm(algorithm, merged, "reference")
+        if layout(alg) != want:
+            raise CaSyncError(
+                f"params_schedule step {at}: {algorithm} with {merged} keeps a different state "
+                "than with its first parameters, so the state cannot carry over"
+            )
+    return out
+
+
+def params_at(base: Mapping[str, Any], schedule: Schedule, step: int) -> dict[str, Any]:
+    """The algorithm's parameters in force at ``step``: ``base`` updated by every entry of
+    ``schedule`` (a checked ``params_schedule``) at or before ``step``."""
+    params = dict(base)
+    for at, update in schedule:
+        if at <= step:
+            params.update(update)
+    return params
+
+
+def config_digest(
+    algorithm_digest: str, plan_digest: str, seed: int, check_finite: bool, warmup_steps: int,
+    schedule: Schedule,
+) -> dict[str, str]:  # fmt: skip
+    """What every rank must agree on, as hex digests: the algorithm's, the plan's and one of
+    the options (with a schedule, the algorithm is the one of the first parameters: the
+    schedule is among the options)."""
+    options = {
+        "format": FORMAT,
+        "seed": seed,
+        "finite": check_finite,
+        "warmup": warmup_steps,
+        "schedule": [[at, dict(p)] for at, p in schedule],
+    }
+    return {
+        "algorithm": algorithm_digest,
+        "plan": plan_digest,
+        "options": digest16(json.dumps(options)).hex(),
+    }
+
+
+def describe(
+    alg: CompressionAlgorithm, plan: Plan, seed: int, check_finite: bool, warmup_steps: int
+) -> str:
+    """One line a user can compare between ranks: algorithm, plan digest and options."""
+    what = f"{alg.name} {dict(alg.params)}" if compresses(alg) else "no compression"
+    compressed = sum(e.compress for e in plan.entries)
+    return (
+        f"{what}; plan {plan.digest()} ({compressed}/{len(plan.entries)} "
+        f"compressed); seed {seed}; check_finite {check_finite}; warmup "
+        f"{warmup_steps}"
+    )
+
+
+def check_agreement(
+    mine: Mapping[str, str], note: str, world_size: int, group: Any, device: torch.device
+) -> None:
+    """Exchange the config digests ``mine`` (one small all-gather over ``group``, on
+    ``device``: the buckets', which the group's backend serves, e.g. CUDA for NCCL); on any
+    difference, exchange each rank's ``note`` (:func:`describe`) and raise
+    :class:`ConfigMismatchError` on every rank. A collective: every rank must call it."""
+    keys = sorted(mine)
+    local = torch.frombuffer(
+        bytearray(b"".join(digest16(mine[k]) for k in keys)), dtype=torch.uint8
+    ).to(device)
+    gathered = torch.empty(world_size * local.numel(), dtype=torch.uint8, device=device)
+    all_gather(gathered, local, group=group)
+    gathered = gathered.cpu()  # (once per training)
+    rows = gathered.view(world_size, len(keys), DIGEST_BYTES)
+    differ = [k for i, k in enumerate(keys) if not bool((rows[:, i] == rows[0, i]).all())]
+    if not differ:
+        return
+    padded = note.encode()[:NOTE_BYTES].ljust(NOTE_BYTES, b"\0")
+    notes = torch.empty(world_size * NOTE_BYTES, dtype=torch.uint8, device=device)
+    mine_note = torch.frombuffer(bytearray(padded), dtype=torch.uint8).to(device)
+    all_gather(notes, mine_note, group=group)
+    notes = notes.cpu()
+    lines = [
+        f"  rank {r}: "
+        + bytes(notes[r * NOTE_BYTES : (r + 1) * NOTE_BYTES].tolist())
+        .rstrip(b"\0")
+        .decode(errors="replace")
+        for r in range(world_size)
+    ]
+    raise ConfigMismatchError(
+        f"CaSync ranks disagree on {', '.join(differ)}; every rank must register the same "
+        "algorithm, parameters, plan and options:\n" + "\n".join(lines)
+    )

@@ -1,0 +1,495 @@
+"""The state of the CaSync DDP hook: :class:`CaSyncState`, one per DDP model and rank.
+
+It checks the configuration eagerly (:mod:`hipress.casync.config`), binds to its process group
+when there is one (at construction, else at the first use), lays out the plan's chunks once
+(:class:`~hipress.core.layout.PlanLayout`), holds the per-chunk algorithm states and their
+checkpoints (:mod:`hipress.casync.checkpoint`), checks at the first step that every rank agrees,
+and hands each bucket to its step engine (:mod:`hipress.casync.engine`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hipress.casync.algorithm import init_chunk_states, resolve_algorithm
+from hipress.casync.checkpoint import gathered, is_gathered, load_states, own_entry, save_states
+from hipress.casync.config import (
+    FORMAT,
+    check_agreement,
+    check_options,
+    check_schedule,
+    config_digest,
+    describe,
+    params_at,
+)
+from hipress.casync.engine import StepEngine
+from hipress.casync.errors import CaSyncError, CommError
+from hipress.casync.logs import RANK_FILTER
+from hipress.casync.planning import DefaultRule, check_plan_arg, resolve_plan
+from hipress.casync.probe import StateProbe
+from hipress.casync.stats import SyncStats
+from hipress.casync.strategies.context import SyncContext
+from hipress.casync.strategies.ring import RingDriver
+from hipress.casync.unused import UnusedGuard
+from hipress.core.codec import CompressionAlgorithm
+from hipress.core.layout import PlanLayout, layout_plan
+from hipress.core.plan import Plan, PlanError
+
+__all__ = ["CaSyncState"]
+
+logger = logging.getLogger(__name__)
+logger.addFilter(RANK_FILTER)
+
+# every live state's ring driver, closed and joined when the interpreter exits: a daemon thread
+# still running then, or a hop still pending when the process group goes, aborts the process
+_RINGS: weakref.WeakSet[RingDriver] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_rings() -> None:
+    rings = list(_RINGS)
+    for ring in rings:
+        ring.close()
+    for ring in rings:
+        ring.join(timeout=120)
+
+
+class CaSyncState:
+    """State of :func:`~hipress.casync.hook.casync_hook` for one DDP model on one rank.
+
+    Args:
+        algorithm: a CompLL algorithm name, an algorithm object, or None for no compression.
+        params: the algorithm's hyper-parameters (with a name only).
+        named_parameters: (name, parameter) pairs of every parameter that receives a gradient,
+            or (name, numel) pairs when there is no model (benchmarks).
+        plan: a :class:`~hipress.core.plan.Plan`, a plan file, ``"auto"`` or None (default rule).
+        process_group: group to synchronise over (None: the default group).
+        seed: base RNG seed; each rank mixes its rank in.
+        backend: CompLL backend for a named algorithm ("auto", "cpu", "reference").
+        rule: the default rule used when ``plan`` is None.
+        check_finite: look for NaN/Inf in every bucket (one pass) so they reach every rank
+            and do not poison error feedback. Disable only if the model cannot produce them.
+        log_every: log a summary every this many steps (0: never).
+        warmup_steps: synchronise the first this many steps uncompressed (DDP's own allreduce,
+            bit for bit), leaving every algorithm state untouched; compression starts at step
+            ``warmup_steps`` (like ``start_powerSGD_iter`` of PyTorch's PowerSGD hook, and
+            DGC's warm-up). The step count is kept in :meth:`state_dict`.
+        params_schedule: ``(step, params)`` pairs, steps ascending: from that step on, the
+            algorithm runs with ``params`` updating the earlier ones, keeping every state
+            (error feedback, momentum, RNG counters). E.g. DGC's warm-up, which sends a larger
+            fraction in the first epochs: ``[(0, {"s_percent": 0.25}), (500, {"s_percent":
+            0.0625}), ...]``. Part of the configuration every rank must agree on; only for an
+            algorithm given by name, and only parameters that leave its state layout as it is.
+            The plan keeps its decisions. A restored :meth:`state_dict` resumes with the
+            parameters of its step.
+
+    Fields:
+        algorithm, seed: as resolved at construction.
+        rank, world_size: of the process group, once bound (None before).
+        plan: the plan run (a property: see below).
+        stats: :class:`~hipress.casync.stats.SyncStats` of this rank.
+        worker_states, server_states: per-chunk algorithm states (error feedback, momentum),
+            made with the plan.
+
+    Everything after ``algorithm`` is keyword-only. Validation happens here, eagerly: a bad
+    option, algorithm or plan file raises before training starts. The state binds to its
+    process group at construction if ``torch.distributed`` is initialised, else at its first
+    use (the first hook call, :meth:`load_state_dict`, :meth:`state_dict`): so it can be built
+    before ``init_process_group``, e.g. for Lightning's
+    ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=casync_hook)``; a plan that does not fit
+    the world size raises then. With ``plan="auto"``, SeCoPa plans at the first step (every
+    rank takes part), unless :meth:`load_state_dict` brought the plan of a checkpoint first.
+    The state pickles without its process group, parameter binding, buffers and in-flight
+    work; after unpickling, :meth:`bind` it to the model and register it again.
+    """
+
+    def __init__(
+        self,
+        algorithm: str | CompressionAlgorithm | None = "terngrad",
+        *,
+        params: Mapping[str, Any] | None = None,
+        named_parameters: Iterable[tuple[str, torch.Tensor | int]],
+        plan: Plan | str | Path | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        seed: int = 0,
+        backend: str = "auto",
+        rule: DefaultRule | None = None,
+        check_finite: bool = True,
+        log_every: int = 100,
+        warmup_steps: int = 0,
+        params_schedule: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        device: torch.device | str | None = None,
+    ) -> None:
+        check_options(params, seed, rule, check_finite, log_every, warmup_steps, plan)
+        schedule = check_schedule(params_schedule, algorithm, params)
+        named = list(named_parameters)
+        if not named:
+            raise CaSyncError("the model has no parameter that requires a gradient")
+        self._numels = [(n, int(p) if isinstance(p, int) else p.numel()) for n, p in named]
+        self._devices, self._trained_on = _devices(named, device)
+        self.process_group = process_group
+        self.rank: int | None = None
+        self.world_size: int | None = None
+        self._spec = (
+            (algorithm, dict(params or {}), backend) if isinstance(algorithm, str) else None
+        )
+        self.algorithm = resolve_algorithm(algorithm, params, backend)
+        self._plan_arg = check_plan_arg(plan, self.algorithm)
+        self._rule = rule
+        self._plan: Plan | None = None
+        self.seed = int(seed)
+        self.check_finite = bool(check_finite)
+        self.warmup_steps = warmup_steps
+        self.params_schedule = schedule
+        self._base_params = dict(params or {})
+        self.stats = SyncStats(log_every=log_every)
+        self._init_local()
+        self.bind(named)
+        if dist.is_initialized():
+            self._attach()
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this state runs. With ``plan="auto"``, reading it before the first step
+        (and before a :meth:`load_state_dict` that brings one) makes it now: every rank must
+        then read it."""
+        if self._plan is None:
+            self._ready()
+        assert self._plan is not None
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: Plan) -> None:
+        self._plan = plan
+
+    def _attach(self) -> None:
+        """Bind to the process group: rank, world size and, unless it is ``"auto"`` (made at
+        the first step), the plan with its states. Idempotent."""
+        if self.rank is not None:
+            return
+        if not dist.is_initialized():
+            raise CaSyncError(
+                "torch.distributed is not initialised: call init_process_group before the "
+                "first step (the state binds to its process group then)"
+            )
+        self.rank = dist.get_rank(self.process_group)
+        self.world_size = dist.get_world_size(self.process_group)
+        if not (isinstance(self._plan_arg, str) and self._plan_arg == "auto"):
+            self._adopt(self._resolve(self._plan_arg))
+
+    def _ready(self) -> None:
+        """Bound, with a plan: SeCoPa's for ``"auto"`` (a collective over the group)."""
+        self._attach()
+        if self._plan is None:
+            self._adopt(self._resolve("auto"))
+
+    def _resolve(self, plan: Plan | str | Path | None) -> Plan:
+        assert self.world_size is not None
+        return resolve_plan(
+            plan, self.algorithm, self._numels, self.world_size, self._rule,
+            group=self.process_group, device=self._trained_on, probe=StateProbe(type(self)),
+        )  # fmt: skip
+
+    def _adopt(self, plan: Plan) -> None:
+        """Run ``plan`` (checked): lay it out, make its states (all zero) and the runtime."""
+        assert self.rank is not None and self.world_size is not None
+        self._plan = self._base_plan = plan
+        self._relayout()
+        self.worker_states, self.server_states = init_chunk_states(
+            self.algorithm, plan, self.rank, self.world_size, self.seed, self._devices,
+            layout=self._layout,
+        )  # fmt: skip
+        self._base_digests = (self.algorithm.digest, plan.digest())
+        self._init_runtime()
+        if self.params_schedule:
+            self._apply_params(params_at(self._base_params, self.params_schedule, 0))
+        if self._unused_model is not None:
+            self.watch_unused(self._unused_model)
+        compressed = sum(e.compress for e in plan.entries)
+        logger.info(
+            "casync: %s, %d of %d tensors compressed, world size %d",
+            plan.algorithm, compressed, len(plan.entries), self.world_size,
+        )  # fmt: skip
+
+    def _relayout(self) -> None:
+        """Lay out the plan's chunks for the current algorithm (its payload sizes), once."""
+        assert self.world_size is not None
+        self._layout: PlanLayout = layout_plan(
+            self.plan, self.world_size, self.algorithm.payload_nbytes
+        )
+
+    def _init_local(self) -> None:
+        """What does not pickle and exists before the plan: the binding and the lock."""
+        self._param_names: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._unused_model: DistributedDataParallel | None = None
+
+    def _init_runtime(self) -> None:
+        """What does not pickle and needs the plan: the bucket context and the step engine."""
+        assert self.rank is not None and self.world_size is not None
+        self._ctx = SyncContext(
+            rank=self.rank,
+            world_size=self.world_size,
+            algorithm=self.algorithm,
+            worker_states=self.worker_states,
+            server_states=self.server_states,
+            stats=self.stats,
+            check_finite=self.check_finite,
+        )
+        # the ring's thread ends with this state (it holds the driver, never the state), and
+        # at the latest when the interpreter exits
+        weakref.finalize(self, self._ctx.ring.close)
+        _RINGS.add(self._ctx.ring)
+        self._engine = StepEngine(self._ctx, self._layout, self.warmup_steps, self._after_step)
+        self._agreed = False
+
+    # ---- binding and configuration ----------------------------------------------------------
+
+    def bind(self, named_parameters: Iterable[tuple[str, torch.Tensor | int]]) -> None:
+        """Map the model's parameter objects to their names (buckets list parameter objects)."""
+        self._param_names = {id(p): n for n, p in named_parameters if isinstance(p, torch.Tensor)}
+
+    def names_of(self, parameters: Sequence[torch.Tensor]) -> list[str]:
+        """Names of a bucket's parameters; raises if one was not bound."""
+        try:
+            return [self._param_names[id(p)] for p in parameters]
+        except KeyError:
+            raise CaSyncError(
+                "a bucket holds a parameter this state does not know: call state.bind("
+                "model.named_parameters()) after unpickling, and register the state with the "
+                "DDP model it was made for"
+            ) from None
+
+    def config_digest(self) -> dict[str, str]:
+        """What every rank must agree on: algorithm, plan and options, as hex digests (with a
+        ``params_schedule``, of the first parameters: the schedule is among the options)."""
+        self._ready()
+        alg_digest, plan_digest = self._base_digests
+        return config_digest(
+            alg_digest, plan_digest, self.seed, self.check_finite, self.warmup_steps,
+            self.params_schedule,
+        )  # fmt: skip
+
+    def _apply_params(self, params: dict[str, Any]) -> None:
+        """Switch to the algorithm with ``params`` (between steps), keeping every state."""
+        if self._spec is None:  # (a schedule needs an algorithm given by name)
+            return
+        name, current, backend = self._spec
+        if params == current:
+            return
+        alg = resolve_algorithm(name, params, backend)
+        self._spec = (name, params, backend)
+        self.algorithm = alg
+        self.plan = dataclasses.replace(self.plan, params=dict(alg.params))
+        self._relayout()  # payload sizes may differ: new layouts and buffers
+        self._ctx.algorithm = alg
+        self._engine.relayout(self._layout)
+        logger.info(
+            "casync: step %d: %s parameters now %s", self._engine.step, name, dict(alg.params)
+        )
+
+    def _after_step(self, step: int) -> None:
+        """The engine finished a step: switch parameters where the schedule says."""
+        if self.params_schedule:
+            self._apply_params(params_at(self._base_params, self.params_schedule, step))
+
+    # ---- synchronisation --------------------------------------------------------------------
+
+    def submit(
+        self, buffer: torch.Tensor, names: Sequence[str], last: bool
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Start synchronising a flat ``buffer`` holding the gradients of parameters ``names``
+        (in order); ``last`` marks the step's last bucket. Every rank must submit the same
+        layouts in the same order. Returns a future completing with ``buffer``, averaged.
+
+        Raises :class:`ConfigMismatchError` at the first call if ranks disagree, and
+        :class:`CommError` if that check or a collective of an earlier bucket of this step
+        failed (a peer died or stalled past the process group's timeout).
+        """
+        with self._lock:
+            self._ready()  # (binds and plans at the first call, where that is still to do)
+            self._engine.open_step()
+            if not self._agreed:
+                self._agree(buffer.device)
+            return self._engine.submit(buffer, names, last, self.process_group)
+
+    def _agree(self, device: torch.device) -> None:
+        """The first step's check that every rank runs the same configuration."""
+        note = describe(self.algorithm, self.plan, self.seed, self.check_finite, self.warmup_steps)
+        try:
+            check_agreement(self.config_digest(), note, self.world_size, self.process_group,
+                            device)  # fmt: skip
+        except CaSyncError:
+            raise
+        except Exception as exc:  # gloo/NCCL error: a peer died or timed out
+            raise CommError(
+                "CaSync: the first step's configuration check failed (a peer may have "
+                "exited or stalled past the process group's timeout; see the other "
+                f"ranks' logs): {exc}"
+            ) from exc
+        self._agreed = True
+
+    def close(self) -> None:
+        """End the state's ring thread (also done when the state is collected). A closed
+        state cannot run ring rounds any more."""
+        if self._plan is not None:
+            self._ctx.ring.close()
+
+    def watch_unused(self, ddp_model: DistributedDataParallel) -> None:
+        """Keep error feedback whole under ``find_unused_parameters=True``: the states of a
+        parameter no rank used in a step are restored after it, as if it had not been
+        synchronised (DDP leaves its gradient untouched). :func:`register` calls this."""
+        self._unused_model = ddp_model
+        if self._plan is None:  # (applied when the plan is made)
+            return
+        engine = self._engine
+        if engine.unused is not None:
+            engine.unused.remove()
+        named = [(self._param_names[id(p)], p) for p in ddp_model.module.parameters()
+                 if id(p) in self._param_names]  # fmt: skip
+        engine.unused = UnusedGuard(ddp_model, named, (self.worker_states, self.server_states))
+
+    # ---- checkpoints and pickling -----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's algorithm states (error feedback, momentum, RNG counters), CPU copies,
+        with the step count and the plan they were trained with.
+
+        States differ per rank: save one per rank and load each into the same rank, or save
+        :meth:`gathered_state_dict` from rank 0.
+        """
+        self._ready()
+        engine = self._engine
+        if engine.unused is not None and not engine.open:
+            engine.unused.settle()
+        assert self.rank is not None and self.world_size is not None
+        sd = save_states(FORMAT, self.rank, self.world_size, self.config_digest(), self._parts())
+        sd["step"] = engine.step
+        sd["plan"] = self._base_plan.to_dict()
+        return sd
+
+    def gathered_state_dict(self) -> dict[str, Any]:
+        """Every rank's :meth:`state_dict` in one, returned on every rank: ``format``
+        (``"hipress.casync.gathered/1"``), ``world_size`` and ``ranks`` (the state dicts in
+        rank order). For checkpoints that rank 0 alone writes; :meth:`load_state_dict` takes
+        it on every rank. A collective over the state's group: every rank must call it (on
+        NCCL, with its CUDA device set)."""
+        mine = self.state_dict()
+        assert self.world_size is not None
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, mine, group=self.process_group)
+        return gathered(out, self.world_size)
+
+    @staticmethod
+    def plan_of(sd: Mapping[str, Any]) -> Plan:
+        """The plan a :meth:`state_dict` or :meth:`gathered_state_dict` was trained with: pass
+        it as ``plan=`` to resume under it. Raises :class:`CaSyncError` if it holds none."""
+        one = sd.get("ranks", [None])[0] if is_gathered(sd) else sd
+        raw = one.get("plan") if isinstance(one, Mapping) else None
+        if raw is None:
+            raise CaSyncError(
+                "the state dict holds no plan (it was saved by an earlier hipress): pass the "
+                "plan file it was trained with as plan="
+            )
+        try:
+            return Plan.from_dict(raw)
+        except PlanError as exc:
+            raise CaSyncError(f"damaged CaSync state dict: its `plan`: {exc}") from None
+
+    def _parts(self) -> dict[str, dict[str, Any]]:
+        return {"worker": self.worker_states, "server": self.server_states}
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` or :meth:`gathered_state_dict` (each rank takes its
+        own entry) in place, all or nothing.
+
+        A state whose ``plan="auto"`` is not made yet takes the checkpoint's plan (no
+        profiling). Raises :class:`CaSyncError` (naming the rank and the entry) if it was saved
+        by another rank or world size, for another algorithm, plan or options (the message
+        says how to resume), or is damaged (a missing entry, a tensor of another shape or
+        dtype, a step that is not an integer >= 0)."""
+        self._attach()
+        assert self.rank is not None and self.world_size is not None
+        if is_gathered(sd):
+            sd = own_entry(sd, self.rank, self.world_size, CaSyncError)
+        step = sd.get("step", 0) if isinstance(sd, Mapping) else 0
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CaSyncError(
+                f"rank {self.rank}: state dict `step` must be an integer >= 0, got {step!r}"
+            )
+        self._take_plan(sd)
+        load_states(
+            sd, fmt=FORMAT, what="CaSync", rank=self.rank, world_size=self.world_size,
+            config=self.config_digest(), parts=self._parts(), error=CaSyncError,
+        )  # fmt: skip
+        if self._engine.unused is not None:
+            self._engine.unused.forget()
+        self._engine.step = step  # where warm-up and the schedule stand
+        self._after_step(step)
+
+    def _take_plan(self, sd: Any) -> None:
+        """Adopt the plan of ``sd`` if this state's ``"auto"`` plan is not made yet; refuse
+        one that differs from the plan this state runs, saying how to resume."""
+        has = isinstance(sd, Mapping) and sd.get("format") == FORMAT and "plan" in sd
+        saved = self.plan_of(sd) if has else None
+        if self._plan is None and saved is not None:
+            try:
+                self._adopt(self._resolve(saved))
+            except PlanError as exc:
+                raise CaSyncError(f"rank {self.rank}: the state dict's plan: {exc}") from None
+            return
+        if saved is not None and saved.digest() != self.plan.digest():
+            raise CaSyncError(
+                f"rank {self.rank}: the state dict was saved with a different plan "
+                f"({saved.digest()}; this state runs {self._base_plan.digest()}). To resume "
+                "it, make the state with plan=CaSyncState.plan_of(checkpoint) (or "
+                "plan='auto', which takes the saved plan); to keep this plan, do not load the "
+                "hook's state (error feedback then starts afresh)"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        runtime = ("process_group", "_ctx", "_engine", "_param_names", "_lock", "_agreed",
+                   "_layout", "_unused_model")  # fmt: skip
+        d = {k: v for k, v in self.__dict__.items() if k not in runtime}
+        if self._spec is not None:
+            d["algorithm"] = None  # reloaded from the spec: compiled kernels do not pickle
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self.process_group = None
+        if self._spec is not None:
+            name, params, backend = self._spec
+            if self.params_schedule:  # the step count does not pickle: start from step 0
+                params = params_at(self._base_params, self.params_schedule, 0)
+                self._spec = (name, params, backend)
+            self.algorithm = resolve_algorithm(name, params, backend)
+        self._init_local()
+        if self._plan is not None:
+            self._relayout()
+            self._init_runtime()
+
+
+def _devices(
+    named: Sequence[tuple[str, torch.Tensor | int]], device: torch.device | str | None
+) -> tuple[dict[str, torch.device], torch.device | None]:
+    """Where each parameter's states live (its own device; for a count, ``device`` or the
+    CPU), and the device the model trains on (the first parameter's, else ``device``)."""
+    home = torch.device(device) if device is not None else None
+    devices = {
+        n: p.device if isinstance(p, torch.Tensor) else home or torch.device("cpu")
+        for n, p in named
+    }
+    trained_on = next((p.device for _, p in named if isinstance(p, torch.Tensor)), home)
+    return devices, trained_on

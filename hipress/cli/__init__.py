@@ -1,0 +1,14 @@
+"""The ``hipress`` command line. Owns all output; the library only logs.
+
+:mod:`~hipress.cli.commands` registers every subcommand and runs one (:func:`main`); one module
+per area adds its parsers: :mod:`~hipress.cli.compll` (check, show, algorithms, build),
+:mod:`~hipress.cli.secopa` (plan, profile, bench plan), :mod:`~hipress.cli.casync` (bench sync),
+:mod:`~hipress.cli.bench` (the other benchmarks and the docs' tables), :mod:`~hipress.cli.demo`,
+:mod:`~hipress.cli.selftest`; :mod:`~hipress.cli.args` reads the arguments they share.
+"""
+
+from __future__ import annotations
+
+from hipress.cli.commands import build_parser, main
+
+__all__ = ["build_parser", "main"]

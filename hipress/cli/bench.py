@@ -1,0 +1,258 @@
+"""The benchmark commands under ``hipress bench``: ``e2e``, ``convergence``, ``kernels``,
+``costfit``, ``ring`` and ``report`` (``sync`` is in :mod:`hipress.cli.casync`, ``plan`` in
+:mod:`hipress.cli.secopa`). Each runs a benchmark of :mod:`hipress.bench`, prints a table and
+writes its results under ``hipress-results/`` (``--out``)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hipress.cli.args import RESULTS, parse_latency
+
+__all__ = [
+    "add_e2e_parsers",
+    "add_kernels_parser",
+    "add_report_parser",
+    "add_study_parsers",
+]
+
+
+def _floats(text: str) -> tuple[float | None, ...]:
+    out: list[float | None] = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if item in ("none", "unshaped"):
+            out.append(None)
+            continue
+        scale = 1000.0 if item.endswith("g") else 1.0
+        out.append(float(item.rstrip("gm")) * scale)
+    return tuple(out)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # so the network context managers tear everything down
+
+
+def _command(args: argparse.Namespace) -> str:
+    return str(getattr(args, "invocation", f"hipress bench {args.bench}"))
+
+
+def _progress(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def _cmd_e2e(args: argparse.Namespace) -> int:
+    from hipress.bench.e2e import E2EOptions, run_matrix
+    from hipress.bench.netsim import shaping_unavailable_reason
+    from hipress.bench.provenance import stamp
+    from hipress.bench.report import e2e_markdown, e2e_png, write_json
+
+    reason = shaping_unavailable_reason() if not args.loopback else "--loopback given"
+    if reason is not None:
+        print(
+            f"WARNING: no shaped network ({reason}); running on UNSHAPED LOOPBACK: the figures "
+            "say nothing about a real cluster's network and are labelled so.",
+            file=sys.stderr,
+        )
+    opts = E2EOptions(
+        workers=args.workers,
+        rates_mbit=_floats(args.rates),
+        models=_names(args.models),
+        algorithms=_names(args.algorithms),
+        plan=None if args.plan == "default" else args.plan,
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        threads=args.threads,
+        powersgd_rank=args.powersgd_rank,
+        shaped=not args.loopback,
+        extra={"command": _command(args)},
+    )
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    results = stamp(run_matrix(opts, progress=_progress), _command(args))
+    out = Path(args.out)
+    write_json(results, out / f"{args.name}.json")
+    md = e2e_markdown(results)
+    (out / f"{args.name}.md").write_text(md)
+    png = e2e_png(results, out / f"{args.name}.png")
+    print(md)
+    print(f"wrote {out / args.name}.json, .md" + (", .png" if png else ""))
+    return 0
+
+
+def _cmd_convergence(args: argparse.Namespace) -> int:
+    from hipress.bench.convergence import ConvergenceOptions, run_convergence
+    from hipress.bench.provenance import stamp
+    from hipress.bench.report import write_json
+
+    opts = ConvergenceOptions(
+        workers=args.workers,
+        algorithms=_names(args.algorithms),
+        epochs=args.epochs,
+        train_tokens=args.train_tokens,
+        plan=None if args.plan == "default" else args.plan,
+        threads=args.threads,
+        warmup_steps=args.warmup_steps,
+        density_warmup_epochs=args.density_warmup_epochs,
+        clip=args.clip,
+    )
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    results = run_convergence(opts, progress=_progress)
+    results["meta"]["command"] = _command(args)
+    stamp(results, _command(args))
+    out = Path(args.out)
+    write_json(results, out / "convergence.json")
+    from hipress.bench.convergence import convergence_markdown
+
+    md = convergence_markdown(results)
+    (out / "convergence.md").write_text(md)
+    print(md)
+    print(f"wrote {out}/convergence.json, .md")
+    return 0
+
+
+def add_e2e_parsers(bench_sub: Any) -> None:
+    """Add ``e2e`` and ``convergence`` to the ``hipress bench`` group."""
+    default_out = RESULTS
+    e = bench_sub.add_parser(
+        "e2e",
+        help="training throughput on a shaped network (needs root; else labelled loopback)",
+        description="Each worker in its own network namespace with a tc-shaped NIC; DDP fp32, "
+        "fp16_compress_hook and powerSGD_hook against hipress with each algorithm under its "
+        "SeCoPa plan. Writes NAME.json, NAME.md and NAME.png.",
+    )
+    e.add_argument("--workers", type=int, default=4)
+    e.add_argument("--rates", default="1g,10g", help="NIC rates: 100m, 1g, 10g, none (unshaped)")
+    e.add_argument("--models", default="lstm-lm,resnet")
+    e.add_argument("--algorithms", default="onebit,tbq,terngrad,dgc,graddrop")
+    e.add_argument("--plan", default="auto", help="auto (SeCoPa), default (CaSync's rule), FILE")
+    e.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
+    e.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 3)")
+    e.add_argument("--repeats", type=int, default=2, help="rounds; each config keeps its best")
+    e.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    e.add_argument("--powersgd-rank", type=int, default=4)
+    e.add_argument("--loopback", action="store_true", help="skip namespaces: unshaped loopback")
+    e.add_argument("--out", default=default_out)
+    e.add_argument("--name", default="e2e", help="basename of the result files")
+    e.set_defaults(func=_cmd_e2e)
+
+    c = bench_sub.add_parser(
+        "convergence",
+        help="final accuracy of every algorithm (with its error feedback) vs uncompressed",
+    )
+    c.add_argument("--workers", type=int, default=4)
+    c.add_argument("--algorithms", default="all", help="comma list, or all shipped algorithms")
+    c.add_argument("--epochs", type=int, default=2)
+    c.add_argument("--train-tokens", type=int, default=160_000, help="training tokens per epoch")
+    c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument(
+        "--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps"
+    )
+    c.add_argument(
+        "--density-warmup-epochs",
+        type=int,
+        default=0,
+        metavar="E",
+        help="sparsifiers send 25%%, 6.25%%, ... (4x less each epoch) until their own fraction "
+        "for the first E epochs, as DGC's warm-up does",
+    )
+    c.add_argument(
+        "--clip", type=float, default=1.0, help="gradient norm clipping after the sync (0: none)"
+    )
+    c.add_argument("--out", default=default_out)
+    c.set_defaults(func=_cmd_convergence)
+
+
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    from hipress.bench.kernels import run
+
+    return run(args)
+
+
+def _cmd_costfit(args: argparse.Namespace) -> int:
+    from hipress.bench.costfit import fit_study
+
+    return fit_study(args.out, args.budget, _command(args))
+
+
+def _cmd_ring(args: argparse.Namespace) -> int:
+    from hipress.bench.ring import ring_study
+
+    return ring_study(args.profiles, args.out, args.latency, _command(args))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from hipress.bench.report import update_docs
+
+    stale = update_docs(Path(args.results), Path(args.docs), check=args.check)
+    if args.check and stale:
+        print(f"{args.docs}: generated tables out of date ({', '.join(stale)}); run "
+              "`hipress bench report`", file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"{args.docs}: " + ("up to date" if not stale else f"regenerated {', '.join(stale)}"))
+    return 0
+
+
+def add_kernels_parser(bench_sub: Any) -> None:
+    """Add ``kernels``: encode/decode GB/s of the generated kernels vs torch ops."""
+    p = bench_sub.add_parser(
+        "kernels",
+        help="throughput of the generated kernels (C on CPU, CUDA on a GPU) vs plain torch ops, "
+        "with the device's copy roofline",
+    )
+    p.add_argument("--device", choices=("auto", "cpu", "cuda", "emulated"), default="auto",
+                   help="auto: cuda where a GPU is available, else cpu; emulated: the CUDA "
+                   "kernels on the CPU emulator (checks the benchmark's CUDA path, not speed)")  # fmt: skip
+    p.add_argument("--sizes", default="1K,64K,1M,16M,64M",
+                   help="element counts (K/M suffixes), comma separated")  # fmt: skip
+    p.add_argument("--algorithms", default="", help="comma separated (default: all shipped)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions (best is reported)")
+    p.add_argument("--no-torch", action="store_true", help="skip the torch-ops baselines")
+    p.add_argument("--out", default=f"{RESULTS}/kernels.json", help="JSON results file")
+    p.set_defaults(func=_cmd_kernels)
+
+
+def add_study_parsers(bench_sub: Any) -> None:
+    """Add ``costfit`` and ``ring``: studies of SeCoPa's cost functions and formulas."""
+    c = bench_sub.add_parser(
+        "costfit",
+        help="held-out error of the piecewise-linear and affine-with-floor cost functions",
+    )
+    c.add_argument("--budget", type=float, default=8.0, metavar="S",
+                   help="seconds of timing per algorithm (default 8)")  # fmt: skip
+    c.add_argument("--out", default=f"{RESULTS}/costfit.json", help="JSON results file")
+    c.set_defaults(func=_cmd_costfit)
+    r = bench_sub.add_parser(
+        "ring",
+        help="is the original's compressed Ring ever predicted faster than PS and allgather?",
+    )
+    r.add_argument("profiles", nargs="+", metavar="PROFILE", help="hipress profile --out files")
+    r.add_argument("--latency", type=parse_latency, default=25e-6,
+                   help="per-message latency of every link (default 25us)")  # fmt: skip
+    r.add_argument("--out", default=f"{RESULTS}/ring.json", help="JSON results file")
+    r.set_defaults(func=_cmd_ring)
+
+
+def add_report_parser(bench_sub: Any) -> None:
+    """Add ``report``: regenerate the benchmark tables of the docs from reference results."""
+    p = bench_sub.add_parser(
+        "report",
+        help="regenerate the tables of docs/benchmarks.md from the reference results",
+        description="Each docs/results/<bench>.json is one benchmark's reference result; its "
+        "table in the docs lies between generated-table markers and is rewritten here.",
+    )
+    p.add_argument("--results", default="docs/results", help="folder of <bench>.json files")
+    p.add_argument("--docs", default="docs/benchmarks.md", help="markdown file to update")
+    p.add_argument("--check", action="store_true", help="change nothing; fail if stale")
+    p.set_defaults(func=_cmd_report)

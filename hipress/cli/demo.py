@@ -1,0 +1,330 @@
+"""``hipress demo``: train a word-level LSTM language model on local workers, uncompressed and
+with hipress, then print a comparison, write ``demo.json`` and (with matplotlib) ``demo.png``.
+
+The CLI owns all output: the settings, rank 0's progress bars (on stderr), the summary table and
+the chart. See docs/reference/demo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hipress.cli.args import RESULTS
+from hipress.demo.config import DemoConfig, DemoError, DemoResult, RunResult, default_runs
+from hipress.demo.models import ModelConfig
+
+__all__ = ["add_parser", "cmd_demo", "format_summary", "write_chart"]
+
+DEFAULT_ALGORITHM = "topk"
+DEFAULT_STEPS = 300
+
+
+def _mib(nbytes: float) -> str:
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.2f} GiB"
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.2f} MiB"
+    return f"{nbytes / 2**10:.1f} KiB"
+
+
+def format_summary(result: DemoResult) -> str:
+    """The summary table and a one-line comparison of the last run against the first."""
+    head = (
+        "run",
+        "samples/s",
+        "sent/step/worker",
+        "sent total",
+        "val loss",
+        "val ppl",
+        "val acc",
+        "wall",
+    )
+    rows = [
+        (
+            r.spec.name,
+            f"{r.samples_per_s:.1f}",
+            _mib(r.bytes_per_step),
+            _mib(r.bytes_total),
+            f"{r.final.loss:.3f}",
+            f"{r.final.perplexity:.1f}",
+            f"{100 * r.final.accuracy:.1f}%",
+            f"{r.wall_s:.1f} s",
+        )
+        for r in result.runs
+    ]
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))])
+
+    out = [line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+    base, last = result.runs[0], result.runs[-1]
+    if len(result.runs) > 1 and base.bytes_per_step > 0:
+        speed = last.samples_per_s / base.samples_per_s if base.samples_per_s else 0.0
+        out.append("")
+        out.append(
+            f"{last.spec.name} sent {100 * last.bytes_per_step / base.bytes_per_step:.1f}% of "
+            f"the bytes of {base.spec.name} ({base.bytes_per_step / last.bytes_per_step:.1f}x "
+            f"less), reached {100 * last.final.accuracy:.1f}% vs "
+            f"{100 * base.final.accuracy:.1f}% validation accuracy, at {speed:.2f}x its "
+            "throughput"
+        )
+    for r in result.runs:
+        if r.spec.algorithm is None:
+            continue
+        sync = r.sync
+        out.append(
+            f"{r.spec.name}: plan {r.plan}; per step encode {sync.get('encode_ms', 0):.1f} ms, "
+            f"decode {sync.get('decode_ms', 0):.1f} ms, sync {sync.get('sync_ms', 0):.1f} ms"
+        )
+        if r.compressed_tensors == 0:
+            slower = (
+                "--net-mbit 100 (a slower simulated NIC)"
+                if result.network.startswith(tuple("0123456789"))
+                else "--net-mbit 1000 (a simulated 1 Gbit/s NIC per worker, needs root)"
+            )
+            out.append(
+                f"  SeCoPa compressed nothing: on this network ({result.network}) and with this "
+                "CPU's current load, compressing was measured to cost more time than it saves. "
+                f"Try {slower} or --plan default (always compress large tensors)."
+            )
+    return "\n".join(out)
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def write_chart(result: DemoResult, path: Path) -> bool:
+    """Draw training loss per step and validation points of every run, bytes sent per step,
+    and final validation accuracy into a PNG at ``path``. Returns False (and draws nothing) if
+    matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    runs: list[RunResult] = result.runs
+    fig, (ax_loss, ax_bytes, ax_acc) = plt.subplots(
+        1, 3, figsize=(13, 4), gridspec_kw={"width_ratios": [2.2, 1, 1]}
+    )
+    colors = [f"C{i}" for i in range(len(runs))]
+    window = max(1, len(runs[0].train_loss) // 30)
+    for r, c in zip(runs, colors, strict=True):
+        steps = range(1, len(r.train_loss) + 1)
+        ax_loss.plot(steps, _smooth(r.train_loss, window), color=c, label=f"{r.spec.name} train")
+        ax_loss.plot(
+            [e.step for e in r.evals],
+            [e.loss for e in r.evals],
+            "o--",
+            color=c,
+            label=f"{r.spec.name} validation",
+        )
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("next-token loss (nats)")
+    ax_loss.set_title(f"loss ({window}-step moving average)")
+    ax_loss.legend(fontsize=8)
+    ax_loss.grid(alpha=0.3)
+    names = [r.spec.name for r in runs]
+    mib = [r.bytes_per_step / 2**20 for r in runs]
+    bars = ax_bytes.bar(names, mib, color=colors)
+    ax_bytes.bar_label(bars, labels=[f"{m:.2f}" for m in mib], fontsize=8)
+    ax_bytes.set_ylabel("MiB sent per step per worker")
+    ax_bytes.set_title("gradient bytes sent")
+    acc = [100 * r.final.accuracy for r in runs]
+    bars = ax_acc.bar(names, acc, color=colors)
+    ax_acc.bar_label(bars, labels=[f"{a:.1f}%" for a in acc], fontsize=8)
+    ax_acc.set_ylabel("validation next-token accuracy (%)")
+    ax_acc.set_title(f"after {len(runs[0].train_loss)} steps")
+    for ax in (ax_bytes, ax_acc):
+        ax.tick_params(axis="x", labelsize=8, rotation=10)
+    speeds = ", ".join(f"{r.spec.name} {r.samples_per_s:.0f} samples/s" for r in runs)
+    fig.suptitle(
+        f"hipress demo: word LSTM LM on Python stdlib source, {result.config.workers} workers, "
+        f"{result.network}\nthroughput: {speeds}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _config(args: argparse.Namespace) -> DemoConfig:
+    try:
+        model = ModelConfig(
+            vocab_size=args.vocab, emb_dim=args.emb_dim, hidden=args.hidden, layers=args.layers
+        )
+    except ValueError as exc:
+        raise DemoError(str(exc)) from None
+    return DemoConfig(
+        workers=args.workers,
+        steps=args.steps,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        model=model,
+        lr=args.lr,
+        seed=args.seed,
+        threads=args.threads,
+        timeout=args.timeout,
+        progress=not args.quiet,
+    )
+
+
+def _check_algorithm(name: str, params: dict[str, Any]) -> None:
+    from hipress.compll import CllError, load
+
+    try:
+        load(name, backend="reference", **params)
+    except (CllError, KeyError, TypeError, ValueError) as exc:
+        raise DemoError(f"--algorithm {name}: {exc}") from None
+
+
+DEFAULT_NET_MBIT = 1000.0  # the NIC the demo simulates when it can (root + iproute2)
+
+
+def _run(config: DemoConfig, runs: Any, corpus: Any, net_mbit: float | None) -> DemoResult:
+    from hipress.demo.train import run_demo
+
+    if net_mbit is None:  # auto: a simulated 1 Gbit/s cluster where possible, else loopback
+        from hipress.bench.netsim import shaping_unavailable_reason
+
+        reason = shaping_unavailable_reason()
+        if reason is not None:
+            print(
+                f"network: loopback (cannot simulate a {DEFAULT_NET_MBIT:.0f} Mbit/s NIC per "
+                f"worker: {reason})",
+                flush=True,
+            )
+            return run_demo(config, runs, corpus)
+        net_mbit = DEFAULT_NET_MBIT
+    if net_mbit <= 0:
+        print("network: loopback (127.0.0.1)", flush=True)
+        return run_demo(config, runs, corpus)
+    from hipress.bench.netsim import LoopbackNetwork, NetSimError, open_network
+
+    try:
+        with open_network(config.workers, net_mbit) as net:
+            if isinstance(net, LoopbackNetwork):
+                print(f"network: cannot shape ({net.reason}); running on loopback", flush=True)
+                return run_demo(config, runs, corpus)
+            print(f"network: {net.label} (simulated, network namespaces)", flush=True)
+            return run_demo(config, runs, corpus, net=net)
+    except NetSimError as exc:
+        raise DemoError(f"--net-mbit: {exc}") from None
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo as ``args`` say; prints everything; returns the exit status."""
+    from hipress.bench.provenance import stamp
+    from hipress.cli.args import parse_params
+    from hipress.demo.data import DataError, load_corpus
+
+    t0 = time.perf_counter()
+    try:
+        params = parse_params(args.param)
+        _check_algorithm(args.algorithm, params)
+        plan = None if args.plan == "default" else args.plan
+        if plan not in (None, "auto") and not Path(plan).is_file():
+            raise DemoError(f"--plan {plan}: no such file (use auto, default or a plan file)")
+        config = _config(args)
+        corpus = load_corpus(config.model.vocab_size)
+        runs = default_runs(args.algorithm, params, plan)
+        from hipress.demo.models import WordLM
+
+        nparams = WordLM(config.model).num_parameters()
+        m = config.model
+        print(
+            f"hipress demo: {config.workers} worker processes (gloo, "
+            f"{config.worker_threads()} torch thread(s) each), {config.steps} steps per run\n"
+            f"data:  {corpus.describe()}\n"
+            f"model: word-level LSTM LM, {nparams / 1e6:.2f} M parameters (embedding "
+            f"{m.vocab_size}x{m.emb_dim}, LSTM {m.layers}x{m.hidden}, output "
+            f"{m.hidden}x{m.vocab_size}); {_mib(4 * nparams)} of gradient per step\n"
+            f"batch: {config.batch} x {config.seq_len} tokens per worker per step, Adam "
+            f"lr {config.lr:g}\n"
+            f"runs:  uncompressed (DDP allreduce), then hipress {args.algorithm} "
+            f"(CaSync, plan {args.plan})",
+            flush=True,
+        )
+        result = _run(config, runs, corpus, args.net_mbit)
+    except (DemoError, DataError) as exc:
+        print(f"hipress demo: {exc}", file=sys.stderr)
+        return 1
+    print()
+    print(format_summary(result))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = stamp(result.as_dict(), getattr(args, "invocation", "hipress demo"))
+    chart = out / "demo.png"
+    drew = not args.no_chart and write_chart(result, chart)
+    data["chart"] = str(chart) if drew else None
+    (out / "demo.json").write_text(json.dumps(data, indent=1) + "\n")
+    wrote = [str(out / "demo.json")] + ([str(chart)] if drew else [])
+    print(f"\nwrote {', '.join(wrote)}")
+    if not drew and not args.no_chart:
+        print("chart skipped: matplotlib is not installed (pip install 'hipress[demo]')")
+    print(f"total wall time {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``demo`` to the top-level group ``sub``."""
+    d = sub.add_parser(
+        "demo",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="train an LSTM LM on local workers, uncompressed and with hipress; compare",
+        description=(
+            "Start N local worker processes (gloo) and train a word-level LSTM language model "
+            "on the Python standard library's source, once with plain DDP allreduce and once "
+            "with hipress (CaSync hook, SeCoPa plan). Prints throughput, bytes sent and "
+            "validation loss/accuracy, and writes demo.json and demo.png."
+        ),
+    )
+    d.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    d.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per run")
+    d.add_argument("--algorithm", default=DEFAULT_ALGORITHM, help="CompLL algorithm")
+    d.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    d.add_argument(
+        "--plan",
+        default="auto",
+        help="auto (SeCoPa measures and plans), default (CaSync's rule) or a plan file",
+    )
+    d.add_argument(
+        "--net-mbit",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="give each worker a simulated NIC of RATE Mbit/s (network namespaces + tc; needs "
+        f"root and iproute2); 0: plain loopback. Default: {DEFAULT_NET_MBIT:.0f} where the "
+        "simulation can run, else loopback",
+    )
+    d.add_argument("--out", default=RESULTS, help="directory for demo.json/demo.png")
+    d.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
+    d.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
+    d.add_argument("--vocab", type=int, default=ModelConfig.vocab_size, help="vocabulary size")
+    d.add_argument("--emb-dim", type=int, default=ModelConfig.emb_dim)
+    d.add_argument("--hidden", type=int, default=ModelConfig.hidden)
+    d.add_argument("--layers", type=int, default=ModelConfig.layers)
+    d.add_argument("--lr", type=float, default=DemoConfig.lr, help="Adam learning rate")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
+    d.add_argument("--timeout", type=float, default=900.0, help="stop the job after this many s")
+    d.add_argument("--no-chart", action="store_true", help="do not draw demo.png")
+    d.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(func=cmd_demo)

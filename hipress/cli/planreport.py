@@ -1,0 +1,158 @@
+"""What ``hipress plan`` and ``hipress profile`` print: the plan table and totals, what its
+costs rest on (:mod:`hipress.secopa.coverage`) with a warning where a cost is priced far beyond
+what was measured, and a profile's summary."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from hipress.core.plan import Plan
+from hipress.secopa.coverage import CostSource, cost_sources, far_extrapolations
+from hipress.secopa.profile import Profile
+
+__all__ = ["print_plan", "print_profile", "print_sources", "warn_extrapolation"]
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms:.3f}" if ms < 100 else f"{ms:.1f}"
+
+
+def print_plan(plan: Plan, model: str, profile: Profile, out: TextIO) -> None:
+    """The plan as a table, then its totals."""
+    rows = [("parameter", "elements", "decision", "strategy", "K", "pred ms", "plain ms")]
+    for e in plan.entries:
+        rows.append(
+            (
+                e.name,
+                f"{e.numel:,}",
+                "compress" if e.compress else "plain",
+                e.strategy.value,
+                str(e.partitions),
+                _fmt_ms(e.predicted_ms),
+                _fmt_ms(e.uncompressed_ms),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [
+            c.ljust(w) if i in (0, 2, 3) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip(), file=out)
+    t = plan.totals
+    comp = [e for e in plan.entries if e.compress]
+    share = sum(e.numel for e in comp) / max(1, sum(e.numel for e in plan.entries))
+    print(file=out)
+    print(
+        f"{model}: {len(plan.entries)} tensors, {len(comp)} compressed ({share:.1%} of "
+        f"elements); {plan.algorithm} {dict(plan.params)}; N = {plan.world_size}",
+        file=out,
+    )
+    print(f"network: {_network_summary(profile)}", file=out)
+    print("predicted sync time per step (ms):", file=out)
+    base = t.get("all_uncompressed", 0.0)
+    for key in ("planned", "all_uncompressed", "all_compressed"):
+        if key in t:
+            speed = f"  ({base / t[key]:.2f}x vs uncompressed)" if t[key] > 0 and base else ""
+            print(f"  {key:<17} {_fmt_ms(t[key]):>10}{speed}", file=out)
+
+
+def _network_summary(profile: Profile) -> str:
+    src = dict(profile.meta.get("network_source", {}))
+    if src.get("kind") == "link":
+        gbit = src["bandwidth_bytes_per_s"] * 8 / 1e9
+        return f"link {gbit:g} Gbit/s, {src['latency_s'] * 1e6:g} us latency"
+    if src.get("kind") == "measured":
+        return f"measured ({src.get('backend')}, {src.get('world_size')} processes), extrapolated"
+    return "from profile"
+
+
+def print_profile(profile: Profile, out: TextIO) -> None:
+    """A short human summary of a profile."""
+    from hipress.secopa.profiler import bandwidth_summary
+
+    print(
+        f"{profile.algorithm} {dict(profile.params)}: payload "
+        f"{profile.payload.bytes_per_element:g} B/element + {profile.payload.header:g} B",
+        file=out,
+    )
+    for op in sorted(profile.compute):
+        ms = profile.compute_ms(op, [1 << 10, 1 << 20])
+        print(f"  {op:<10} 1K: {ms[0] * 1e3:8.1f} us   1M: {ms[1]:8.3f} ms", file=out)
+    for op in ("allreduce", "all_gather", "all_to_all", "broadcast"):
+        print(f"  {op:<10} {bandwidth_summary(profile.network[op])}", file=out)
+    print(f"  overlap    {profile.overlap:.2f}", file=out)
+
+
+def _size(value: float, unit: str) -> str:
+    if unit == "bytes":
+        for scale, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+            if value >= scale:
+                return f"{value / scale:g} {name}"
+        return f"{value:g} B"
+    return f"{value:,.0f}"
+
+
+def _describe(s: CostSource, world: int) -> str:
+    if s.kind == "link":
+        return "given link (alpha-beta model, any size)"
+    if s.kind == "fit" or s.lo is None or s.hi is None:
+        return "fitted constants (no measured size range)"
+    where = f"measured over {_size(s.lo, s.unit)} .. {_size(s.hi, s.unit)} {s.unit}"
+    if s.unit == "bytes":
+        where = where.replace(" bytes", " per rank") + f" at N={s.measured_world}"
+        if s.measured_world != world:
+            where += f"; N={world} from its alpha-beta fit"
+    if s.factor > 1.0:
+        where += f"; largest use {_size(s.needed, s.unit)}: extrapolated {s.factor:,.0f}x"
+    return where
+
+
+def print_sources(
+    profile: Profile, largest: int, world: int, origin: str, out: TextIO
+) -> list[CostSource]:
+    """Print where each cost of the plan comes from, then ``origin`` (where the compute
+    figures were measured); return the sources."""
+    sources = cost_sources(profile, largest)
+    print(f"costs (largest tensor {largest:,} elements):", file=out)
+    for s in sources:
+        print(f"  {s.cost:<11} {_describe(s, world)}", file=out)
+    print(origin, file=out)
+    return sources
+
+
+def suggested_budget(profile: Profile, largest: int, budget: float) -> int:
+    """Seconds of ``--budget`` that would let the compute timing reach ``largest`` elements:
+    the current budget plus about four calls of every compute op at that size, as predicted."""
+    per_size_ms = sum(float(profile.compute_ms(op, largest)) for op in profile.compute)
+    return int(budget + 4.0 * per_size_ms / 1e3) + 1
+
+
+def warn_extrapolation(
+    profile: Profile, sources: list[CostSource], largest: int, budget: float | None, err: TextIO
+) -> bool:
+    """Warn on ``err`` about every cost priced far beyond what was measured, saying by how
+    much and how to measure further; returns whether it warned."""
+    far = far_extrapolations(sources)
+    compute = [s for s in far if s.unit == "elements"]
+    network = [s for s in far if s.unit == "bytes"]
+    if compute:
+        worst = max(compute, key=lambda s: s.factor)
+        more = suggested_budget(profile, largest, budget or 1.5)
+        print(
+            f"warning: {', '.join(s.cost for s in compute)} priced up to {worst.factor:,.0f}x "
+            f"beyond the largest size measured ({_size(worst.hi or 0, 'elements')} elements) "
+            f"for a {largest:,}-element tensor; plans resting on this vary from run to run. "
+            f"Measure further: a bigger budget (--budget {more}), or a saved profile "
+            f"(hipress profile --model MODEL --budget {more} --out p.json, then "
+            "hipress plan --profile p.json)",
+            file=err,
+        )
+    for s in network:
+        print(
+            f"warning: {s.cost} priced at {_size(s.needed, 'bytes')} per rank, {s.factor:,.0f}x "
+            f"beyond the largest size measured ({_size(s.hi or 0, 'bytes')}); give the "
+            "cluster's link (--bandwidth) to price it from a model instead",
+            file=err,
+        )
+    return bool(far)

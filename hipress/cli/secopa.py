@@ -1,0 +1,355 @@
+"""The SeCoPa commands: ``hipress plan``, ``hipress profile``, ``hipress bench plan``.
+
+Each ``add_*_parser(subparsers)`` adds one sub-command to an argparse sub-parser group and sets
+``func`` to its handler; a handler takes the parsed namespace and returns the exit code. The
+CLI owns all output (stdout for results, stderr for errors) and reads the environment only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+from typing import Any, TextIO
+
+import torch
+
+from hipress.bench.plan import PLANS, run_bench
+from hipress.cli.args import (
+    RESULTS,
+    parse_bandwidth,
+    parse_latency,
+    parse_param,
+    parse_rate_mbit,
+    parse_strategies,
+)
+from hipress.cli.options import add_alias, spelled
+from hipress.cli.planreport import print_plan, print_profile, print_sources, warn_extrapolation
+from hipress.cli.progress import phase
+from hipress.core.plan import PlanError, Strategy
+from hipress.secopa.codec import CodecError, load_codec
+from hipress.secopa.coverage import cost_sources
+from hipress.secopa.localgroup import LocalGroupError, measure_local
+from hipress.secopa.models import ModelSpecError, builtin_models, resolve_model
+from hipress.secopa.planner import PlannerConfig, plan_named
+from hipress.secopa.profile import Profile, ProfileError, link_network
+from hipress.secopa.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
+
+log = logging.getLogger(__name__)
+
+USER_ERRORS = (PlanError, ProfileError, ModelSpecError, CodecError, LocalGroupError)
+DEFAULT_LATENCY_S = 25e-6
+
+
+MODEL_HELP = (
+    f"a built-in model ({', '.join(builtin_models())}), path/to/file.py:NAME or "
+    "package.module:NAME; NAME is an nn.Module class constructible without arguments or a "
+    "zero-argument factory function returning an nn.Module (def make(): return Net(512))"
+)
+
+
+def _add_algorithm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algorithm", default=None, help="CompLL algorithm (default terngrad)")
+    p.add_argument(
+        "--param",
+        action="append",
+        type=parse_param,
+        default=[],
+        metavar="K=V",
+        help="algorithm hyper-parameter, repeatable (e.g. --param bitwidth=2)",
+    )
+    p.add_argument("--backend", default="auto", help="CompLL backend (auto, cpu, reference)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=1.5,
+        metavar="S",
+        help="seconds to spend timing encode/decode (default 1.5); more measures larger sizes",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads while timing compute (default: torch's)",
+    )
+
+
+def _add_link_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bandwidth",
+        type=parse_bandwidth,
+        default=None,
+        help="link bandwidth of the target cluster, e.g. 10gbit or 1.25GB/s",
+    )
+    p.add_argument(
+        "--latency",
+        type=parse_latency,
+        default=None,
+        help="per-message latency with --bandwidth (default 25us)",
+    )
+    p.add_argument(
+        "--overlap",
+        type=float,
+        default=None,
+        help="fraction of compute hidden by pipelining, 0..1 (default: profile's)",
+    )
+
+
+def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``plan``: plan a model for N workers and print the decisions."""
+    p = subparsers.add_parser(
+        "plan",
+        help="plan per tensor whether and how to compress",
+        description="Plan a model's gradient synchronisation for N workers. Compute costs come "
+        "from --profile or are measured now for --algorithm; the network from --bandwidth/"
+        "--latency (any number of workers) or from the profile's measured network. Prints "
+        "what each cost rests on and warns where one is priced far beyond what was measured. "
+        "The same --profile always gives the same plan; measuring now varies with the load.",
+    )
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    need = p.add_mutually_exclusive_group(required=True)
+    need.add_argument("--workers", type=int, dest="workers", metavar="N",
+                      help="number of workers (processes) to plan for")  # fmt: skip
+    add_alias(need, "--world-size", "workers", "--workers N", type=int, metavar="N")
+    p.add_argument("--profile", default=None, metavar="FILE", help="profile JSON (hipress profile)")
+    _add_link_args(p)
+    _add_algorithm_args(p)
+    p.add_argument("--max-partitions", type=int, default=None, metavar="K",
+                   help="largest number of pipelined partitions per tensor (default N)")  # fmt: skip
+    p.add_argument(
+        "--strategies",
+        type=parse_strategies,
+        default=(Strategy.ALLGATHER, Strategy.PS),
+        help="compressed strategies to consider, comma-separated (default allgather,ps; add "
+        "ring to let it choose CaSync's compressed ring)",
+    )
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, metavar="MB",
+                   help="DDP's bucket_cap_mb of the training job (default 25)")  # fmt: skip
+    p.add_argument("--out", default=None, metavar="FILE", help="save the plan as JSON")
+    p.add_argument("--json", action="store_true", help="print the plan JSON, not a table")
+    p.set_defaults(func=run_plan)
+    return p
+
+
+def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``profile``: measure compute (here) and network (a local gloo group) to JSON."""
+    p = subparsers.add_parser(
+        "profile",
+        help="measure an algorithm's costs and the network into a profile JSON",
+        description="Time encode/decode of an algorithm in this process and the collectives "
+        "in a local gloo group of --workers processes (or take the network from --bandwidth). "
+        "`hipress plan --profile FILE` then plans from these figures, the same plan every time.",
+    )
+    _add_algorithm_args(p)
+    _add_link_args(p)
+    p.add_argument("--workers", type=int, default=2, dest="workers", metavar="N",
+                   help="processes of the local group that measures the network (default 2)")  # fmt: skip
+    add_alias(p, "--nproc", "workers", "--workers N", type=int, metavar="N")
+    p.add_argument("--model", default=None, help="time compute up to this model's largest "
+                   "tensor, as the budget allows (same forms as plan --model)")  # fmt: skip
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write the profile JSON")
+    p.set_defaults(func=run_profile)
+    return p
+
+
+def add_bench_plan_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``hipress bench plan``."""
+    p.add_argument(
+        "--model", default="mlp", help="built-in model name, file.py:NAME or module:NAME"
+    )
+    p.add_argument("--algorithm", default="terngrad", help="CompLL algorithm (default terngrad)")
+    p.add_argument("--param", action="append", type=parse_param, default=[], metavar="K=V",
+                   help="algorithm hyper-parameter, repeatable")  # fmt: skip
+    p.add_argument("--backend", default="auto", help="CompLL backend (auto, cpu, reference)")
+    p.add_argument("--workers", type=int, default=2, dest="nproc", metavar="N",
+                   help="processes of the local group (default 2)")  # fmt: skip
+    add_alias(p, "--nproc", "nproc", "--workers N", type=int, metavar="N")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument(
+        "--bandwidth",
+        type=parse_rate_mbit,
+        default=None,
+        dest="rate_mbit",
+        metavar="RATE",
+        help="give each worker a NIC shaped to this rate, e.g. 100mbit or 1gbit "
+        "(hipress.bench.netsim; needs root); default: unshaped loopback",
+    )
+    add_alias(p, "--rate-mbit", "rate_mbit", "--bandwidth 100mbit", type=float, metavar="MBIT")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per plan")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--budget", type=float, default=1.5, help="compute profiling seconds")
+    p.add_argument(
+        "--plans",
+        default=",".join(PLANS),
+        help=f"plans to run, comma-separated (default {','.join(PLANS)})",
+    )
+    p.add_argument(
+        "--strategies",
+        type=parse_strategies,
+        default=PlannerConfig().strategies,
+        help="compressed strategies the planner may choose, comma-separated (default allgather,ps)",
+    )
+    p.add_argument("--json-out", default=f"{RESULTS}/plan.json", metavar="FILE",
+                   help="JSON results file")  # fmt: skip
+
+
+def add_bench_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``plan`` under ``bench``: measured vs predicted sync time of planned models."""
+    p = subparsers.add_parser(
+        "plan",
+        help="measure real sync time of a plan next to the prediction",
+        description="In a local gloo group: profile, plan, then run CaSync with the plan, "
+        "all-uncompressed and all-compressed, and print measured against predicted times.",
+    )
+    add_bench_plan_arguments(p)
+    p.set_defaults(func=run_bench)
+    return p
+
+
+def _codec_profile(
+    args: argparse.Namespace,
+    network: dict[str, Any],
+    meta: dict[str, Any],
+    largest: int | None = None,
+) -> Profile:
+    codec = load_codec(args.algorithm or "terngrad", dict(args.param), args.backend)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    top = largest if largest and largest > DEFAULT_COMPUTE_SIZES[-1] else None
+    label = f"timing {codec.name} encode/decode"
+    try:
+        with phase(label, expect_s=args.budget):
+            compute = measure_compute(codec, budget_s=args.budget, max_size=top)
+    finally:
+        torch.set_num_threads(threads)
+    overlap = 1.0 if args.overlap is None else args.overlap
+    meta = {**meta, "compute_budget_s": args.budget}
+    return build_profile(codec, compute, network, overlap=overlap, meta=meta)
+
+
+def _link(args: argparse.Namespace) -> tuple[float, float] | None:
+    """(bandwidth B/s, latency s) from the options, or None without --bandwidth."""
+    if args.bandwidth is None:
+        if args.latency is not None:
+            raise ProfileError("--latency needs --bandwidth")
+        return None
+    return args.bandwidth, DEFAULT_LATENCY_S if args.latency is None else args.latency
+
+
+def _link_meta(bandwidth: float, latency: float) -> dict[str, Any]:
+    return {
+        "network_source": {
+            "kind": "link",
+            "bandwidth_bytes_per_s": bandwidth,
+            "latency_s": latency,
+        }
+    }
+
+
+def make_profile(args: argparse.Namespace, largest: int | None = None) -> Profile:
+    """The profile ``plan`` uses (see the ``plan`` help); raises a user error if underdefined
+    or contradictory. Compute measured now reaches up to ``largest`` elements where the
+    budget allows."""
+    link = _link(args)
+    if args.profile:
+        profile = Profile.load(args.profile)
+        if args.algorithm and args.algorithm != profile.algorithm:
+            raise ProfileError(
+                f"--algorithm {args.algorithm} but the profile is for {profile.algorithm}"
+            )
+        differ = {k: v for k, v in args.param if profile.params.get(k) != v}
+        if differ:
+            raise ProfileError(
+                f"--param {differ} but the profile was measured with {dict(profile.params)}"
+            )
+        if link is not None:
+            profile = profile.with_link(*link)
+        if args.overlap is not None:
+            profile = replace(profile, overlap=args.overlap)
+        return profile
+    if link is None:
+        raise ProfileError("give --bandwidth (to plan for a cluster) or a measured --profile")
+    return _codec_profile(args, link_network(*link), _link_meta(*link), largest)
+
+
+def _origin(args: argparse.Namespace, profile: Profile) -> str:
+    if args.profile:
+        host = profile.meta.get("host")
+        return f"compute figures from {args.profile}" + (f" (host {host})" if host else "")
+    return (
+        f"compute figures measured now (--budget {args.budget:g} s): they vary with this "
+        "machine's load; for the same plan every time, save a profile (hipress profile "
+        "--out p.json) and plan with --profile p.json"
+    )
+
+
+def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Handler of ``hipress plan``: returns 0, or 2 on a user error (message on ``err``)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        if args.workers < 1:
+            flag = spelled(args, "workers", "--workers")
+            raise PlanError(f"{flag} must be >= 1, got {args.workers}")
+        spec = resolve_model(args.model)
+        largest = max((n for _, n in spec.named_numels()), default=1)
+        profile = make_profile(args, largest)
+        config = PlannerConfig(
+            bucket_cap_mb=args.bucket_cap_mb,
+            max_partitions=args.max_partitions,
+            strategies=args.strategies,
+        )
+        with phase(f"planning {len(spec.params)} tensors for {args.workers} workers"):
+            plan = plan_named(spec.named_numels(), profile, args.workers, config)
+        if args.out:
+            plan.save(args.out)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    if args.json:
+        print(plan.to_json(), file=out)
+        sources = cost_sources(profile, largest)
+    else:
+        print_plan(plan, spec.name, profile, out)
+        sources = print_sources(profile, largest, args.workers, _origin(args, profile), out)
+        if args.out:
+            print(f"plan saved to {args.out} (digest {plan.digest()})", file=out)
+    out.flush()
+    budget = profile.meta.get("compute_budget_s", args.budget)
+    warn_extrapolation(profile, sources, largest, budget, err)
+    return 0
+
+
+def run_profile(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Handler of ``hipress profile``: returns 0, or 2 on a user error."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        largest = None
+        if args.model:
+            largest = max((n for _, n in resolve_model(args.model).named_numels()), default=1)
+        link = _link(args)
+        if link is not None:
+            net, meta = link_network(*link), _link_meta(*link)
+        else:
+            with phase(f"measuring the network in a local group of {args.workers} processes"):
+                samples, meta = measure_local(args.workers, threads=args.threads or 1)
+            net = dict(samples.ops)
+        profile = _codec_profile(args, net, meta, largest)
+        profile.save(args.out)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    print_profile(profile, out)
+    print(f"profile saved to {args.out}", file=out)
+    if largest is not None:
+        warn_extrapolation(profile, cost_sources(profile, largest), largest, args.budget, err)
+    return 0
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add ``plan`` and ``profile`` to the top-level group."""
+    add_plan_parser(subparsers)
+    add_profile_parser(subparsers)

@@ -1,0 +1,1 @@
+"""Backends: the kernel cache, the C/OpenMP and CUDA targets, backend selection."""

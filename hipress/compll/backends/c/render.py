@@ -1,0 +1,354 @@
+"""Plan -> C source (OpenMP, vectorisable tile loops): the C target of the C-family renderer.
+
+Python decides what each loop computes and forms the statements; the templates
+(``templates/c_*.j2``) hold the layout of the file, the functions, the loops and the special
+stages (:mod:`hipress.compll.backends.c.stages`, one rule per stage kind).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jinja2
+
+from hipress.compll.backends.c.body import Body, variants
+from hipress.compll.backends.c.family import STORES, CFamily, StoreRule, store_bool, tileable
+from hipress.compll.backends.c.reduce import combine_acc, reduction
+from hipress.compll.backends.c.stages import STAGES
+from hipress.compll.backends.c.syntax import const, ctype, mtype
+from hipress.compll.backends.render import ABI_VERSION, BANNER, environment, prelude
+from hipress.compll.ir import nodes as ir
+from hipress.compll.ir import ops
+from hipress.compll.ir.types import DType
+from hipress.compll.ir.walk import walk
+from hipress.compll.lower.lower import Lowered
+from hipress.compll.lower.plan import Item, Loop, Plan, SegFusion, Special, Target
+
+
+@dataclass
+class Tile:
+    """The rendered parts of one fused loop (see :meth:`CFunction._tile`)."""
+
+    titles: list[str] = field(default_factory=list)
+    hoist: str = ""
+    decls: list[str] = field(default_factory=list)
+    partials: list[dict[str, str]] = field(default_factory=list)
+    clauses: list[str] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)
+    pre: list[str] = field(default_factory=list)
+    variants: list[dict[str, object]] = field(default_factory=list)
+    post: list[str] = field(default_factory=list)
+
+
+def _f16_tile(f: CFamily, tg: Target, dt: DType, ptr: str, v: str) -> str | None:
+    """An f16 store of a converted f32 value: the tile's f32 values are collected and
+    converted with F16C after the tile loop."""
+    if not (
+        isinstance(f, CFunction)
+        and dt.name == "f16"
+        and v.startswith("hp_f32_to_f16(")
+        and _balanced(v)
+    ):
+        return None
+    buf = f.names.fresh("cv")
+    f.f16_tiles.append((buf, ptr, tg.kind == "payload", v))
+    return f"{buf}[t] = {v[len('hp_f32_to_f16(') : -1]};"
+
+
+class CFunction(CFamily):
+    """Renders one plan as a C function (:meth:`render`): OpenMP tile loops, the special
+    stages by :data:`~hipress.compll.backends.c.stages.STAGES`, f16 stores converted per tile."""
+
+    STORES: tuple[StoreRule, ...] = tuple(
+        r for rule in STORES for r in ((rule, _f16_tile) if rule is store_bool else (rule,))
+    )
+
+    def __init__(
+        self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str, tile: bool = False
+    ) -> None:
+        super().__init__(env, prog, plan, name, tile)
+        self.f16_tiles: list[tuple[str, str, bool, str]] = []
+
+    def render(self) -> str:
+        """The C function: its loops, stages and host lets, level by level (fused loops run
+        by their segment reduction or filter)."""
+        self.inputs()
+        self.arrays()
+        stages: list[str] = []
+        fused = {id(lp) for f in self.plan.fusions for lp in f.seg_loops + f.elem_loops}
+        fused |= {id(f.loop) for f in self.plan.filter_fusions}  # run by their filter
+        groups = {id(f.special): f for f in self.plan.fusions}
+        for step in self.plan.steps:
+            for lp in step.loops:
+                if id(lp) not in fused:
+                    stages.append(self.loop(lp))
+            for sp in step.specials:
+                f = groups.get(id(sp))
+                stages.append(self.special(sp) if f is None else self.segfused(f))
+            for let in step.lets:
+                body = Body(level=step.level)
+                v = self.em.expr(let.value, body, {})
+                var = self.names.get(let.name)
+                stages += [f"  {ln}" for ln in body.lines]
+                stages.append(f"  const {ctype(let.value.dtype)} {var} = {v};")
+        if self.plan.fn == "encode":
+            self.finish()
+        if self.tile:
+            return self.env.get_template("c_tile_function.c.j2").render(
+                title=f"{self.prog.name}: {self.name}",
+                name=self.name,
+                setup=self.length_lines + self.setup + self.safe_lines,
+                stages=stages,
+            )
+        tpl = self.env.get_template("c_function.c.j2")
+        return tpl.render(
+            title=f"{self.prog.name}: {self.name}",
+            name=self.name,
+            args="hp_enc_args" if self.plan.fn == "encode" else "hp_dec_args",
+            lengths=self.length_lines,
+            ws=self.ws,
+            setup=self.length_lines + self.setup + self.safe_lines,
+            stages=stages,
+            final=self.final,
+        )
+
+    def special(self, sp: Special) -> str:
+        """A stage of its own, by its rule in :data:`STAGES`, after its host code."""
+        self.hoisted = []
+        text = STAGES[type(sp.op)](self, sp)
+        return "".join(f"  {ln}\n" for ln in self.hoisted) + text
+
+    def loop(self, lp: Loop) -> str:
+        """``lp`` as an OpenMP loop of tiles (in a tile function: the one tile's loop)."""
+        tile = self._tile(lp)
+        if self.tile:
+            text = self.env.get_template("c_tile_stage.c.j2").render(
+                level=lp.level, title=", ".join(tile.titles), pre=tile.pre, clauses="",
+                variants=tile.variants, post=tile.post,
+            )  # fmt: skip
+            return tile.hoist + text
+        tpl = self.env.get_template("c_loop.c.j2")
+        text = tile.hoist + tpl.render(
+            level=lp.level, title=", ".join(tile.titles), length=self.length(lp.length),
+            partials=tile.partials, pre=tile.pre, clauses="".join(tile.clauses),
+            variants=tile.variants, post=tile.post, finish=tile.finish,
+        )  # fmt: skip
+        # reductions of nothing but values that a loop-invariant conjunct may make all false:
+        # where every such conjunct is false, the results without the pass
+        guards, empties = [], []
+        for it in lp.items:
+            if not (
+                isinstance(it.op, ir.Reduce)
+                and it.op.op in (ops.REDUCE_ANY.name, ops.REDUCE_COUNT.name)
+            ):
+                break
+            guard = self.guard(it.op.fn, lp.level)
+            if guard is None:
+                break
+            guards.append(guard)
+            empty = "false" if it.op.op == ops.REDUCE_ANY.name else "INT64_C(0)"
+            empties.append(f"    {self.names.get(it.op.name)} = {empty};\n")
+        else:
+            cond = " || ".join(f"({g})" for g in guards)
+            text = f"  if ({cond}) {{\n{text}\n  }} else {{\n{''.join(empties)}  }}"
+        return "\n".join([*tile.decls, text])
+
+    def guard(self, fn: ir.Lambda, level: int) -> str | None:
+        """C for the loop-invariant conjuncts of ``fn``'s boolean result (scalars and
+        constants only), when there are any: where they are false, so is every value."""
+        parts: list[ir.Expr] = []
+        stack = [fn.result]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Binary) and e.op == "and":
+                stack += [e.b, e.a]
+            else:
+                parts.append(e)
+        local = {p.name for p in fn.params} | {name for name, _ in fn.lets}
+        inv = [
+            e
+            for e in parts
+            if not any(
+                isinstance(x, ir.Load | ir.Rand) or (isinstance(x, ir.Ref) and x.name in local)
+                for x in walk(e)
+            )
+        ]
+        if not inv or len(inv) == len(parts):
+            return None
+        body = Body(level=level)
+        code = " && ".join(f"({self.em.expr(e, body, {})})" for e in inv)
+        return None if body.lines else code
+
+    def _tile(self, lp: Loop) -> Tile:
+        """The parts of ``lp``'s tile loop: per-tile code before and after, the body variants,
+        reduction partials, and host code to run before the loop."""
+        ln = self.length(lp.length)
+        body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
+        tile = Tile()
+        stores: list[str] = []
+        packs: list[tuple[str, str, int]] = []  # (buffer, dst pointer, bits)
+        for it in lp.items:
+            body.copy = it.copy
+            if it.kind == "store":
+                assert isinstance(it.op, ir.Map)
+                tile.titles.append(it.op.name)
+                v = self.em.apply(it.op.fn, ["i"], body)
+                self._stores(it, v, stores, packs)
+            else:
+                assert isinstance(it.op, ir.Reduce)
+                tile.titles.append(it.op.name)
+                v = self.em.apply(it.op.fn, ["i"], body)
+                red = reduction(it.op.op, v, it.op.fn.result.dtype, it.op.dtype, ln, self.names)
+                body.lines += red.update
+                for acc in red.accs:
+                    part = self.names.fresh("part")
+                    tile.partials.append(
+                        {"ctype": acc.ctype, "name": part, "acc": acc.name, "init": acc.init}
+                    )
+                    tile.clauses.append(f" reduction({acc.clause}:{acc.name})")
+                    tile.finish.append(f"{acc.ctype} {acc.name} = {acc.init};")
+                    tile.finish.append(
+                        f"for (int k = 0; k < nt; k++) {combine_acc(acc, acc.name, f'{part}[k]')}"
+                    )
+                var = self.names.get(it.op.name)
+                tile.decls.append(f"  {ctype(it.op.dtype)} {var};")
+                tile.finish.append(f"{var} = {red.final};")
+        body.copy = False
+        tile.pre = self.tile_pre(body)
+        tile.post = self._tile_post(packs)
+        for buf, ptr, canon, _ in self.f16_tiles:
+            tile.pre.append(f"float {buf}[HP_TILE];")
+            tile.post.append(f"hp_tile_f32_to_f16({buf}, {ptr} + i0, tl, {int(canon)});")
+        self.f16_tiles = []
+        for buf, _, _ in packs:
+            tile.pre.insert(0, f"uint8_t {buf}[HP_TILE];")
+        tile.hoist = "".join(f"  {ln}\n" for ln in body.hoist)
+        tile.variants = variants(body, body.lines + stores)
+        return tile
+
+    def segfused(self, fu: SegFusion) -> str:
+        """A segment reduction and its consumer loops, block by block (lower.SegFusion)."""
+        op = fu.special.op
+        assert isinstance(op, ir.SegReduce) and fu.special.home is not None
+        self.hoisted = []
+        body, res = self.lambda_body(op.fn, op.length, fu.level)
+        red = reduction(op.op, res, op.fn.result.dtype, op.dtype, "(j1 - j0)", self.names)
+        seg_tiles = [self._tile(lp) for lp in fu.seg_loops]
+        elem_tiles = [self._tile(lp) for lp in fu.elem_loops]
+        hoist = "".join(f"  {ln}\n" for ln in self.hoisted)
+        hoist += "".join(t.hoist for t in seg_tiles + elem_tiles)
+        titles = ", ".join(x for t in seg_tiles + elem_tiles for x in t.titles)
+        tpl = self.env.get_template("c_segfused.c.j2")
+        return hoist + tpl.render(
+            level=fu.level, op=op.op, out_name=op.name, titles=titles,
+            length=self.length(op.length), seg=const(fu.seg, op.seg.dtype),
+            out_len=self.length(self.plan.arrays[op.name].length),
+            out=self.target_ptr(fu.special.home), vt=mtype(op.dtype),
+            acc_decls=[f"{a.ctype} {a.name} = {a.init};" for a in red.accs],
+            clauses="".join(f" reduction({a.clause}:{a.name})" for a in red.accs),
+            body=body, update=list(red.update), final=red.final, seg_tiles=seg_tiles,
+            elem_tiles=elem_tiles,
+        )  # fmt: skip
+
+    def _stores(
+        self, it: Item, v: str, stores: list[str], packs: list[tuple[str, str, int]]
+    ) -> None:
+        """The statements storing ``v`` to each of ``it``'s targets; packed arrays go through
+        a tile buffer (``packs``), packed after the tile loop."""
+        if not isinstance(it.op, ir.Map):  # pragma: no cover - store items are maps
+            raise TypeError(f"not a map: {it.op.name}")
+        t = it.op.type
+        for tg in it.targets:
+            if t.bits is not None and t.bits < 8:
+                buf = self.names.fresh("pk")
+                stores.append(f"{buf}[t] = {v};")
+                packs.append((buf, self.target_ptr(tg), t.bits))
+            else:
+                stores.append(self.store(tg, t.dtype, v))
+
+    def tile_pre(self, body: Body) -> list[str]:
+        """Per-tile code before a tile loop's body: unpacked arrays, random numbers."""
+        pre: list[str] = list(body.tile_pre)
+        for name, buf in body.unpacked.items():
+            m = self.mem[name]
+            assert m.bits is not None
+            per = 8 // m.bits
+            if m.bits in (1, 2):
+                # a table word per byte: one load and one store for 8 or 4 values
+                # (hp_unpack<w>); measured faster than shifts for these widths, slower for 4
+                pre += [
+                    f"uint8_t {buf}[HP_TILE];",
+                    f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++)",
+                    f"  memcpy({buf} + {per} * q, &hp_unpack{m.bits}[{m.ptr}[i0 / {per} + q]], {per});",
+                ]  # fmt: skip
+                continue
+            mask = (1 << m.bits) - 1
+            parts = " ".join(
+                f"{buf}[{per} * q + {j}] = (uint8_t)((b >> {j * m.bits}) & {mask});"
+                for j in range(per)
+            )
+            pre += [
+                f"uint8_t {buf}[HP_TILE];",
+                f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++) {{",
+                f"  const uint8_t b = {m.ptr}[i0 / {per} + q];",
+                f"  {parts}",
+                "}",
+            ]  # fmt: skip
+        for stream, buf in body.rand_tiles.items():
+            pre += [
+                f"uint32_t {buf}[HP_TILE];",
+                f"hp_philox_tile(i0, tl, {stream}u, rk0, rk1, rstep, rtid, {buf});",
+            ]
+        return pre
+
+    def _tile_post(self, packs: list[tuple[str, str, int]]) -> list[str]:
+        post: list[str] = []
+        for buf, ptr, bits in packs:
+            per = 8 // bits
+            expr = " | ".join(f"({buf}[{per} * q + {j}] << {j * bits})" for j in range(per))
+            post += [
+                f"for (int64_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0;",
+                "#pragma omp simd",
+                f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++) {ptr}[i0 / {per} + q] = (uint8_t)({expr});",
+            ]  # fmt: skip
+        return post
+
+
+def _balanced(call: str) -> bool:
+    """Whether the outer parentheses of ``f(...)`` enclose the whole argument list."""
+    depth = 0
+    for k, ch in enumerate(call):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and ch == ")":
+            return k == len(call) - 1
+    return False
+
+
+def render_program(prog: ir.Program, plans: Lowered) -> str:
+    """C source of ``prog`` from its plans: ``hp_encode``, ``hp_decode``, ``hp_decode_acc``,
+    ``hp_decode_sum`` and their workspace-size functions (see ``templates/c_file.c.j2`` for
+    the ABI)."""
+    env = environment()
+    dec, acc = plans.decode, plans.decode_acc
+    funcs = [
+        CFunction(env, prog, plans.encode, "hp_encode").render(),
+        CFunction(env, prog, dec, "hp_decode").render(),
+        CFunction(env, prog, acc, "hp_decode_acc").render(),
+    ]
+    tiled = tileable(dec) and tileable(acc)
+    if tiled:
+        funcs += [
+            CFunction(env, prog, dec, "hp_decode_tile", tile=True).render(),
+            CFunction(env, prog, acc, "hp_decode_acc_tile", tile=True).render(),
+        ]
+    sd = None if tiled else plans.sparse
+    if sd is not None:
+        funcs.append(CFamily(env, prog, dec, "hp_sparse_fields").sparse_fields(sd))
+    decode_sum = env.get_template("c_decode_sum.c.j2").render(
+        algorithm=prog.name, tiled=tiled, sparse=sd is not None
+    )
+    return env.get_template("c_file.c.j2").render(
+        banner=BANNER, algorithm=prog.name, digest=prog.digest()[:16], target="c",
+        prelude=prelude(cuda=False), abi=ABI_VERSION, functions=funcs, decode_sum=decode_sum,
+    )  # fmt: skip

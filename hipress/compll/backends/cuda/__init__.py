@@ -1,0 +1,1 @@
+"""The CUDA target: rendering, the runtime (CuPy or the CPU emulation), NVRTC."""

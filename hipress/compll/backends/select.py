@@ -1,0 +1,120 @@
+"""Backend selection: which executor runs an algorithm's encode and decode.
+
+- ``reference``: the reference interpreter (torch ops; any device; the definition).
+- ``cpu``: the generated C kernel (:mod:`hipress.compll.backends.c.native`); compiled when loaded.
+- ``cuda``: the generated CUDA kernel (:mod:`hipress.compll.backends.cuda.backend`); needs CuPy and a GPU.
+- ``auto``: per call, by the device of the tensors: CPU tensors run the C kernel (compiled at
+  the first CPU call), CUDA tensors the CUDA kernel, anything else the reference. Where the C
+  kernel cannot run (no C compiler), the reference runs instead, after one
+  :class:`NativeUnavailableWarning`. CUDA tensors never fall back: if the CUDA kernel cannot run
+  (no CuPy, a CuPy built for a newer CUDA than the driver), the call raises
+  :class:`~hipress.compll.backends.base.BackendError` naming the cause and the fix; the reference
+  on a GPU would be orders of magnitude slower, silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+from hipress.compll.backends.base import Backend, BackendError, ReferenceBackend
+from hipress.compll.backends.cache import KernelCache, Toolchain
+from hipress.compll.ir import nodes as ir
+from hipress.compll.ir.state import State
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "cpu", "cuda", "reference")
+
+
+class NativeUnavailableWarning(RuntimeWarning):
+    """A generated kernel cannot run here; the (slower) reference interpreter runs instead."""
+
+
+def _warn_fallback(what: str, why: str) -> None:
+    warnings.warn(
+        f"hipress: the {what} kernel is unavailable ({why}); falling back to the reference "
+        "interpreter, which computes the same result much more slowly",
+        NativeUnavailableWarning,
+        stacklevel=4,
+    )
+
+
+def cpu_backend(program: ir.Program, cache: KernelCache | None = None) -> Backend:
+    """The C backend for ``program``, or the reference (with a warning) without a compiler."""
+    from hipress.compll.backends.c.native import NativeBackend
+
+    tc = Toolchain.detect()
+    if tc is None:
+        _warn_fallback("C", "no C compiler found; set $CC or install gcc")
+        return ReferenceBackend(program)
+    return NativeBackend(program, cache, tc)
+
+
+def cuda_backend(program: ir.Program) -> Backend:
+    """The CUDA backend for ``program``; raises :class:`BackendError` if it cannot run here."""
+    from hipress.compll.backends.cuda.backend import CudaBackend, CudaUnavailable
+
+    try:
+        return CudaBackend(program)
+    except CudaUnavailable as exc:
+        raise BackendError(f"the CUDA backend cannot run here: {exc}") from None
+
+
+class AutoBackend:
+    """Picks the backend per call from the device of the gradient / payload."""
+
+    name = "auto"
+
+    def __init__(self, program: ir.Program, cache: KernelCache | None = None) -> None:
+        self.program = program
+        self.cache = cache
+        self.reference = ReferenceBackend(program)
+        self._cpu: Backend | None = None
+        self._cuda: Backend | None = None
+
+    def backend_for(self, device: torch.device) -> Backend:
+        """The backend that runs tensors on ``device`` (built on first use)."""
+        if device.type == "cpu":
+            if self._cpu is None:
+                self._cpu = cpu_backend(self.program, self.cache)
+            return self._cpu
+        if device.type == "cuda":
+            if self._cuda is None:
+                self._cuda = cuda_backend(self.program)
+            return self._cuda
+        return self.reference
+
+    def encode(
+        self, grad: torch.Tensor, state: State, out: torch.Tensor
+    ) -> bool | torch.Tensor | None:
+        return self.backend_for(grad.device).encode(grad, state, out)
+
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
+        self.backend_for(payload.device).decode(payload, n, out, accumulate)
+
+    def decode_sum(
+        self, payloads: Sequence[torch.Tensor], n: int, out: torch.Tensor, divisor: float
+    ) -> None:
+        self.backend_for(payloads[0].device).decode_sum(payloads, n, out, divisor)
+
+
+def factories() -> dict[str, Callable[[ir.Program], Backend]]:
+    """Backend name -> constructor."""
+    return {
+        "auto": AutoBackend,
+        "cpu": cpu_backend,
+        "cuda": cuda_backend,
+        "reference": ReferenceBackend,
+    }
+
+
+def resolve_backend(name: str, program: ir.Program) -> Backend:
+    """The backend called ``name`` for ``program``; :class:`BackendError` if unknown."""
+    table = factories()
+    if name not in table:
+        raise BackendError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
+    return table[name](program)

@@ -1,0 +1,1 @@
+"""The CompLL front end: source text -> parse tree -> AST -> checked program (IR)."""

@@ -1,0 +1,1 @@
+"""The CompLL IR: types, nodes, walks, semantics, the reference interpreter, payloads, state and errors."""

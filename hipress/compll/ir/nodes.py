@@ -1,0 +1,387 @@
+"""The CompLL IR: the one description of an algorithm that every backend consumes.
+
+An algorithm is a :class:`Program` specialised to concrete hyper-parameter values. Its
+``encode`` and ``decode`` are straight-line lists of host operations (:data:`Op`) over SSA names:
+
+- host scalars (:class:`Let`),
+- data-parallel array operations (:class:`Map`, :class:`Reduce`, :class:`Filter`, :class:`TopK`,
+  :class:`Sort`, :class:`Scan`, :class:`Scatter`) whose per-element work is a :class:`Lambda`,
+- writes of new values to declared state (:class:`StoreState`).
+
+Scalar expressions (:data:`Expr`) are trees; lambdas are SSA ``lets`` plus a result. Array
+lengths are expressions over ``Ref("n", i64)`` and constants only. Every name is unique in a
+program. The reference interpreter (:mod:`hipress.compll.ir.interp`) defines what each node computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Union
+
+from hipress.compll.ir import ops
+from hipress.compll.ir.types import ArrayType, DType
+
+# ---------------------------------------------------------------- scalar expressions
+
+
+class _Shown:
+    """``str()`` of a scalar expression is its source-like text (:func:`show_expr`)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return show_expr(self)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Const(_Shown):
+    value: int | float | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Ref(_Shown):
+    """A scalar SSA value: host scalar, lambda parameter/local, or ``n``."""
+
+    name: str
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Load(_Shown):
+    """``array[index]``; an index outside ``[0, len)`` reads 0."""
+
+    array: str
+    index: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Unary(_Shown):
+    op: str  # a name in hipress.compll.ir.ops.UNARY
+    x: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Binary(_Shown):
+    op: str  # a name in hipress.compll.ir.ops.BINARY
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Select(_Shown):
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Cast(_Shown):
+    x: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Rand(_Shown):
+    """Counter-based random numbers (Philox4x32-10, see :mod:`hipress.compll.ir.rng`).
+
+    kind "bits": u32 raw bits; "uniform": f32 in [0, 1) from the top 24 bits.
+    """
+
+    kind: str
+    counter: Expr
+    stream: int
+    dtype: DType
+
+
+Expr = Union[Const, Ref, Load, Unary, Binary, Select, Cast, Rand]
+
+
+@dataclass(frozen=True)
+class Lambda:
+    """Per-element (or combiner) code: SSA ``lets`` then ``result``."""
+
+    params: tuple[Ref, ...]
+    lets: tuple[tuple[str, Expr], ...]
+    result: Expr
+
+
+# ---------------------------------------------------------------- host operations
+
+
+@dataclass(frozen=True)
+class Let:
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Map:
+    """``name[i] = fn(i)`` for i in [0, type.length); packed arrays keep the low ``bits``."""
+
+    name: str
+    type: ArrayType
+    fn: Lambda
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """Reduce ``fn(i)`` over [0, length) with ``op``.
+
+    ops: sum (floats accumulate in f64, result rounded to the element type; ints in i64),
+    min/max (NaN-propagating, -0 < +0), absmax, any, all, count, or "custom" with
+    ``combine(a, b)`` and ``init``.
+    """
+
+    name: str
+    op: str
+    length: Expr
+    fn: Lambda
+    dtype: DType
+    combine: Lambda | None = None
+    init: Expr | None = None
+
+
+@dataclass(frozen=True)
+class SegReduce:
+    """Reduce ``fn(i)`` over consecutive segments of ``seg`` elements of [0, length): element s
+    of the result reduces [s*seg, min((s+1)*seg, length)); ``ceil(length/seg)`` results. ops as
+    :class:`Reduce` except "custom"."""
+
+    name: str
+    op: str
+    length: Expr
+    seg: Expr
+    fn: Lambda
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Indices i (ascending) with ``pred(i)``; first ``bound`` kept, rest of idx zero.
+
+    ``count`` = number kept = min(#true, bound)."""
+
+    idx: str
+    count: str
+    length: Expr
+    bound: Expr
+    pred: Lambda
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Indices of the ``k`` largest ``key(i)`` (NaN largest, ties to the lower index), in
+    ascending index order; ``count`` = min(k, length), idx beyond count zero."""
+
+    idx: str
+    count: str
+    length: Expr
+    k: Expr
+    key: Lambda
+
+
+@dataclass(frozen=True)
+class Sort:
+    """Values ``key(i)`` sorted ascending (NaN last)."""
+
+    name: str
+    length: Expr
+    key: Lambda
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Inclusive prefix ``op`` (sum, min, max) of ``fn(i)``; float sums accumulate in f64."""
+
+    name: str
+    op: str
+    length: Expr
+    fn: Lambda
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """``name = base`` (or zeros of ``length``) then ``name[idx[j]] += vals[j]`` for j < count;
+    indices outside [0, length) are ignored."""
+
+    name: str
+    length: Expr
+    base: str | None
+    idx: str
+    vals: str
+    count: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """Make ``value`` (an array SSA name or a scalar expression) the new value of state
+    ``state``; takes effect when encode finishes."""
+
+    state: str
+    value: str | Expr
+
+
+Op = Union[Let, Map, Reduce, SegReduce, Filter, TopK, Sort, Scan, Scatter, StoreState]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A declared state entry or payload field: an array, or a scalar when ``type`` is DType."""
+
+    name: str
+    type: ArrayType | DType
+
+
+@dataclass(frozen=True)
+class Encode:
+    grad: str  # input array name, f32[n]
+    ops: tuple[Op, ...]
+    fields: tuple[str | Expr, ...]  # one per payload field: array SSA name or scalar expr
+
+
+@dataclass(frozen=True)
+class Decode:
+    payload: str  # field f is bound as "<payload>.<f>"
+    ops: tuple[Op, ...]
+    result: str  # array SSA name, f32[n]
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    doc: str
+    params: tuple[tuple[str, int | float | bool], ...]
+    state: tuple[Slot, ...]
+    payload: tuple[Slot, ...]
+    encode: Encode
+    decode: Decode
+
+    def digest(self) -> str:
+        """Content hash of the specialised program (names, params, ops; no source spans)."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()
+
+    @property
+    def uses_random(self) -> bool:
+        return "Rand(" in repr(self.encode)
+
+
+N = "n"
+
+# ---------------------------------------------------------------- printing
+
+
+def show_expr(e: Expr) -> str:
+    """Render an expression in a compact C-like form (for ``hipress show --ir``)."""
+    if isinstance(e, Const):
+        v = e.value
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return repr(v) if e.dtype.is_float else str(v)
+    if isinstance(e, Ref):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.array}[{show_expr(e.index)}]"
+    if isinstance(e, Unary):
+        sym = ops.UNARY[e.op].symbol
+        return f"{sym}{show_expr(e.x)}" if sym else f"{e.op}({show_expr(e.x)})"
+    if isinstance(e, Binary):
+        sym = ops.BINARY[e.op].symbol
+        if sym:
+            return f"({show_expr(e.a)} {sym} {show_expr(e.b)})"
+        return f"{e.op}({show_expr(e.a)}, {show_expr(e.b)})"
+    if isinstance(e, Select):
+        return f"({show_expr(e.cond)} ? {show_expr(e.a)} : {show_expr(e.b)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype}({show_expr(e.x)})"
+    if isinstance(e, Rand):
+        return f"rand_{e.kind}({show_expr(e.counter)}, stream={e.stream})"
+    raise TypeError(e)
+
+
+def _show_lambda(f: Lambda) -> str:
+    ps = ", ".join(p.name for p in f.params)
+    if not f.lets:
+        return f"{ps} => {show_expr(f.result)}"
+    body = "; ".join(f"let {n} = {show_expr(v)}" for n, v in f.lets)
+    return f"{ps} => {{ {body}; {show_expr(f.result)} }}"
+
+
+def _show_type(t: ArrayType | DType) -> str:
+    return t.describe() if isinstance(t, ArrayType) else str(t)
+
+
+def show_op(op: Op) -> str:
+    if isinstance(op, Let):
+        return f"{op.name}: {op.value.dtype} = {show_expr(op.value)}"
+    if isinstance(op, Map):
+        return f"{op.name}: {op.type.describe()} = map({_show_lambda(op.fn)})"
+    if isinstance(op, Reduce):
+        extra = ""
+        if op.combine is not None and op.init is not None:
+            extra = f", combine=({_show_lambda(op.combine)}), init={show_expr(op.init)}"
+        return (
+            f"{op.name}: {op.dtype} = reduce_{op.op}({show_expr(op.length)}, "
+            f"{_show_lambda(op.fn)}{extra})"
+        )
+    if isinstance(op, SegReduce):
+        return (
+            f"{op.name}: {op.dtype}[ceil({show_expr(op.length)}/{show_expr(op.seg)})] = "
+            f"segreduce_{op.op}({show_expr(op.seg)}, {_show_lambda(op.fn)})"
+        )
+    if isinstance(op, Filter):
+        return (
+            f"({op.idx}: i32[{show_expr(op.bound)}], {op.count}: i64) = filter("
+            f"{show_expr(op.length)}, {_show_lambda(op.pred)})"
+        )
+    if isinstance(op, TopK):
+        return (
+            f"({op.idx}: i32[{show_expr(op.k)}], {op.count}: i64) = topk("
+            f"{show_expr(op.length)}, key={_show_lambda(op.key)})"
+        )
+    if isinstance(op, Sort):
+        return f"{op.name}: {op.dtype}[{show_expr(op.length)}] = sort({_show_lambda(op.key)})"
+    if isinstance(op, Scan):
+        return (
+            f"{op.name}: {op.dtype}[{show_expr(op.length)}] = scan_{op.op}({_show_lambda(op.fn)})"
+        )
+    if isinstance(op, Scatter):
+        base = op.base if op.base is not None else f"zeros({show_expr(op.length)})"
+        return (
+            f"{op.name}: {op.dtype}[{show_expr(op.length)}] = scatter_add({base}, {op.idx}, "
+            f"{op.vals}, count={show_expr(op.count)})"
+        )
+    if isinstance(op, StoreState):
+        v = op.value if isinstance(op.value, str) else show_expr(op.value)
+        return f"state.{op.state} <- {v}"
+    raise TypeError(op)
+
+
+def show_program(p: Program) -> str:
+    """A readable listing of the whole program."""
+    lines = [f"algorithm {p.name}  // {p.digest()[:16]}"]
+    for k, v in p.params:
+        lines.append(f"param {k} = {v!r}")
+    for s in p.state:
+        lines.append(f"state {s.name}: {_show_type(s.type)}")
+    lines.append("payload {")
+    lines += [f"  {f.name}: {_show_type(f.type)}" for f in p.payload]
+    lines.append("}")
+    lines.append(f"encode({p.encode.grad}: f32[n]) {{")
+    lines += [f"  {show_op(op)}" for op in p.encode.ops]
+    outs = ", ".join(v if isinstance(v, str) else show_expr(v) for v in p.encode.fields)
+    lines.append(f"  return concat({outs})")
+    lines.append("}")
+    lines.append(f"decode({p.decode.payload}) {{")
+    lines += [f"  {show_op(op)}" for op in p.decode.ops]
+    lines.append(f"  return {p.decode.result}")
+    lines.append("}")
+    return "\n".join(lines)

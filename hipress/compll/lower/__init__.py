@@ -1,0 +1,1 @@
+"""Lowering: the checked IR -> a kernel plan, and the passes over it."""

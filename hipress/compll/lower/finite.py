@@ -1,0 +1,78 @@
+"""Planner pass: whether the gradient holds NaN/Inf, as a by-product of the encode's first pass.
+
+CaSync must know, per chunk it compresses, whether the chunk's input holds NaN/Inf (so that the
+chunk comes out all-NaN on every rank and the states that encoded it are reset). A separate
+check reads the gradient once more; on a CPU that can be a fifth of a compressed step of a
+large model (docs/explanation/casync.md). Most encodes already read the whole gradient
+in a plain loop at level 1 (onebit's compensated gradient and sums, terngrad's min and max, the
+casts): one more ``any`` reduction in that loop costs a compare per element. :func:`add_flag`
+adds it there; failing that, a filter's or top-k's pass that computes maps deferred to it
+(hipress/compll/lower/defer.py) from the gradient computes it too. Never a pass of its own: where the
+first pass is another stage (a sort, a segment reduction) the encode does not report it, and
+CaSync checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hipress.compll.ir import nodes as ir
+from hipress.compll.ir import ops
+from hipress.compll.ir.types import BOOL, F32, I64
+from hipress.compll.ir.walk import lambda_exprs, walk
+from hipress.compll.lower.plan import Item, Plan, replace_loop
+
+NONFINITE = "__nonfinite"  # the reduction's name: true if any gradient element is NaN/Inf
+
+
+def add_flag(plan: Plan, prog: ir.Program, unfused: bool = False) -> Plan:
+    """``plan`` with the gradient's ``any(!isfinite(g[i]))`` appended to a plain loop over all
+    n elements at level 1 of the encode that reads the gradient already (not one a fusion
+    runs), recorded in ``nonfinite``; ``plan`` itself where there is none. ``unfused``: the
+    target runs every loop on its own (CUDA), so a loop a fusion would run qualifies too, and
+    so does the loop of maps deferred to a filter or top-k, at any level."""
+    if plan.fn != "encode":
+        return plan
+    fused: set[int] = set()
+    if not unfused:
+        fused = {id(lp) for f in plan.fusions for lp in f.seg_loops + f.elem_loops}
+        fused |= {id(f.loop) for f in plan.filter_fusions}
+    n = ir.Ref(ir.N, I64)
+    deferred = [f.loop for f in plan.filter_fusions] if unfused else []
+    for st in plan.steps:
+        for lp in st.loops:
+            if (st.level != 1 and lp not in deferred) or id(lp) in fused or lp.length != n:
+                continue
+            if not any(_reads(plan, it.op.fn, prog.encode.grad, set()) for it in lp.items):
+                continue  # (e.g. a scatter's zeroing: a read more would cost)
+            i = ir.Ref("__i", I64)
+            g = ir.Load(prog.encode.grad, i, F32)
+            fn = ir.Lambda(
+                (i,), (), ir.Unary(ops.NOT.name, ir.Unary(ops.ISFINITE.name, g, BOOL), BOOL)
+            )
+            flag = Item("reduce", ir.Reduce(NONFINITE, ops.REDUCE_ANY.name, n, fn, BOOL))
+            new = replace(lp, items=(*lp.items, flag))
+            return replace(replace_loop(plan, lp, new), nonfinite=NONFINITE)
+    if unfused:
+        return plan
+    # else a filter's or top-k's pass that stores maps deferred to it and reads the gradient
+    # (dgc, graddrop, topk): it computes the flag as it goes (the C target's filter and top-k stages)
+    for ff in plan.filter_fusions:
+        if any(_reads(plan, it.op.fn, prog.encode.grad, set()) for it in ff.loop.items):
+            return replace(plan, nonfinite=NONFINITE, nonfinite_stage=ff.special)
+    return plan
+
+
+def _reads(plan: Plan, fn: ir.Lambda, array: str, seen: set[str]) -> bool:
+    """Whether ``fn`` reads ``array``, directly or through maps it recomputes."""
+    for e in lambda_exprs(fn):
+        for x in walk(e):
+            if not isinstance(x, ir.Load):
+                continue
+            if x.array == array:
+                return True
+            if plan.is_virtual(x.array) and x.array not in seen:
+                seen.add(x.array)
+                if _reads(plan, plan.maps[x.array].fn, array, seen):
+                    return True
+    return False

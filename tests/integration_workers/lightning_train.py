@@ -1,0 +1,94 @@
+"""Lightning runs for tests/test_integrations_lightning.py: ``python lightning_train.py OUT MODE``.
+
+Lightning's ``ddp`` strategy starts rank 1 by running this script again. MODE ``full`` trains
+3 epochs without hipress, with ``algorithm=None``, with onebit, 1 epoch with onebit followed by
+a checkpoint, and 3 epochs with onebit in a plain DDP loop (no Lightning); MODE ``resume``
+resumes the checkpoint to epoch 3. Each run writes ``OUT/<run>-rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import toy
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+import hipress.casync
+from hipress.integrations.lightning import HipressCallback
+
+EPOCHS = 3
+
+
+class Module(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = toy.net()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, _: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(toy.dataset(), batch_size=toy.BATCH)
+
+
+def fit(out: Path, name: str, epochs: int, callback: HipressCallback | None = None,
+        ckpt_path: Path | None = None) -> pl.Trainer:
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=epochs, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[callback] if callback else [],
+    )  # fmt: skip
+    module = Module()
+    trainer.fit(module, ckpt_path=ckpt_path)
+    extra = {}
+    if callback is not None and callback.state is not None:
+        last = callback.state.stats.last
+        extra = {"sent": last.bytes_sent, "uncompressed": last.bytes_uncompressed}
+    toy.save_params(module, out, name, **extra)
+    return trainer
+
+
+def plain_ddp(out: Path, name: str, algorithm: str | None) -> None:
+    """The same job in a plain DDP loop with hipress.casync.register: the expected result."""
+    module = Module()
+    ddp = DistributedDataParallel(module)
+    if algorithm:
+        hipress.casync.register(ddp, algorithm, rule=toy.RULE)
+    opt = module.configure_optimizers()
+    loader = DataLoader(toy.dataset(), batch_size=toy.BATCH,
+                        sampler=DistributedSampler(toy.dataset(), shuffle=False))  # fmt: skip
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+    toy.save_params(module, out, name)
+
+
+def main(out: Path, mode: str) -> None:
+    ckpt = out / "epoch1.ckpt"
+    if mode == "full":
+        fit(out, "plain", EPOCHS)
+        fit(out, "none", EPOCHS, HipressCallback(None))
+        fit(out, "onebit", EPOCHS, HipressCallback("onebit", rule=toy.RULE))
+        fit(out, "first", 1, HipressCallback("onebit", rule=toy.RULE)).save_checkpoint(ckpt)
+        plain_ddp(out, "manual", "onebit")
+        plain_ddp(out, "manual-plain", None)
+    else:
+        fit(out, "resumed", EPOCHS, HipressCallback("onebit", rule=toy.RULE), ckpt_path=ckpt)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
