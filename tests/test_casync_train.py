@@ -33,7 +33,9 @@ def _train(rank: int, compress: bool) -> dict:
     state = None
     if compress:
         # weights (>= 512 elements) compressed with the PS strategy, biases batched uncompressed
-        state = register(ddp, "terngrad", params={"bitwidth": 2}, rule=DefaultRule(min_compress_numel=512))
+        state = register(
+            ddp, "terngrad", params={"bitwidth": 2}, rule=DefaultRule(min_compress_numel=512)
+        )
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     xs, ys = _data(100 + rank, BATCH * STEPS)
     x_eval, y_eval = _data(999, 4096)

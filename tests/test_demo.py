@@ -241,4 +241,4 @@ def test_summary_compares_runs_and_explains_an_empty_plan() -> None:
     assert "hipress topk sent 2.5% of the bytes of uncompressed (40.0x less)" in text
     assert "29.0% vs 30.0%" in text and "SeCoPa compressed nothing" not in text
     assert "SeCoPa compressed nothing" in format_summary(_result(0))
-    assert "Try --net-mbit 1000" in format_summary(_result(0))  # on loopback: a slower network
+    assert "Try --bandwidth 1gbit" in format_summary(_result(0))  # on loopback: a slower network

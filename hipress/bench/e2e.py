@@ -136,7 +136,9 @@ def _wrap(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, Any]:
     if cfg.kind == "hipress":
         import hipress.casync
 
-        return ddp, hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=cfg.plan)
+        state = hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=cfg.plan)
+        _ = state.plan  # plan="auto" plans here, in the set-up, rather than in the first step
+        return ddp, state
     if cfg.hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif cfg.hook == "powersgd":

@@ -23,9 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync.algorithm import init_chunk_states, resolve_algorithm
-from hipress.casync.checkpoint import gathered, is_gathered, load_states, own_entry, save_states
 from hipress.casync.config import (
-    FORMAT,
     check_agreement,
     check_options,
     check_schedule,
@@ -36,6 +34,7 @@ from hipress.casync.config import (
 from hipress.casync.engine import StepEngine
 from hipress.casync.errors import CaSyncError, CommError
 from hipress.casync.logs import RANK_FILTER
+from hipress.casync.persist import Checkpoints
 from hipress.casync.planning import DefaultRule, check_plan_arg, resolve_plan
 from hipress.casync.probe import StateProbe
 from hipress.casync.stats import SyncStats
@@ -44,7 +43,7 @@ from hipress.casync.strategies.ring import RingDriver
 from hipress.casync.unused import UnusedGuard
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import PlanLayout, layout_plan
-from hipress.core.plan import Plan, PlanError
+from hipress.core.plan import Plan
 
 __all__ = ["CaSyncState"]
 
@@ -65,7 +64,7 @@ def _close_rings() -> None:
         ring.join(timeout=120)
 
 
-class CaSyncState:
+class CaSyncState(Checkpoints):
     """State of :func:`~hipress.casync.hook.casync_hook` for one DDP model on one rank.
 
     Args:
@@ -359,126 +358,6 @@ class CaSyncState:
         named = [(self._param_names[id(p)], p) for p in ddp_model.module.parameters()
                  if id(p) in self._param_names]  # fmt: skip
         engine.unused = UnusedGuard(ddp_model, named, (self.worker_states, self.server_states))
-
-    # ---- checkpoints and pickling -----------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's algorithm states (error feedback, momentum, RNG counters), CPU copies,
-        with the step count and the plan they were trained with.
-
-        States differ per rank: save one per rank and load each into the same rank, or save
-        :meth:`gathered_state_dict` from rank 0.
-        """
-        self._ready()
-        engine = self._engine
-        if engine.unused is not None and not engine.open:
-            engine.unused.settle()
-        assert self.rank is not None and self.world_size is not None
-        sd = save_states(FORMAT, self.rank, self.world_size, self.config_digest(), self._parts())
-        sd["step"] = engine.step
-        sd["plan"] = self._base_plan.to_dict()
-        return sd
-
-    def gathered_state_dict(self) -> dict[str, Any]:
-        """Every rank's :meth:`state_dict` in one, returned on every rank: ``format``
-        (``"hipress.casync.gathered/1"``), ``world_size`` and ``ranks`` (the state dicts in
-        rank order). For checkpoints that rank 0 alone writes; :meth:`load_state_dict` takes
-        it on every rank. A collective over the state's group: every rank must call it (on
-        NCCL, with its CUDA device set)."""
-        mine = self.state_dict()
-        assert self.world_size is not None
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, mine, group=self.process_group)
-        return gathered(out, self.world_size)
-
-    @staticmethod
-    def plan_of(sd: Mapping[str, Any]) -> Plan:
-        """The plan a :meth:`state_dict` or :meth:`gathered_state_dict` was trained with: pass
-        it as ``plan=`` to resume under it. Raises :class:`CaSyncError` if it holds none."""
-        one = sd.get("ranks", [None])[0] if is_gathered(sd) else sd
-        raw = one.get("plan") if isinstance(one, Mapping) else None
-        if raw is None:
-            raise CaSyncError(
-                "the state dict holds no plan (it was saved by an earlier hipress): pass the "
-                "plan file it was trained with as plan="
-            )
-        try:
-            return Plan.from_dict(raw)
-        except PlanError as exc:
-            raise CaSyncError(f"damaged CaSync state dict: its `plan`: {exc}") from None
-
-    def _parts(self) -> dict[str, dict[str, Any]]:
-        return {"worker": self.worker_states, "server": self.server_states}
-
-    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` or :meth:`gathered_state_dict` (each rank takes its
-        own entry) in place, all or nothing.
-
-        A state whose ``plan="auto"`` is not made yet takes the checkpoint's plan (no
-        profiling). Raises :class:`CaSyncError` (naming the rank and the entry) if it was saved
-        by another rank or world size, for another algorithm, plan or options (the message
-        says how to resume), or is damaged (a missing entry, a tensor of another shape or
-        dtype, a step that is not an integer >= 0)."""
-        self._attach()
-        assert self.rank is not None and self.world_size is not None
-        if is_gathered(sd):
-            sd = own_entry(sd, self.rank, self.world_size, CaSyncError)
-        step = sd.get("step", 0) if isinstance(sd, Mapping) else 0
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise CaSyncError(
-                f"rank {self.rank}: state dict `step` must be an integer >= 0, got {step!r}"
-            )
-        self._take_plan(sd)
-        load_states(
-            sd, fmt=FORMAT, what="CaSync", rank=self.rank, world_size=self.world_size,
-            config=self.config_digest(), parts=self._parts(), error=CaSyncError,
-        )  # fmt: skip
-        if self._engine.unused is not None:
-            self._engine.unused.forget()
-        self._engine.step = step  # where warm-up and the schedule stand
-        self._after_step(step)
-
-    def _take_plan(self, sd: Any) -> None:
-        """Adopt the plan of ``sd`` if this state's ``"auto"`` plan is not made yet; refuse
-        one that differs from the plan this state runs, saying how to resume."""
-        has = isinstance(sd, Mapping) and sd.get("format") == FORMAT and "plan" in sd
-        saved = self.plan_of(sd) if has else None
-        if self._plan is None and saved is not None:
-            try:
-                self._adopt(self._resolve(saved))
-            except PlanError as exc:
-                raise CaSyncError(f"rank {self.rank}: the state dict's plan: {exc}") from None
-            return
-        if saved is not None and saved.digest() != self.plan.digest():
-            raise CaSyncError(
-                f"rank {self.rank}: the state dict was saved with a different plan "
-                f"({saved.digest()}; this state runs {self._base_plan.digest()}). To resume "
-                "it, make the state with plan=CaSyncState.plan_of(checkpoint) (or "
-                "plan='auto', which takes the saved plan); to keep this plan, do not load the "
-                "hook's state (error feedback then starts afresh)"
-            )
-
-    def __getstate__(self) -> dict[str, Any]:
-        runtime = ("process_group", "_ctx", "_engine", "_param_names", "_lock", "_agreed",
-                   "_layout", "_unused_model")  # fmt: skip
-        d = {k: v for k, v in self.__dict__.items() if k not in runtime}
-        if self._spec is not None:
-            d["algorithm"] = None  # reloaded from the spec: compiled kernels do not pickle
-        return d
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__dict__.update(d)
-        self.process_group = None
-        if self._spec is not None:
-            name, params, backend = self._spec
-            if self.params_schedule:  # the step count does not pickle: start from step 0
-                params = params_at(self._base_params, self.params_schedule, 0)
-                self._spec = (name, params, backend)
-            self.algorithm = resolve_algorithm(name, params, backend)
-        self._init_local()
-        if self._plan is not None:
-            self._relayout()
-            self._init_runtime()
 
 
 def _devices(

@@ -4,7 +4,10 @@
 per area adds its parsers: :mod:`~hipress.cli.compll` (check, show, algorithms, build),
 :mod:`~hipress.cli.secopa` (plan, profile, bench plan), :mod:`~hipress.cli.casync` (bench sync),
 :mod:`~hipress.cli.bench` (the other benchmarks and the docs' tables), :mod:`~hipress.cli.demo`,
-:mod:`~hipress.cli.selftest`; :mod:`~hipress.cli.args` reads the arguments they share.
+:mod:`~hipress.cli.selftest`; :mod:`~hipress.cli.args` reads the arguments they share,
+:mod:`~hipress.cli.options` holds the option conventions (one name per concept, comma lists,
+deprecated aliases), :mod:`~hipress.cli.progress` shows long steps' progress and
+:mod:`~hipress.cli.planreport` prints plans, profiles and what a plan's costs rest on.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hipress.cli.args import RESULTS, parse_latency
+from hipress.cli.args import RESULTS, parse_latency, parse_rate_mbit
+from hipress.cli.options import CommaList, add_alias
 
 __all__ = [
     "add_e2e_parsers",
@@ -24,6 +25,7 @@ __all__ = [
 
 
 def _floats(text: str) -> tuple[float | None, ...]:
+    """The deprecated ``--rates`` format: ``100m,1g,10g,none`` -> Mbit/s (None: unshaped)."""
     out: list[float | None] = []
     for item in text.split(","):
         item = item.strip().lower()
@@ -66,7 +68,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         )
     opts = E2EOptions(
         workers=args.workers,
-        rates_mbit=_floats(args.rates),
+        rates_mbit=tuple(args.rates),
         models=_names(args.models),
         algorithms=_names(args.algorithms),
         plan=None if args.plan == "default" else args.plan,
@@ -131,18 +133,24 @@ def add_e2e_parsers(bench_sub: Any) -> None:
         "fp16_compress_hook and powerSGD_hook against hipress with each algorithm under its "
         "SeCoPa plan. Writes NAME.json, NAME.md and NAME.png.",
     )
-    e.add_argument("--workers", type=int, default=4)
-    e.add_argument("--rates", default="1g,10g", help="NIC rates: 100m, 1g, 10g, none (unshaped)")
-    e.add_argument("--models", default="lstm-lm,resnet")
-    e.add_argument("--algorithms", default="onebit,tbq,terngrad,dgc,graddrop")
+    e.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    e.add_argument("--bandwidth", action=CommaList, item=parse_rate_mbit, dest="rates",
+                   default=[1000.0, 10000.0], metavar="RATE,..",
+                   help="NIC rates, e.g. 100mbit,1gbit,10gbit or loopback (unshaped); "
+                   "default 1gbit,10gbit")  # fmt: skip
+    add_alias(e, "--rates", "rates", "--bandwidth 1gbit,10gbit", convert=_floats)
+    e.add_argument("--models", default="lstm-lm,resnet",
+                   help="models, comma-separated (default lstm-lm,resnet)")  # fmt: skip
+    e.add_argument("--algorithms", default="onebit,tbq,terngrad,dgc,graddrop",
+                   help="CompLL algorithms, comma-separated")  # fmt: skip
     e.add_argument("--plan", default="auto", help="auto (SeCoPa), default (CaSync's rule), FILE")
     e.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
     e.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 3)")
     e.add_argument("--repeats", type=int, default=2, help="rounds; each config keeps its best")
     e.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    e.add_argument("--powersgd-rank", type=int, default=4)
+    e.add_argument("--powersgd-rank", type=int, default=4, help="rank of the powerSGD baseline")
     e.add_argument("--loopback", action="store_true", help="skip namespaces: unshaped loopback")
-    e.add_argument("--out", default=default_out)
+    e.add_argument("--out", default=default_out, help="directory for the result files")
     e.add_argument("--name", default="e2e", help="basename of the result files")
     e.set_defaults(func=_cmd_e2e)
 
@@ -150,12 +158,12 @@ def add_e2e_parsers(bench_sub: Any) -> None:
         "convergence",
         help="final accuracy of every algorithm (with its error feedback) vs uncompressed",
     )
-    c.add_argument("--workers", type=int, default=4)
+    c.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     c.add_argument("--algorithms", default="all", help="comma list, or all shipped algorithms")
-    c.add_argument("--epochs", type=int, default=2)
+    c.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
     c.add_argument("--train-tokens", type=int, default=160_000, help="training tokens per epoch")
     c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
-    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     c.add_argument(
         "--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps"
     )
@@ -170,7 +178,7 @@ def add_e2e_parsers(bench_sub: Any) -> None:
     c.add_argument(
         "--clip", type=float, default=1.0, help="gradient norm clipping after the sync (0: none)"
     )
-    c.add_argument("--out", default=default_out)
+    c.add_argument("--out", default=default_out, help="directory for the result files")
     c.set_defaults(func=_cmd_convergence)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import hipress
 from hipress.cli import bench, casync, compll, demo, secopa, selftest
-from hipress.cli.options import add_verbose_everywhere
+from hipress.cli.options import add_verbose_everywhere, print_deprecations
 from hipress.compll import CllError
 
 __all__ = ["build_parser", "main"]
@@ -62,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        print_deprecations(args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hipress.cli.args import RESULTS
+from hipress.cli.args import RESULTS, parse_rate_mbit
+from hipress.cli.options import add_alias
 from hipress.demo.config import DemoConfig, DemoError, DemoResult, RunResult, default_runs
 from hipress.demo.models import ModelConfig
 
@@ -85,9 +86,9 @@ def format_summary(result: DemoResult) -> str:
         )
         if r.compressed_tensors == 0:
             slower = (
-                "--net-mbit 100 (a slower simulated NIC)"
+                "--bandwidth 100mbit (a slower simulated NIC)"
                 if result.network.startswith(tuple("0123456789"))
-                else "--net-mbit 1000 (a simulated 1 Gbit/s NIC per worker, needs root)"
+                else "--bandwidth 1gbit (a simulated 1 Gbit/s NIC per worker, needs root)"
             )
             out.append(
                 f"  SeCoPa compressed nothing: on this network ({result.network}) and with this "
@@ -226,7 +227,7 @@ def _run(config: DemoConfig, runs: Any, corpus: Any, net_mbit: float | None) -> 
             print(f"network: {net.label} (simulated, network namespaces)", flush=True)
             return run_demo(config, runs, corpus, net=net)
     except NetSimError as exc:
-        raise DemoError(f"--net-mbit: {exc}") from None
+        raise DemoError(f"--bandwidth: {exc}") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -283,6 +284,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rate(text: str) -> float:
+    """``--bandwidth``: Mbit/s of the simulated NIC, 0 for ``loopback``."""
+    mbit = parse_rate_mbit(text)
+    return 0.0 if mbit is None else mbit
+
+
 def add_parser(sub: Any) -> None:
     """Add ``demo`` to the top-level group ``sub``."""
     d = sub.add_parser(
@@ -299,30 +306,33 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     d.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per run")
     d.add_argument("--algorithm", default=DEFAULT_ALGORITHM, help="CompLL algorithm")
-    d.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    d.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="an algorithm parameter, repeatable (e.g. --param ratio=0.01)")  # fmt: skip
     d.add_argument(
         "--plan",
         default="auto",
         help="auto (SeCoPa measures and plans), default (CaSync's rule) or a plan file",
     )
     d.add_argument(
-        "--net-mbit",
-        type=float,
+        "--bandwidth",
+        type=_rate,
         default=None,
+        dest="net_mbit",
         metavar="RATE",
-        help="give each worker a simulated NIC of RATE Mbit/s (network namespaces + tc; needs "
-        f"root and iproute2); 0: plain loopback. Default: {DEFAULT_NET_MBIT:.0f} where the "
-        "simulation can run, else loopback",
+        help="give each worker a simulated NIC of this rate, e.g. 100mbit or 1gbit (network "
+        "namespaces + tc; needs root and iproute2); loopback: plain loopback. Default: "
+        f"{DEFAULT_NET_MBIT / 1000:g}gbit where the simulation can run, else loopback",
     )
+    add_alias(d, "--net-mbit", "net_mbit", "--bandwidth 1gbit (or loopback)", type=float)
     d.add_argument("--out", default=RESULTS, help="directory for demo.json/demo.png")
     d.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
     d.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
     d.add_argument("--vocab", type=int, default=ModelConfig.vocab_size, help="vocabulary size")
-    d.add_argument("--emb-dim", type=int, default=ModelConfig.emb_dim)
-    d.add_argument("--hidden", type=int, default=ModelConfig.hidden)
-    d.add_argument("--layers", type=int, default=ModelConfig.layers)
+    d.add_argument("--emb-dim", type=int, default=ModelConfig.emb_dim, help="embedding width")
+    d.add_argument("--hidden", type=int, default=ModelConfig.hidden, help="LSTM hidden size")
+    d.add_argument("--layers", type=int, default=ModelConfig.layers, help="LSTM layers")
     d.add_argument("--lr", type=float, default=DemoConfig.lr, help="Adam learning rate")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="random seed of data and weights")
     d.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     d.add_argument("--timeout", type=float, default=900.0, help="stop the job after this many s")
     d.add_argument("--no-chart", action="store_true", help="do not draw demo.png")

@@ -4,9 +4,11 @@
   ``--workers 2,4,8`` where a command takes several), ``--bandwidth`` for a link's rate with its
   unit (``10gbit``, ``100mbit``; ``loopback`` where an unshaped network is an option).
 - Lists are comma-separated (``--sizes 1K,64M``).
-- Old spellings stay as hidden aliases (:func:`add_alias`): they still work and print a
-  one-line deprecation warning on stderr naming the new spelling. The spelling a user typed is
-  kept in ``args.spelled`` (dest -> option) so messages can name it.
+- Old spellings stay as hidden aliases (:func:`add_alias`): they still work, and the command
+  ends with a one-line deprecation warning on stderr naming the new spelling (collected in
+  ``args.deprecations`` while parsing, printed by :func:`print_deprecations` after the command
+  ran, so a command's own first lines and errors stay first). The spelling a user typed is kept
+  in ``args.spelled`` (dest -> option) so messages can name it.
 - ``-v``/``--verbose`` is accepted after the subcommand too (:func:`add_verbose_everywhere`).
 """
 
@@ -15,20 +17,31 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = [
     "CommaList",
     "Deprecated",
+    "ListHelpFormatter",
     "add_alias",
     "add_verbose_everywhere",
+    "print_deprecations",
     "spelled",
     "walk",
 ]
 
 
-def _warn(text: str) -> None:
-    print(f"hipress: warning: {text}", file=sys.stderr)
+def _deprecated(namespace: argparse.Namespace, text: str) -> None:
+    seen = list(getattr(namespace, "deprecations", []))
+    if text not in seen:
+        seen.append(text)
+    namespace.deprecations = seen
+
+
+def print_deprecations(args: argparse.Namespace, err: TextIO | None = None) -> None:
+    """Print the deprecation warnings parsing collected, one line each (on stderr)."""
+    for text in getattr(args, "deprecations", []):
+        print(f"hipress: warning: {text}", file=err or sys.stderr)
 
 
 def _remember(namespace: argparse.Namespace, dest: str, option: str | None) -> None:
@@ -69,7 +82,7 @@ class Deprecated(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        _warn(f"{option_string} is deprecated; use {self.new}")
+        _deprecated(namespace, f"{option_string} is deprecated; use {self.new}")
         setattr(namespace, self.dest, self.convert(values) if self.convert else values)
         _remember(namespace, self.dest, option_string)
 
@@ -110,7 +123,10 @@ class CommaList(argparse.Action):
     ) -> None:
         words = [values] if isinstance(values, str) else list(values)
         if len(words) > 1:
-            _warn(f"space-separated lists are deprecated; use {option_string} {','.join(words)}")
+            _deprecated(
+                namespace,
+                f"space-separated lists are deprecated; use {option_string} {','.join(words)}",
+            )
         out = []
         for word in words:
             for raw in word.split(","):
@@ -139,10 +155,23 @@ def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     ]
 
 
+class ListHelpFormatter(argparse.HelpFormatter):
+    """Shows a :class:`CommaList` option as ``--sizes SIZE,..`` (not argparse's rendering of
+    the ``nargs="+"`` it takes for the old space-separated form)."""
+
+    def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
+        if isinstance(action, CommaList):
+            return str(self._metavar_formatter(action, default_metavar)(1)[0])
+        return super()._format_args(action, default_metavar)
+
+
 def add_verbose_everywhere(p: argparse.ArgumentParser) -> None:
     """Let every subcommand (at any depth) take ``-v``/``--verbose`` after its name too; it
-    sets the same ``verbose`` the top level does (left unset where not given)."""
+    sets the same ``verbose`` the top level does (left unset where not given). Subcommands
+    with the plain help layout get :class:`ListHelpFormatter`."""
     for child in _subparsers(p):
+        if child.formatter_class is argparse.HelpFormatter:
+            child.formatter_class = ListHelpFormatter
         child.add_argument(
             "-v",
             "--verbose",

@@ -121,18 +121,31 @@ def print_sources(
     return sources
 
 
+# calls of every compute op at the largest size that a budget reaching it must allow for: the
+# profiler only starts a size when the previous one's time, scaled up, fits what is left
+CALLS_AT_LARGEST = 40.0
+MAX_SUGGESTED_S = 120
+
+
 def suggested_budget(profile: Profile, largest: int, budget: float) -> int:
-    """Seconds of ``--budget`` that would let the compute timing reach ``largest`` elements:
-    the current budget plus about four calls of every compute op at that size, as predicted."""
-    per_size_ms = sum(float(profile.compute_ms(op, largest)) for op in profile.compute)
-    return int(budget + 4.0 * per_size_ms / 1e3) + 1
+    """Seconds of ``--budget`` that should let the compute timing reach ``largest`` elements:
+    the current budget plus ``CALLS_AT_LARGEST`` calls of every compute op at that size, as
+    (roughly) predicted; at least twice the current budget, at most ``MAX_SUGGESTED_S``."""
+    per_size_s = sum(float(profile.compute_ms(op, largest)) for op in profile.compute) / 1e3
+    want = int(budget + CALLS_AT_LARGEST * per_size_s) + 1
+    return max(min(want, MAX_SUGGESTED_S), int(2 * budget + 0.999))
 
 
 def warn_extrapolation(
-    profile: Profile, sources: list[CostSource], largest: int, budget: float | None, err: TextIO
+    profile: Profile,
+    sources: list[CostSource],
+    largest: int,
+    budget: float | None,
+    err: TextIO,
+    model: str = "MODEL",
 ) -> bool:
     """Warn on ``err`` about every cost priced far beyond what was measured, saying by how
-    much and how to measure further; returns whether it warned."""
+    much and how to measure further (for ``model``); returns whether it warned."""
     far = far_extrapolations(sources)
     compute = [s for s in far if s.unit == "elements"]
     network = [s for s in far if s.unit == "bytes"]
@@ -142,9 +155,9 @@ def warn_extrapolation(
         print(
             f"warning: {', '.join(s.cost for s in compute)} priced up to {worst.factor:,.0f}x "
             f"beyond the largest size measured ({_size(worst.hi or 0, 'elements')} elements) "
-            f"for a {largest:,}-element tensor; plans resting on this vary from run to run. "
+            f"for a {largest:,}-element tensor: a straight line continued that far is a guess. "
             f"Measure further: a bigger budget (--budget {more}), or a saved profile "
-            f"(hipress profile --model MODEL --budget {more} --out p.json, then "
+            f"(hipress profile --model {model} --budget {more} --out p.json, then "
             "hipress plan --profile p.json)",
             file=err,
         )

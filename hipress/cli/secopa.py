@@ -317,7 +317,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
             print(f"plan saved to {args.out} (digest {plan.digest()})", file=out)
     out.flush()
     budget = profile.meta.get("compute_budget_s", args.budget)
-    warn_extrapolation(profile, sources, largest, budget, err)
+    warn_extrapolation(profile, sources, largest, budget, err, args.model)
     return 0
 
 
@@ -345,7 +345,8 @@ def run_profile(
     print_profile(profile, out)
     print(f"profile saved to {args.out}", file=out)
     if largest is not None:
-        warn_extrapolation(profile, cost_sources(profile, largest), largest, args.budget, err)
+        sources = cost_sources(profile, largest)
+        warn_extrapolation(profile, sources, largest, args.budget, err, args.model)
     return 0
 
 

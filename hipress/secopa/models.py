@@ -167,7 +167,8 @@ def _split_ref(ref: str) -> tuple[str, str]:
     where, sep, attr = ref.rpartition(":")
     if not sep or not where or not attr:
         raise ModelSpecError(
-            f"{ref!r}: expected path/to/file.py:NAME or package.module:NAME ({FACTORY_HELP})"
+            f"{ref!r}: expected module:attr, i.e. path/to/file.py:NAME or "
+            f"package.module:NAME ({FACTORY_HELP})"
         )
     return where, attr
 
@@ -230,12 +231,14 @@ def _import(ref: str) -> nn.Module:
     if isinstance(obj, nn.Module):
         return obj
     if not callable(obj):
-        raise ModelSpecError(f"{ref!r} is a {type(obj).__name__}; {FACTORY_HELP}")
+        raise ModelSpecError(
+            f"{ref!r} is a {type(obj).__name__}, not an nn.Module or factory; {FACTORY_HELP}"
+        )
     try:
         made = obj()
     except TypeError as exc:
         raise ModelSpecError(
-            f"{ref!r}: calling {attr}() without arguments failed ({exc}); {FACTORY_HELP}"
+            f"{ref!r}: calling it without arguments failed ({exc}); {FACTORY_HELP}"
         ) from None
     except Exception as exc:
         raise ModelSpecError(f"{ref!r}: {attr}() raised {_describe(exc)}") from None
