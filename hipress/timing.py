@@ -3,8 +3,10 @@ profiler and the self-test."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,3 +30,16 @@ def best_of(fn: Callable[[], object], reps: int, cuda: bool = False) -> float:
     """The fastest of ``reps`` calls after one warm-up call (seconds)."""
     fn()
     return min(time_once(fn, cuda) for _ in range(reps))
+
+
+def ms_per_call(
+    fn: Callable[[], object], reps: int, stat: str = "median", device: Any = None
+) -> float:
+    """ms of one call of fn over ``reps`` calls: the fastest (``min``) or the ``median``. On a
+    CUDA ``device`` each call is timed by CUDA events on the current stream (a call there only
+    enqueues work; its collectives make that stream wait for them)."""
+    ts = []
+    cuda = device is not None and torch.device(device).type == "cuda"
+    for _ in range(reps):
+        ts.append(time_once(fn, cuda) * 1e3)
+    return min(ts) if stat == "min" else statistics.median(ts)

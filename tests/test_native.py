@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hipress.compll import Algorithm, algorithms, load, load_source, shipped_path
+from hipress.compll import Algorithm, BackendError, algorithms, load, load_source, shipped_path
 from hipress.compll.backends.c.native import NativeBackend, NativeError
 from hipress.compll.backends.cache import C_FLAGS, KernelCache, Toolchain
 from hipress.compll.backends.select import AutoBackend, NativeUnavailableWarning
@@ -670,16 +670,34 @@ def test_auto_runs_the_c_kernel_on_cpu_tensors() -> None:
     assert torch.equal(p, ref.encode(x, ref.init_state(100)))
 
 
-def test_no_compiler_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_compiler_auto_falls_back_with_one_warning_at_the_callers_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
+    alg = load("terngrad", backend="auto")
+    x = torch.randn(50)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        alg = load("terngrad", backend="cpu")
+        payload = alg.encode(x, alg.init_state(50))
+        alg.encode(x, alg.init_state(50))
     hits = [w for w in caught if issubclass(w.category, NativeUnavailableWarning)]
-    assert len(hits) == 1 and "no C compiler" in str(hits[0].message)
-    assert alg.backend.name == "reference"
-    x = torch.randn(50)
-    assert alg.decode(alg.encode(x, alg.init_state(50)), 50).shape == (50,)
+    assert len(hits) == 1
+    assert "$CC=/nonexistent/cc names no executable" in str(hits[0].message)
+    assert hits[0].filename == __file__  # the user's line, not a line inside hipress
+    ref = load("terngrad", backend="reference")
+    assert torch.equal(payload, ref.encode(x, ref.init_state(50)))
+
+
+def test_explicit_cpu_without_a_compiler_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(
+        BackendError, match=r"backend='cpu' needs a C compiler: \$CC=/nonexistent/cc"
+    ):
+        load("terngrad", backend="cpu")
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(BackendError, match=r"no compiler on PATH \(tried cc, gcc, clang\)"):
+        load("terngrad", backend="cpu")
 
 
 def test_wrong_device_is_a_clear_error() -> None:

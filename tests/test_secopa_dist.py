@@ -16,8 +16,8 @@ from hipress.secopa.codec import cast_codec
 from hipress.secopa.comm import TorchComm
 from hipress.secopa.localgroup import LocalGroupError, run_local
 from hipress.secopa.models import resolve_model
+from hipress.secopa.netprofiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.profile import MeasuredComm, Profile
-from hipress.secopa.profiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.runtime import auto_plan, plan_for_model
 
 

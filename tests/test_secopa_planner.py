@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.secopa.costmodel import CostModel
 from hipress.secopa.models import resolve_model
-from hipress.secopa.planner import Planner, PlannerConfig, ddp_buckets, plan_named, size_grid
+from hipress.secopa.planner import Planner, PlannerConfig, plan_named
 from hipress.secopa.profile import Profile, affine_profile
 from hipress.secopa.runtime import check_plan, load_plan_for_model
+from hipress.secopa.selection import ddp_buckets, size_grid
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -162,7 +163,7 @@ def test_plan_is_never_predicted_slower_than_all_compressed_unless_monotonicity_
         assert sel["guard_blocked"]
         smallest = min(numels)
         grid = set(size_grid(smallest, 8)) | set(numels)
-        assert not all(planner._alone_faster(s) for s in grid if s >= smallest)
+        assert not all(planner.selector.alone_faster(s) for s in grid if s >= smallest)
     else:
         assert not sel["guard_blocked"]
 
@@ -221,7 +222,7 @@ def test_threshold_guard_compresses_what_the_bucket_totals_favour() -> None:
     plan = planner.plan(named)
     sel, t = plan.meta["selection"], plan.totals
     assert sel["how"] == "threshold guard" and sel["threshold"] == 50000
-    assert sel["guard_blocked"] and not planner._alone_faster(4096)
+    assert sel["guard_blocked"] and not planner.selector.alone_faster(4096)
     assert all(e.compress == (e.numel >= 50000) for e in plan.entries)
     assert t["planned"] < 0.7 * t["all_uncompressed"]
     assert t["planned"] <= 1.01 * t["all_compressed"]

@@ -11,6 +11,12 @@ import torch
 from hipress.secopa.codec import CallableCodec, CodecError, as_codec, cast_codec, load_codec
 from hipress.secopa.comm import TorchComm
 from hipress.secopa.costfn import AffineFloor
+from hipress.secopa.netprofiler import (
+    fit_alpha_beta,
+    matched_bytes,
+    measure_network,
+    measure_overlap,
+)
 from hipress.secopa.profile import (
     AlphaBeta,
     MeasuredComm,
@@ -19,15 +25,7 @@ from hipress.secopa.profile import (
     comm_op_from_dict,
     link_network,
 )
-from hipress.secopa.profiler import (
-    build_profile,
-    fit_alpha_beta,
-    fit_payload,
-    matched_bytes,
-    measure_compute,
-    measure_network,
-    measure_overlap,
-)
+from hipress.secopa.profiler import build_profile, fit_payload, measure_compute
 
 SMALL = (256, 1024, 4096, 16384, 65536)
 

@@ -584,7 +584,7 @@ HP_FN double hp_canon_f64(double x) { return hp_sel_f64(x != x, hp_f64_from_bits
 HP_FN uint16_t hp_canon_f16(uint16_t h) { return hp_sel_u16((h & 0x7fffu) > 0x7c00u, 0x7e00u, h); }
 HP_FN uint16_t hp_canon_bf16(uint16_t h) { return hp_sel_u16((h & 0x7fffu) > 0x7f80u, 0x7fc0u, h); }
 
-/* ---- Philox4x32-10 (hipress/compll/rng.py) ---- */
+/* ---- Philox4x32-10 (hipress/compll/ir/rng.py) ---- */
 HP_FN void hp_philox_block(uint64_t blk, uint32_t stream, uint32_t k0, uint32_t k1, uint32_t step,
                            uint32_t tid, uint32_t* o) {
   uint32_t x0 = (uint32_t)blk, x1 = ((uint32_t)(blk >> 32) & 0xffffu) | (stream << 16), x2 = step, x3 = tid;
@@ -1383,7 +1383,7 @@ static inline int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n
 
 /* randomk: hp_decode_sum: out = decode(p[0]) / divisor + ... + decode(p[k-1]) / divisor,
  * in float32 in that order (each decode divided before it is added, as DDP divides each
- * gradient). A sparse decode (hipress/compll/sparse.py): out is zeroed once, every
+ * gradient). A sparse decode (hipress/compll/lower/sparse.py): out is zeroed once, every
  * payload's pairs, divided, are added into it in payload order, and one pass adds the flags,
  * when no payload repeats an index (checked: ascending, or ascending rotated once); else one
  * whole pass per payload. */

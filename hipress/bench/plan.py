@@ -36,7 +36,8 @@ from hipress.secopa.broadcast import broadcast_plan
 from hipress.secopa.codec import AlgorithmCodec, load_codec
 from hipress.secopa.localgroup import run_local
 from hipress.secopa.models import resolve_model
-from hipress.secopa.planner import Planner, PlannerConfig, ddp_buckets
+from hipress.secopa.planner import Planner, PlannerConfig
+from hipress.secopa.selection import ddp_buckets
 
 PLANS = ("planned", "all_uncompressed", "all_compressed")
 TARGET_ERROR = 0.20  # the target: the planned total within 20% of the measured sync time

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hipress.core.plan import Plan
-from hipress.secopa.planner import ddp_buckets
+from hipress.secopa.selection import ddp_buckets
 
 __all__ = ["StateProbe", "sync_step_ms"]
 

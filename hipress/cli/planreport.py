@@ -69,7 +69,7 @@ def _network_summary(profile: Profile) -> str:
 
 def print_profile(profile: Profile, out: TextIO) -> None:
     """A short human summary of a profile."""
-    from hipress.secopa.profiler import bandwidth_summary
+    from hipress.secopa.netprofiler import bandwidth_summary
 
     print(
         f"{profile.algorithm} {dict(profile.params)}: payload "

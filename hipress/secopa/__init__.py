@@ -1,11 +1,14 @@
 """SeCoPa: a measured cost model that plans, per tensor, whether and how to compress.
 
-Stages: :mod:`~hipress.secopa.profiler` measures a :class:`Profile` (or
+Stages: :mod:`~hipress.secopa.profiler` measures compute costs and assembles a
+:class:`Profile`, :mod:`~hipress.secopa.netprofiler` its network (or
 :meth:`Profile.with_link` takes the network from the user); :mod:`~hipress.secopa.costmodel`
-predicts every strategy's time for every K; :mod:`~hipress.secopa.planner` turns a model's
-parameters into a :class:`Plan`; :mod:`~hipress.secopa.runtime` plans once on rank 0 and
-broadcasts it (``auto_plan`` is what CaSync's and ``hipress.horovod``'s ``plan="auto"`` call);
-:mod:`~hipress.secopa.comm` is the transport both measure and broadcast over. See docs/explanation/secopa.md.
+predicts every strategy's time for every K; :mod:`~hipress.secopa.selection` chooses the sizes
+to compress and :mod:`~hipress.secopa.planner` turns a model's parameters into a
+:class:`Plan` with it; :mod:`~hipress.secopa.runtime` plans once on rank 0 and broadcasts it
+(``auto_plan`` is what CaSync's and ``hipress.horovod``'s ``plan="auto"`` call);
+:mod:`~hipress.secopa.comm` is the transport both measure and broadcast over. See
+docs/explanation/secopa.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The transport the profiler and the plan broadcast run over.
 
-SeCoPa's online profile (:func:`~hipress.secopa.profiler.measure_network`,
-:func:`~hipress.secopa.profiler.measure_overlap`) and the plan broadcast
+SeCoPa's online profile (:func:`~hipress.secopa.netprofiler.measure_network`,
+:func:`~hipress.secopa.netprofiler.measure_overlap`) and the plan broadcast
 (:func:`~hipress.secopa.runtime.broadcast_plan`) need only a few collective calls; :class:`Comm`
 names them, so the same measurement runs over ``torch.distributed`` (:class:`TorchComm`, the
 default everywhere) or over Horovod (``hipress.horovod.comm.HorovodComm``). A ``Comm`` measures
@@ -87,7 +87,7 @@ def _as_casync(issue: Callable[[], Any], device: torch.device) -> Callable[[], o
     future, which the caller waits for. On loopback that hand-off costs about 0.15 ms per
     collective more than a plain blocking call, which the profile should see.
     On a GPU the work's future completes once the collective is enqueued: the call then makes
-    the current stream wait for the work (timed with CUDA events, :mod:`profiler`)."""
+    the current stream wait for the work (timed with CUDA events, :mod:`netprofiler`)."""
     if device.type == "cuda":
         return lambda: issue().wait()
 

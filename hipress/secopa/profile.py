@@ -17,9 +17,10 @@ A :class:`Profile` holds
   collective CaSync issues beyond the collective itself (the hook's Python, thread hand-offs).
   1 and 0 when not measured.
 
-Profiles are immutable and JSON round-trippable. The profiler (:mod:`hipress.secopa.profiler`)
-measures them; :meth:`Profile.with_link` replaces the network part by a user-given link, which
-plans for a cluster that is not here, at any world size, without running anything.
+Profiles are immutable and JSON round-trippable. The profilers measure them (compute:
+:mod:`hipress.secopa.profiler`, network: :mod:`hipress.secopa.netprofiler`);
+:meth:`Profile.with_link` replaces the network part by a user-given link, which plans for a
+cluster that is not here, at any world size, without running anything.
 """
 
 from __future__ import annotations

@@ -28,15 +28,10 @@ from hipress.secopa.broadcast import broadcast_plan
 from hipress.secopa.calibrate import StepProbe, calibrate
 from hipress.secopa.codec import AlgorithmCodec, as_codec
 from hipress.secopa.comm import Comm, TorchComm
+from hipress.secopa.netprofiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.planner import PlannerConfig, plan_named
 from hipress.secopa.profile import Profile
-from hipress.secopa.profiler import (
-    build_profile,
-    measure_compute,
-    measure_network,
-    measure_overlap,
-    network_meta,
-)
+from hipress.secopa.profiler import build_profile, measure_compute
 
 log = logging.getLogger(__name__)
 

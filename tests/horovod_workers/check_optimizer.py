@@ -26,8 +26,8 @@ from hipress.casync.reference import ReferenceSync
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.horovod.comm import HorovodComm
 from hipress.secopa.codec import cast_codec
+from hipress.secopa.netprofiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.profile import COLLECTIVES, AlphaBeta, MeasuredComm
-from hipress.secopa.profiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.runtime import plan_for_model
 
 

@@ -3,7 +3,8 @@
 Lightning's ``ddp`` strategy starts rank 1 by running this script again. MODE ``full`` trains
 3 epochs without hipress, with ``algorithm=None``, with onebit, 1 epoch with onebit followed by
 a checkpoint, and 3 epochs with onebit in a plain DDP loop (no Lightning); MODE ``resume``
-resumes the checkpoint to epoch 3. Each run writes ``OUT/<run>-rank<r>.pt``.
+resumes the checkpoint to epoch 3 (with ``plan="auto"``, which takes the saved plan). Each run
+writes ``OUT/<run>-rank<r>.pt``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import toy
 import torch
+import toy
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -40,15 +41,26 @@ class Module(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(toy.dataset(), batch_size=toy.BATCH)
+        return loader()
 
 
-def fit(out: Path, name: str, epochs: int, callback: HipressCallback | None = None,
-        ckpt_path: Path | None = None) -> pl.Trainer:
+def loader() -> DataLoader:
+    """This rank's batches, in order (the same for Lightning and the plain DDP loop)."""
+    data = toy.dataset()
+    return DataLoader(data, batch_size=toy.BATCH, sampler=DistributedSampler(data, shuffle=False))
+
+
+def fit(
+    out: Path,
+    name: str,
+    epochs: int,
+    callback: HipressCallback | None = None,
+    ckpt_path: Path | None = None,
+) -> pl.Trainer:
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=epochs, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[callback] if callback else [],
+        use_distributed_sampler=False, callbacks=[callback] if callback else [],
     )  # fmt: skip
     module = Module()
     trainer.fit(module, ckpt_path=ckpt_path)
@@ -67,10 +79,8 @@ def plain_ddp(out: Path, name: str, algorithm: str | None) -> None:
     if algorithm:
         hipress.casync.register(ddp, algorithm, rule=toy.RULE)
     opt = module.configure_optimizers()
-    loader = DataLoader(toy.dataset(), batch_size=toy.BATCH,
-                        sampler=DistributedSampler(toy.dataset(), shuffle=False))  # fmt: skip
     for _ in range(EPOCHS):
-        for x, y in loader:
+        for x, y in loader():
             opt.zero_grad()
             torch.nn.functional.mse_loss(ddp(x), y).backward()
             opt.step()
@@ -87,7 +97,8 @@ def main(out: Path, mode: str) -> None:
         plain_ddp(out, "manual", "onebit")
         plain_ddp(out, "manual-plain", None)
     else:
-        fit(out, "resumed", EPOCHS, HipressCallback("onebit", rule=toy.RULE), ckpt_path=ckpt)
+        # plan="auto": the callback takes the checkpoint's plan, measuring nothing
+        fit(out, "resumed", EPOCHS, HipressCallback("onebit", plan="auto"), ckpt_path=ckpt)
 
 
 if __name__ == "__main__":

@@ -6,19 +6,13 @@ Each compressed weight has >= 256 elements, so with :data:`RULE` the onebit runs
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).parent))
-import casync_polyfill  # noqa: E402
-
-from hipress.casync import DefaultRule  # noqa: E402
-
-casync_polyfill.install()
+from hipress.casync import DefaultRule
 
 RULE = DefaultRule(min_compress_numel=256)
 BATCH = 8
@@ -34,7 +28,9 @@ def net() -> torch.nn.Module:
 def dataset() -> TensorDataset:
     """Fixed inputs and targets."""
     g = torch.Generator().manual_seed(1)
-    return TensorDataset(torch.randn(SAMPLES, 32, generator=g), torch.randn(SAMPLES, 8, generator=g))
+    return TensorDataset(
+        torch.randn(SAMPLES, 32, generator=g), torch.randn(SAMPLES, 8, generator=g)
+    )
 
 
 def save_params(module: torch.nn.Module, out: Path, name: str, **extra: object) -> None:

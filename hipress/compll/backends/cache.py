@@ -123,6 +123,17 @@ def find_compiler(
     return None
 
 
+def missing_compiler(environ: Mapping[str, str] | None, var: str, names: tuple[str, ...]) -> str:
+    """Why :func:`find_compiler` found nothing, and what to do, in words."""
+    env = os.environ if environ is None else environ
+    if env.get(var):
+        value = env[var]
+        if shutil.which(value) is None:
+            return f"${var}={value} names no executable (no such file, or not on PATH)"
+        return f"${var}={value} does not run (`{value} --version` failed)"
+    return f"no compiler on PATH (tried {', '.join(names)}); install one (e.g. gcc) or set ${var}"
+
+
 def _machine() -> str:
     """The CPU the libraries are built for (``-march=native``)."""
     parts = [platform.machine(), platform.system()]

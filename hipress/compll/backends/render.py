@@ -68,7 +68,7 @@ def generator_digest(target: str = "c", root: Path | None = None) -> str:
     tdir = pkg.joinpath("backends").joinpath("templates")
     prefix = f"{target}_"
     for p in sorted((p for p in tdir.iterdir() if p.name.endswith(".j2")), key=lambda p: p.name):
-        if p.name.startswith(prefix) or p.name == "prelude.h.j2":
+        if p.name.startswith((prefix, "prelude")):
             h.update(p.name.encode())
             h.update(p.read_bytes())
     return h.hexdigest()

@@ -6,7 +6,7 @@
 - ``auto``: per call, by the device of the tensors: CPU tensors run the C kernel (compiled at
   the first CPU call), CUDA tensors the CUDA kernel, anything else the reference. Where the C
   kernel cannot run (no C compiler), the reference runs instead, after one
-  :class:`NativeUnavailableWarning`. CUDA tensors never fall back: if the CUDA kernel cannot run
+  :class:`NativeUnavailableWarning`; an explicit ``cpu`` raises :class:`BackendError` instead. CUDA tensors never fall back: if the CUDA kernel cannot run
   (no CuPy, a CuPy built for a newer CUDA than the driver), the call raises
   :class:`~hipress.compll.backends.base.BackendError` naming the cause and the fix; the reference
   on a GPU would be orders of magnitude slower, silently.
@@ -15,13 +15,15 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 from hipress.compll.backends.base import Backend, BackendError, ReferenceBackend
-from hipress.compll.backends.cache import KernelCache, Toolchain
+from hipress.compll.backends.cache import KernelCache, Toolchain, missing_compiler
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.state import State
 
@@ -34,24 +36,50 @@ class NativeUnavailableWarning(RuntimeWarning):
     """A generated kernel cannot run here; the (slower) reference interpreter runs instead."""
 
 
+_PACKAGE = str(Path(__file__).resolve().parents[2])  # the hipress package's folder
+
+
+def _caller_outside_hipress() -> int:
+    """The ``stacklevel`` for :func:`warnings.warn`, called right here, of the innermost frame
+    outside the hipress package: a warning points at the user's line, not into hipress."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _warn_fallback(what: str, why: str) -> None:
     warnings.warn(
         f"hipress: the {what} kernel is unavailable ({why}); falling back to the reference "
         "interpreter, which computes the same result much more slowly",
         NativeUnavailableWarning,
-        stacklevel=4,
+        stacklevel=_caller_outside_hipress(),
     )
 
 
-def cpu_backend(program: ir.Program, cache: KernelCache | None = None) -> Backend:
-    """The C backend for ``program``, or the reference (with a warning) without a compiler."""
+def cpu_backend(
+    program: ir.Program, cache: KernelCache | None = None, *, strict: bool = False
+) -> Backend:
+    """The C backend for ``program``. Without a working C compiler: :class:`BackendError` if
+    ``strict`` (``backend="cpu"`` asked for it), else the reference after one warning."""
     from hipress.compll.backends.c.native import NativeBackend
 
     tc = Toolchain.detect()
     if tc is None:
-        _warn_fallback("C", "no C compiler found; set $CC or install gcc")
+        why = missing_compiler(None, "CC", ("cc", "gcc", "clang"))
+        if strict:
+            raise BackendError(
+                f"backend='cpu' needs a C compiler: {why} (backend='auto' runs the reference "
+                "interpreter instead, much more slowly)"
+            )
+        _warn_fallback("C", why)
         return ReferenceBackend(program)
     return NativeBackend(program, cache, tc)
+
+
+def strict_cpu_backend(program: ir.Program) -> Backend:
+    """``backend="cpu"``: the C backend, or :class:`BackendError` saying why it cannot run."""
+    return cpu_backend(program, strict=True)
 
 
 def cuda_backend(program: ir.Program) -> Backend:
@@ -106,7 +134,7 @@ def factories() -> dict[str, Callable[[ir.Program], Backend]]:
     """Backend name -> constructor."""
     return {
         "auto": AutoBackend,
-        "cpu": cpu_backend,
+        "cpu": strict_cpu_backend,
         "cuda": cuda_backend,
         "reference": ReferenceBackend,
     }

@@ -1,0 +1,16 @@
+"""hipress in the training frameworks people already use: PyTorch Lightning and Hugging Face
+Accelerate (Horovod has its own package, :mod:`hipress.horovod`).
+
+Each integration is a module of its own that imports its framework when it is imported, so
+``import hipress`` never needs Lightning or Accelerate:
+
+    from hipress.integrations.lightning import HipressCallback   # pip install 'hipress[lightning]'
+    from hipress.integrations import accelerate                  # pip install 'hipress[accelerate]'
+
+Both register :func:`~hipress.casync.casync_hook` on the framework's own
+``DistributedDataParallel`` object and keep every rank's compression state in the framework's
+checkpoint (written by rank 0 only) through
+:meth:`~hipress.casync.CaSyncState.gathered_state_dict`. See docs/how-to/frameworks.md.
+"""
+
+from __future__ import annotations

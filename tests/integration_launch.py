@@ -1,0 +1,31 @@
+"""Run a multi-process launch (torchrun, a Lightning script) for a test, and never leave its
+processes behind: the launch gets a session of its own, killed whole on timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+
+def launch(cmd: Sequence[str], cwd: Path, what: str, timeout: float = 180,
+           env: Mapping[str, str] | None = None) -> str:  # fmt: skip
+    """Run ``cmd`` in ``cwd``; return its output. Fails the test (with the output's tail) if it
+    exits non-zero or runs past ``timeout`` seconds, after killing every process it started."""
+    proc = subprocess.Popen(
+        list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env=None if env is None else dict(env),
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{what} ran past {timeout} s:\n{out[-6000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"{what} exited {proc.returncode}:\n{out[-6000:]}")
+    return out

@@ -1,0 +1,120 @@
+"""Accelerate runs for tests/test_integrations_accelerate.py, on 2 CPU processes:
+``torchrun --nproc-per-node 2 accelerate_train.py OUT MODE``.
+
+MODE ``full`` trains 12 steps without hipress (with ``DistributedDataParallelKwargs(comm_hook=
+casync_hook)``, which Accelerate ignores), with ``algorithm=None``, with onebit, the onebit job
+in a plain DDP loop, and 4 steps with onebit followed by ``save_state``; MODE ``resume`` loads
+that state in fresh processes and trains to step 12, once as saved (with ``plan="auto"``,
+which takes the saved plan) and once with the compression state reset after loading (the
+control). Each run writes ``OUT/<run>-rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import toy
+from accelerate import Accelerator, DistributedDataParallelKwargs
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+import hipress.casync
+from hipress.casync import casync_hook
+from hipress.integrations import accelerate as hipress_accelerate
+
+STEPS, CHECKPOINT_AT = 12, 4
+
+
+def batches() -> list[Any]:
+    """This rank's batches for all steps, in order."""
+    data = toy.dataset()
+    loader = DataLoader(data, batch_size=toy.BATCH, sampler=DistributedSampler(data, shuffle=False))
+    return list(loader) * 3
+
+
+def hook_name(ddp: DistributedDataParallel) -> str:
+    """The comm hook DDP has registered ("" for its own allreduce)."""
+    return str(ddp._get_ddp_logging_data().get("comm_hook", ""))
+
+
+def train(
+    ddp: torch.nn.Module, opt: torch.optim.Optimizer, start: int, stop: int, backward: Any
+) -> None:
+    data = batches()
+    for step in range(start, stop):
+        x, y = data[step]
+        opt.zero_grad()
+        backward(torch.nn.functional.mse_loss(ddp(x), y))
+        opt.step()
+
+
+def run(
+    out: Path,
+    name: str,
+    algorithm: str | None,
+    stop: int = STEPS,
+    *,
+    hipress: bool = True,
+    save: Path | None = None,
+    load: Path | None = None,
+    forget: bool = False,
+    options: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> None:
+    accelerator = Accelerator(cpu=True, **kwargs)
+    net = toy.net()
+    model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    extra: dict[str, Any] = {"hook_after_prepare": hook_name(model)}
+    state = None
+    if hipress:
+        options = options or {"rule": toy.RULE}
+        state = hipress_accelerate.register(accelerator, model, algorithm, **options)
+    start = 0
+    if load is not None:
+        fresh = state.state_dict() if state is not None and forget else None
+        accelerator.load_state(str(load))
+        start = CHECKPOINT_AT
+        if fresh is not None:  # the control: resume with error feedback lost
+            state.load_state_dict(fresh)
+    train(model, opt, start, stop, accelerator.backward)
+    if save is not None:
+        accelerator.save_state(str(save))
+    if state is not None:
+        last = state.stats.last
+        extra |= {"sent": last.bytes_sent, "uncompressed": last.bytes_uncompressed,
+                  "hook": hook_name(model)}  # fmt: skip
+    toy.save_params(net, out, name, **extra)
+
+
+def plain_ddp(out: Path, name: str, algorithm: str | None) -> None:
+    """The same job in a plain DDP loop (with hipress.casync.register): the expected result."""
+    net = toy.net()
+    ddp = DistributedDataParallel(net)
+    if algorithm:
+        hipress.casync.register(ddp, algorithm, rule=toy.RULE)
+    train(ddp, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), 0, STEPS,
+          lambda loss: loss.backward())  # fmt: skip
+    toy.save_params(net, out, name)
+
+
+def main(out: Path, mode: str) -> None:
+    state_dir = out / "state"
+    if mode == "full":
+        ignored = DistributedDataParallelKwargs(comm_hook=casync_hook)
+        run(out, "plain", None, hipress=False, kwargs_handlers=[ignored])
+        run(out, "none", None)
+        run(out, "onebit", "onebit")
+        run(out, "first", "onebit", CHECKPOINT_AT, save=state_dir)
+        plain_ddp(out, "manual", "onebit")
+        plain_ddp(out, "manual-plain", None)
+    else:
+        # plan="auto" takes the checkpoint's plan (loaded before any step), measuring nothing
+        run(out, "resumed", "onebit", load=state_dir, options={"plan": "auto"})
+        run(out, "forgotten", "onebit", load=state_dir, forget=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])

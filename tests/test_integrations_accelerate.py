@@ -1,0 +1,100 @@
+"""hipress.integrations.accelerate in real Accelerate runs: 2 CPU processes on gloo, launched
+with torchrun (``Accelerator(cpu=True)`` reads its environment).
+
+One launch of tests/integration_workers/accelerate_train.py trains every variant (Accelerate
+without hipress but with ``DistributedDataParallelKwargs(comm_hook=casync_hook)``, with
+``algorithm=None``, with onebit, the same onebit job in a plain DDP loop, and 4 steps with onebit
+followed by ``save_state``); a second launch, in fresh processes, resumes that state. The tests
+compare the parameters each run wrote.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from integration_launch import launch
+
+accelerate = pytest.importorskip("accelerate")
+
+from hipress.casync import CaSyncError  # noqa: E402
+from hipress.integrations import accelerate as hipress_accelerate  # noqa: E402
+
+WORKER = Path(__file__).parent / "integration_workers" / "accelerate_train.py"
+RANKS = (0, 1)
+
+
+def _launch(out: Path, mode: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--standalone", str(WORKER), str(out), mode]  # fmt: skip
+    launch(cmd, out, f"the {mode} run")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both launches; every file they wrote, by name (``onebit-rank0``, ...)."""
+    out = tmp_path_factory.mktemp("accelerate")
+    _launch(out, "full")
+    _launch(out, "resume")
+    return {p.stem: torch.load(p) for p in out.glob("*.pt")}
+
+
+def _same(runs: dict[str, Any], a: str, b: str, rank: int) -> bool:
+    pa, pb = runs[f"{a}-rank{rank}"]["params"], runs[f"{b}-rank{rank}"]["params"]
+    assert pa.keys() == pb.keys()
+    return all(torch.equal(pa[n], pb[n]) for n in pa)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_comm_hook_in_ddp_kwargs_is_ignored(runs: dict[str, Any], rank: int) -> None:
+    # what docs/how-to/frameworks.md says: Accelerate registers only its built-in hooks
+    assert runs[f"plain-rank{rank}"]["hook_after_prepare"] == ""
+    assert runs[f"onebit-rank{rank}"]["hook"] == "casync_hook"
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_lossless_hook_equals_accelerate_without_hipress(runs: dict[str, Any], rank: int) -> None:
+    assert _same(runs, "none", "plain", rank)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_onebit_equals_the_same_job_in_a_plain_ddp_loop(runs: dict[str, Any], rank: int) -> None:
+    assert _same(runs, "manual-plain", "plain", rank)  # the two loops compute the same
+    assert _same(runs, "onebit", "manual", rank)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_onebit_compresses(runs: dict[str, Any], rank: int) -> None:
+    onebit, none = runs[f"onebit-rank{rank}"], runs[f"none-rank{rank}"]
+    assert none["sent"] == none["uncompressed"]
+    assert onebit["sent"] * 8 < onebit["uncompressed"]
+    assert not _same(runs, "onebit", "plain", rank)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_resume_from_save_state_is_bit_exact(runs: dict[str, Any], rank: int) -> None:
+    assert _same(runs, "resumed", "onebit", rank)
+    # the control: without the compression state, the same resume ends elsewhere
+    assert not _same(runs, "forgotten", "onebit", rank)
+
+
+def test_a_model_without_ddp_is_refused() -> None:
+    with pytest.raises(CaSyncError, match="DistributedDataParallel"):
+        hipress_accelerate.register(accelerate.Accelerator(cpu=True), torch.nn.Linear(2, 1))
+
+
+def test_ddp_kwargs_register_no_custom_hook() -> None:
+    # Accelerate's own registration, on a stand-in model: a custom hook is dropped silently
+    from hipress.casync import casync_hook
+
+    calls: list[Any] = []
+
+    class Model:
+        def register_comm_hook(self, state: Any, hook: Any) -> None:
+            calls.append(hook)
+
+    accelerate.DistributedDataParallelKwargs(comm_hook=casync_hook).register_comm_hook(Model())
+    assert calls == []
