@@ -87,8 +87,8 @@ CLEAN = textwrap.dedent("""
 def test_a_script_that_ends_without_destroying_its_group_exits_cleanly(tmp_path: Path) -> None:
     """Left to interpreter shutdown, a gloo worker thread may release its last finished
     collective after Python stopped handing out the GIL (std::terminate: SIGABRT), in about one
-    launch in four on this torch; CaSync destroys a gloo default group at exit once a state was
-    bound, so every launch exits 0."""
+    launch in four on this torch; a process where CaSync ran waits a moment at exit for the
+    backend threads, so every launch exits 0."""
     script = tmp_path / "clean.py"
     script.write_text(CLEAN)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

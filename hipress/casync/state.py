@@ -13,7 +13,6 @@ import atexit
 import dataclasses
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -39,7 +38,7 @@ from hipress.casync.persist import Checkpoints
 from hipress.casync.planning import DefaultRule, check_plan_arg, resolve_plan
 from hipress.casync.probe import StateProbe
 from hipress.casync.stats import SyncStats
-from hipress.casync.strategies.context import RETIRED, SyncContext
+from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.ring import RingDriver
 from hipress.casync.unused import UnusedGuard
 from hipress.core.codec import CompressionAlgorithm
@@ -54,32 +53,15 @@ logger.addFilter(RANK_FILTER)
 # every live state's ring driver, closed and joined when the interpreter exits: a daemon thread
 # still running then, or a hop still pending when the process group goes, aborts the process
 _RINGS: weakref.WeakSet[RingDriver] = weakref.WeakSet()
-# set when a state binds to a process group in this process (see _at_exit)
-_BOUND = threading.Event()
-_SETTLE_S = 0.1
 
 
 @atexit.register
-def _at_exit() -> None:
-    """Close the ring threads; then, where a state was bound and nothing failed, destroy a
-    gloo default process group before the interpreter stops. Left to the interpreter's
-    shutdown, a gloo worker thread may release a finished collective (a barrier, an
-    all-reduce) after Python stopped handing out the GIL, and the process dies with SIGABRT
-    instead of its exit status, whether or not the collective was CaSync's. (After a failure
-    the group may be broken: the works are kept alive instead, see RETIRED.)"""
+def _close_rings() -> None:
     rings = list(_RINGS)
     for ring in rings:
         ring.close()
     for ring in rings:
         ring.join(timeout=120)
-    if not _BOUND.is_set() or RETIRED or not dist.is_initialized():
-        return
-    try:
-        if dist.get_backend() == "gloo":
-            dist.destroy_process_group()
-            time.sleep(_SETTLE_S)
-    except (RuntimeError, ValueError, AssertionError) as exc:
-        logger.debug("process group not destroyed at exit: %s", exc)
 
 
 class CaSyncState(Checkpoints):
@@ -202,7 +184,6 @@ class CaSyncState(Checkpoints):
             )
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
-        _BOUND.set()
         if not (isinstance(self._plan_arg, str) and self._plan_arg == "auto"):
             self._adopt(self._resolve(self._plan_arg))
 

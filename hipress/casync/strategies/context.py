@@ -1,11 +1,13 @@
 """What every bucket operation of one CaSync state shares (:class:`SyncContext`), and the
 all-gather collective under its current name.
 
-Works of failed operations are kept for the life of the process (:data:`RETIRED`): a backend
-thread drops its reference to a work only after the work completes; if that is the last one,
-the work's tensors are released on that thread, which must take the GIL, and during
-interpreter shutdown a thread that takes the GIL is stopped mid-destructor (std::terminate:
-SIGABRT, the exit status lost).
+A backend thread drops its reference to a work only after the work completes; if that is the
+last one, the work (its tensors, its thread-local state) is released on that thread, which must
+take the GIL, and during interpreter shutdown a thread that takes the GIL is stopped
+mid-destructor (std::terminate: SIGABRT, the exit status lost). This happens to any finished
+collective, CaSync's or not (a barrier, an all-reduce), when the process ends right after it.
+So works of failed operations are kept for the life of the process (:data:`RETIRED`), and a
+process that made a :class:`SyncContext` waits a moment at exit (:func:`_settle`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ __all__ = ["RETIRED", "SyncContext", "all_gather"]
 
 RETIRED: list[Any] = []
 _SETTLE_S = 0.05
+# set once a SyncContext exists in this process: collectives may have been issued
+_IN_USE = threading.Event()
 
 # torch 2.13 renamed all_gather_into_tensor (and deprecated the old name)
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -36,9 +40,10 @@ all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 
 @atexit.register
 def _settle() -> None:
-    """At exit after a failure: let the backend threads leave Python (a completion callback,
-    its release) before the interpreter stops threads from taking the GIL."""
-    if RETIRED:
+    """At exit, where CaSync ran (failed or not): let the backend threads leave Python (a
+    completion callback, the release of a finished work) before the interpreter stops threads
+    from taking the GIL."""
+    if _IN_USE.is_set():
         time.sleep(_SETTLE_S)
 
 
@@ -75,6 +80,9 @@ class SyncContext:
     device_flags: bool | None = None
     codec_lock: threading.Lock = field(default_factory=threading.Lock)
     ring: RingDriver = field(default_factory=RingDriver)
+
+    def __post_init__(self) -> None:
+        _IN_USE.set()
 
     @contextlib.contextmanager
     def codec(self, figure: str) -> Iterator[None]:
