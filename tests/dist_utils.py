@@ -37,6 +37,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hipress.bench.netsim.run import worker_failures
+
 __all__ = ["DEFAULT_PRELOAD", "WorkerError", "run_workers"]
 
 # imported once by the forkserver, so each worker starts with them loaded (missing ones are
@@ -155,19 +157,9 @@ def run_workers(
             p.kill()
             p.join()
         out = Path(outdir)
-        errors = [
-            f"--- rank {r} ---\n{(out / f'error{r}.txt').read_text()}"
-            for r in range(world_size)
-            if (out / f"error{r}.txt").exists()
-        ]
-        crashed = [
-            f"rank {r} exited with status {p.exitcode}"
-            for r, p in enumerate(procs)
-            if p not in hung and p.exitcode != 0 and not (out / f"error{r}.txt").exists()
-        ]
-        if hung or errors or crashed:
-            head = f"{len(hung)} worker(s) still running after {timeout:.0f}s; " if hung else ""
-            raise WorkerError(head + "\n".join(crashed + errors))
+        failure = worker_failures(procs, hung, out, timeout)
+        if failure is not None:
+            raise WorkerError(failure)
         results = []
         for r in range(world_size):
             path = out / f"result{r}.pkl"

@@ -19,7 +19,7 @@ from typing import Any
 
 from hipress.bench.netsim.network import STORE_PORT, Network, ShapedNetwork, WorkerFailed
 
-__all__ = ["run_in_network", "run_rank"]
+__all__ = ["run_in_network", "run_rank", "worker_failures"]
 
 
 def run_rank(
@@ -75,6 +75,28 @@ def run_rank(
         os._exit(1)
 
 
+def worker_failures(
+    procs: Sequence[Any], hung: Sequence[Any], out: Path, timeout: float
+) -> str | None:
+    """What went wrong in a group of worker processes (rank r = ``procs[r]``) that each leave
+    ``error<r>.txt`` in ``out`` when they raise, ``hung`` those killed after ``timeout``
+    seconds: every traceback, crash and straggler in one message; None if all ended well."""
+    errors = [
+        f"--- rank {r} ---\n{(out / f'error{r}.txt').read_text()}"
+        for r in range(len(procs))
+        if (out / f"error{r}.txt").exists()
+    ]
+    crashed = [
+        f"rank {r} exited with status {p.exitcode}"
+        for r, p in enumerate(procs)
+        if p not in hung and p.exitcode != 0 and not (out / f"error{r}.txt").exists()
+    ]
+    if not (hung or errors or crashed):
+        return None
+    head = f"{len(hung)} worker(s) still running after {timeout:.0f}s; " if hung else ""
+    return head + "\n".join(crashed + errors)
+
+
 def _free_loopback_port() -> int:
     import socket
 
@@ -125,17 +147,7 @@ def run_in_network(
                 p.kill()
                 p.join()
         out = Path(outdir)
-        errors = [
-            f"--- rank {r} ---\n{(out / f'error{r}.txt').read_text()}"
-            for r in range(net.world_size)
-            if (out / f"error{r}.txt").exists()
-        ]
-        crashed = [
-            f"rank {r} exited with status {p.exitcode}"
-            for r, p in enumerate(procs)
-            if p not in hung and p.exitcode != 0 and not (out / f"error{r}.txt").exists()
-        ]
-        if hung or errors or crashed:
-            head = f"{len(hung)} worker(s) still running after {timeout:.0f}s; " if hung else ""
-            raise WorkerFailed(head + "\n".join(crashed + errors))
+        failure = worker_failures(procs, hung, out, timeout)
+        if failure is not None:
+            raise WorkerFailed(failure)
         return [pickle.loads((out / f"result{r}.pkl").read_bytes()) for r in range(net.world_size)]

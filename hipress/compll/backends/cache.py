@@ -82,6 +82,10 @@ class _Damaged(Exception):
         self.reason = reason
 
 
+# the C compilers looked for on PATH when $CC is not set, in order
+C_COMPILERS = ("cc", "gcc", "clang")
+
+
 @dataclass(frozen=True)
 class Toolchain:
     """A C compiler: its path, its ``--version`` banner and the flags kernels are built with."""
@@ -94,7 +98,7 @@ class Toolchain:
     def detect(cls, environ: Mapping[str, str] | None = None) -> Toolchain | None:
         """The compiler named by ``$CC``, else ``cc``/``gcc``/``clang`` on PATH; None if none
         runs."""
-        found = find_compiler(environ, "CC", ("cc", "gcc", "clang"))
+        found = find_compiler(environ, "CC", C_COMPILERS)
         return cls(*found) if found else None
 
     def identity(self) -> str:

@@ -23,7 +23,12 @@ from pathlib import Path
 import torch
 
 from hipress.compll.backends.base import Backend, BackendError, ReferenceBackend
-from hipress.compll.backends.cache import KernelCache, Toolchain, missing_compiler
+from hipress.compll.backends.cache import (
+    C_COMPILERS,
+    KernelCache,
+    Toolchain,
+    missing_compiler,
+)
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.state import State
 
@@ -66,7 +71,7 @@ def cpu_backend(
 
     tc = Toolchain.detect()
     if tc is None:
-        why = missing_compiler(None, "CC", ("cc", "gcc", "clang"))
+        why = missing_compiler(None, "CC", C_COMPILERS)
         if strict:
             raise BackendError(
                 f"backend='cpu' needs a C compiler: {why} (backend='auto' runs the reference "
