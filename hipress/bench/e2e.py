@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ import torch.distributed as dist
 from hipress.bench.models import WORKLOADS
 from hipress.bench.netsim import LoopbackNetwork, Network, open_network, run_in_network
 from hipress.bench.report import check_targets
+from hipress.bench.timeline import breakdown, load_traces
+from hipress.casync.trace import Tracer
 
 __all__ = ["BASELINES", "Config", "E2EOptions", "configs_for", "run_config", "run_matrix"]
 
@@ -85,6 +88,7 @@ class E2EOptions:
     shaped: bool = True
     lr: float = 0.05
     timeout: float = 900.0
+    trace_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -165,6 +169,7 @@ def _train(
     steps: int,
     lr: float,
     iface: str,
+    trace: str | None = None,
 ) -> dict[str, Any]:
     w = WORKLOADS[model_name]
     t_setup = time.perf_counter()
@@ -173,30 +178,39 @@ def _train(
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = [w.batch(data, rank, s) for s in range(warmup + steps)]
     losses: list[float] = []
+    tracer = state.tracer if state is not None else Tracer(rank)
 
     def step(i: int) -> None:
         x, y = batches[i]
-        opt.zero_grad(set_to_none=False)
-        loss = w.loss(model, x, y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+        with tracer.span("step", "step"):
+            opt.zero_grad(set_to_none=False)
+            with tracer.span("forward", "compute"):
+                loss = w.loss(model, x, y)
+            with tracer.span("backward", "compute"):
+                loss.backward()
+            with tracer.span("optimizer", "compute"):
+                opt.step()
+            losses.append(float(loss.detach()))
 
     for i in range(warmup):
         step(i)
     dist.barrier()
+    if trace is not None:  # the timed steps' timeline
+        tracer.record(trace, steps=None, config=cfg.name, model=model_name)
     tx0 = _tx_bytes(iface)
     t0 = time.perf_counter()
     for i in range(warmup, warmup + steps):
         step(i)
     seconds = time.perf_counter() - t0
     tx1 = _tx_bytes(iface)
+    written = tracer.stop()
     dist.barrier()
     out: dict[str, Any] = {
         "seconds": seconds,
         "setup_s": setup_s,
         "tx_bytes": None if tx0 is None or tx1 is None else tx1 - tx0,
         "losses": losses,
+        "trace": None if written is None else str(written),
     }
     if state is not None:
         out["casync"] = state.stats.mean()
@@ -224,10 +238,14 @@ def run_config(
     broken configuration does not lose the others."""
     w = WORKLOADS[model_name]
     t = time.perf_counter()
+    trace = None
+    if opts.trace_dir is not None:
+        trace = str(Path(opts.trace_dir) / f"{model_name}-{net.world_size}x-{_rate(net)}"
+                    / f"{cfg.name}-rank{{rank}}.json")  # fmt: skip
     try:
         per_rank = run_in_network(
             net, _train, model_name, data, cfg, opts.warmup, opts.steps, opts.lr, net.iface,
-            timeout=opts.timeout, threads=opts.threads,
+            trace, timeout=opts.timeout, threads=opts.threads,
         )  # fmt: skip
     except Exception as exc:  # a worker's failure is a result to report, not a crash
         logger.error("e2e: %s on %s failed: %s", cfg.name, model_name, exc)
@@ -247,6 +265,10 @@ def run_config(
         "setup_s": max(r["setup_s"] for r in per_rank),
         "wall_s": time.perf_counter() - t,
     }
+    traces = [r["trace"] for r in per_rank if r.get("trace")]
+    if traces:
+        res["traces"] = traces
+        res["breakdown"] = breakdown(load_traces(traces))["mean"]
     if "casync" in per_rank[0]:
         res["casync"] = per_rank[0]["casync"]
         res["compressed_tensors"] = per_rank[0]["compressed_tensors"]
@@ -254,6 +276,11 @@ def run_config(
         res["tensors"] = per_rank[0]["tensors"]
     logger.info("e2e: %s %s: %.1f samples/s", model_name, cfg.name, res["samples_per_s"])
     return res
+
+
+def _rate(net: Network) -> str:
+    rate = getattr(net, "rate_mbit", None)
+    return "loopback" if rate is None else f"{rate:g}mbit"
 
 
 def _best(rounds: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ passes it to :meth:`StepEngine.submit`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -81,6 +82,7 @@ class StepEngine:
         """Mark the step open at its first bucket (the unused-parameter guard starts then)."""
         if not self.open:
             self.open = True
+            self.ctx.stats.tracer.step_opened()
             if self.unused is not None:
                 self.unused.step_open()
 
@@ -115,6 +117,16 @@ class StepEngine:
         marks the step's last bucket. Returns a future completing with ``buffer``, averaged.
         Raises :class:`CaSyncError` (:class:`CommError` for a failed collective) after failing
         every bucket of the step."""
+        with self.ctx.stats.tracer.span("hook", "hook", tensors=len(names), last=last):
+            return self._submit(buffer, names, last, group)
+
+    def _submit(
+        self,
+        buffer: torch.Tensor,
+        names: Sequence[str],
+        last: bool,
+        group: dist.ProcessGroup | None,
+    ) -> torch.futures.Future[torch.Tensor]:
         if self.step < self.warmup_steps:
             return self._submit_warm(buffer, last, group)
         earlier, self._pending = self._pending, []
@@ -134,8 +146,9 @@ class StepEngine:
                 # DDP waits for every bucket right after this call anyway; waiting here
                 # raises a failure as the CaSyncError it is (DDP cannot unwrap a future
                 # that a completion callback or the ring thread failed)
-                for other in self._inflight:
-                    other.future.wait()
+                with self.ctx.stats.tracer.span("wait", "wait", what="step's buckets"):
+                    for other in self._inflight:
+                        other.future.wait()
             elif op.deferred:
                 self._pending.append(op)
         except BaseException as exc:
@@ -165,7 +178,8 @@ class StepEngine:
             self.end_step()
             for f in warm:  # raise a failure as the CommError it is (see submit)
                 try:
-                    f.wait()
+                    with self.ctx.stats.tracer.span("wait", "wait", what="warm-up allreduce"):
+                        f.wait()
                 except Exception as exc:
                     cause = exc.__cause__ or exc
                     msg = str(cause).split("CommError: ", 1)[-1]
@@ -181,8 +195,11 @@ class StepEngine:
         stats.bucket_submitted(last)
         stats.add(bytes_uncompressed=nbytes, bytes_sent=nbytes, collectives=1)
         buffer.div_(self.ctx.world_size)
+        tracer = stats.tracer
+        t_issue = time.perf_counter()
         try:
-            work = dist.all_reduce(buffer, group=group, async_op=True)
+            with tracer.span("issue", "issue", what="warm-up allreduce"):
+                work = dist.all_reduce(buffer, group=group, async_op=True)
         except Exception as exc:
             stats.abandon_step()
             raise CommError(f"CaSync: warm-up allreduce could not be issued: {exc}") from exc
@@ -197,6 +214,7 @@ class StepEngine:
                     "CaSync: warm-up allreduce failed (a peer may have exited or stalled past "
                     f"the process group's timeout; see the other ranks' logs): {exc}"
                 ) from exc
+            tracer.interval("warm-up allreduce", t_issue, time.perf_counter(), bytes=nbytes)
             stats.bucket_finished()
             return out
 
@@ -212,4 +230,5 @@ class StepEngine:
         for k in stale:  # layouts of buckets DDP rebuilt: free their buffers
             del self._cache[k]
         self.step += 1
+        self.ctx.stats.tracer.step_done()
         self.on_step_end(self.step)

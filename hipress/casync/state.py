@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ from hipress.casync.probe import StateProbe
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.ring import RingDriver
+from hipress.casync.trace import Tracer
 from hipress.casync.unused import UnusedGuard
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import PlanLayout, layout_plan
@@ -246,6 +248,7 @@ class CaSyncState(Checkpoints):
             stats=self.stats,
             check_finite=self.check_finite,
         )
+        self.stats.tracer.rank = self.rank
         # the ring's thread ends with this state (it holds the driver, never the state), and
         # at the latest when the interpreter exits
         weakref.finalize(self, self._ctx.ring.close)
@@ -338,6 +341,22 @@ class CaSyncState(Checkpoints):
                 f"ranks' logs): {exc}"
             ) from exc
         self._agreed = True
+
+    @property
+    def tracer(self) -> Tracer:
+        """The :class:`~hipress.casync.trace.Tracer` of this rank's steps (add your own
+        phases with ``state.tracer.span("forward", "compute")``)."""
+        return self.stats.tracer
+
+    def trace(self, path: str | os.PathLike[str] | None = None, steps: int | None = 10) -> Tracer:
+        """Record a timeline of the next ``steps`` steps and write it to ``path`` (one
+        Chrome trace-event JSON file per rank: ``{rank}`` in ``path`` is filled in, else
+        ``-rank<r>`` is added; a directory gets ``trace-rank<r>.json``) when the last one
+        ends; ``path=None`` keeps the spans in memory (:meth:`Tracer.events
+        <hipress.casync.trace.Tracer.events>`). ``hipress trace FILES`` prints the
+        breakdown and renders a PNG. Returns the tracer."""
+        self.stats.tracer.record(path, steps, algorithm=getattr(self.algorithm, "name", "?"))
+        return self.stats.tracer
 
     def close(self) -> None:
         """End the state's ring thread (also done when the state is collected). A closed

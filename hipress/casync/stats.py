@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from hipress.casync.logs import RANK_FILTER
+from hipress.casync.trace import Tracer
 
 __all__ = ["StepStats", "SyncStats"]
 
@@ -95,6 +96,7 @@ class SyncStats:
         self._t0 = 0.0
         self._outstanding = 0
         self._last_submitted = False
+        self.tracer = Tracer()
 
     @property
     def last(self) -> StepStats | None:
@@ -133,10 +135,13 @@ class SyncStats:
     @contextlib.contextmanager
     def timed(self, figure: str) -> Iterator[None]:
         """Add the wall time of the ``with`` block to ``figure`` (a ``*_ms`` field): a phase of
-        the engine (encoding a round, decoding one), timed where it runs."""
+        the engine (encoding a round, decoding one), timed where it runs, and a span of
+        :attr:`tracer` named after it (``encode``, ``decode``)."""
+        phase = figure.removesuffix("_ms")
         t = time.perf_counter()
         try:
-            yield
+            with self.tracer.span(phase, phase):
+                yield
         finally:
             self.add(**{figure: time.perf_counter() - t})
 
@@ -186,8 +191,10 @@ class SyncStats:
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         del d["_lock"]
+        d.pop("tracer", None)
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
         self._lock = threading.Lock()
+        self.tracer = Tracer()

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 import hipress
-from hipress.cli import bench, casync, compll, demo, secopa, selftest
+from hipress.cli import bench, casync, compll, demo, secopa, selftest, trace
 from hipress.cli.options import add_verbose_everywhere, print_deprecations
 from hipress.compll import CllError
 
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_parser(sub)
     secopa.add_parsers(sub)  # plan, profile
     demo.add_parser(sub)
+    trace.add_parser(sub)
     b = sub.add_parser("bench", help="benchmarks (print a table, write hipress-results/)")
     bench_sub = b.add_subparsers(dest="bench", required=True, metavar="BENCH")
     bench.add_kernels_parser(bench_sub)

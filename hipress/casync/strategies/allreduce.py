@@ -23,9 +23,10 @@ def start(op: BucketOp, group: dist.ProcessGroup | None) -> None:
     else:
         flat = op.staging
         pos = 0
-        for off, n in ranges:
-            flat[pos : pos + n].copy_(buf[off : off + n])
-            pos += n
+        with op.ctx.stats.tracer.span("copy", "copy"):
+            for off, n in ranges:
+                flat[pos : pos + n].copy_(buf[off : off + n])
+                pos += n
     flat.div_(op.ctx.world_size)
     op.issue(
         lambda: dist.all_reduce(flat, group=group, async_op=True),
@@ -38,7 +39,8 @@ def _finish(op: BucketOp, flat: torch.Tensor) -> None:
     ranges = op.schedule.allreduce_ranges
     if len(ranges) > 1:
         pos = 0
-        for off, n in ranges:
-            op.buffer[off : off + n].copy_(flat[pos : pos + n])
-            pos += n
+        with op.ctx.stats.tracer.span("copy", "copy"):
+            for off, n in ranges:
+                op.buffer[off : off + n].copy_(flat[pos : pos + n])
+                pos += n
     op.part_done()

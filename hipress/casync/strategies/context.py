@@ -94,6 +94,8 @@ class SyncContext:
         with self.codec_lock:
             waited = time.perf_counter() - t
             self.stats.add(codec_wait_ms=waited, **{figure: -waited})
+            if waited > 2e-5:
+                self.stats.tracer.span_event("codec lock", "lock", t, waited)
             try:
                 yield
             except CaSyncError:

@@ -189,12 +189,16 @@ class BucketOp:
         """Issue a collective (``launch()`` returns its work; one call, ``nbytes`` sent) and,
         once it succeeded, record its communication time and run ``then(*args)`` on the
         completion thread (``what`` names it in errors)."""
+        tracer = self.ctx.stats.tracer
         t_issue = time.perf_counter()
-        work = self.issued(launch())
+        with tracer.span("issue", "issue", what=what):
+            work = self.issued(launch())
         self.ctx.stats.add(collectives=1, bytes_sent=nbytes)
 
         def timed() -> None:
-            self.ctx.stats.add(comm_ms=time.perf_counter() - t_issue)
+            t = time.perf_counter()
+            self.ctx.stats.add(comm_ms=t - t_issue)
+            tracer.interval(what, t_issue, t, bytes=nbytes)
             then(*args)
 
         work.get_future().add_done_callback(self._callback(what, timed))
@@ -204,14 +208,17 @@ class BucketOp:
     ) -> None:
         """Issue a collective like :meth:`issue`; :meth:`advance` waits for it and runs
         ``then(group)`` on the caller's thread (a second phase that issues more)."""
+        tracer = self.ctx.stats.tracer
         t_issue = time.perf_counter()
-        work = self.issued(launch())
+        with tracer.span("issue", "issue", what=what):
+            work = self.issued(launch())
         entry = _Deferred(work, what, t_issue, then, arrived=t_issue)
         ran = threading.Event()
         self._ran.append(ran)
 
         def arrived(_f: torch.futures.Future[Any]) -> None:
             entry.arrived = time.perf_counter()
+            tracer.interval(what, t_issue, entry.arrived, bytes=nbytes)
             ran.set()
 
         work.get_future().add_done_callback(arrived)
@@ -340,7 +347,8 @@ class BucketOp:
         for d in pending:
             t = time.perf_counter()
             try:
-                d.work.wait()
+                with self.ctx.stats.tracer.span("wait", "wait", what=d.what):
+                    d.work.wait()
             except Exception as exc:
                 raise self.fail(exc, d.what) from exc
             self.ctx.stats.add(wait_ms=time.perf_counter() - t, comm_ms=d.arrived - d.t_issue)

@@ -162,6 +162,7 @@ class _Hop:
 def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
     """Drive the rounds' hops round-robin: wait for one round's receive, run its next hop."""
     stats = op.ctx.stats
+    tracer = stats.tracer
     active = []
     for i in rounds:
         gen = _RingRound(op, i, group).hops()
@@ -170,9 +171,11 @@ def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None
         following = []
         for gen, (work, t_post) in active:
             t = time.perf_counter()
-            work.wait()
+            with tracer.span("wait", "wait", what="ring hop"):
+                work.wait()
             done = time.perf_counter()
             stats.add(wait_ms=done - t, comm_ms=done - t_post)
+            tracer.interval("ring hop", t_post, done)
             with contextlib.suppress(StopIteration):
                 following.append((gen, next(gen)))
         active = following
@@ -201,10 +204,12 @@ class _RingRound:
         if before is not None:  # the block still leaving must be gone before it is reused
             before.wait()
         blocks, group, tag = self.blocks, self.group, self.tag
-        done = _Hop(dist.batch_isend_irecv([
+        with self.ctx.stats.tracer.span("issue", "issue", what="ring hop"):
+            works = dist.batch_isend_irecv([
             dist.P2POp(dist.isend, blocks[s], group=group, tag=tag, group_peer=(self.r + 1) % n),
             dist.P2POp(dist.irecv, blocks[into], group=group, tag=tag, group_peer=(self.r - 1) % n),
-        ]))  # fmt: skip
+            ])  # fmt: skip
+        done = _Hop(works)
         self.last_use[s] = self.last_use[into] = done
         self.op.issued(done)  # (drained after a failure)
         self.ctx.stats.add(collectives=1, bytes_sent=self.rnd.block_nbytes)

@@ -1,0 +1,135 @@
+"""Step timelines (hipress.casync.trace) and reading them (hipress.bench.timeline)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from dist_utils import run_workers
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hipress.bench.timeline import BREAKDOWN, TimelineError, breakdown, load_traces, render_png
+from hipress.casync import CaSyncError, register
+from hipress.casync.trace import Tracer, trace_path
+from hipress.core.plan import Plan, Strategy, TensorPlan
+
+# "0.weight" 4096, "2.weight" 12288, "4.weight" 768 elements
+LAYOUT = {"0.weight": Strategy.RING, "2.weight": Strategy.ALLGATHER, "4.weight": Strategy.PS}
+STEPS = 3
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 96), nn.ReLU(),
+                         nn.Linear(96, 8))  # fmt: skip
+
+
+def _traced(rank: int, world_size: int, out: str, profile: bool) -> list[str]:
+    model = _model()
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    entries = tuple(
+        TensorPlan(n, p.numel(), n in LAYOUT, LAYOUT.get(n, Strategy.ALLREDUCE), 1)
+        for n, p in model.named_parameters()
+    )
+    state = register(ddp, "onebit", plan=Plan("onebit", {}, world_size, entries))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randn(16, 8)
+    for step in range(2 + STEPS):
+        if step == 2:
+            state.trace(Path(out) / "run-{rank}.json", steps=STEPS)
+        with state.tracer.span("step", "step"):
+            with state.tracer.span("forward", "compute"):
+                loss = nn.functional.mse_loss(ddp(x), y)
+            with state.tracer.span("backward", "compute"):
+                loss.backward()
+            with state.tracer.span("optimizer", "compute"):
+                opt.step()
+            opt.zero_grad()
+    names: list[str] = []
+    if profile:  # every phase is a record_function range in the user's own profile
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            nn.functional.mse_loss(ddp(x), y).backward()
+        names = sorted({e.key for e in prof.key_averages() if e.key.startswith("hipress.")})
+    assert state.tracer.written == Path(out) / f"run-{rank}.json"
+    return names
+
+
+def test_a_traced_run_writes_one_file_per_rank_with_every_phase(tmp_path: Path) -> None:
+    names = run_workers(_traced, 2, str(tmp_path), True)
+    assert {"hipress.hook", "hipress.encode", "hipress.decode", "hipress.issue",
+            "hipress.wait"} <= set(names[0])  # fmt: skip
+    files = sorted(tmp_path.glob("run-*.json"))
+    assert [f.name for f in files] == ["run-0.json", "run-1.json"]
+    doc = json.loads(files[0].read_text())
+    assert doc["metadata"]["rank"] == 0 and doc["metadata"]["algorithm"] == "onebit"
+    events = load_traces(files)
+    cats = {e["cat"] for e in events}
+    assert {"step", "compute", "hook", "encode", "decode", "issue", "wait", "comm"} <= cats
+    comm = {e["name"] for e in events if e["cat"] == "comm"}
+    assert {"allgather", "PS all_to_all", "PS all-gather", "ring hop", "allreduce"} <= comm
+    assert {e["lane"] for e in events if e["cat"] == "comm"} >= {"network"}
+    # the trace covers exactly the steps asked for
+    assert sum(1 for e in events if e["cat"] == "step" and e["ph"] == "X") == 2 * STEPS
+
+    table = breakdown(events)
+    assert set(table["ranks"]) == {"0", "1"}
+    for row in table["ranks"].values():
+        assert row["steps"] == STEPS
+        own = sum(row[k] for k in ("compute", "encode", "decode", "copy", "wait", "python",
+                                   "other"))  # fmt: skip
+        assert own == pytest.approx(row["step"], abs=1e-3)  # each instant counted once
+        assert row["exposed"] == pytest.approx(row["step"] - row["compute"])
+        assert row["encode"] > 0 and row["decode_all"] >= row["decode"] and row["network"] > 0
+
+    png = render_png(events, tmp_path / "timeline.png", title="onebit")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_own_times_subtract_nested_spans() -> None:
+    def span(cat: str, ts: float, dur: float) -> dict[str, object]:
+        return {"name": cat, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": 0, "tid": 1,
+                "lane": "main"}  # fmt: skip
+
+    events = [
+        span("step", 0, 100_000),
+        span("compute", 0, 60_000),  # backward, with a hook call inside
+        span("hook", 10_000, 20_000),
+        span("encode", 12_000, 5_000),
+        span("wait", 20_000, 8_000),
+        span("compute", 70_000, 10_000),
+    ]
+    row = breakdown(events)["mean"]
+    assert row["step"] == 100 and row["compute"] == 50
+    assert (row["encode"], row["wait"], row["python"], row["other"]) == (5, 8, 7, 30)
+    assert list(breakdown(events)["columns"]) == list(BREAKDOWN)
+
+
+def test_trace_paths_and_bad_input(tmp_path: Path) -> None:
+    assert trace_path("t/{rank}.json", 3) == Path("t/3.json")
+    assert trace_path("t/run.json", 1) == Path("t/run-rank1.json")
+    assert trace_path(tmp_path, 2) == tmp_path / "trace-rank2.json"
+    with pytest.raises(CaSyncError, match="steps >= 1"):
+        Tracer().record(tmp_path, steps=0)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TimelineError, match=r"bad\.json: not a trace file"):
+        load_traces([bad])
+    with pytest.raises(TimelineError, match="no spans"):
+        breakdown([])
+
+
+def test_a_tracer_not_recording_keeps_nothing() -> None:
+    tracer = Tracer()
+    with tracer.span("encode", "encode"):
+        pass
+    tracer.interval("allgather", 0.0, 1.0)
+    assert tracer.events() == [] and not tracer.recording
+    tracer.record(None, steps=None)
+    with tracer.span("encode", "encode"):
+        pass
+    tracer.step_done()
+    assert tracer.stop() is None
+    assert [e["cat"] for e in tracer.events()] == ["encode", "step"]
