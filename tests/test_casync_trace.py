@@ -133,3 +133,27 @@ def test_a_tracer_not_recording_keeps_nothing() -> None:
     tracer.step_done()
     assert tracer.stop() is None
     assert [e["cat"] for e in tracer.events()] == ["encode", "step"]
+
+
+def test_the_trace_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hipress.cli import main
+
+    tracer = Tracer(rank=0)
+    tracer.record(tmp_path / "t.json", steps=None)
+    with (
+        tracer.span("step", "step"),
+        tracer.span("backward", "compute"),
+        tracer.span("hook", "hook"),
+        tracer.span("encode", "encode"),
+    ):
+        torch.randn(1000).sum()
+    written = tracer.stop()
+    assert written == tmp_path / "t-rank0.json"
+    assert main(["trace", str(written), "--json", str(tmp_path / "b.json"),
+                 "--png", str(tmp_path / "t.png")]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "| rank 0 |" in out and "| mean |" in out and "wrote" in out
+    assert json.loads((tmp_path / "b.json").read_text())["mean"]["step"] > 0
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(SystemExit, match="no spans"):
+        main(["trace", str(tmp_path / "bad.json")])
