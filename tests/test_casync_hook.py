@@ -43,9 +43,9 @@ def _model(seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
     return net.to(dtype)
 
 
-def _ddp(model: nn.Module) -> DDP:
+def _ddp(model: nn.Module, bucket_view: bool = False) -> DDP:
     # one bucket in the first iteration; DDP rebuilds into two after it
-    return DDP(model, bucket_cap_mb=0.02)
+    return DDP(model, bucket_cap_mb=0.02, gradient_as_bucket_view=bucket_view)
 
 
 def _data(rank: int, step: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,13 +100,15 @@ def _poison(g: torch.Tensor) -> torch.Tensor:
 
 
 def _through_ddp(rank: int, world_size: int, alg_name: str, dtype_name: str, steps: int,
-                 device_flags: bool | None = None) -> list:  # fmt: skip
+                 device_flags: bool | None = None, bucket_view: bool = False) -> list:  # fmt: skip
     """Train a few steps with the hook; record each step's local and synced gradients.
-    ``device_flags``: keep the non-finite flags as tensors, as on a GPU."""
+    ``device_flags``: keep the non-finite flags as tensors, as on a GPU; ``bucket_view``:
+    DDP's ``gradient_as_bucket_view`` (the gradients are views of the buckets the hook
+    writes)."""
     dtype = DTYPES[dtype_name]
     model = _model(0, dtype)
     replica = copy.deepcopy(model)
-    ddp = _ddp(model)
+    ddp = _ddp(model, bucket_view)
     state = register(ddp, make_algorithm(alg_name), plan=_plan(alg_name, model, world_size), seed=3)
     state._ctx.device_flags = device_flags
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -199,6 +201,18 @@ def test_flags_kept_on_the_device_give_the_same_gradients(case: tuple[int, str, 
     (int8's encode does not report NaN/Inf: its chunks are read for it.)"""
     world_size, alg_name, dtype_name = case
     results = run_workers(_through_ddp, world_size, alg_name, dtype_name, 4, True)
+    _check_against_reference(world_size, alg_name, dtype_name, results)
+
+
+@pytest.mark.parametrize(
+    "case", [(2, "onebit", "float32"), (4, "dgc", "float32")],
+    ids=lambda c: f"N{c[0]}-{c[1]}-{c[2]}",
+)  # fmt: skip
+def test_gradients_as_bucket_views_give_the_same_gradients(case: tuple[int, str, str]) -> None:
+    """DDP(gradient_as_bucket_view=True), which saves a copy of every gradient each step:
+    the hook's result lands in the gradients all the same."""
+    world_size, alg_name, dtype_name = case
+    results = run_workers(_through_ddp, world_size, alg_name, dtype_name, 4, None, True)
     _check_against_reference(world_size, alg_name, dtype_name, results)
 
 

@@ -3,13 +3,15 @@ ends within 5% of uncompressed DDP's loss."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from dist_utils import run_workers
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hipress.casync import DefaultRule, register
-from hipress.core.plan import Strategy
+from hipress.core.plan import Plan, Strategy
 
 STEPS, BATCH = 200, 64
 
@@ -32,10 +34,15 @@ def _train(rank: int, compress: bool) -> dict:
     ddp = DDP(model)
     state = None
     if compress:
-        # weights (>= 512 elements) compressed with the PS strategy, biases batched uncompressed
-        state = register(
-            ddp, "terngrad", params={"bitwidth": 2}, rule=DefaultRule(min_compress_numel=512)
+        # weights (>= 512 elements) compressed with the PS strategy (the default rule's choice
+        # from three workers on), biases batched uncompressed
+        rule = DefaultRule(min_compress_numel=512)
+        entries = tuple(
+            dataclasses.replace(e, strategy=Strategy.PS) if e.compress else e
+            for e in (rule.entry(n, p.numel(), 3) for n, p in model.named_parameters())
         )
+        plan = Plan("terngrad", {"bitwidth": 2}, 2, entries)
+        state = register(ddp, "terngrad", params={"bitwidth": 2}, plan=plan)
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     xs, ys = _data(100 + rank, BATCH * STEPS)
     x_eval, y_eval = _data(999, 4096)

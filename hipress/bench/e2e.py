@@ -11,7 +11,12 @@ put on its wire per step (its NIC's transmit counter, so TCP/IP headers and ever
 included), the speedup over each baseline, and the scaling efficiency against the compute-only
 rate (the same N processes training with no gradient exchange at all, i.e. an infinitely fast
 network on the same CPUs; on a 2-core machine N processes share the cores, so comparing with N x
-a lone process would charge CPU sharing to the network).
+a lone process would charge CPU sharing to the network). ``ddp-nocomm`` (DDP with a hook that
+exchanges nothing) measures DDP's own cost, the ceiling of every DDP hook; ``of_ddp_ceiling`` is
+each row's rate against it. Every DDP model is built with ``gradient_as_bucket_view=True`` (one
+copy of the gradients fewer per step, for every configuration alike) unless
+``E2EOptions.bucket_view`` is False. With a trace directory, each configuration keeps the
+timeline of its timed steps (:mod:`hipress.casync.trace`) and its per-step ``breakdown``.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class Config:
         """One line for tables."""
         if self.kind == "compute":
             return "compute only (no gradient exchange)"
+        if self.kind == "ddp" and self.hook == "noop":
+            return "DDP, no gradient exchange (DDP's own cost)"
         if self.kind == "ddp":
             extra = f", rank {self.powersgd_rank}, one bucket" if self.hook == "powersgd" else ""
             return f"DDP {self.hook}{extra}"
@@ -68,6 +75,9 @@ BASELINES = (
     Config("ddp-powersgd", "ddp", "powersgd", bucket_cap_mb=_ONE_BUCKET_MB),
 )
 COMPUTE = Config("compute-only", "compute")
+# DDP with a hook that exchanges nothing: DDP's own cost (bucketing, autograd hooks), the
+# ceiling of any DDP communication hook
+NOCOMM = Config("ddp-nocomm", "ddp", "noop")
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class E2EOptions:
     lr: float = 0.05
     timeout: float = 900.0
     trace_dir: str | None = None
+    bucket_view: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -112,7 +123,7 @@ def configs_for(opts: E2EOptions) -> list[Config]:
         for c in BASELINES
     ]
     ours = [Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan) for a in opts.algorithms]
-    return [COMPUTE, *base, *ours]
+    return [COMPUTE, NOCOMM, *base, *ours]
 
 
 # ---- the worker ---------------------------------------------------------------------------------
@@ -128,7 +139,9 @@ def _tx_bytes(iface: str) -> int | None:
     return None
 
 
-def _wrap(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, Any]:
+def _wrap(
+    model: torch.nn.Module, cfg: Config, bucket_view: bool = True
+) -> tuple[torch.nn.Module, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -136,7 +149,7 @@ def _wrap(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, Any]:
     if cfg.kind == "compute":
         return model, None
     kw = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
-    ddp = DDP(model, **kw)  # type: ignore[arg-type]
+    ddp = DDP(model, gradient_as_bucket_view=bucket_view, **kw)  # type: ignore[arg-type]
     if cfg.kind == "hipress":
         import hipress.casync
 
@@ -154,9 +167,23 @@ def _wrap(model: torch.nn.Module, cfg: Config) -> tuple[torch.nn.Module, Any]:
             warm_start=True,
         )
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif cfg.hook == "noop":  # DDP's own cost: buckets and hooks, no gradient exchange
+        ddp.register_comm_hook(None, _noop_hook)
     elif cfg.hook != "allreduce":
         raise ValueError(f"unknown DDP hook {cfg.hook!r}")
     return ddp, None
+
+
+def _noop_hook(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+# DDP checks the hook's annotations against the real types (postponed evaluation leaves strings)
+_noop_hook.__annotations__ = {
+    "_": Any, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor],
+}  # fmt: skip
 
 
 def _train(
@@ -170,10 +197,11 @@ def _train(
     lr: float,
     iface: str,
     trace: str | None = None,
+    bucket_view: bool = True,
 ) -> dict[str, Any]:
     w = WORKLOADS[model_name]
     t_setup = time.perf_counter()
-    model, state = _wrap(w.build(data), cfg)
+    model, state = _wrap(w.build(data), cfg, bucket_view)
     setup_s = time.perf_counter() - t_setup
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = [w.batch(data, rank, s) for s in range(warmup + steps)]
@@ -245,7 +273,7 @@ def run_config(
     try:
         per_rank = run_in_network(
             net, _train, model_name, data, cfg, opts.warmup, opts.steps, opts.lr, net.iface,
-            trace, timeout=opts.timeout, threads=opts.threads,
+            trace, opts.bucket_view, timeout=opts.timeout, threads=opts.threads,
         )  # fmt: skip
     except Exception as exc:  # a worker's failure is a result to report, not a crash
         logger.error("e2e: %s on %s failed: %s", cfg.name, model_name, exc)
@@ -305,6 +333,8 @@ def _derive(rows: list[dict[str, Any]]) -> None:
         }
         if compute is not None:
             r["scaling_efficiency"] = r["samples_per_s"] / compute["samples_per_s"]
+        if NOCOMM.name in by:  # against DDP's own ceiling
+            r["of_ddp_ceiling"] = r["samples_per_s"] / by[NOCOMM.name]["samples_per_s"]
 
 
 def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
@@ -363,6 +393,7 @@ def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
         "lr": opts.lr,
         "plan": opts.plan,
         "powersgd_rank": opts.powersgd_rank,
+        "gradient_as_bucket_view": opts.bucket_view,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         **opts.extra,
     }

@@ -67,7 +67,10 @@ class DefaultRule:
             return TensorPlan(name, numel, compress=False, strategy=Strategy.ALLREDUCE)
         parts = min(self.max_partitions, math.ceil(numel / self.partition_numel))
         parts = max(1, min(parts, numel // world_size))
-        return TensorPlan(name, numel, compress=True, strategy=Strategy.PS, partitions=parts)
+        # two workers: the all-gather sends the bytes the PS sends, in one phase, with one
+        # encode per element instead of two (and no re-compression error)
+        strategy = Strategy.ALLGATHER if world_size == 2 else Strategy.PS
+        return TensorPlan(name, numel, compress=True, strategy=strategy, partitions=parts)
 
 
 def _default_plan(
