@@ -7,6 +7,7 @@ import json
 import math
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,6 +195,13 @@ def test_demo_end_to_end(tmp_path, capsys: pytest.CaptureFixture[str]) -> None: 
     assert hip["bytes_total"] == pytest.approx(hip["bytes_per_step"] * 6 * 2)
     if data["chart"] is not None:
         assert (tmp_path / "demo.png").stat().st_size > 10_000
+    # each run keeps the timeline of its timed steps (here 6 - 5 warm-up = 1), one file per rank
+    assert "where a traced step's time went" in out
+    for run, name in ((base, "uncompressed"), (hip, "hipress-onebit")):
+        assert [Path(t).name for t in run["traces"]] == [f"{name}-rank0.json",
+                                                         f"{name}-rank1.json"]  # fmt: skip
+        assert run["breakdown"]["step"] > 0 and run["breakdown"]["compute"] > 0
+    assert hip["breakdown"]["encode"] > 0 and base["breakdown"]["encode"] == 0
 
 
 def _allreduce_rank(rank: int, world: int) -> float:

@@ -76,6 +76,16 @@ def format_summary(result: DemoResult) -> str:
             f"{100 * base.final.accuracy:.1f}% validation accuracy, at {speed:.2f}x its "
             "throughput"
         )
+    if any(r.breakdown for r in result.runs):
+        cols = ("step", "compute", "encode", "decode", "wait", "python", "other")
+        out.append("")
+        out.append("where a traced step's time went (ms, mean over the workers):")
+        out.append("  " + "  ".join(f"{c:>8}" for c in ("run", *cols)))
+        for r in result.runs:
+            if r.breakdown:
+                vals = "  ".join(f"{r.breakdown.get(c, 0.0):8.1f}" for c in cols)
+                out.append(f"  {r.spec.name[:8]:>8}  {vals}")
+        out.append(f"  timelines: hipress trace {Path(result.runs[-1].traces[0]).parent}/*.json")
     for r in result.runs:
         if r.spec.algorithm is None:
             continue
@@ -184,6 +194,7 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         threads=args.threads,
         timeout=args.timeout,
         progress=not args.quiet,
+        trace_dir=None if args.no_trace else str(Path(args.out) / "demo-traces"),
     )
 
 
@@ -336,5 +347,8 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     d.add_argument("--timeout", type=float, default=900.0, help="stop the job after this many s")
     d.add_argument("--no-chart", action="store_true", help="do not draw demo.png")
+    d.add_argument("--no-trace", action="store_true",
+                   help="keep no step timelines (default: 10 timed steps of each run in "
+                   "OUT/demo-traces/, read with hipress trace)")  # fmt: skip
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)

@@ -81,6 +81,9 @@ class DemoConfig:
         threads: torch threads per worker (0: CPU count / workers, at least 1).
         timeout: seconds the whole job may take before it is stopped.
         progress: rank 0 draws progress bars on stderr.
+        trace_dir: where each run keeps the timeline of ``trace_steps`` timed steps (one
+            file per rank, :mod:`hipress.casync.trace`); None: none.
+        trace_steps: steps in each run's timeline.
     """
 
     workers: int = 2
@@ -97,6 +100,8 @@ class DemoConfig:
     threads: int = 0
     timeout: float = 900.0
     progress: bool = True
+    trace_dir: str | None = None
+    trace_steps: int = 10
 
     def __post_init__(self) -> None:
         checks = {
@@ -111,6 +116,7 @@ class DemoConfig:
             "warmup": self.warmup >= 0,
             "threads": self.threads >= 0,
             "timeout": self.timeout > 0,
+            "trace_steps": self.trace_steps >= 1,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -159,6 +165,9 @@ class RunResult:
         train_loss: per-step training loss, mean over workers.
         evals: validation points.
         sync: the hook's mean per-step figures (encode_ms, decode_ms, comm_ms, ...), or {}.
+        traces: the timeline files of the run (one per rank), if kept.
+        breakdown: where a traced step's time went, ms per step, mean over the ranks
+            (:func:`hipress.bench.timeline.breakdown`), or {}.
     """
 
     spec: RunSpec
@@ -177,6 +186,8 @@ class RunResult:
     train_loss: list[float]
     evals: list[EvalPoint]
     sync: dict[str, float]
+    traces: list[str] = field(default_factory=list)
+    breakdown: dict[str, float] = field(default_factory=dict)
 
     @property
     def final(self) -> EvalPoint:

@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hipress.bench.timeline import breakdown, load_traces
+from hipress.casync.trace import Tracer
 from hipress.demo.config import DemoConfig, DemoError, DemoResult, EvalPoint, RunResult, RunSpec
 from hipress.demo.data import Corpus, eval_windows, sample_batch, shard
 from hipress.demo.launch import launch
@@ -138,18 +140,30 @@ def _train_run(
     sync_rows: list[dict[str, float]] = []
     train_s = 0.0
     bar = _Progress(spec.name, cfg.steps) if show else None
+    tracer = state.tracer if state is not None else Tracer(rank)
+    traced = range(untimed + 1, untimed + 1 + cfg.trace_steps) if cfg.trace_dir else range(0)
     try:
         for step in range(1, cfg.steps + 1):
+            if traced and step == traced.start:
+                name = spec.name.replace(" ", "-")
+                tracer.record(f"{cfg.trace_dir}/{name}-rank{{rank}}.json", None, run=spec.name)
             t0 = time.perf_counter()
-            x, y = sample_batch(data, cfg.batch, cfg.seq_len, gen)
-            loss = nn.functional.cross_entropy(ddp(x).reshape(-1, vocab), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.clip:
-                nn.utils.clip_grad_norm_(params, cfg.clip)
-            opt.step()
+            with tracer.span("step", "step"):
+                x, y = sample_batch(data, cfg.batch, cfg.seq_len, gen)
+                with tracer.span("forward", "compute"):
+                    out = ddp(x).reshape(-1, vocab)
+                    loss = nn.functional.cross_entropy(out, y.reshape(-1))
+                opt.zero_grad(set_to_none=True)
+                with tracer.span("backward", "compute"):
+                    loss.backward()
+                with tracer.span("optimizer", "compute"):
+                    if cfg.clip:
+                        nn.utils.clip_grad_norm_(params, cfg.clip)
+                    opt.step()
             if step > untimed:
                 train_s += time.perf_counter() - t0
+            if (traced and step == traced.stop - 1) or step == cfg.steps:
+                tracer.stop()
             losses.append(loss.detach().item())
             last = state.stats.last if state is not None else None
             sent.append(last.bytes_sent if last is not None else grad_bytes)
@@ -169,6 +183,7 @@ def _train_run(
     sync = {k: sum(r[k] for r in sync_rows) / len(sync_rows) for k in keys} if sync_rows else {}
     dist.barrier()
     return {
+        "trace": None if tracer.written is None else str(tracer.written),
         "plan": plan,
         "compressed": ncomp,
         "tensors": len(params),
@@ -197,6 +212,7 @@ def _merge(spec: RunSpec, rows: Sequence[dict[str, Any]], cfg: DemoConfig) -> Ru
     train_s = max(r["train_s"] for r in rows)
     samples = world * cfg.batch * r0["timed_steps"]
     sent_total = sum(sum(r["sent"]) for r in rows)
+    traces = [r["trace"] for r in rows if r.get("trace")]
     return RunResult(
         spec=spec,
         plan=r0["plan"],
@@ -214,6 +230,8 @@ def _merge(spec: RunSpec, rows: Sequence[dict[str, Any]], cfg: DemoConfig) -> Ru
         train_loss=[sum(r["losses"][i] for r in rows) / world for i in range(steps)],
         evals=[EvalPoint(s, loss, acc) for s, loss, acc in r0["evals"]],
         sync={k: sum(r["sync"][k] for r in rows) / world for k in r0["sync"]},
+        traces=traces,
+        breakdown=breakdown(load_traces(traces))["mean"] if traces else {},
     )
 
 
