@@ -1,0 +1,30 @@
+"""Compressed gradient reduction for FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+FSDP2 reduce-scatters each unit's gradients; :func:`register` replaces that collective, on
+every ``fully_shard``-ed module of a model, with a compressed one built on a CompLL algorithm:
+each rank encodes the chunk bound for every other rank, one all_to_all exchanges the payloads,
+and each rank decodes and sums its own shard. Error feedback is kept per unit, in the precision
+chosen (:mod:`hipress.fsdp.feedback`). With ``replicate_group``, each reduced shard is also
+averaged across replicas, compressed (:mod:`hipress.fsdp.replicate`). See docs/how-to/fsdp.md.
+
+    fully_shard(block) for each block; fully_shard(model)
+    comp = hipress.fsdp.register(model, algorithm="onebit", feedback="bf16")
+"""
+
+from __future__ import annotations
+
+from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
+from hipress.fsdp.errors import FsdpError
+from hipress.fsdp.feedback import FEEDBACK
+from hipress.fsdp.register import FsdpCompression, register
+from hipress.fsdp.replicate import ReplicaAllReduce
+
+__all__ = [
+    "FEEDBACK",
+    "CompressedReduceScatter",
+    "FsdpCompression",
+    "FsdpError",
+    "ReplicaAllReduce",
+    "UnitStats",
+    "register",
+]

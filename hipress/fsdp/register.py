@@ -1,0 +1,246 @@
+"""One call for users: :func:`register` puts a :class:`CompressedReduceScatter` on every
+``fully_shard``-ed module of a model and returns the :class:`FsdpCompression` that holds them.
+
+Each FSDP unit (a module ``fully_shard`` was called on, with parameters of its own) gets its own
+states, laid out once from the unit's padded size. Small units stay uncompressed, by CaSync's
+default rule (:class:`~hipress.casync.planning.DefaultRule`: fewer than ``min_compress_numel``
+elements). With ``replicate_group``, each unit also gets a :class:`ReplicaAllReduce` hook that
+averages its reduced shard across replicas, compressed (hierarchical data parallelism).
+
+The state object reports per-rank memory and counters and checkpoints through
+``state_dict``/``load_state_dict``; it is a ``Stateful``, so ``torch.distributed.checkpoint``
+saves and loads it next to the model (each rank's entries under its global rank: same world
+size and layout to load).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+from hipress.casync.algorithm import resolve_algorithm
+from hipress.casync.errors import CaSyncError
+from hipress.casync.planning import DefaultRule
+from hipress.core.codec import CompressionAlgorithm
+from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
+from hipress.fsdp.errors import FsdpError
+from hipress.fsdp.feedback import resolve_feedback
+from hipress.fsdp.replicate import ReplicaAllReduce
+
+__all__ = ["FsdpCompression", "register"]
+
+log = logging.getLogger(__name__)
+STATE_VERSION = 1
+
+
+class FsdpCompression:
+    """The compression state of one model on one rank: a :class:`CompressedReduceScatter` per
+    FSDP unit (``units``, by module name; the root module is ``"<root>"``) and, with replicas,
+    a :class:`ReplicaAllReduce` per unit (``replicas``).
+
+    Fields: ``algorithm``, ``feedback`` (resolved), ``rank`` and ``world_size`` (global),
+    ``units``, ``replicas``.
+    """
+
+    def __init__(
+        self,
+        algorithm: CompressionAlgorithm,
+        feedback: str,
+        units: dict[str, CompressedReduceScatter],
+        modules: dict[str, FSDPModule],
+        replicas: dict[str, ReplicaAllReduce] | None = None,
+    ) -> None:
+        self.algorithm, self.feedback, self.units = algorithm, feedback, units
+        self.replicas = replicas or {}
+        self._modules = modules
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def __repr__(self) -> str:
+        on = sum(u.compress for u in self.units.values())
+        extra = f", {len(self.replicas)} replica hooks" if self.replicas else ""
+        return (
+            f"FsdpCompression({self.algorithm.name}, feedback={self.feedback}, "
+            f"{on}/{len(self.units)} units compressed{extra})"
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the reduce-scatters summed over units, and per unit (``"units"``);
+        the replica all-reduces' under ``"replicas"``; as plain dicts."""
+        per = {name: asdict(u.stats) for name, u in self.units.items()}
+        total = {k: sum(s[k] for s in per.values()) for k in asdict(UnitStats())}
+        reps = {name: asdict(h.stats) for name, h in self.replicas.items()}
+        return {**total, "units": per, "replicas": reps}
+
+    def memory(self) -> dict[str, int]:
+        """Per-rank memory in bytes: ``params_shard`` (this rank's shards of the units'
+        parameters, what plain FSDP2 keeps, and again for their gradients), ``feedback`` (error
+        feedback memory) and ``state`` (all compression state, feedback included)."""
+        shard = 0
+        for m in self._modules.values():
+            for p in _own_params(m):
+                local = p.to_local() if hasattr(p, "to_local") else p
+                shard += local.numel() * local.element_size()
+        parts = [*self.units.values(), *self.replicas.values()]
+        return {
+            "params_shard": shard,
+            "feedback": sum(u.feedback_bytes() for u in parts),
+            "state": sum(u.state_bytes() for u in parts),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's compression state (CPU copies) under ``"rank{r}"`` (global rank), with
+        the configuration it belongs to. Distinct keys per rank let
+        ``torch.distributed.checkpoint`` save every rank's entries."""
+        mine: dict[str, Any] = {}
+        for name, u in self.units.items():
+            mine[name] = {"chunks": u.state_dict()}
+            if name in self.replicas:
+                mine[name]["replica"] = self.replicas[name].state_dict()
+        return {
+            "version": STATE_VERSION,
+            "algorithm": self.algorithm.name,
+            "digest": str(getattr(self.algorithm, "digest", "")),
+            "feedback": self.feedback,
+            "world_size": self.world_size,
+            f"rank{self.rank}": mine,
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore from :meth:`state_dict` (this rank's entry). Raises :class:`FsdpError` if
+        it was saved with another algorithm, feedback option, world size or model."""
+        want = self.state_dict()
+        for key in ("version", "algorithm", "digest", "feedback", "world_size"):
+            if sd.get(key) != want[key]:
+                raise FsdpError(
+                    f"the checkpoint's {key} is {sd.get(key)!r}, this run's {want[key]!r}; "
+                    "load it into the same configuration (resharding is not supported)"
+                )
+        mine = sd.get(f"rank{self.rank}")
+        if not isinstance(mine, Mapping) or set(mine) != set(self.units):
+            raise FsdpError(
+                f"the checkpoint has no matching entry for rank {self.rank}'s units "
+                f"{sorted(self.units)}"
+            )
+        for name, u in self.units.items():
+            entry = mine[name]
+            if not isinstance(entry, Mapping) or "chunks" not in entry:
+                raise FsdpError(f"the checkpoint's entry for {name} is malformed")
+            u.load_state_dict(dict(entry["chunks"]))
+            if name in self.replicas:
+                self.replicas[name].load_state_dict(dict(entry.get("replica") or {}))
+
+    def remove(self) -> None:
+        """Give every unit back FSDP2's default reduce-scatter (a replica hook stays: FSDP2
+        has no call to remove one)."""
+        for m in self._modules.values():
+            m.set_custom_reduce_scatter(DefaultReduceScatter())
+
+
+def _own_params(module: FSDPModule) -> list[torch.Tensor]:
+    groups = module._get_fsdp_state()._fsdp_param_groups
+    return [fp.sharded_param for g in groups for fp in g.fsdp_params]
+
+
+def _unit(module: FSDPModule, name: str) -> Any:
+    """The FSDP param group of ``module``'s unit (None for a module with no parameters of its
+    own): the object that ``set_custom_reduce_scatter`` itself configures."""
+    groups = module._get_fsdp_state()._fsdp_param_groups
+    if not groups:
+        return None
+    if len(groups) > 1:
+        raise FsdpError(
+            f"{name} has several FSDP param groups (shard_placement_fn with several meshes), "
+            "which cannot take a custom reduce-scatter"
+        )
+    return groups[0]
+
+
+def register(
+    model: nn.Module,
+    algorithm: str | CompressionAlgorithm = "onebit",
+    params: Mapping[str, Any] | None = None,
+    *,
+    feedback: str = "auto",
+    min_compress_numel: int = 1 << 16,
+    seed: int = 0,
+    backend: str = "auto",
+    replicate_group: dist.ProcessGroup | None = None,
+) -> FsdpCompression:
+    """Compress the gradient reduce-scatter of every ``fully_shard``-ed module of ``model``.
+
+    Takes the model after ``fully_shard`` (the root or any module holding FSDP modules), an
+    algorithm (a CompLL name loaded with ``params`` on ``backend``, or an algorithm object), a
+    feedback option (:mod:`hipress.fsdp.feedback`: ``"auto"``, ``"none"``, ``"fp32"``,
+    ``"bf16"``, ``"int8"``), the size under which a unit stays uncompressed, and the seed of
+    the algorithms' random numbers (the same on every rank). With ``replicate_group`` (the
+    ranks holding the same shards: the model is sharded on a 1-D mesh inside each replica),
+    each unit's reduced shard is also averaged across the replicas, compressed. Call it on every
+    rank, before the first backward. Returns the :class:`FsdpCompression`. Raises
+    :class:`FsdpError` for a model without FSDP2 modules, one already registered, an unknown
+    algorithm or bad parameters, a feedback option the algorithm cannot use, or a
+    ``replicate_group`` on a model FSDP2 already replicates (HSDP's 2-D mesh).
+    """
+    if not isinstance(model, nn.Module):
+        raise FsdpError(f"register takes an nn.Module, got {type(model).__name__}")
+    if algorithm is None or algorithm == "none":
+        raise FsdpError("register needs a compression algorithm (for none, do not register)")
+    try:
+        alg = resolve_algorithm(algorithm, params, backend)
+        rule = DefaultRule(min_compress_numel=min_compress_numel)
+    except (CaSyncError, ValueError) as exc:
+        raise FsdpError(str(exc)) from exc
+    fb = resolve_feedback(alg, feedback)
+    found = [
+        (name or "<root>", m) for name, m in model.named_modules() if isinstance(m, FSDPModule)
+    ]
+    if not found:
+        raise FsdpError(
+            f"{type(model).__name__} has no fully_shard-ed module; call "
+            "torch.distributed.fsdp.fully_shard on its blocks and on the root first"
+        )
+    units: dict[str, CompressedReduceScatter] = {}
+    replicas: dict[str, ReplicaAllReduce] = {}
+    modules: dict[str, FSDPModule] = {}
+    for key, m in found:
+        g = _unit(m, key)
+        if g is None:
+            continue
+        current = g._reduce_scatter_comm
+        if isinstance(current, CompressedReduceScatter):
+            raise FsdpError(f"{key} already has a hipress reduce-scatter")
+        if not isinstance(current, DefaultReduceScatter):
+            log.warning("hipress.fsdp: replacing %s's reduce-scatter %s", key,
+                        type(current).__name__)  # fmt: skip
+        if replicate_group is not None and g._is_hsdp:
+            raise FsdpError(
+                f"{key} is sharded on a 2-D mesh (HSDP), where FSDP2 all-reduces across "
+                "replicas itself; shard on the shard dimension only (mesh=mesh['shard']) to "
+                "pass replicate_group"
+            )
+        group = g._reduce_scatter_process_group
+        ws, rank = group.size(), group.rank()
+        numel = ws * sum(fp.padded_sharded_param_size.numel() for fp in g.fsdp_params)
+        compress = rule.entry(key, numel, ws).compress
+        units[key] = CompressedReduceScatter(key, alg, fb, numel, ws, rank, g.device, compress,
+                                             seed, seed_rank=dist.get_rank())  # fmt: skip
+        if replicate_group is not None:
+            replicas[key] = ReplicaAllReduce(key, alg, fb, numel // ws, replicate_group, rank,
+                                             g.device, compress, seed)  # fmt: skip
+        modules[key] = m
+    if not units:
+        raise FsdpError("no fully_shard-ed module of the model holds parameters")
+    for key, m in modules.items():
+        m.set_custom_reduce_scatter(units[key])
+        if key in replicas:
+            m.set_all_reduce_hook(replicas[key])
+    on = [k for k, u in units.items() if u.compress]
+    log.info("hipress.fsdp: %s (feedback %s) on %d of %d units", alg.name, fb, len(on), len(units))
+    return FsdpCompression(alg, fb, units, modules, replicas)
