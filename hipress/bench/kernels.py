@@ -12,20 +12,25 @@ copy GB/s, and a kernel's compulsory traffic counts each write once.
 
 Roofline per algorithm: ``dst.copy_(src)`` moves 12 bytes of memory traffic per element (read,
 read-for-ownership of the destination line, write), so the traffic rate is 3 x copy GB/s. An
-encode must at least read the gradient (4 B), read and write its per-element state (2 x state
-bytes) and write the payload (2 x payload bytes, read-for-ownership included); a decode reads
-the payload and writes 4 B (+4 B read-for-ownership). The roofline is the rate at which that
-compulsory traffic moves, capped by the rate at which its reads alone move at the read-only
-bandwidth (``x.sum()``, measured in the same run; on some machines it is far below what the
-traffic model alone would allow a read-mostly kernel); "% roof" is how close a kernel gets
-(passes beyond the first, e.g. a reduction before its map, are what keeps multi-pass algorithms
-below it).
+encode must at least read the gradient (4 B; 8 B where each element needs a reduction over all
+of it first, e.g. TernGrad's min and max: :mod:`hipress.bench.traffic`), read and write its
+per-element state (2 x state bytes) and write the payload (2 x payload bytes, read-for-ownership
+included); a decode reads the payload and writes 4 B (+4 B read-for-ownership). The roofline is
+the rate at which that compulsory traffic moves, capped by the rate at which its reads alone
+move at the read-only bandwidth (``x.sum()``, measured in the same run; on some machines it is
+far below what the traffic model alone would allow a read-mostly kernel); "% roof" is how close
+a kernel gets (passes a kernel makes beyond those counted, e.g. a selection's second look at its
+keys, and work that is not memory traffic, e.g. random numbers, are what keeps it below).
 
 OpenMP threads: the run re-executes itself with ``OMP_WAIT_POLICY=PASSIVE`` unless that variable
 is set. With libgomp's default (spin before sleeping), every parallel region on a small machine
 shared with other processes waits for a spinning or descheduled thread, which can slow a copy
 or a kernel by an order of magnitude. The policy in force and the load average are recorded in
 the JSON.
+
+``philox``: the generated kernel of a probe that only draws one Philox word per element (GB/s
+of float32 input, nothing read): the ceiling of an algorithm bound by its random numbers (randomk
+draws two words per element, qsgd and terngrad one).
 
 ``sum4``: CaSync's averaging of 4 payloads (``decode_sum``, GB/s of decoded float32, 4 x 4 bytes
 per element), and ``sum4 x`` its speed-up over one decode pass per payload
@@ -50,8 +55,10 @@ import torch
 
 from hipress.bench.provenance import stamp
 from hipress.bench.torch_ops import Fn, torch_versions
-from hipress.compll import Algorithm, algorithms, load
+from hipress.bench.traffic import grad_reads
+from hipress.compll import Algorithm, algorithms, load, load_source
 from hipress.compll.backends.base import decode_sum_by_parts
+from hipress.compll.ir.source import SourceFile
 from hipress.timing import best_of
 
 
@@ -96,6 +103,14 @@ def _setup(kind: str) -> tuple[str, torch.device, Callable[[str], Algorithm]]:
     return "cpu", torch.device("cpu"), lambda name: load(name, backend="cpu")
 
 
+# Philox words alone, as the kernels draw them (a word per element, nothing read, 1/8 byte
+# written): the ceiling of an algorithm that draws one word per element (two: half of it)
+PHILOX_PROBE = """algorithm philox "one Philox word per element, nothing read";
+payload { q: uint<1>[n]; }
+encode(g) { let q: uint<1>[n] = map(n, i => urand(i) >> 31); return concat(q); }
+decode(p) { return map(n, i => f32(p.q[i])); }
+"""
+
 HEADER = (f"{'algorithm':10s} {'n':>9s} {'enc':>8s} {'roof':>6s} {'%':>4s} {'dec':>8s} "
           f"{'roof':>6s} {'%':>4s} {'torch enc':>10s} {'torch dec':>10s} {'enc x':>6s} "
           f"{'copy':>7s} {'sum4':>7s} {'sum4 x':>6s}")  # fmt: skip
@@ -116,12 +131,15 @@ def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[
     tp4 = timed(lambda: decode_sum_by_parts(alg.backend, four, n, y, 4), reps)
     state_b = sum(t.numel() * t.element_size() for t in st.tensors.values() if t.numel() >= n)
     w = 1 if gpu else 2  # a write's traffic: read-for-ownership on a CPU
+    passes = grad_reads(alg.program)  # reads of the gradient no kernel can avoid
     return {"encode": 4 * n / te / 1e9, "decode": 4 * n / td / 1e9,
             "encode_s": te, "decode_s": td,
             "decode_sum4": 16 * n / ts4 / 1e9, "decode_sum4_by_parts": 16 * n / tp4 / 1e9,
-            "encode_bytes_per_elem": (4 * n + 2 * state_b + w * pay.numel()) / n,
+            "encode_grad_reads": passes,
+            "encode_bytes_per_elem": (4 * passes * n + 2 * state_b + w * pay.numel()) / n,
             "decode_bytes_per_elem": (pay.numel() + 4 * w * n) / n,
-            "encode_reads": (4 * n + state_b) / n, "decode_reads": pay.numel() / n}  # fmt: skip
+            "encode_reads": (4 * passes * n + state_b) / n,
+            "decode_reads": pay.numel() / n}  # fmt: skip
 
 
 def _line(name: str, n: int, row: dict[str, Any]) -> str:
@@ -168,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         "copy": {},
         "read": {},
         "kernels": {},
+        "philox": {},
     }
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -182,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
         read = 4 * n / timed(lambda: x.sum(), args.reps) / 1e9  # noqa: B023
         results["copy"][str(n)] = copy
         results["read"][str(n)] = read
+        if kind != "emulated":  # the bound of the random algorithms: the RNG alone
+            probe = load_source(SourceFile("philox.cll", PHILOX_PROBE), backend=kind)
+            results["philox"][str(n)] = _measure(probe, x, y, timed, args.reps, gpu)["encode"]
         for name in names:
             row = _measure(make(name), x, y, timed, args.reps, gpu)
             enc_r, dec_r = row.pop("encode_reads"), row.pop("decode_reads")
@@ -194,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
                 row["torch_decode"] = 4 * n / timed(dec, max(1, args.reps // 2)) / 1e9
             results["kernels"].setdefault(name, {})[str(n)] = row
             print(_line(name, n, row), flush=True)
+    for n_, gbs in results["philox"].items():
+        print(f"philox alone (one word per element, nothing read) n={n_}: {gbs:.2f} GB/s")
     results["machine"]["load_average_end"] = os.getloadavg()[0]
     out = Path(args.out)
     stamp(results, getattr(args, "invocation", "hipress bench kernels"))
