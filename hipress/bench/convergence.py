@@ -15,18 +15,26 @@ differs.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hipress.bench.models import LSTMLM, load_corpus
+from hipress.bench.convergence_train import TASKS, train_rank
+from hipress.bench.models import load_corpus, tabular_data
 from hipress.bench.netsim import LoopbackNetwork, run_in_network
 from hipress.bench.tables import convergence_rows
 
-__all__ = ["ConvergenceOptions", "convergence_markdown", "run_convergence"]
+__all__ = [
+    "ConvergenceOptions",
+    "convergence_markdown",
+    "density_schedule",
+    "own_momentum",
+    "run_convergence",
+    "summarise",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,30 +43,55 @@ UNCOMPRESSED = "uncompressed"
 
 @dataclass(frozen=True)
 class ConvergenceOptions:
-    """The job: ``workers`` ranks, ``epochs`` passes over ``train_tokens`` tokens in windows of
-    ``bptt``, ``batch`` windows per rank per step, SGD (``lr``, ``momentum``, gradient norm
-    clipped to ``clip`` unless it is 0), a ``vocab``-word vocabulary; accuracy on ``eval_tokens`` held-out
-    tokens. ``algorithms``: names, or ("all",) for every shipped one. ``plan``: CaSync's plan
-    ("auto", a file, or None for its default rule); ``warmup_steps``: CaSync's uncompressed
-    warm-up; ``density_warmup_epochs``: DGC's warm-up for every sparsifier, see
-    :func:`density_schedule`."""
+    """The job: ``task`` ("lm" or "tabular", see :data:`~hipress.bench.convergence_train.TASKS`)
+    on ``workers`` ranks for ``epochs`` epochs, once per seed in ``seeds`` (each seed sets the
+    initial weights, the batch order and CaSync's RNG). LM: passes over ``train_tokens`` tokens
+    in windows of ``bptt``, a ``vocab``-word vocabulary, accuracy on ``eval_tokens`` held-out
+    tokens. Tabular: ``train_samples`` and ``eval_samples`` samples. ``batch`` samples (LM:
+    windows) per rank per step, SGD (``lr``, ``momentum``, gradient norm clipped to ``clip``
+    unless it is 0; ``batch``, ``lr`` and ``clip`` None take the task's defaults) with
+    ``lr_schedule`` "constant" or "cosine" (decay to 0 over the run). ``algorithms``: names, or
+    ("all",) for every shipped one. ``plan``: CaSync's plan ("auto", a file, or None for its
+    default rule); CaSync's uncompressed warm-up lasts ``warmup_steps`` plus ``warmup_epochs``
+    epochs; ``density_warmup_epochs``: DGC's warm-up for every sparsifier from the first
+    compressed step on, see :func:`density_schedule`. ``momentum_handover``: an algorithm with
+    its own momentum (dgc) takes over the optimizer's when compression starts, see
+    :mod:`~hipress.bench.convergence_train`; False runs it as before, with no optimizer
+    momentum on any parameter from the first step (for comparison)."""
 
     workers: int = 4
     algorithms: tuple[str, ...] = ("all",)
     epochs: int = 2
+    task: str = "lm"
+    seeds: tuple[int, ...] = (0,)
     plan: str | None = None
     threads: int = 1
-    batch: int = 8
+    batch: int | None = None
     bptt: int = 32
     vocab: int = 8192
     train_tokens: int = 160_000
     eval_tokens: int = 16_384
-    lr: float = 0.5
+    train_samples: int = 16_384
+    eval_samples: int = 4096
+    lr: float | None = None
+    lr_schedule: str = "constant"
     momentum: float = 0.9
-    clip: float = 1.0
+    clip: float | None = None
     warmup_steps: int = 0
+    warmup_epochs: float = 0.0
     density_warmup_epochs: int = 0
+    momentum_handover: bool = True
     timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}: choose one of {', '.join(TASKS)}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
 
     def resolved_algorithms(self) -> list[str]:
         """The algorithm names to run (``all`` expanded to every shipped algorithm)."""
@@ -67,103 +100,6 @@ class ConvergenceOptions:
 
             return list(algorithms())
         return list(self.algorithms)
-
-
-def _model(vocab: int) -> LSTMLM:
-    torch.manual_seed(0)
-    return LSTMLM(vocab, emb=128, hidden=256, layers=1, cutoffs=(1000, 4000))
-
-
-def _windows(ids: torch.Tensor, bptt: int) -> torch.Tensor:
-    n = (len(ids) - 1) // bptt
-    return torch.stack([ids[i * bptt : i * bptt + bptt + 1] for i in range(n)])
-
-
-@torch.no_grad()
-def _evaluate(model: LSTMLM, windows: torch.Tensor) -> tuple[float, float]:
-    model.eval()
-    correct = total = 0
-    loss_sum = 0.0
-    for chunk in windows.split(64):
-        x, y = chunk[:, :-1], chunk[:, 1:]
-        correct += int((model.predict(x) == y).sum())
-        loss_sum += float(model(x, y)) * y.numel()
-        total += y.numel()
-    model.train()
-    return correct / total, loss_sum / total
-
-
-def _train(
-    rank: int,
-    world_size: int,
-    data: dict[str, Any],
-    algorithm: str | None,
-    opts: ConvergenceOptions,
-) -> dict[str, Any]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = _model(data["vocab"])
-    ddp = DDP(model)
-    train = _windows(data["train"], opts.bptt)
-    per_step = world_size * opts.batch
-    steps_per_epoch = len(train) // per_step
-    if algorithm is not None:
-        import hipress.casync
-
-        hipress.casync.register(
-            ddp,
-            algorithm=algorithm,
-            plan=opts.plan,
-            warmup_steps=opts.warmup_steps,
-            params_schedule=density_schedule(
-                algorithm, opts.density_warmup_epochs, steps_per_epoch
-            ),
-        )
-    # an algorithm with its own momentum correction (DGC) replaces the optimizer's momentum
-    momentum = 0.0 if algorithm is not None and _own_momentum(algorithm) else opts.momentum
-    opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr, momentum=momentum)
-    losses: list[float] = []
-    valid = _windows(data["valid"], opts.bptt)
-    curve: list[tuple[float, float]] = []  # rank 0: (accuracy, loss) after each epoch
-    t0, t_eval = time.perf_counter(), 0.0
-    for epoch in range(opts.epochs):
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(epoch))
-        for s in range(steps_per_epoch):
-            idx = order[s * per_step : (s + 1) * per_step][rank::world_size]
-            chunk = train[idx]
-            loss = ddp(chunk[:, :-1], chunk[:, 1:])
-            opt.zero_grad(set_to_none=False)
-            loss.backward()
-            if opts.clip > 0:
-                torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip)
-            opt.step()
-            losses.append(float(loss.detach()))
-        if rank == 0:  # the others wait in the next step's first collective
-            t = time.perf_counter()
-            curve.append(_evaluate(model, valid))
-            t_eval += time.perf_counter() - t
-    seconds = time.perf_counter() - t0 - t_eval
-    dist.barrier()
-    out: dict[str, Any] = {
-        "seconds": seconds,
-        "steps": len(losses),
-        "train_loss": losses[-1],
-        "optimizer_momentum": momentum,
-    }
-    if rank == 0:
-        acc, vloss = curve[-1]
-        best = max(range(len(curve)), key=lambda e: curve[e][0])
-        out.update(
-            accuracy=acc,
-            valid_loss=vloss,
-            epoch_accuracy=[a for a, _ in curve],
-            epoch_valid_loss=[v for _, v in curve],
-            best_accuracy=curve[best][0],
-            best_epoch=best + 1,
-        )
-        finite = all(torch.isfinite(p).all() for p in model.parameters())
-        out["finite"] = bool(finite)
-    return out
 
 
 # a sparsifier's parameter: name -> (density -> value)
@@ -175,13 +111,14 @@ _DENSITY_PARAMS = {
 
 
 def density_schedule(
-    name: str, epochs: int, steps_per_epoch: int
+    name: str, epochs: int, steps_per_epoch: int, start: int = 0
 ) -> list[tuple[int, dict[str, float]]]:
     """DGC's warm-up (Lin et al. 2018) for sparsifier ``name`` as a CaSync ``params_schedule``:
-    in epoch e < ``epochs`` it sends a fraction ``max(own, 0.25 / 4**e)`` of the elements
-    (75%, 93.75%, 98.4375%, 99.6% sparsity ...), from epoch ``epochs`` on its own fraction.
-    Empty for an algorithm without a fraction parameter (``s_percent``, ``ratio``,
-    ``drop_ratio``) or with ``epochs`` 0."""
+    in epoch e < ``epochs`` of compression (which starts at step ``start``, after CaSync's
+    uncompressed warm-up) it sends a fraction ``max(own, 0.25 / 4**e)`` of the elements (75%,
+    93.75%, 98.4375%, 99.6% sparsity ...), from epoch ``epochs`` on its own fraction. Empty for
+    an algorithm without a fraction parameter (``s_percent``, ``ratio``, ``drop_ratio``) or
+    with ``epochs`` 0."""
     from hipress.compll import load
 
     params = load(name, backend="reference").params
@@ -194,11 +131,11 @@ def density_schedule(
     for e in range(epochs + 1):
         value = to_value(max(own, 0.25 / 4**e) if e < epochs else own)
         if not schedule or schedule[-1][1][key] != value:  # no entry that changes nothing
-            schedule.append((e * steps_per_epoch, {key: value}))
+            schedule.append((start + e * steps_per_epoch, {key: value}))
     return schedule
 
 
-def _own_momentum(name: str) -> bool:
+def own_momentum(name: str) -> bool:
     """Whether algorithm ``name`` keeps a momentum of its own (a ``momentum`` parameter > 0)."""
     from hipress.compll import load
 
@@ -211,67 +148,173 @@ def _has_ef(name: str) -> bool:
     return load(name, backend="reference").error_feedback
 
 
-def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str, Any]:
-    """Train uncompressed, then with each algorithm; returns ``{"meta", "rows"}`` where each row
-    has ``algorithm``, ``error_feedback``, ``accuracy`` and ``valid_loss`` (after the last epoch),
-    ``epoch_accuracy`` and ``epoch_valid_loss`` (after each epoch), ``best_accuracy`` and
-    ``best_epoch``, ``delta_points`` and ``best_delta_points`` (final and best accuracy minus
-    uncompressed's, in points) and ``seconds`` (training only), or ``error``."""
+def _task_data(opts: ConvergenceOptions) -> dict[str, Any]:
+    if opts.task == "tabular":
+        t = tabular_data(opts.train_samples, opts.eval_samples)
+        return {
+            "features": t.features, "classes": t.classes, "bayes": t.bayes,
+            "train_x": t.train_x, "train_y": t.train_y,
+            "valid_x": t.valid_x, "valid_y": t.valid_y,
+        }  # fmt: skip
     corpus = load_corpus(opts.vocab, 1 << 20)
-    data = {
+    return {
         "vocab": corpus.vocab_size,
         "train": corpus.train[: opts.train_tokens].clone(),
         "valid": corpus.valid[: opts.eval_tokens].clone(),
     }
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(xs),
+        "min": min(xs),
+        "max": max(xs),
+        "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+    }
+
+
+def summarise(rows: list[dict[str, Any]]) -> None:
+    """Fill in each row's figures over its seeds (``runs``: one result per seed, in the order
+    of the seeds) against the first row (uncompressed), in place: ``accuracy``,
+    ``best_accuracy``, ``valid_loss``, ``seconds`` and ``steps`` (means), ``final`` and
+    ``best`` (``mean``, ``min``, ``max``, ``std`` over the seeds, as fractions), ``best_epochs``
+    (one per seed), ``delta_points`` and ``best_delta_points`` (the mean minus uncompressed's
+    mean, in points, final against final and best against best) and ``delta_range`` and
+    ``best_delta_range`` (the smallest and largest per-seed gap, each seed against
+    uncompressed's same seed). A row any of whose seeds failed keeps ``error``."""
+    for r in rows:
+        runs = r["runs"]
+        if "error" in r or not runs or any("accuracy" not in x for x in runs):
+            continue
+        finals = [x["accuracy"] for x in runs]
+        bests = [x["best_accuracy"] for x in runs]
+        r.update(
+            accuracy=statistics.fmean(finals),
+            best_accuracy=statistics.fmean(bests),
+            final=_spread(finals),
+            best=_spread(bests),
+            best_epochs=[x["best_epoch"] for x in runs],
+            valid_loss=statistics.fmean(x["valid_loss"] for x in runs),
+            seconds=statistics.fmean(x["seconds"] for x in runs),
+            steps=runs[0]["steps"],
+            finite=all(x["finite"] for x in runs),
+        )
+    base = rows[0]
+    if "accuracy" not in base:
+        return
+    for r in rows:
+        if "accuracy" not in r:
+            continue
+        r["delta_points"] = 100 * (r["accuracy"] - base["accuracy"])
+        r["best_delta_points"] = 100 * (r["best_accuracy"] - base["best_accuracy"])
+        for key, field in (("delta_range", "accuracy"), ("best_delta_range", "best_accuracy")):
+            gaps = [
+                100 * (x[field] - b[field]) for x, b in zip(r["runs"], base["runs"], strict=True)
+            ]
+            r[key] = [min(gaps), max(gaps)]
+
+
+def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str, Any]:
+    """Train uncompressed, then with each algorithm, once per seed; returns ``{"meta",
+    "rows"}``. Each row has ``algorithm``, ``error_feedback``, ``runs`` (per seed:
+    ``accuracy`` and ``valid_loss`` after the last epoch, ``epoch_accuracy`` and
+    ``epoch_valid_loss`` after each epoch, ``best_accuracy``, ``best_epoch``, ``seconds``
+    (training only), ...) and the summary over the seeds of :func:`summarise`, or ``error``."""
+    data = _task_data(opts)
     net = LoopbackNetwork(opts.workers, "convergence does not depend on the network")
     rows: list[dict[str, Any]] = []
     for name in [UNCOMPRESSED, *opts.resolved_algorithms()]:
-        if progress is not None:
-            progress(f"convergence | {name}")
         alg = None if name == UNCOMPRESSED else name
         row: dict[str, Any] = {
             "algorithm": name,
             "error_feedback": None if alg is None else _has_ef(alg),
+            "runs": [],
         }
-        try:
-            res = run_in_network(
-                net, _train, data, alg, opts, timeout=opts.timeout, threads=opts.threads
-            )
-            row.update(res[0])
-        except Exception as exc:  # one failing algorithm is a result, not a crash
-            logger.error("convergence: %s failed: %s", name, exc)
-            row["error"] = str(exc)[-2000:]
+        for seed in opts.seeds:
+            if progress is not None:
+                progress(f"convergence | {opts.task} | {name} | seed {seed}")
+            try:
+                res = run_in_network(
+                    net, train_rank, data, alg, opts, seed,
+                    timeout=opts.timeout, threads=opts.threads,
+                )  # fmt: skip
+            except Exception as exc:  # one failing algorithm is a result, not a crash
+                logger.error("convergence: %s (seed %d) failed: %s", name, seed, exc)
+                row["error"] = str(exc)[-2000:]
+                break
+            row["runs"].append({"seed": seed, **res[0]})
+            if progress is not None:
+                progress(
+                    f"    final {100 * res[0]['accuracy']:.2f}%, "
+                    f"best {100 * res[0]['best_accuracy']:.2f}%"
+                )
         rows.append(row)
-        if progress is not None and "accuracy" in row:
-            progress(f"    accuracy {100 * row['accuracy']:.2f}%")
-    base, base_best = rows[0].get("accuracy"), rows[0].get("best_accuracy")
-    for r in rows:
-        if base is not None and "accuracy" in r:
-            r["delta_points"] = 100 * (r["accuracy"] - base)
-            r["best_delta_points"] = 100 * (r["best_accuracy"] - base_best)
+    summarise(rows)
+    spec = TASKS[opts.task]
     meta = {
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "task": "word-level LSTM LM (adaptive softmax) on Python stdlib sources",
-        **{k: v for k, v in vars(opts).items() if k != "algorithms"},
+        "task_name": opts.task,
+        "task": spec.description,
+        **{k: v for k, v in vars(opts).items() if k not in ("algorithms", "task")},
+        "seeds": list(opts.seeds),
+        "batch": opts.batch or spec.batch,
+        "lr": opts.lr or spec.lr,
+        "clip": spec.clip if opts.clip is None else opts.clip,
     }
+    if opts.momentum_handover:
+        meta["momentum_handover"] = (
+            "the optimizer's momentum until compression starts, then the algorithm's own "
+            "(dgc), with the optimizer's buffer as its starting point, and updates clipped after "
+            "momentum at clip / (1 - momentum); uncompressed parameters keep the optimizer's "
+            "momentum"
+        )
+    if opts.task == "tabular":
+        meta["bayes_accuracy"] = data["bayes"]
     return {"meta": meta, "rows": rows}
+
+
+def _setup_line(m: dict[str, Any]) -> str:
+    if m.get("task_name") == "tabular":
+        size = (
+            f"{m['epochs']} epoch(s) over {m['train_samples']} samples, {m['batch']} per worker "
+            f"per step; accuracy on {m['eval_samples']} held-out samples (the labelling rule "
+            f"itself scores {100 * m.get('bayes_accuracy', float('nan')):.1f}%)"
+        )
+    else:
+        size = (
+            f"{m['epochs']} epoch(s) over {m['train_tokens']} tokens, {m['batch']} x "
+            f"{m['bptt']}-token windows per worker per step; next-word accuracy on "
+            f"{m['eval_tokens']} held-out tokens"
+        )
+    warm = f"{m.get('warmup_steps', 0)} step(s)"
+    if m.get("warmup_epochs"):
+        warm = f"{m['warmup_epochs']} epoch(s) + {warm}"
+    return (
+        f"{m['task']}: {m['workers']} workers, {size}. SGD lr {m['lr']} "
+        f"({m.get('lr_schedule', 'constant')}) momentum {m['momentum']}, clip {m['clip']}. "
+        f"CaSync plan: {m['plan'] or 'default rule'}. CaSync warm-up: {warm} uncompressed. "
+        f"Sparsifiers' density warm-up: {m.get('density_warmup_epochs', 0)} epoch(s)."
+    )
 
 
 def convergence_markdown(results: dict[str, Any]) -> str:
     """A markdown table of :func:`run_convergence`'s results."""
     m = results["meta"]
+    seeds = m.get("seeds", [0])
+    momentum = (
+        "Momentum: the optimizer's until compression starts, then handed over to an algorithm "
+        "with its own momentum correction (dgc), whose updates are then clipped after momentum "
+        "at clip / (1 - momentum); parameters left uncompressed keep the optimizer's."
+        if m.get("momentum_handover")
+        else "An algorithm with its own momentum correction (dgc) runs with the optimizer's "
+        "momentum at 0 (it replaces it)."
+    )
     out = [
         "# Convergence under compression",
         "",
-        f"{m['task']}: {m['workers']} workers, {m['epochs']} epoch(s) over {m['train_tokens']} "
-        f"tokens, {m['batch']} x {m['bptt']}-token windows per worker per step, SGD lr "
-        f"{m['lr']} momentum {m['momentum']}, clip {m['clip']}; next-word accuracy on "
-        f"{m['eval_tokens']} held-out tokens. CaSync plan: {m['plan'] or 'default rule'}. "
-        f"CaSync warm-up: {m.get('warmup_steps', 0)} uncompressed step(s). "
-        f"Sparsifiers' density warm-up: {m.get('density_warmup_epochs', 0)} epoch(s). "
-        "An algorithm with its own momentum correction (dgc) runs with the optimizer's momentum "
-        f"at 0 (it replaces it). {m['date']}. Command: `{m.get('command', '?')}`",
+        f"{_setup_line(m)} {momentum} Seeds: {', '.join(map(str, seeds))}. {m['date']}. "
+        f"Command: `{m.get('command', '?')}`",
         "",
         "Final: after the last epoch. Best: the best epoch's (validation accuracy is measured "
         "after every epoch, as one would pick the checkpoint to keep); each compared with "

@@ -1,5 +1,7 @@
 """Benchmark workloads: a communication-heavy word-level LSTM language model on a corpus made from
-Python's own standard-library sources, and a compute-heavy small ResNet on synthetic images.
+Python's own standard-library sources, a compute-heavy small ResNet on synthetic images, and a
+tabular classifier (:class:`TabularMLP`) on a synthetic teacher-student task
+(:func:`tabular_data`) for accuracy.
 
     spec = WORKLOADS["lstm-lm"]
     model = spec.build()                     # same weights on every rank (seeded)
@@ -30,10 +32,13 @@ __all__ = [
     "WORKLOADS",
     "Corpus",
     "SmallResNet",
+    "Tabular",
+    "TabularMLP",
     "Workload",
     "lm_batch",
     "load_corpus",
     "stdlib_text",
+    "tabular_data",
 ]
 
 _TOKEN = re.compile(r"[A-Za-z_]+|\d+|[^\sA-Za-z_\d]")
@@ -113,6 +118,61 @@ class LSTMLM(nn.Module):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Most likely next id at every position, shaped like ``x``."""
         return self.out.predict(self._hidden(x)).reshape(x.shape)
+
+
+@dataclass(frozen=True)
+class Tabular:
+    """A classification data set: ``train_x`` (n, features) float32 and ``train_y`` (n,) int64
+    class ids, likewise ``valid_x`` and ``valid_y``; ``bayes`` is the accuracy of the true
+    labelling rule on the validation set (the best any classifier can expect)."""
+
+    features: int
+    classes: int
+    train_x: torch.Tensor = field(repr=False)
+    train_y: torch.Tensor = field(repr=False)
+    valid_x: torch.Tensor = field(repr=False)
+    valid_y: torch.Tensor = field(repr=False)
+    bayes: float
+
+
+@lru_cache(maxsize=4)
+def tabular_data(
+    train: int = 16384, valid: int = 4096, features: int = 32, classes: int = 10
+) -> Tabular:
+    """A synthetic teacher-student classification task, generated deterministically (the same
+    tensors on every machine with the same torch; nothing is downloaded): Gaussian inputs, a
+    fixed random two-layer tanh network's logits (scale 8) plus Gumbel noise as the label, so
+    the labels are noisy (the rule scores about 83% on its own samples) and a student sees the
+    rule only through ``train`` samples. The first ``train`` samples train, the next ``valid``
+    validate."""
+    g = torch.Generator().manual_seed(20180430)
+    hidden = 32
+    w1 = torch.randn(features, hidden, generator=g) / features**0.5
+    w2 = torch.randn(hidden, classes, generator=g) / hidden**0.5
+    n = train + valid
+    x = torch.randn(n, features, generator=g)
+    logits = 8.0 * torch.tanh(2.0 * x @ w1) @ w2
+    u = torch.rand(n, classes, generator=g).clamp_(1e-9, 1.0 - 1e-9)
+    y = (logits - torch.log(-torch.log(u))).argmax(1)
+    bayes = float((logits[train:].argmax(1) == y[train:]).float().mean())
+    return Tabular(features, classes, x[:train], y[:train], x[train:], y[train:], bayes)
+
+
+class TabularMLP(nn.Module):
+    """An MLP classifier ``features -> hidden -> 256 -> classes`` (ReLU): with the defaults the
+    first weight has 65536 elements and the second 524288, both compressed under CaSync's
+    default rule; the rest are small and travel uncompressed. ``forward(x)`` returns logits."""
+
+    def __init__(self, features: int = 32, classes: int = 10, hidden: int = 2048) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(features, hidden), nn.ReLU(),
+            nn.Linear(hidden, 256), nn.ReLU(),
+            nn.Linear(256, classes),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)  # type: ignore[no-any-return]
 
 
 def _block(cin: int, cout: int, stride: int) -> nn.Module:

@@ -54,8 +54,47 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
     return out[1:]
 
 
+def _pct_spread(r: dict[str, Any], key: str) -> str:
+    s = r[key]
+    return f"{100 * s['mean']:.2f} ({100 * s['min']:.2f}-{100 * s['max']:.2f})"
+
+
+def _gap(r: dict[str, Any], key: str) -> str:
+    mean = r.get(f"{key}_points")
+    span = r.get(f"{key}_range")
+    if mean is None or span is None:
+        return _signed(mean)
+    return f"{mean:+.2f} ({span[0]:+.2f}..{span[1]:+.2f})"
+
+
+def _convergence_seeds_rows(results: dict[str, Any]) -> list[str]:
+    out = [
+        "| algorithm | EF | final % mean (min-max) | vs uncompressed (per seed) | best % mean "
+        "(min-max) | vs best uncompressed (per seed) | best epochs | final valid loss | "
+        "train s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["rows"]:
+        ef = {None: "-", True: "yes", False: "no"}[r["error_feedback"]]
+        if "accuracy" not in r:
+            err = r.get("error", "no result").strip().splitlines()[-1][:160]
+            out.append(f"| {r['algorithm']} | {ef} | failed: {err} | | | | | | |")
+            continue
+        out.append(
+            f"| {r['algorithm']} | {ef} | {_pct_spread(r, 'final')} | {_gap(r, 'delta')} | "
+            f"{_pct_spread(r, 'best')} | {_gap(r, 'best_delta')} | "
+            f"{','.join(map(str, r['best_epochs']))} | {r['valid_loss']:.3f} | "
+            f"{r['seconds']:.0f} |"
+        )
+    return out
+
+
 def convergence_rows(results: dict[str, Any]) -> list[str]:
-    """``hipress bench convergence``: final and best accuracy of each algorithm."""
+    """``hipress bench convergence``: final and best accuracy of each algorithm; over several
+    seeds (results with ``runs``), the mean with the range over the seeds, and the gap of the
+    means with the range of the per-seed gaps."""
+    if any("runs" in r for r in results["rows"]):
+        return _convergence_seeds_rows(results)
     out = [
         "| algorithm | EF | final accuracy % | vs uncompressed | best % (epoch) | vs best "
         "uncompressed | final valid loss | train s |",
@@ -191,6 +230,7 @@ TABLES: Mapping[str, Table] = MappingProxyType(
     {
         "e2e": e2e_table,
         "convergence": convergence_rows,
+        "convergence-tabular": convergence_rows,
         "kernels": kernels_table,
         "plan": plan_table,
         "sync": sync_table,
