@@ -32,15 +32,15 @@ BACKEND = "reference"
 ALGOS = algorithms()
 # error feedback (state `residual`, or `comp` for the one-pass forms of onebit and efsignsgd):
 # residual_after + decoded == g + residual_before
-EF = {"dgc", "efsignsgd", "graddrop", "onebit", "tbq", "topk"}
+EF = {"dgc", "efsignsgd", "graddrop", "onebit", "randomk", "tbq", "topk"}
 # one pass over the data: a non-finite step drops the residual (`lost`) instead of keeping it
-ONE_PASS_EF = {"dgc", "efsignsgd", "graddrop", "onebit", "tbq", "topk"}
+ONE_PASS_EF = {"dgc", "efsignsgd", "graddrop", "onebit", "randomk", "tbq", "topk"}
 # params under which E[decode(encode(g))] == g
 UNBIASED: dict[str, dict[str, Any]] = {
     "qsgd": {},
     "qsgd-2bit": {"bits": 2, "bucket": 64},
-    "terngrad": {},
-    "randomk": {"ratio": 0.25},
+    "terngrad": {"clip": 0.0},  # (clipped, it is unbiased on the clipped gradient)
+    "randomk": {"ratio": 0.25, "memory": False},
 }
 RANDOM = {"dgc", "graddrop", "qsgd", "randomk", "terngrad"}
 SIZES = (0, 1, 7, 8, 9, 1000)
@@ -153,7 +153,8 @@ def check_randomk(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Ten
     assert idx.numel() == k and (idx.diff() > 0).all()
     sent = torch.zeros(n, dtype=torch.bool)
     sent[idx] = True
-    scale = torch.tensor(n / k if k else 0.0, dtype=torch.float32)
+    # (from a fresh state: with memory, c = x, sent unscaled)
+    scale = torch.tensor(1.0 if alg.params["memory"] else n / k if k else 0.0)
     assert torch.equal(y, torch.where(sent, x * scale, torch.zeros_like(x)))
 
 
@@ -189,8 +190,11 @@ def check_graddrop(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Te
 
 def check_qsgd(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> None:
     s = (1 << (int(alg.params["bits"]) - 1)) - 1
-    norm = _per_chunk(x.double(), int(alg.params["bucket"]), lambda r: r.square().sum(1).sqrt())
-    norm = norm.float()
+    if alg.params["maxnorm"]:
+        scale = lambda r: r.abs().amax(1)  # noqa: E731
+    else:
+        scale = lambda r: r.square().sum(1).sqrt()  # noqa: E731
+    norm = _per_chunk(x.double(), int(alg.params["bucket"]), scale).float()
     assert (y - x).abs().le(norm / s * (1 + 1e-5) + 4e-7 * norm).all()
     assert (y * x).ge(0).all() and y.abs().le(norm * (1 + 1e-6)).all()
 
@@ -198,15 +202,24 @@ def check_qsgd(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Tensor
 def check_terngrad(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> None:
     if x.numel() == 0:
         return
-    lo, hi = x.min(), x.max()
+    lo, hi = (float(p[o : o + 4].view(torch.float32)[0]) for o in (0, 8))  # the payload's
+    # the clip range: [min, max] cut to clip standard deviations around the mean (in f64)
+    c, xd = float(alg.params["clip"]), x.double()
+    mean = xd.mean()
+    sd = (xd.square().mean() - mean * mean).clamp(min=0).sqrt()
+    want_lo = max(float(x.min()), float(mean - c * sd)) if c > 0 else float(x.min())
+    want_hi = min(float(x.max()), float(mean + c * sd)) if c > 0 else float(x.max())
+    scale = float(x.abs().max())
+    assert abs(lo - want_lo) <= 1e-5 * scale + _eps_tol(x)
+    assert abs(hi - want_hi) <= 1e-5 * scale + _eps_tol(x)
     levels = (1 << int(alg.params["bitwidth"])) - 1
-    gap = float((hi - lo) / levels)
+    gap = max(0.0, (hi - lo) / levels)
     err = gap if alg.params["stochastic"] else gap / 2
     # + the subnormal spacing per level: a range of a few subnormals has a float32 gap of 0
-    # (every element then decodes to lo)
+    # (every element then decodes to lo); elements outside [lo, hi] are clipped first
     tol = err * (1 + 1e-5) + _eps_tol(x) + levels * 2.0**-149
-    assert (y - x).abs().le(tol).all()
-    assert y.ge(lo - _eps_tol(x)).all() and y.le(hi + _eps_tol(x)).all()
+    assert (y - x.clamp(min(lo, hi), hi)).abs().le(tol).all()
+    assert y.ge(lo - _eps_tol(x)).all() and y.le(max(lo, hi) + _eps_tol(x)).all()
 
 
 BOUNDS: dict[str, Check] = {
@@ -364,6 +377,7 @@ def test_one_pass_error_feedback_drops_the_residual_after_a_non_finite_step(name
     assert bool(st_.tensors["lost"]) and torch.equal(residual(st_), torch.zeros(n))
     g = torch.randn(n, generator=gen)  # the next step starts from zero error
     fresh = alg.init_state(n)
+    fresh.step = st_.step  # (the same random draws: randomk's subset depends on the step)
     assert torch.equal(alg.encode(g, st_), alg.encode(g, fresh))
     assert not bool(st_.tensors["lost"])
 
@@ -493,7 +507,10 @@ def _bias_z(alg: Algorithm, n: int = 256, trials: int = 300) -> tuple[torch.Tens
     elif alg.name == "qsgd":
         s = (1 << (int(alg.params["bits"]) - 1)) - 1
         b = int(alg.params["bucket"])
-        norm = _per_chunk(x.double(), b, lambda r: r.square().sum(1).sqrt())
+        if alg.params["maxnorm"]:
+            norm = _per_chunk(x.double(), b, lambda r: r.abs().amax(1))
+        else:
+            norm = _per_chunk(x.double(), b, lambda r: r.square().sum(1).sqrt())
         var = (norm / s).square() / 4
     else:
         gap = float(x.max() - x.min()) / ((1 << int(alg.params["bitwidth"])) - 1)

@@ -231,7 +231,9 @@ def _resume(rank: int, world_size: int, alg_name: str) -> None:
         model = _model(seed)
         ddp = _ddp(model)
         state = register(ddp, make_algorithm(alg_name), plan=_plan(alg_name, model, world_size))
-        return model, ddp, state, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        # (dgc applies momentum itself: register refuses it with SGD's momentum on top)
+        momentum = 0.0 if alg_name == "dgc" else 0.9
+        return model, ddp, state, torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
 
     model, ddp, _, opt = build(0)
     _train(ddp, opt, rank, range(6))

@@ -63,22 +63,25 @@ def test_partitions_must_leave_a_shard_per_worker() -> None:
 
 
 def test_randomk_is_never_compressed_twice_by_default(caplog: pytest.LogCaptureFixture) -> None:
-    """randomk scales by n/k: a PS server or a ring hop compressing the aggregate again
-    multiplies its variance by n/k (94x the error measured). The default rule gives it the
-    all-gather; an explicit PS plan runs, with a warning that says why."""
+    """randomk without memory scales by n/k: a PS server or a ring hop compressing the
+    aggregate again multiplies its variance by n/k (94x the error measured). The default rule
+    gives it the all-gather; an explicit PS plan runs, with a warning that says why. (With
+    memory, its default, it keeps error feedback and survives a second compression.)"""
     from hipress.casync.algorithm import recompressible
     from hipress.casync.planning import resolve_plan
     from hipress.compll import algorithms, load
 
-    assert [a for a in algorithms() if not recompressible(load(a))] == ["randomk"]
+    assert [a for a in algorithms() if not recompressible(load(a))] == []
+    unbiased = load("randomk", memory=False)
+    assert not recompressible(unbiased)
     named = [("w", 1 << 20), ("b", 100)]
-    plan = resolve_plan(None, load("randomk"), named, 4)
+    plan = resolve_plan(None, unbiased, named, 4)
     assert [e.strategy for e in plan.entries] == [Strategy.ALLGATHER, Strategy.ALLREDUCE]
     assert resolve_plan(None, load("topk"), named, 4).entries[0].strategy is Strategy.PS
-    explicit = Plan("randomk", dict(load("randomk").params), 4, (
+    explicit = Plan("randomk", dict(unbiased.params), 4, (
         TensorPlan("w", 1 << 20, True, Strategy.PS, 1),
         TensorPlan("b", 100, False, Strategy.ALLREDUCE, 1),
     ))  # fmt: skip
     with caplog.at_level("WARNING"):
-        resolve_plan(explicit, load("randomk"), named, 4)
+        resolve_plan(explicit, unbiased, named, 4)
     assert "randomk loses accuracy when compressed twice" in caplog.text

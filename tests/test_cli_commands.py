@@ -13,8 +13,20 @@ import pytest
 import hipress.cli
 from hipress.cli import build_parser, main
 
-COMMANDS = ("check", "show", "algorithms", "build", "selftest", "plan", "profile", "demo", "bench")
-BENCHES = ("kernels", "plan", "sync", "e2e", "convergence", "costfit", "ring", "report")
+COMMANDS = (
+    "check",
+    "show",
+    "algorithms",
+    "build",
+    "selftest",
+    "plan",
+    "profile",
+    "demo",
+    "trace",
+    "bench",
+)
+BENCHES = ("kernels", "plan", "sync", "e2e", "convergence", "costfit", "ring", "report", "fsdp",
+           "robustness")  # fmt: skip
 MODULES = sorted(m.name for m in pkgutil.iter_modules(hipress.cli.__path__, "hipress.cli."))
 
 

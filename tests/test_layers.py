@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hipress.compll",),  # the compiler's API: load, Algorithm, the codegen CLI helpers
     ("hipress.secopa",),  # the cost model, the planner, profiling of codecs and links
     ("hipress.casync",),
-    ("hipress.horovod", "hipress.integrations"),  # Horovod, Lightning, Accelerate
+    ("hipress.horovod", "hipress.integrations", "hipress.fsdp"),  # Horovod, Lightning, ...
     ("hipress.bench", "hipress.demo", "hipress.selftest", "hipress.cli", "hipress"),
 ]
 

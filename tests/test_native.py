@@ -657,6 +657,21 @@ def test_random_streams_and_compaction_on_every_path(name: str, path: str, tmp_p
             assert torch.equal(ref.encode(x, s1), cpu.encode(x, s2)), (name, path, tid)
 
 
+@pytest.mark.parametrize(("name", "n"), [("topk", 2048 * 1024 + 67), ("randomk", 2048 * 256 + 67)])
+def test_topk_guess_its_fallback_and_no_guess(name: str, n: int) -> None:
+    """From 256 tiles of keys up, the C top-k guesses where its k-th key lies from every 32nd
+    tile and collects in one pass: the result is the reference's where the guess holds (random
+    data), where its pass proves it wrong (topk: the large values only in tiles the sample
+    skips, then the radix passes run on what that pass stored) and where it is not tried (all
+    keys equal, or at topk's smaller sizes: too many candidates)."""
+    ref, cpu = _pair(name, {})
+    x = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    tile = torch.arange(n) // 2048
+    hidden = torch.where((tile % 32 != 16) & (tile % 4 == 0), x * 100, x)
+    for g, steps in ((x, 2), (hidden, 1), (torch.ones(n), 1)):
+        run_both(ref, cpu, g, steps=steps)
+
+
 # ---------------------------------------------------------------- selection and errors
 
 

@@ -613,38 +613,42 @@ HP_FN float hp_uniform(uint32_t bits) { return (float)(bits >> 8) * 0x1p-24f; }
 
 #if defined(__AVX512F__) && !defined(HP_NO_AVX512)
 #include <immintrin.h>
-/* 16 consecutive blocks blk0..blk0+15 -> out[0..63] in counter order (4 per block) */
+/* 16 consecutive blocks blk0..blk0+15 -> out[0..63] in counter order (4 per block). A word
+   lives in the low half of a 64-bit lane: vpmuludq reads only low halves and gives hi and lo
+   at once, so a round is 1 multiply, 1 shift and 1 three-way xor per word pair (the high halves
+   hold junk that xor never carries down); two independent chains of 8 blocks hide latency. */
 static inline void hp_philox16(uint64_t blk0, uint32_t stream, uint32_t k0, uint32_t k1,
                                uint32_t step, uint32_t tid, uint32_t* out) {
-  __m512i x0 = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)blk0),
-                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  __m512i x1 = _mm512_set1_epi32((int)((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)));
-  __m512i x2 = _mm512_set1_epi32((int)step), x3 = _mm512_set1_epi32((int)tid);
+  __m512i a0 = _mm512_add_epi64(_mm512_set1_epi64((uint32_t)blk0), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  __m512i b0 = _mm512_add_epi64(a0, _mm512_set1_epi64(8));
+  __m512i a1 = _mm512_set1_epi64((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)), b1 = a1;
+  __m512i a2 = _mm512_set1_epi64(step), b2 = a2, a3 = _mm512_set1_epi64(tid), b3 = a3;
   const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
   for (int r = 0; r < 10; r++) {
-    const __m512i pe0 = _mm512_mul_epu32(x0, m0), po0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
-    const __m512i pe1 = _mm512_mul_epu32(x2, m1), po1 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
-    const __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe0, 32), po0);
-    const __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, pe0, _mm512_slli_epi64(po0, 32));
-    const __m512i hi1 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe1, 32), po1);
-    const __m512i lo1 = _mm512_mask_blend_epi32(0xAAAA, pe1, _mm512_slli_epi64(po1, 32));
-    x0 = _mm512_xor_si512(_mm512_xor_si512(hi1, x1), _mm512_set1_epi32((int)k0));
-    x1 = lo1;
-    x2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32((int)k1));
-    x3 = lo0;
+    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
+    const __m512i p0 = _mm512_mul_epu32(a0, m0), p1 = _mm512_mul_epu32(a2, m1);
+    const __m512i q0 = _mm512_mul_epu32(b0, m0), q1 = _mm512_mul_epu32(b2, m1);
+    a0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), a1, kk0, 0x96);
+    a2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), a3, kk1, 0x96);
+    b0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(q1, 32), b1, kk0, 0x96);
+    b2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(q0, 32), b3, kk1, 0x96);
+    a1 = p1;
+    a3 = p0;
+    b1 = q1;
+    b3 = q0;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  const __m512i a = _mm512_unpacklo_epi32(x0, x1), b = _mm512_unpackhi_epi32(x0, x1);
-  const __m512i c = _mm512_unpacklo_epi32(x2, x3), d = _mm512_unpackhi_epi32(x2, x3);
-  const __m512i e = _mm512_unpacklo_epi64(a, c), f = _mm512_unpackhi_epi64(a, c);
-  const __m512i g = _mm512_unpacklo_epi64(b, d), h = _mm512_unpackhi_epi64(b, d);
-  const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
-  const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
-  _mm512_storeu_si512((void*)(out + 0), _mm512_shuffle_i32x4(t0, t1, 0x88));
-  _mm512_storeu_si512((void*)(out + 16), _mm512_shuffle_i32x4(t0, t1, 0xDD));
-  _mm512_storeu_si512((void*)(out + 32), _mm512_shuffle_i32x4(t2, t3, 0x88));
-  _mm512_storeu_si512((void*)(out + 48), _mm512_shuffle_i32x4(t2, t3, 0xDD));
+  /* lane j: words 0|1 and 2|3 of block j, then interleaved into counter order */
+  const __m512i i0 = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), i1 = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+  __m512i lo = _mm512_mask_blend_epi32(0xAAAA, a0, _mm512_slli_epi64(a1, 32));
+  __m512i hi = _mm512_mask_blend_epi32(0xAAAA, a2, _mm512_slli_epi64(a3, 32));
+  _mm512_storeu_si512((void*)(out + 0), _mm512_permutex2var_epi64(lo, i0, hi));
+  _mm512_storeu_si512((void*)(out + 16), _mm512_permutex2var_epi64(lo, i1, hi));
+  lo = _mm512_mask_blend_epi32(0xAAAA, b0, _mm512_slli_epi64(b1, 32));
+  hi = _mm512_mask_blend_epi32(0xAAAA, b2, _mm512_slli_epi64(b3, 32));
+  _mm512_storeu_si512((void*)(out + 32), _mm512_permutex2var_epi64(lo, i0, hi));
+  _mm512_storeu_si512((void*)(out + 48), _mm512_permutex2var_epi64(lo, i1, hi));
 }
 #define HP_HAVE_PHILOX16 1
 /* a tile of f32 -> f16 with the hardware conversion (RNE; NaN quieted, as hp_f32_to_f16) */
@@ -664,37 +668,42 @@ static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t t
 #define HP_HAVE_TILE_F16 1
 #elif defined(__AVX2__) && !defined(HP_NO_AVX2)
 #include <immintrin.h>
-/* AVX2 (no AVX-512): 8 consecutive blocks blk0..blk0+7 -> out[0..31] in counter order */
+/* AVX2 (no AVX-512): 8 consecutive blocks blk0..blk0+7 -> out[0..31] in counter order; words
+   in 64-bit lanes as in hp_philox16, two chains of 4 blocks */
 static inline void hp_philox8(uint64_t blk0, uint32_t stream, uint32_t k0, uint32_t k1,
                               uint32_t step, uint32_t tid, uint32_t* out) {
-  __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)blk0),
-                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256i x1 = _mm256_set1_epi32((int)((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)));
-  __m256i x2 = _mm256_set1_epi32((int)step), x3 = _mm256_set1_epi32((int)tid);
+  __m256i a0 = _mm256_add_epi64(_mm256_set1_epi64x((uint32_t)blk0), _mm256_setr_epi64x(0, 1, 2, 3));
+  __m256i b0 = _mm256_add_epi64(a0, _mm256_set1_epi64x(4));
+  __m256i a1 = _mm256_set1_epi64x((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)), b1 = a1;
+  __m256i a2 = _mm256_set1_epi64x(step), b2 = a2, a3 = _mm256_set1_epi64x(tid), b3 = a3;
   const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
   for (int r = 0; r < 10; r++) {
-    const __m256i pe0 = _mm256_mul_epu32(x0, m0), po0 = _mm256_mul_epu32(_mm256_srli_epi64(x0, 32), m0);
-    const __m256i pe1 = _mm256_mul_epu32(x2, m1), po1 = _mm256_mul_epu32(_mm256_srli_epi64(x2, 32), m1);
-    const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(pe0, 32), po0, 0xAA);
-    const __m256i lo0 = _mm256_blend_epi32(pe0, _mm256_slli_epi64(po0, 32), 0xAA);
-    const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(pe1, 32), po1, 0xAA);
-    const __m256i lo1 = _mm256_blend_epi32(pe1, _mm256_slli_epi64(po1, 32), 0xAA);
-    x0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32((int)k0));
-    x1 = lo1;
-    x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32((int)k1));
-    x3 = lo0;
+    const __m256i kk0 = _mm256_set1_epi64x(k0), kk1 = _mm256_set1_epi64x(k1);
+    const __m256i p0 = _mm256_mul_epu32(a0, m0), p1 = _mm256_mul_epu32(a2, m1);
+    const __m256i q0 = _mm256_mul_epu32(b0, m0), q1 = _mm256_mul_epu32(b2, m1);
+    a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), a1), kk0);
+    a2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), a3), kk1);
+    b0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(q1, 32), b1), kk0);
+    b2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(q0, 32), b3), kk1);
+    a1 = p1;
+    a3 = p0;
+    b1 = q1;
+    b3 = q0;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  /* transpose: lane j of x0..x3 is block j's 4 words */
-  const __m256i a = _mm256_unpacklo_epi32(x0, x1), b = _mm256_unpackhi_epi32(x0, x1);
-  const __m256i c = _mm256_unpacklo_epi32(x2, x3), d = _mm256_unpackhi_epi32(x2, x3);
-  const __m256i e = _mm256_unpacklo_epi64(a, c), f = _mm256_unpackhi_epi64(a, c);  /* 0|4, 1|5 */
-  const __m256i g = _mm256_unpacklo_epi64(b, d), h = _mm256_unpackhi_epi64(b, d);  /* 2|6, 3|7 */
+  /* lane j: words 0|1 and 2|3 of block j; then blocks 0,1 | 2,3 of each chain */
+  __m256i lo = _mm256_blend_epi32(a0, _mm256_slli_epi64(a1, 32), 0xAA);
+  __m256i hi = _mm256_blend_epi32(a2, _mm256_slli_epi64(a3, 32), 0xAA);
+  __m256i e = _mm256_unpacklo_epi64(lo, hi), f = _mm256_unpackhi_epi64(lo, hi);  /* 0|2, 1|3 */
   _mm256_storeu_si256((__m256i*)(out + 0), _mm256_permute2x128_si256(e, f, 0x20));
-  _mm256_storeu_si256((__m256i*)(out + 8), _mm256_permute2x128_si256(g, h, 0x20));
-  _mm256_storeu_si256((__m256i*)(out + 16), _mm256_permute2x128_si256(e, f, 0x31));
-  _mm256_storeu_si256((__m256i*)(out + 24), _mm256_permute2x128_si256(g, h, 0x31));
+  _mm256_storeu_si256((__m256i*)(out + 8), _mm256_permute2x128_si256(e, f, 0x31));
+  lo = _mm256_blend_epi32(b0, _mm256_slli_epi64(b1, 32), 0xAA);
+  hi = _mm256_blend_epi32(b2, _mm256_slli_epi64(b3, 32), 0xAA);
+  e = _mm256_unpacklo_epi64(lo, hi);
+  f = _mm256_unpackhi_epi64(lo, hi);
+  _mm256_storeu_si256((__m256i*)(out + 16), _mm256_permute2x128_si256(e, f, 0x20));
+  _mm256_storeu_si256((__m256i*)(out + 24), _mm256_permute2x128_si256(e, f, 0x31));
 }
 #define HP_HAVE_PHILOX8 1
 #ifdef __F16C__

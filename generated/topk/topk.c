@@ -613,38 +613,42 @@ HP_FN float hp_uniform(uint32_t bits) { return (float)(bits >> 8) * 0x1p-24f; }
 
 #if defined(__AVX512F__) && !defined(HP_NO_AVX512)
 #include <immintrin.h>
-/* 16 consecutive blocks blk0..blk0+15 -> out[0..63] in counter order (4 per block) */
+/* 16 consecutive blocks blk0..blk0+15 -> out[0..63] in counter order (4 per block). A word
+   lives in the low half of a 64-bit lane: vpmuludq reads only low halves and gives hi and lo
+   at once, so a round is 1 multiply, 1 shift and 1 three-way xor per word pair (the high halves
+   hold junk that xor never carries down); two independent chains of 8 blocks hide latency. */
 static inline void hp_philox16(uint64_t blk0, uint32_t stream, uint32_t k0, uint32_t k1,
                                uint32_t step, uint32_t tid, uint32_t* out) {
-  __m512i x0 = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)blk0),
-                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  __m512i x1 = _mm512_set1_epi32((int)((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)));
-  __m512i x2 = _mm512_set1_epi32((int)step), x3 = _mm512_set1_epi32((int)tid);
+  __m512i a0 = _mm512_add_epi64(_mm512_set1_epi64((uint32_t)blk0), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  __m512i b0 = _mm512_add_epi64(a0, _mm512_set1_epi64(8));
+  __m512i a1 = _mm512_set1_epi64((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)), b1 = a1;
+  __m512i a2 = _mm512_set1_epi64(step), b2 = a2, a3 = _mm512_set1_epi64(tid), b3 = a3;
   const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
   for (int r = 0; r < 10; r++) {
-    const __m512i pe0 = _mm512_mul_epu32(x0, m0), po0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
-    const __m512i pe1 = _mm512_mul_epu32(x2, m1), po1 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
-    const __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe0, 32), po0);
-    const __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, pe0, _mm512_slli_epi64(po0, 32));
-    const __m512i hi1 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe1, 32), po1);
-    const __m512i lo1 = _mm512_mask_blend_epi32(0xAAAA, pe1, _mm512_slli_epi64(po1, 32));
-    x0 = _mm512_xor_si512(_mm512_xor_si512(hi1, x1), _mm512_set1_epi32((int)k0));
-    x1 = lo1;
-    x2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32((int)k1));
-    x3 = lo0;
+    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
+    const __m512i p0 = _mm512_mul_epu32(a0, m0), p1 = _mm512_mul_epu32(a2, m1);
+    const __m512i q0 = _mm512_mul_epu32(b0, m0), q1 = _mm512_mul_epu32(b2, m1);
+    a0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), a1, kk0, 0x96);
+    a2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), a3, kk1, 0x96);
+    b0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(q1, 32), b1, kk0, 0x96);
+    b2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(q0, 32), b3, kk1, 0x96);
+    a1 = p1;
+    a3 = p0;
+    b1 = q1;
+    b3 = q0;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  const __m512i a = _mm512_unpacklo_epi32(x0, x1), b = _mm512_unpackhi_epi32(x0, x1);
-  const __m512i c = _mm512_unpacklo_epi32(x2, x3), d = _mm512_unpackhi_epi32(x2, x3);
-  const __m512i e = _mm512_unpacklo_epi64(a, c), f = _mm512_unpackhi_epi64(a, c);
-  const __m512i g = _mm512_unpacklo_epi64(b, d), h = _mm512_unpackhi_epi64(b, d);
-  const __m512i t0 = _mm512_shuffle_i32x4(e, f, 0x44), t1 = _mm512_shuffle_i32x4(g, h, 0x44);
-  const __m512i t2 = _mm512_shuffle_i32x4(e, f, 0xEE), t3 = _mm512_shuffle_i32x4(g, h, 0xEE);
-  _mm512_storeu_si512((void*)(out + 0), _mm512_shuffle_i32x4(t0, t1, 0x88));
-  _mm512_storeu_si512((void*)(out + 16), _mm512_shuffle_i32x4(t0, t1, 0xDD));
-  _mm512_storeu_si512((void*)(out + 32), _mm512_shuffle_i32x4(t2, t3, 0x88));
-  _mm512_storeu_si512((void*)(out + 48), _mm512_shuffle_i32x4(t2, t3, 0xDD));
+  /* lane j: words 0|1 and 2|3 of block j, then interleaved into counter order */
+  const __m512i i0 = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), i1 = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+  __m512i lo = _mm512_mask_blend_epi32(0xAAAA, a0, _mm512_slli_epi64(a1, 32));
+  __m512i hi = _mm512_mask_blend_epi32(0xAAAA, a2, _mm512_slli_epi64(a3, 32));
+  _mm512_storeu_si512((void*)(out + 0), _mm512_permutex2var_epi64(lo, i0, hi));
+  _mm512_storeu_si512((void*)(out + 16), _mm512_permutex2var_epi64(lo, i1, hi));
+  lo = _mm512_mask_blend_epi32(0xAAAA, b0, _mm512_slli_epi64(b1, 32));
+  hi = _mm512_mask_blend_epi32(0xAAAA, b2, _mm512_slli_epi64(b3, 32));
+  _mm512_storeu_si512((void*)(out + 32), _mm512_permutex2var_epi64(lo, i0, hi));
+  _mm512_storeu_si512((void*)(out + 48), _mm512_permutex2var_epi64(lo, i1, hi));
 }
 #define HP_HAVE_PHILOX16 1
 /* a tile of f32 -> f16 with the hardware conversion (RNE; NaN quieted, as hp_f32_to_f16) */
@@ -664,37 +668,42 @@ static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t t
 #define HP_HAVE_TILE_F16 1
 #elif defined(__AVX2__) && !defined(HP_NO_AVX2)
 #include <immintrin.h>
-/* AVX2 (no AVX-512): 8 consecutive blocks blk0..blk0+7 -> out[0..31] in counter order */
+/* AVX2 (no AVX-512): 8 consecutive blocks blk0..blk0+7 -> out[0..31] in counter order; words
+   in 64-bit lanes as in hp_philox16, two chains of 4 blocks */
 static inline void hp_philox8(uint64_t blk0, uint32_t stream, uint32_t k0, uint32_t k1,
                               uint32_t step, uint32_t tid, uint32_t* out) {
-  __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)blk0),
-                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256i x1 = _mm256_set1_epi32((int)((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)));
-  __m256i x2 = _mm256_set1_epi32((int)step), x3 = _mm256_set1_epi32((int)tid);
+  __m256i a0 = _mm256_add_epi64(_mm256_set1_epi64x((uint32_t)blk0), _mm256_setr_epi64x(0, 1, 2, 3));
+  __m256i b0 = _mm256_add_epi64(a0, _mm256_set1_epi64x(4));
+  __m256i a1 = _mm256_set1_epi64x((((uint32_t)(blk0 >> 32)) & 0xffffu) | (stream << 16)), b1 = a1;
+  __m256i a2 = _mm256_set1_epi64x(step), b2 = a2, a3 = _mm256_set1_epi64x(tid), b3 = a3;
   const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
   for (int r = 0; r < 10; r++) {
-    const __m256i pe0 = _mm256_mul_epu32(x0, m0), po0 = _mm256_mul_epu32(_mm256_srli_epi64(x0, 32), m0);
-    const __m256i pe1 = _mm256_mul_epu32(x2, m1), po1 = _mm256_mul_epu32(_mm256_srli_epi64(x2, 32), m1);
-    const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(pe0, 32), po0, 0xAA);
-    const __m256i lo0 = _mm256_blend_epi32(pe0, _mm256_slli_epi64(po0, 32), 0xAA);
-    const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(pe1, 32), po1, 0xAA);
-    const __m256i lo1 = _mm256_blend_epi32(pe1, _mm256_slli_epi64(po1, 32), 0xAA);
-    x0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32((int)k0));
-    x1 = lo1;
-    x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32((int)k1));
-    x3 = lo0;
+    const __m256i kk0 = _mm256_set1_epi64x(k0), kk1 = _mm256_set1_epi64x(k1);
+    const __m256i p0 = _mm256_mul_epu32(a0, m0), p1 = _mm256_mul_epu32(a2, m1);
+    const __m256i q0 = _mm256_mul_epu32(b0, m0), q1 = _mm256_mul_epu32(b2, m1);
+    a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), a1), kk0);
+    a2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), a3), kk1);
+    b0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(q1, 32), b1), kk0);
+    b2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(q0, 32), b3), kk1);
+    a1 = p1;
+    a3 = p0;
+    b1 = q1;
+    b3 = q0;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  /* transpose: lane j of x0..x3 is block j's 4 words */
-  const __m256i a = _mm256_unpacklo_epi32(x0, x1), b = _mm256_unpackhi_epi32(x0, x1);
-  const __m256i c = _mm256_unpacklo_epi32(x2, x3), d = _mm256_unpackhi_epi32(x2, x3);
-  const __m256i e = _mm256_unpacklo_epi64(a, c), f = _mm256_unpackhi_epi64(a, c);  /* 0|4, 1|5 */
-  const __m256i g = _mm256_unpacklo_epi64(b, d), h = _mm256_unpackhi_epi64(b, d);  /* 2|6, 3|7 */
+  /* lane j: words 0|1 and 2|3 of block j; then blocks 0,1 | 2,3 of each chain */
+  __m256i lo = _mm256_blend_epi32(a0, _mm256_slli_epi64(a1, 32), 0xAA);
+  __m256i hi = _mm256_blend_epi32(a2, _mm256_slli_epi64(a3, 32), 0xAA);
+  __m256i e = _mm256_unpacklo_epi64(lo, hi), f = _mm256_unpackhi_epi64(lo, hi);  /* 0|2, 1|3 */
   _mm256_storeu_si256((__m256i*)(out + 0), _mm256_permute2x128_si256(e, f, 0x20));
-  _mm256_storeu_si256((__m256i*)(out + 8), _mm256_permute2x128_si256(g, h, 0x20));
-  _mm256_storeu_si256((__m256i*)(out + 16), _mm256_permute2x128_si256(e, f, 0x31));
-  _mm256_storeu_si256((__m256i*)(out + 24), _mm256_permute2x128_si256(g, h, 0x31));
+  _mm256_storeu_si256((__m256i*)(out + 8), _mm256_permute2x128_si256(e, f, 0x31));
+  lo = _mm256_blend_epi32(b0, _mm256_slli_epi64(b1, 32), 0xAA);
+  hi = _mm256_blend_epi32(b2, _mm256_slli_epi64(b3, 32), 0xAA);
+  e = _mm256_unpacklo_epi64(lo, hi);
+  f = _mm256_unpackhi_epi64(lo, hi);
+  _mm256_storeu_si256((__m256i*)(out + 16), _mm256_permute2x128_si256(e, f, 0x20));
+  _mm256_storeu_si256((__m256i*)(out + 24), _mm256_permute2x128_si256(e, f, 0x31));
 }
 #define HP_HAVE_PHILOX8 1
 #ifdef __F16C__
@@ -854,8 +863,10 @@ int hp_encode(const hp_enc_args* a) {
   bool s___nonfinite = false;
 
   { /* level 1: topk -> idx (radix select on order keys, recomputed per pass:
-       11 bits a pass until the keys with the chosen prefix fit a buffer of candidates, then one
-       pass takes the keys above the prefix and keeps the candidates; no array of keys) */
+       a guess of the range the need-th largest key lies in, from a sample of the keys, and one
+       pass that takes the keys above it and keeps those in it; where the guess proves wrong,
+       11 bits a pass until the keys with the chosen prefix fit a buffer of candidates, then
+       that pass with the prefix as the range; no array of keys) */
     const int64_t ql = L2, qk = L1;
     const int64_t qtake = qk < ql ? qk : ql;
     const int64_t qcap = hp_min_i64(L2, 4 * hp_min_i64(L1, L2) + 8192);  /* candidates kept per thread, >= qtake */
@@ -899,7 +910,125 @@ int hp_encode(const hp_enc_args* a) {
       int pbits = 0;
       int64_t need = qtake, ccount = ql;  /* still to take among the keys with that prefix */
       int64_t hist[2048];
-      while (pbits < 32 && (pbits == 0 || ccount > qcap)) {
+      int64_t nsure[HP_MAXT], ncand[HP_MAXT], nover[HP_MAXT];
+      int qnt = 1;
+      uint32_t qlok = 0, qhik = 0;  /* the range of keys kept as candidates */
+      int qdone = 0;    /* the sampled guess held: candidates and keys above them are kept */
+      int qstored = 0;  /* its pass stored the maps deferred to the top-k: later passes read them */
+
+
+      /* the guess: the top 11 bits of the keys of every 32nd tile (a sample of 1/32, spread
+         over the whole tensor) place the need-th largest key in a range of buckets, 4 standard
+         deviations of the sample's count either side; one ordered pass then collects. The
+         result never depends on the guess: where the keys above the range number qtake or
+         more, or those in it too few or more than fit, the radix passes below run instead.
+         A pass fewer than the radix select, whose first pass only counts. */
+      const int64_t qtiles = (ql + HP_TILE - 1) / HP_TILE;
+      if (qtiles >= 32 * 8) {
+        const int sh = 32 - 11;
+        memset(hist, 0, sizeof(hist));
+        #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
+        {
+          uint32_t h[2048];
+          memset(h, 0, sizeof(h));
+          uint32_t qkt[HP_TILE];
+          const int64_t qhi = ql;
+          #pragma omp for schedule(static)
+          for (int64_t sb = 0; sb < qtiles / 32; sb++) {
+            const int64_t i0 = (32 * sb + 16) * HP_TILE;
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const float r2 = s_grad[j];
+          const float r3 = st_comp[j];
+          const float r4 = (r2 + hp_sel_f32(((bool)(((bool)(s_lost | (fabsf(r3) > s_pmin))) | ((bool)((fabsf(r3) == s_pmin) & (j <= s_plast))))), 0x0.0p+0f, r3));
+          qkt[t] = hp_okey_f32(fabsf(r4));
+        }
+            for (int64_t t = 0; t < tl; t++) h[qkt[t] >> sh]++;
+          }
+          #pragma omp critical
+          for (int d = 0; d < 2048; d++) hist[d] += h[d];
+        }
+        int64_t m = 0;
+        for (int d = 0; d < 2048; d++) m += hist[d];
+        const double tgt = (double)qtake * (double)m / (double)ql, margin = 4.0 * sqrt(tgt) + 8.0;
+        int64_t dh = 2047, cum = 0;  /* sampled keys in the buckets above dh */
+        while (dh > 0 && (double)(cum + hist[dh]) <= tgt - margin) cum += hist[dh--];
+        int64_t dl = dh, cin = cum + hist[dh];  /* ... in the buckets from dl up */
+        while (dl > 0 && (double)cin < tgt + margin) cin += hist[--dl];
+        /* the candidates expected must fit half a thread's buffer (threads' shares vary) */
+        if ((double)(cin - cum) * (double)ql <= 0.5 * (double)qcap * (double)m) {
+          qlok = (uint32_t)dl << sh;
+          qhik = ((uint32_t)dh << sh) | (((uint32_t)1 << sh) - 1);
+#pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
+      {
+        const int me = omp_get_thread_num(), tn = omp_get_num_threads();
+        /* chunk starts are multiples of 8 (tile buffers: random blocks of 4) */
+        const int64_t qlo = (ql * me / tn) & ~(int64_t)7;
+        const int64_t qhi = me + 1 == tn ? ql : (ql * (me + 1) / tn) & ~(int64_t)7;
+        int32_t* const mysure = qsure + me * qtake;
+        int32_t* const mycidx = qcidx + me * qcap;
+        uint32_t* const myckey = qckey + me * qcap;
+        int64_t s = 0, c = 0, over = 0;
+        uint32_t qkt[HP_TILE];
+        uint8_t fm[HP_TILE];
+        int qnf = 0;
+        for (int64_t i0 = qlo; i0 < qhi; i0 += HP_TILE) {
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        #pragma omp simd reduction(|:qnf)
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const float r2 = s_grad[j];
+          const float r3 = st_comp[j];
+          const float r4 = (r2 + hp_sel_f32(((bool)(((bool)(s_lost | (fabsf(r3) > s_pmin))) | ((bool)((fabsf(r3) == s_pmin) & (j <= s_plast))))), 0x0.0p+0f, r3));
+          qkt[t] = hp_okey_f32(fabsf(r4));
+          qnf |= !(fabsf(r2) < HP_INF_F);
+          st_comp[j] = r4;
+        }
+          #pragma omp simd
+          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] >= qlok);
+          for (int64_t t = 0; t < tl; t += 64) {
+            uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+            for (; bits != 0; bits &= bits - 1) {
+              const int64_t u = t + __builtin_ctzll(bits);
+              if (qkt[u] > qhik) {
+                if (s < qtake) mysure[s++] = (int32_t)(i0 + u);
+                else over++;
+              } else if (c < qcap) {
+                mycidx[c] = (int32_t)(i0 + u);
+                myckey[c++] = qkt[u];
+              } else {
+                over++;
+              }
+            }
+          }
+        }
+        nsure[me] = s;
+        ncand[me] = c;
+        nover[me] = over;
+        if (me == 0) qnt = tn;
+        #pragma omp critical
+        { s___nonfinite = s___nonfinite || qnf != 0; }
+      }
+          qstored = 1;
+          int64_t s = 0, c = 0, o = 0;
+          for (int k = 0; k < qnt; k++) {
+            s += nsure[k];
+            c += ncand[k];
+            o += nover[k];
+          }
+          if (o == 0 && s < qtake && qtake - s <= c) {
+            const uint32_t x = qlok ^ qhik;  /* the candidates share the prefix of the range */
+            need = qtake - s;
+            pbits = x == 0 ? 32 : __builtin_clz(x);
+            pre = pbits == 0 ? 0 : pbits == 32 ? qlok : qlok >> (32 - pbits);
+            qdone = 1;
+          }
+        }
+      }
+
+      while (!qdone && pbits < 32 && (pbits == 0 || ccount > qcap)) {
         const int width = 32 - pbits < 11 ? 32 - pbits : 11;
         const int sh = 32 - pbits - width;
         const uint32_t ppre = pre;
@@ -918,7 +1047,7 @@ int hp_encode(const hp_enc_args* a) {
           #pragma omp for schedule(static)
           for (int64_t tb = 0; tb < (ql + HP_TILE - 1) / HP_TILE; tb++) {
             const int64_t i0 = tb * HP_TILE;
-            if (pbits == 0) {  /* the first pass: it also stores the maps deferred to the top-k */
+            if (pbits == 0 && !qstored) {  /* the first pass: it also stores the maps deferred to the top-k */
 const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         #pragma omp simd reduction(|:qnf)
         for (int64_t t = 0; t < tl; t++) {
@@ -938,6 +1067,15 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
                 h[3][qkt[t + 3] >> sh]++;
               }
               for (; t < tl; t++) h[0][qkt[t] >> sh]++;
+            } else if (pbits == 0) {  /* the first pass, after the guess stored the maps */
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          const float r1 = st_comp[j];
+          qkt[t] = hp_okey_f32(fabsf(r1));
+        }
+              for (int64_t t = 0; t < tl; t++) h[t & 3][qkt[t] >> sh]++;
             } else {
 const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         #pragma omp simd
@@ -968,12 +1106,12 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         pbits += width;
         ccount = hist[d];
       }
-      /* one ordered pass: keys above the prefix are taken, keys with it kept (at most qcap per
-         thread: when more, they are all equal and need <= qtake of them, in index order) */
-      const int psh = 32 - pbits;
-      int64_t nsure[HP_MAXT], ncand[HP_MAXT];
-      int qnt = 1;
-      #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
+      if (!qdone) {
+        /* one ordered pass: keys above the prefix are taken, keys with it kept (at most qcap per
+           thread: when more, they are all equal and need <= qtake of them, in index order) */
+        qlok = pbits < 32 ? pre << (32 - pbits) : pre;  /* pbits >= 11 here */
+        qhik = qlok | (((uint32_t)1 << (32 - pbits)) - 1);
+#pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
       {
         const int me = omp_get_thread_num(), tn = omp_get_num_threads();
         /* chunk starts are multiples of 8 (tile buffers: random blocks of 4) */
@@ -982,7 +1120,7 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         int32_t* const mysure = qsure + me * qtake;
         int32_t* const mycidx = qcidx + me * qcap;
         uint32_t* const myckey = qckey + me * qcap;
-        int64_t s = 0, c = 0;
+        int64_t s = 0, c = 0, over = 0;
         uint32_t qkt[HP_TILE];
         uint8_t fm[HP_TILE];
         for (int64_t i0 = qlo; i0 < qhi; i0 += HP_TILE) {
@@ -994,26 +1132,32 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           qkt[t] = hp_okey_f32(fabsf(r1));
         }
           #pragma omp simd
-          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)((qkt[t] >> psh) >= pre);
+          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] >= qlok);
           for (int64_t t = 0; t < tl; t += 64) {
             uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
             for (; bits != 0; bits &= bits - 1) {
               const int64_t u = t + __builtin_ctzll(bits);
-              if ((qkt[u] >> psh) > pre) {
-                mysure[s++] = (int32_t)(i0 + u);
+              if (qkt[u] > qhik) {
+                if (s < qtake) mysure[s++] = (int32_t)(i0 + u);
+                else over++;
               } else if (c < qcap) {
                 mycidx[c] = (int32_t)(i0 + u);
                 myckey[c++] = qkt[u];
+              } else {
+                over++;
               }
             }
           }
         }
         nsure[me] = s;
         ncand[me] = c;
+        nover[me] = over;
         if (me == 0) qnt = tn;
       }
+      }
+      const int psh = 32 - pbits;
       /* the need largest candidates, ties in index order: the threshold key among them */
-      uint32_t thr = pre << psh;  /* all candidates equal it when the prefix is the whole key */
+      uint32_t thr = psh < 32 ? pre << psh : 0;  /* all candidates equal it when the prefix is the whole key */
       int64_t quota = need;       /* candidates equal to thr to take, in index order */
       if (psh > 0) {
         uint32_t cpre = pre;
@@ -1027,7 +1171,7 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           for (int k = 0; k < qnt; k++)
             for (int64_t x = 0; x < ncand[k]; x++) {
               const uint32_t kv = qckey[k * qcap + x];
-              if ((kv >> (sh + width)) == cpre) hist[(kv >> sh) & dmask]++;
+              if (cbits == 0 || (kv >> (sh + width)) == cpre) hist[(kv >> sh) & dmask]++;
             }
           int64_t above = 0, d = (int64_t)dmask;
           for (; d > 0; d--) {

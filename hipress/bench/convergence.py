@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hipress.bench.convergence_train import TASKS, train_rank
+from hipress.bench.convergence_train import TASKS, density_schedule, own_momentum, train_rank
 from hipress.bench.models import load_corpus, tabular_data
 from hipress.bench.netsim import LoopbackNetwork, run_in_network
 from hipress.bench.tables import convergence_rows
@@ -103,45 +103,6 @@ class ConvergenceOptions:
 
 
 # a sparsifier's parameter: name -> (density -> value)
-_DENSITY_PARAMS = {
-    "s_percent": lambda d: d,
-    "ratio": lambda d: d,
-    "drop_ratio": lambda d: 1.0 - d,
-}
-
-
-def density_schedule(
-    name: str, epochs: int, steps_per_epoch: int, start: int = 0
-) -> list[tuple[int, dict[str, float]]]:
-    """DGC's warm-up (Lin et al. 2018) for sparsifier ``name`` as a CaSync ``params_schedule``:
-    in epoch e < ``epochs`` of compression (which starts at step ``start``, after CaSync's
-    uncompressed warm-up) it sends a fraction ``max(own, 0.25 / 4**e)`` of the elements (75%,
-    93.75%, 98.4375%, 99.6% sparsity ...), from epoch ``epochs`` on its own fraction. Empty for
-    an algorithm without a fraction parameter (``s_percent``, ``ratio``, ``drop_ratio``) or
-    with ``epochs`` 0."""
-    from hipress.compll import load
-
-    params = load(name, backend="reference").params
-    key = next((k for k in _DENSITY_PARAMS if k in params), None)
-    if key is None or epochs <= 0:
-        return []
-    to_value = _DENSITY_PARAMS[key]
-    own = float(params[key]) if key != "drop_ratio" else 1.0 - float(params[key])
-    schedule: list[tuple[int, dict[str, float]]] = []
-    for e in range(epochs + 1):
-        value = to_value(max(own, 0.25 / 4**e) if e < epochs else own)
-        if not schedule or schedule[-1][1][key] != value:  # no entry that changes nothing
-            schedule.append((start + e * steps_per_epoch, {key: value}))
-    return schedule
-
-
-def own_momentum(name: str) -> bool:
-    """Whether algorithm ``name`` keeps a momentum of its own (a ``momentum`` parameter > 0)."""
-    from hipress.compll import load
-
-    return float(load(name, backend="reference").params.get("momentum", 0.0)) > 0.0
-
-
 def _has_ef(name: str) -> bool:
     from hipress.compll import load
 

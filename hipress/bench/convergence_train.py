@@ -192,8 +192,6 @@ def train_rank(
     ``momentum_handed_over`` (elements), and on rank 0 the accuracy curve and its summary."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hipress.bench.convergence import density_schedule, own_momentum
-
     setup, loss_fn, evaluate = _RUNNERS[opts.task]
     task = setup(data, opts, seed)
     model: nn.Module = task["model"]
@@ -287,3 +285,42 @@ def train_rank(
             finite=bool(all(torch.isfinite(p).all() for p in model.parameters())),
         )
     return out
+
+
+_DENSITY_PARAMS = {
+    "s_percent": lambda d: d,
+    "ratio": lambda d: d,
+    "drop_ratio": lambda d: 1.0 - d,
+}
+
+
+def density_schedule(
+    name: str, epochs: int, steps_per_epoch: int, start: int = 0
+) -> list[tuple[int, dict[str, float]]]:
+    """DGC's warm-up (Lin et al. 2018) for sparsifier ``name`` as a CaSync ``params_schedule``:
+    in epoch e < ``epochs`` of compression (which starts at step ``start``, after CaSync's
+    uncompressed warm-up) it sends a fraction ``max(own, 0.25 / 4**e)`` of the elements (75%,
+    93.75%, 98.4375%, 99.6% sparsity ...), from epoch ``epochs`` on its own fraction. Empty for
+    an algorithm without a fraction parameter (``s_percent``, ``ratio``, ``drop_ratio``) or
+    with ``epochs`` 0."""
+    from hipress.compll import load
+
+    params = load(name, backend="reference").params
+    key = next((k for k in _DENSITY_PARAMS if k in params), None)
+    if key is None or epochs <= 0:
+        return []
+    to_value = _DENSITY_PARAMS[key]
+    own = float(params[key]) if key != "drop_ratio" else 1.0 - float(params[key])
+    schedule: list[tuple[int, dict[str, float]]] = []
+    for e in range(epochs + 1):
+        value = to_value(max(own, 0.25 / 4**e) if e < epochs else own)
+        if not schedule or schedule[-1][1][key] != value:  # no entry that changes nothing
+            schedule.append((start + e * steps_per_epoch, {key: value}))
+    return schedule
+
+
+def own_momentum(name: str) -> bool:
+    """Whether algorithm ``name`` keeps a momentum of its own (a ``momentum`` parameter > 0)."""
+    from hipress.compll import load
+
+    return float(load(name, backend="reference").params.get("momentum", 0.0)) > 0.0

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hipress.casync.algorithm import resolve_algorithm
 from hipress.casync.errors import CaSyncError, ConfigMismatchError
@@ -26,11 +28,13 @@ from hipress.core.plan import Plan
 __all__ = [
     "FORMAT",
     "check_agreement",
+    "check_optimizer",
     "check_options",
     "check_schedule",
     "config_digest",
     "describe",
     "params_at",
+    "watch_optimizers",
 ]
 
 FORMAT = "hipress.casync/1"
@@ -201,3 +205,108 @@ def check_agreement(
         f"CaSync ranks disagree on {', '.join(differ)}; every rank must register the same "
         "algorithm, parameters, plan and options:\n" + "\n".join(lines)
     )
+
+
+def _momentum(optimizer: torch.optim.Optimizer) -> float:
+    """The largest momentum among ``optimizer``'s parameter groups: SGD's and RMSprop's
+    ``momentum``, or the first beta of the Adam family; 0 if it keeps none."""
+    found = 0.0
+    for group in optimizer.param_groups:
+        m = group.get("momentum", 0.0)
+        betas = group.get("betas")
+        if isinstance(betas, tuple | list) and betas:
+            m = max(float(m or 0.0), float(betas[0]))
+        found = max(found, float(m or 0.0))
+    return found
+
+
+def _own_momentum(alg: CompressionAlgorithm) -> float:
+    """The momentum an algorithm applies itself (dgc's momentum correction), 0 if none."""
+    return float(dict(getattr(alg, "params", {}) or {}).get("momentum", 0.0))
+
+
+# an unbiased compressor whose error is this many times the gradient's energy or more (randomk
+# at 1% without memory: n/k - 1 = 99) needs a learning rate about that much smaller with a plain (non-adaptive) optimizer
+VARIANCE_MAX = 8.0
+
+
+def relative_variance(alg: CompressionAlgorithm, n: int = 1 << 12, samples: int = 2) -> float:
+    """``E ||decode(encode(g)) - g||^2 / ||g||^2`` of one step of ``alg`` (fresh state) over a
+    few heavy-tailed random ``g`` of ``n`` elements (Gaussians with log-normal scales, like
+    gradients: a compressor whose error follows the largest element shows it). A named
+    algorithm runs on the reference backend, on the CPU."""
+    probe: Any = alg
+    program = getattr(alg, "program", None)
+    if program is not None:
+        from hipress.compll import Algorithm
+        from hipress.compll.backends.base import ReferenceBackend
+
+        probe = Algorithm(program, ReferenceBackend(program))
+    err = energy = 0.0
+    for t in range(samples):
+        gen = torch.Generator().manual_seed(t)
+        g = torch.randn(n, generator=gen) * torch.randn(n, generator=gen).exp()
+        y = probe.decode(probe.encode(g, probe.init_state(n, seed=t + 1)), n)
+        err += float((y - g).square().sum())
+        energy += float(g.square().sum())
+    return err / energy
+
+
+def _adaptive(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` divides its step by a running scale of the gradient (the Adam
+    family, with ``betas``): then its step does not grow with the gradient's size."""
+    return all("betas" in g for g in optimizer.param_groups)
+
+
+def check_optimizer(alg: CompressionAlgorithm, optimizer: torch.optim.Optimizer) -> None:
+    """Raise :class:`CaSyncError` if ``alg`` cannot train with ``optimizer`` at the learning
+    rate it would use uncompressed, saying what to change. Two cases, both with a plain
+    (non-adaptive) optimizer such as SGD; the Adam family normalises its step and trains:
+
+    - an algorithm that applies momentum itself (dgc's momentum correction) sends the
+      accumulated velocity; heavy-ball momentum on top (SGD's ``momentum``) multiplies the
+      step by another ``1 / (1 - momentum)`` and diverges;
+    - an unbiased compressor without error feedback whose error is :data:`VARIANCE_MAX` or
+      more times the gradient's energy (randomk with ``memory=False``: about ``n / k``) needs
+      a learning rate about that much smaller."""
+    if not compresses(alg) or _adaptive(optimizer):
+        return
+    kind = type(optimizer).__name__
+    own, theirs = _own_momentum(alg), _momentum(optimizer)
+    if own > 0.0 and theirs > 0.0:
+        raise CaSyncError(
+            f"{alg.name} applies momentum itself (momentum={own:g}) and {kind} applies its "
+            f"own (momentum={theirs:g}): the two compound and training diverges. Use {kind} "
+            f"without momentum (momentum=0), or {alg.name} with params={{'momentum': 0.0}}"
+        )
+    # (an error-feedback algorithm keeps what it does not send: its one-step error stays near
+    # the gradient's energy or below, so only an unbiased estimate without it reaches this)
+    omega = relative_variance(alg)
+    if omega >= VARIANCE_MAX:
+        raise CaSyncError(
+            f"{alg.name} {dict(alg.params)} sends an unbiased estimate with about {omega:.0f} "
+            f"times the gradient's variance and no error feedback: with {kind} at a learning "
+            "rate set for the exact gradient, training diverges. Use an error-feedback "
+            "algorithm (randomk with memory=True, its default; topk; graddrop) or an adaptive "
+            "optimizer (Adam, AdamW)"
+        )
+
+
+def watch_optimizers(alg: CompressionAlgorithm, params: Sequence[torch.Tensor]) -> None:
+    """Run :func:`check_optimizer` at the first ``step()`` of any optimizer that updates one
+    of ``params`` (a one-shot global step pre-hook of ``torch.optim``, removed after that
+    check or once the parameters are gone)."""
+    if not compresses(alg):
+        return
+    refs = [weakref.ref(p) for p in params]
+
+    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        mine = {id(p) for p in (r() for r in refs) if p is not None}
+        if not mine:
+            handle.remove()
+            return
+        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
+            handle.remove()
+            check_optimizer(alg, optimizer)
+
+    handle = register_optimizer_step_pre_hook(hook)

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hipress.casync.config import check_optimizer, watch_optimizers
 from hipress.casync.errors import CaSyncError
 from hipress.casync.logs import RANK_FILTER
 from hipress.casync.state import CaSyncState
@@ -65,14 +66,20 @@ def register(
     *,
     params: Mapping[str, Any] | None = None,
     plan: Plan | str | Path | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
     **options: Any,
 ) -> CaSyncState:
     """Create a :class:`CaSyncState` for ``ddp_model`` and register :func:`casync_hook` on it.
 
     Everything after ``algorithm`` is keyword-only: ``params`` (the algorithm's
-    hyper-parameters, a dict), ``plan`` and ``options``, :class:`CaSyncState`'s keyword
-    arguments (``process_group`` defaults to the model's). Call before the first backward.
-    Returns the state (stats, checkpoints).
+    hyper-parameters, a dict), ``plan``, ``optimizer`` and ``options``, :class:`CaSyncState`'s
+    keyword arguments (``process_group`` defaults to the model's). Call before the first
+    backward. Returns the state (stats, checkpoints).
+
+    Some algorithms cannot train with some optimizers (dgc's own momentum on top of the
+    optimizer's compounds the two): given the ``optimizer``, such a combination raises
+    :class:`CaSyncError` here, with what to change; without it, at the first ``step()`` of an
+    optimizer that updates this model's parameters.
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise CaSyncError(
@@ -81,6 +88,14 @@ def register(
     options.setdefault("process_group", ddp_model.process_group)
     named = [(n, p) for n, p in ddp_model.module.named_parameters() if p.requires_grad]
     state = CaSyncState(algorithm, params=params, named_parameters=named, plan=plan, **options)
+    if optimizer is not None:
+        try:
+            check_optimizer(state.algorithm, optimizer)
+        except CaSyncError:
+            state.close()
+            raise
+    else:
+        watch_optimizers(state.algorithm, [p for _, p in named])
     if ddp_model.find_unused_parameters and not ddp_model.static_graph:
         if supported(ddp_model):
             state.watch_unused(ddp_model)

@@ -1,5 +1,5 @@
 """The benchmark commands under ``hipress bench``: ``e2e``, ``convergence``, ``kernels``,
-``costfit``, ``ring`` and ``report`` (``sync`` is in :mod:`hipress.cli.casync`, ``plan`` in
+``costfit``, ``ring``, ``robustness`` and ``report`` (``sync`` is in :mod:`hipress.cli.casync`, ``plan`` in
 :mod:`hipress.cli.secopa`). Each runs a benchmark of :mod:`hipress.bench`, prints a table and
 writes its results under ``hipress-results/`` (``--out``)."""
 
@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any
 
 from hipress.cli.args import RESULTS, parse_latency, parse_rate_mbit
+from hipress.cli.fsdp import add_fsdp_parser
 from hipress.cli.options import CommaList, add_alias
 
 __all__ = [
@@ -78,18 +79,36 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         threads=args.threads,
         powersgd_rank=args.powersgd_rank,
         shaped=not args.loopback,
+        trace_dir=None if args.no_trace else str(Path(args.out) / f"{args.name}-traces"),
         extra={"command": _command(args)},
     )
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = stamp(run_matrix(opts, progress=_progress), _command(args))
     out = Path(args.out)
     write_json(results, out / f"{args.name}.json")
-    md = e2e_markdown(results)
+    md = e2e_markdown(results) + _breakdowns(results)
     (out / f"{args.name}.md").write_text(md)
     png = e2e_png(results, out / f"{args.name}.png")
     print(md)
     print(f"wrote {out / args.name}.json, .md" + (", .png" if png else ""))
+    if opts.trace_dir is not None:
+        print(f"step timelines in {opts.trace_dir} (hipress trace FILES: breakdown and PNG)")
     return 0
+
+
+def _breakdowns(results: dict[str, Any]) -> str:
+    """Each cell's step breakdown (from the configurations' traces), as markdown."""
+    from hipress.bench.timeline import breakdown_markdown
+
+    parts = []
+    for cell in results["cells"]:
+        rows = [(r["config"], r["breakdown"]) for r in cell["rows"] if "breakdown" in r]
+        if rows:
+            parts.append(
+                f"\n\nWhere a step's time goes, ms per step ({cell['model']}, "
+                f"{cell['network']['label']}):\n\n{breakdown_markdown(rows)}\n"
+            )
+    return "".join(parts)
 
 
 def _cmd_convergence(args: argparse.Namespace) -> int:
@@ -101,10 +120,17 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
         workers=args.workers,
         algorithms=_names(args.algorithms),
         epochs=args.epochs,
+        task=args.task,
+        seeds=tuple(range(args.seeds)),
         train_tokens=args.train_tokens,
+        train_samples=args.train_samples,
+        batch=args.batch,
+        lr=args.lr,
+        lr_schedule=args.lr_schedule,
         plan=None if args.plan == "default" else args.plan,
         threads=args.threads,
         warmup_steps=args.warmup_steps,
+        warmup_epochs=args.warmup_epochs,
         density_warmup_epochs=args.density_warmup_epochs,
         clip=args.clip,
     )
@@ -113,13 +139,14 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
     results["meta"]["command"] = _command(args)
     stamp(results, _command(args))
     out = Path(args.out)
-    write_json(results, out / "convergence.json")
+    name = "convergence" if args.task == "lm" else f"convergence-{args.task}"
+    write_json(results, out / f"{name}.json")
     from hipress.bench.convergence import convergence_markdown
 
     md = convergence_markdown(results)
-    (out / "convergence.md").write_text(md)
+    (out / f"{name}.md").write_text(md)
     print(md)
-    print(f"wrote {out}/convergence.json, .md")
+    print(f"wrote {out}/{name}.json, .md")
     return 0
 
 
@@ -150,6 +177,9 @@ def add_e2e_parsers(bench_sub: Any) -> None:
     e.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     e.add_argument("--powersgd-rank", type=int, default=4, help="rank of the powerSGD baseline")
     e.add_argument("--loopback", action="store_true", help="skip namespaces: unshaped loopback")
+    e.add_argument("--no-trace", action="store_true",
+                   help="keep no step timeline (default: one per configuration, in "
+                   "OUT/NAME-traces/)")  # fmt: skip
     e.add_argument("--out", default=default_out, help="directory for the result files")
     e.add_argument("--name", default="e2e", help="basename of the result files")
     e.set_defaults(func=_cmd_e2e)
@@ -161,12 +191,27 @@ def add_e2e_parsers(bench_sub: Any) -> None:
     c.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     c.add_argument("--algorithms", default="all", help="comma list, or all shipped algorithms")
     c.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
-    c.add_argument("--train-tokens", type=int, default=160_000, help="training tokens per epoch")
+    c.add_argument("--task", choices=("lm", "tabular"), default="lm",
+                   help="lm: word-level LSTM LM on Python's sources; tabular: MLP classifier "
+                   "on a synthetic teacher-student task (default lm)")  # fmt: skip
+    c.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run every configuration with seeds 0..N-1 (weights, batch order, "
+                   "CaSync's RNG); report mean and range (default 1)")  # fmt: skip
+    c.add_argument("--train-tokens", type=int, default=160_000, help="lm: tokens per epoch")
+    c.add_argument("--train-samples", type=int, default=16_384, help="tabular: samples per epoch")
+    c.add_argument("--batch", type=int, default=None,
+                   help="samples (lm: windows) per worker per step (default: lm 8, tabular 32)")  # fmt: skip
+    c.add_argument("--lr", type=float, default=None,
+                   help="SGD learning rate (default: lm 0.5, tabular 0.05)")  # fmt: skip
+    c.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="constant, or cosine decay to 0 over the run (default constant)")  # fmt: skip
     c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
     c.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     c.add_argument(
         "--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps"
     )
+    c.add_argument("--warmup-epochs", type=float, default=0.0, metavar="E",
+                   help="CaSync's uncompressed warm-up in epochs (added to --warmup-steps)")  # fmt: skip
     c.add_argument(
         "--density-warmup-epochs",
         type=int,
@@ -175,11 +220,12 @@ def add_e2e_parsers(bench_sub: Any) -> None:
         help="sparsifiers send 25%%, 6.25%%, ... (4x less each epoch) until their own fraction "
         "for the first E epochs, as DGC's warm-up does",
     )
-    c.add_argument(
-        "--clip", type=float, default=1.0, help="gradient norm clipping after the sync (0: none)"
-    )
+    c.add_argument("--clip", type=float, default=None,
+                   help="gradient norm clipping after the sync (0: none; default 1; dgc: "
+                   "after its momentum, at X / (1 - momentum))")  # fmt: skip
     c.add_argument("--out", default=default_out, help="directory for the result files")
     c.set_defaults(func=_cmd_convergence)
+    add_fsdp_parser(bench_sub)  # hipress bench fsdp
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
@@ -231,8 +277,45 @@ def add_kernels_parser(bench_sub: Any) -> None:
     p.set_defaults(func=_cmd_kernels)
 
 
+def _cmd_robustness(args: argparse.Namespace) -> int:
+    from hipress.bench.provenance import stamp
+    from hipress.bench.report import write_json
+    from hipress.bench.robustness import RobustnessOptions, robustness_markdown, run_robustness
+
+    opts = RobustnessOptions(
+        workers=args.workers, task=args.task, algorithms=_names(args.algorithms),
+        optimizers=_names(args.optimizers), steps=args.steps, threads=args.threads,
+    )  # fmt: skip
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    results = run_robustness(opts, progress=_progress)
+    results["meta"]["command"] = _command(args)
+    stamp(results, _command(args))
+    out = Path(args.out)
+    write_json(results, out / f"robustness-{args.task}.json")
+    md = robustness_markdown(results)
+    (out / f"robustness-{args.task}.md").write_text(md)
+    print(md)
+    print(f"wrote {out}/robustness-{args.task}.json, .md")
+    return 0 if all(r["verdict"] != "FAIL" for r in results["rows"]) else 1
+
+
 def add_study_parsers(bench_sub: Any) -> None:
-    """Add ``costfit`` and ``ring``: studies of SeCoPa's cost functions and formulas."""
+    """Add ``costfit`` and ``ring`` (studies of SeCoPa's cost functions and formulas) and
+    ``robustness`` (every algorithm with the user's optimizer, unclipped)."""
+    b = bench_sub.add_parser(
+        "robustness",
+        help="every algorithm, default parameters and plan, with SGD+momentum and AdamW, "
+        "unclipped: eval loss against DDP's, or CaSync's refusal",
+    )
+    b.add_argument("--task", choices=("mlp", "lm"), default="mlp",
+                   help="mlp: 64-2048-10 MLP on a synthetic task; lm: the LSTM LM")  # fmt: skip
+    b.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    b.add_argument("--algorithms", default="all", help="comma list, or all shipped algorithms")
+    b.add_argument("--optimizers", default="sgd,adamw", help="comma list of sgd, adamw")
+    b.add_argument("--steps", type=int, default=600, help="optimizer steps (default 600)")
+    b.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    b.add_argument("--out", default=RESULTS, help="directory for the result files")
+    b.set_defaults(func=_cmd_robustness)
     c = bench_sub.add_parser(
         "costfit",
         help="held-out error of the piecewise-linear and affine-with-floor cost functions",
