@@ -65,7 +65,7 @@ def _assert_check(output: str, name: str) -> None:
         "unsupported_options",
         "config_mismatch",
         "non_finite",
-        "training_within_5_percent",
+        "training_within_10_percent",
     ],
 )
 def test_horovod_check(worker_output: str, check: str) -> None:
