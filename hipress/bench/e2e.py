@@ -32,7 +32,13 @@ import torch
 import torch.distributed as dist
 
 from hipress.bench.models import WORKLOADS
-from hipress.bench.netsim import LoopbackNetwork, Network, open_network, run_in_network
+from hipress.bench.netsim import (
+    LoopbackNetwork,
+    Network,
+    open_network,
+    run_in_network,
+    tx_bytes,
+)
 from hipress.bench.report import check_targets
 from hipress.bench.timeline import breakdown, load_traces
 from hipress.casync.trace import Tracer
@@ -129,16 +135,6 @@ def configs_for(opts: E2EOptions) -> list[Config]:
 # ---- the worker ---------------------------------------------------------------------------------
 
 
-def _tx_bytes(iface: str) -> int | None:
-    """Bytes transmitted so far on ``iface`` of this process's network namespace."""
-    with open("/proc/self/net/dev") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name.strip() == iface:
-                return int(rest.split()[8])
-    return None
-
-
 def _wrap(
     model: torch.nn.Module, cfg: Config, bucket_view: bool = True
 ) -> tuple[torch.nn.Module, Any]:
@@ -225,12 +221,12 @@ def _train(
     dist.barrier()
     if trace is not None:  # the timed steps' timeline
         tracer.record(trace, steps=None, config=cfg.name, model=model_name)
-    tx0 = _tx_bytes(iface)
+    tx0 = tx_bytes(iface)
     t0 = time.perf_counter()
     for i in range(warmup, warmup + steps):
         step(i)
     seconds = time.perf_counter() - t0
-    tx1 = _tx_bytes(iface)
+    tx1 = tx_bytes(iface)
     written = tracer.stop()
     dist.barrier()
     out: dict[str, Any] = {

@@ -27,7 +27,13 @@ import torch.distributed as dist
 from torch import nn
 
 from hipress.bench.models import WORKLOADS
-from hipress.bench.netsim import LoopbackNetwork, Network, open_network, run_in_network
+from hipress.bench.netsim import (
+    LoopbackNetwork,
+    Network,
+    open_network,
+    run_in_network,
+    tx_bytes,
+)
 
 __all__ = ["FsdpConfig", "FsdpOptions", "configs_for", "fsdp_markdown", "run_fsdp"]
 
@@ -112,15 +118,6 @@ def _shard(model: nn.Module, model_name: str, cfg: FsdpConfig, reshard: bool) ->
     return hipress.fsdp.register(model, cfg.algorithm or "onebit", feedback=cfg.feedback)
 
 
-def _tx_bytes(iface: str) -> int | None:
-    with open("/proc/self/net/dev") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name.strip() == iface:
-                return int(rest.split()[8])
-    return None
-
-
 def _train(
     rank: int, world_size: int, model_name: str, data: Any, cfg: FsdpConfig, warmup: int,
     steps: int, lr: float, iface: str, reshard: bool,
@@ -144,11 +141,11 @@ def _train(
     for i in range(warmup):
         step(i)
     dist.barrier()
-    tx0, t0 = _tx_bytes(iface), time.perf_counter()
+    tx0, t0 = tx_bytes(iface), time.perf_counter()
     for i in range(warmup, warmup + steps):
         step(i)
     seconds = time.perf_counter() - t0
-    tx1 = _tx_bytes(iface)
+    tx1 = tx_bytes(iface)
     dist.barrier()
     shard = sum(p.to_local().numel() * p.to_local().element_size() for p in model.parameters())
     memory = {"params_shard": shard, "grads_shard": shard, "feedback": 0, "state": 0}

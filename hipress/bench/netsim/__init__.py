@@ -36,6 +36,7 @@ from hipress.bench.netsim.network import (
     list_namespaces,
     open_network,
     shaping_unavailable_reason,
+    tx_bytes,
 )
 from hipress.bench.netsim.run import run_in_network, run_rank
 
@@ -55,4 +56,5 @@ __all__ = [
     "run_in_network",
     "run_rank",
     "shaping_unavailable_reason",
+    "tx_bytes",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "list_namespaces",
     "open_network",
     "shaping_unavailable_reason",
+    "tx_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -321,3 +322,15 @@ def open_network(world_size: int, rate_mbit: float | None, *, shaped: bool = Tru
         return ShapedNetwork(world_size, rate_mbit)
     logger.warning("netsim: falling back to UNSHAPED loopback: %s", reason)
     return LoopbackNetwork(world_size, reason)
+
+
+def tx_bytes(iface: str) -> int | None:
+    """Bytes transmitted so far on ``iface`` of the calling process's network namespace (a
+    worker's NIC counter: TCP/IP headers and every collective included); None if there is no
+    such interface."""
+    with open("/proc/self/net/dev") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name.strip() == iface:
+                return int(rest.split()[8])
+    return None
