@@ -80,11 +80,12 @@ def format_summary(result: DemoResult) -> str:
         cols = ("step", "compute", "encode", "decode", "wait", "python", "other")
         out.append("")
         out.append("where a traced step's time went (ms, mean over the workers):")
-        out.append("  " + "  ".join(f"{c:>8}" for c in ("run", *cols)))
+        width = max(len(r.spec.name) for r in result.runs)
+        out.append(f"  {'run':<{width}}  " + "  ".join(f"{c:>8}" for c in cols))
         for r in result.runs:
             if r.breakdown:
                 vals = "  ".join(f"{r.breakdown.get(c, 0.0):8.1f}" for c in cols)
-                out.append(f"  {r.spec.name[:8]:>8}  {vals}")
+                out.append(f"  {r.spec.name:<{width}}  {vals}")
         out.append(f"  timelines: hipress trace {Path(result.runs[-1].traces[0]).parent}/*.json")
     for r in result.runs:
         if r.spec.algorithm is None:
