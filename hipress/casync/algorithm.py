@@ -105,8 +105,8 @@ def recompressible(alg: CompressionAlgorithm) -> bool:
     near that of compressing once: the mean squared error of decode(encode(decode(encode(g))))
     against g, over a few random g of 16K elements, at most ``RECOMPRESS_VARIANCE_MAX`` times
     that of decode(encode(g)). Quantisers and error-feedback sparsifiers are (their decodes
-    re-encode almost exactly); an unbiased random sparsifier (randomk: n/k times the variance
-    again) is not. Measured once per algorithm digest, on the CPU."""
+    re-encode almost exactly); an unbiased random sparsifier (randomk with ``memory=False``:
+    n/k times the variance again) is not. Measured once per algorithm digest, on the CPU."""
     key = str(getattr(alg, "digest", "")) or f"{alg.name}{dict(alg.params)}"
     if key in _RECOMPRESSIBLE:
         return _RECOMPRESSIBLE[key]

@@ -7,8 +7,9 @@ strategy (compressed scatter-reduce + all-gather) in ``ceil(numel / partition_nu
 partitions, at most ``max_partitions``.
 
 PS and the ring compress an aggregate again (the server's shard, each hop's partial sum). An
-algorithm that does not survive that (:func:`~hipress.casync.algorithm.recompressible`: randomk,
-an unbiased random sparsifier, multiplies its variance by n/k) is planned with the all-gather by
+algorithm that does not survive that (:func:`~hipress.casync.algorithm.recompressible`: an
+unbiased random sparsifier such as randomk with ``memory=False`` multiplies its variance by n/k)
+is planned with the all-gather by
 the default rule and by ``plan="auto"``; an explicit plan that asks otherwise is run, with a
 warning that says why and what to change.
 """
@@ -142,7 +143,8 @@ def check_plan(
     if twice and not recompressible(algorithm):
         log.warning(
             "%s loses accuracy when compressed twice, which the plan's PS/ring tensors (%s%s) "
-            "do at the server or at each hop (for randomk: n/k times the variance); plan them "
+            "do at the server or at each hop (an unbiased random sparsifier: n/k times the "
+            "variance); plan them "
             "with the all-gather (the default rule and plan='auto' do, or `hipress plan "
             "--strategies allgather`)",
             algorithm.name, twice[0], f" and {len(twice) - 1} more" if len(twice) > 1 else "",

@@ -5,8 +5,8 @@ Every rank encodes all N destination chunks of an FSDP unit's gradient, so any e
 memory is the size of the *unsharded* unit on every rank: exactly the memory that sharding set
 out to save. The options, per rank, for a unit of P elements:
 
-- ``"none"``: no feedback (0 bytes). For unbiased algorithms (terngrad, qsgd, randomk) and the
-  lossless casts; a biased algorithm then trains with its bias.
+- ``"none"``: no feedback (0 bytes). For unbiased algorithms (terngrad, qsgd, randomk with
+  ``memory=False``) and the lossless casts; a biased algorithm then trains with its bias.
 - ``"fp32"``: the full-precision residual (4P bytes). For an algorithm with its own feedback
   (onebit, efsignsgd, topk, dgc, graddrop, tbq) that is its own state; for any other, an
   external residual ``e``: ``c = g + e``, send ``encode(c)``, keep ``e = c - decode(encode(c))``.
