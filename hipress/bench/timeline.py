@@ -165,13 +165,13 @@ def breakdown(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 row[_OWN[cat]] += us
         row["step"] = sum(e["dur"] for e in step_spans) if step_spans else sum(own.values())
         row["exposed"] = row["step"] - row["compute"]
+        lanes: dict[Any, list[dict[str, Any]]] = defaultdict(list)  # other threads, by thread
+        for e in evs:
+            if e["ph"] == "X" and e["lane"] != "main" and not e["lane"].startswith("network"):
+                lanes[e["tid"]].append(e)
+        off_main = [_own_times(spans) for spans in lanes.values()]
         for cat in ("encode", "decode"):
-            lanes: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-            for e in evs:
-                if e["ph"] == "X" and e["lane"] != "main" and not e["lane"].startswith("network"):
-                    lanes[e["tid"]].append(e)
-            off_main = sum(_own_times(spans).get(cat, 0.0) for spans in lanes.values())
-            row[f"{cat}_all"] = row[cat] + off_main
+            row[f"{cat}_all"] = row[cat] + sum(own.get(cat, 0.0) for own in off_main)
         row["network"] = _union(
             [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "comm" and e["ph"] == "X"]
         )
