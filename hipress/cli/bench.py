@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from hipress.cli.args import RESULTS, parse_latency, parse_rate_mbit
 from hipress.cli.fsdp import add_fsdp_parser
 from hipress.cli.options import CommaList, add_alias
+from hipress.cli.progress import invocation, step_line, warn_if_unshaped
 
 __all__ = [
     "add_e2e_parsers",
@@ -46,27 +46,12 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # so the network context managers tear everything down
 
 
-def _command(args: argparse.Namespace) -> str:
-    return str(getattr(args, "invocation", f"hipress bench {args.bench}"))
-
-
-def _progress(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
 def _cmd_e2e(args: argparse.Namespace) -> int:
     from hipress.bench.e2e import E2EOptions, run_matrix
-    from hipress.bench.netsim import shaping_unavailable_reason
     from hipress.bench.provenance import stamp
     from hipress.bench.report import e2e_markdown, e2e_png, write_json
 
-    reason = shaping_unavailable_reason() if not args.loopback else "--loopback given"
-    if reason is not None:
-        print(
-            f"WARNING: no shaped network ({reason}); running on UNSHAPED LOOPBACK: the figures "
-            "say nothing about a real cluster's network and are labelled so.",
-            file=sys.stderr,
-        )
+    warn_if_unshaped(args.loopback)
     opts = E2EOptions(
         workers=args.workers,
         rates_mbit=tuple(args.rates),
@@ -80,10 +65,10 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         powersgd_rank=args.powersgd_rank,
         shaped=not args.loopback,
         trace_dir=None if args.no_trace else str(Path(args.out) / f"{args.name}-traces"),
-        extra={"command": _command(args)},
+        extra={"command": invocation(args)},
     )
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    results = stamp(run_matrix(opts, progress=_progress), _command(args))
+    results = stamp(run_matrix(opts, progress=step_line), invocation(args))
     out = Path(args.out)
     write_json(results, out / f"{args.name}.json")
     md = e2e_markdown(results) + _breakdowns(results)
@@ -135,9 +120,9 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
         clip=args.clip,
     )
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    results = run_convergence(opts, progress=_progress)
-    results["meta"]["command"] = _command(args)
-    stamp(results, _command(args))
+    results = run_convergence(opts, progress=step_line)
+    results["meta"]["command"] = invocation(args)
+    stamp(results, invocation(args))
     out = Path(args.out)
     name = "convergence" if args.task == "lm" else f"convergence-{args.task}"
     write_json(results, out / f"{name}.json")
@@ -237,13 +222,13 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
 def _cmd_costfit(args: argparse.Namespace) -> int:
     from hipress.bench.costfit import fit_study
 
-    return fit_study(args.out, args.budget, _command(args))
+    return fit_study(args.out, args.budget, invocation(args))
 
 
 def _cmd_ring(args: argparse.Namespace) -> int:
     from hipress.bench.ring import ring_study
 
-    return ring_study(args.profiles, args.out, args.latency, _command(args))
+    return ring_study(args.profiles, args.out, args.latency, invocation(args))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -287,9 +272,9 @@ def _cmd_robustness(args: argparse.Namespace) -> int:
         optimizers=_names(args.optimizers), steps=args.steps, threads=args.threads,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    results = run_robustness(opts, progress=_progress)
-    results["meta"]["command"] = _command(args)
-    stamp(results, _command(args))
+    results = run_robustness(opts, progress=step_line)
+    results["meta"]["command"] = invocation(args)
+    stamp(results, invocation(args))
     out = Path(args.out)
     write_json(results, out / f"robustness-{args.task}.json")
     md = robustness_markdown(results)

@@ -5,32 +5,23 @@ compressed reduce-scatter (:mod:`hipress.bench.fsdp`). Prints a table and writes
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from hipress.cli.args import RESULTS, parse_rate_mbit
 from hipress.cli.options import CommaList
+from hipress.cli.progress import invocation, step_line, warn_if_unshaped
 
 __all__ = ["add_fsdp_parser"]
 
 
-def _progress(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
 def _cmd_fsdp(args: argparse.Namespace) -> int:
     from hipress.bench.fsdp import FsdpOptions, fsdp_markdown, run_fsdp
-    from hipress.bench.netsim import shaping_unavailable_reason
     from hipress.bench.provenance import stamp
     from hipress.bench.report import write_json
 
-    reason = shaping_unavailable_reason() if not args.loopback else "--loopback given"
-    if reason is not None:
-        print(f"WARNING: no shaped network ({reason}); running on UNSHAPED LOOPBACK",
-              file=sys.stderr)  # fmt: skip
-    command = "hipress bench fsdp " + " ".join(sys.argv[3:])
+    warn_if_unshaped(args.loopback)
+    command = invocation(args)
     opts = FsdpOptions(
         workers=args.workers, rates_mbit=tuple(args.rates), model=args.model,
         variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
@@ -38,7 +29,7 @@ def _cmd_fsdp(args: argparse.Namespace) -> int:
         shaped=not args.loopback, reshard_after_forward=not args.no_reshard,
         extra={"command": command},
     )  # fmt: skip
-    results = stamp(run_fsdp(opts, progress=_progress), command)
+    results = stamp(run_fsdp(opts, progress=step_line), command)
     out = Path(args.out)
     write_json(results, out / f"{args.name}.json")
     md = fsdp_markdown(results)

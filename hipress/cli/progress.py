@@ -14,7 +14,7 @@ import time
 from types import TracebackType
 from typing import Any, TextIO
 
-__all__ = ["Phase", "phase"]
+__all__ = ["Phase", "invocation", "phase", "step_line", "warn_if_unshaped"]
 
 DELAY_S = 2.0  # show nothing for a step shorter than this
 EVERY_S = 5.0  # a plain line this often after that
@@ -118,3 +118,27 @@ def _isatty(stream: TextIO) -> bool:
 def phase(label: str, expect_s: float | None = None, **kwargs: Any) -> Phase:
     """A :class:`Phase` for one long step of a command."""
     return Phase(label, expect_s, **kwargs)
+
+
+def step_line(text: str) -> None:
+    """One line of a benchmark's progress on stderr, with the time of day."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def invocation(args: Any) -> str:
+    """The command line that ran (what results are stamped with)."""
+    return str(getattr(args, "invocation", f"hipress bench {getattr(args, 'bench', '')}"))
+
+
+def warn_if_unshaped(loopback: bool) -> None:
+    """Say on stderr when a network benchmark will run on unshaped loopback (``--loopback``,
+    or no root/iproute2), so its figures are not taken for a cluster's."""
+    from hipress.bench.netsim import shaping_unavailable_reason
+
+    reason = shaping_unavailable_reason() if not loopback else "--loopback given"
+    if reason is not None:
+        print(
+            f"WARNING: no shaped network ({reason}); running on UNSHAPED LOOPBACK: the figures "
+            "say nothing about a real cluster's network and are labelled so.",
+            file=sys.stderr,
+        )
