@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import pickle
 import tempfile
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.bench.netsim.run import worker_failures
+from hipress.bench.netsim.run import run_to_completion, worker_failures
 
 __all__ = ["DEFAULT_PRELOAD", "WorkerError", "run_workers"]
 
@@ -147,15 +146,7 @@ def run_workers(
             )
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        hung = [p for p in procs if p.is_alive()]
-        for p in hung:
-            p.kill()
-            p.join()
+        hung = run_to_completion(procs, timeout)
         out = Path(outdir)
         failure = worker_failures(procs, hung, out, timeout)
         if failure is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from hipress.bench.netsim.network import STORE_PORT, Network, ShapedNetwork, WorkerFailed
 
-__all__ = ["run_in_network", "run_rank", "worker_failures"]
+__all__ = ["run_in_network", "run_rank", "run_to_completion", "worker_failures"]
 
 
 def run_rank(
@@ -73,6 +73,24 @@ def run_rank(
     except BaseException:
         (out / f"error{rank}.txt").write_text(traceback.format_exc())
         os._exit(1)
+
+
+def run_to_completion(procs: Sequence[Any], timeout: float) -> list[Any]:
+    """Start ``procs`` and wait for them together for up to ``timeout`` seconds; kill the
+    ones still running then (or when the wait is interrupted). Returns those killed."""
+    hung: list[Any] = []
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        hung = [p for p in procs if p.is_alive()]
+        for p in hung:
+            p.kill()
+            p.join()
+    return hung
 
 
 def worker_failures(
@@ -135,17 +153,7 @@ def run_in_network(
             )
             for r in range(net.world_size)
         ]
-        try:
-            for p in procs:
-                p.start()
-            deadline = time.monotonic() + timeout
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-        finally:
-            hung = [p for p in procs if p.is_alive()]
-            for p in hung:
-                p.kill()
-                p.join()
+        hung = run_to_completion(procs, timeout)
         out = Path(outdir)
         failure = worker_failures(procs, hung, out, timeout)
         if failure is not None:
