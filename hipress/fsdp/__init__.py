@@ -4,8 +4,10 @@ FSDP2 reduce-scatters each unit's gradients; :func:`register` replaces that coll
 every ``fully_shard``-ed module of a model, with a compressed one built on a CompLL algorithm:
 each rank encodes the chunk bound for every other rank, one all_to_all exchanges the payloads,
 and each rank decodes and sums its own shard. Error feedback is kept per unit, in the precision
-chosen (:mod:`hipress.fsdp.feedback`). With ``replicate_group``, each reduced shard is also
-averaged across replicas, compressed (:mod:`hipress.fsdp.replicate`). See docs/how-to/fsdp.md.
+chosen (:mod:`hipress.fsdp.feedback`). Which units compress is ``plan``'s: a size rule,
+SeCoPa's cost model per unit (``plan="auto"``) or the user's (:mod:`hipress.fsdp.planning`).
+With ``replicate_group``, each reduced shard is also averaged across replicas, compressed
+(:mod:`hipress.fsdp.replicate`). See docs/how-to/fsdp.md.
 
     fully_shard(block) for each block; fully_shard(model)
     comp = hipress.fsdp.register(model, algorithm="onebit", feedback="bf16")
@@ -16,6 +18,7 @@ from __future__ import annotations
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import FEEDBACK
+from hipress.fsdp.planning import FsdpPlan, UnitPlan
 from hipress.fsdp.register import FsdpCompression, register
 from hipress.fsdp.replicate import ReplicaAllReduce
 
@@ -24,7 +27,9 @@ __all__ = [
     "CompressedReduceScatter",
     "FsdpCompression",
     "FsdpError",
+    "FsdpPlan",
     "ReplicaAllReduce",
+    "UnitPlan",
     "UnitStats",
     "register",
 ]

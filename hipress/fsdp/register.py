@@ -2,10 +2,14 @@
 ``fully_shard``-ed module of a model and returns the :class:`FsdpCompression` that holds them.
 
 Each FSDP unit (a module ``fully_shard`` was called on, with parameters of its own) gets its own
-states, laid out once from the unit's padded size. Small units stay uncompressed, by CaSync's
-default rule (:class:`~hipress.casync.planning.DefaultRule`: fewer than ``min_compress_numel``
-elements). With ``replicate_group``, each unit also gets a :class:`ReplicaAllReduce` hook that
-averages its reduced shard across replicas, compressed (hierarchical data parallelism).
+states, laid out once from the unit's padded size. Which units compress is ``plan``'s
+(:mod:`hipress.fsdp.planning`): by default small units stay uncompressed, by CaSync's default
+rule (:class:`~hipress.casync.planning.DefaultRule`: fewer than ``min_compress_numel``
+elements); ``plan="auto"`` lets SeCoPa's cost model decide per unit; a mapping or a callable
+gives the user's decisions. The decisions are ``FsdpCompression.plan``. With
+``replicate_group``, each unit also gets a :class:`ReplicaAllReduce` hook that averages its
+reduced shard across replicas, compressed where the unit's reduce-scatter is (hierarchical
+data parallelism).
 
 The state object reports per-rank memory and counters and checkpoints through
 ``state_dict``/``load_state_dict``; it is a ``Stateful``, so ``torch.distributed.checkpoint``
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +38,9 @@ from hipress.core.codec import CompressionAlgorithm
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import resolve_feedback
+from hipress.fsdp.planning import FsdpPlan, PlanArg, UnitInfo, check_plan_arg, plan_units
 from hipress.fsdp.replicate import ReplicaAllReduce
+from hipress.secopa.profile import Profile
 
 __all__ = ["FsdpCompression", "register"]
 
@@ -47,7 +54,8 @@ class FsdpCompression:
     a :class:`ReplicaAllReduce` per unit (``replicas``).
 
     Fields: ``algorithm``, ``feedback`` (resolved), ``rank`` and ``world_size`` (global),
-    ``units``, ``replicas``.
+    ``units``, ``replicas``, ``plan`` (the :class:`~hipress.fsdp.planning.FsdpPlan`: which
+    units compress and why; ``print(comp.plan)`` shows its table).
     """
 
     def __init__(
@@ -57,9 +65,11 @@ class FsdpCompression:
         units: dict[str, CompressedReduceScatter],
         modules: dict[str, FSDPModule],
         replicas: dict[str, ReplicaAllReduce] | None = None,
+        plan: FsdpPlan | None = None,
     ) -> None:
         self.algorithm, self.feedback, self.units = algorithm, feedback, units
         self.replicas = replicas or {}
+        self.plan = plan or FsdpPlan("default", {})
         self._modules = modules
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
@@ -68,7 +78,7 @@ class FsdpCompression:
         extra = f", {len(self.replicas)} replica hooks" if self.replicas else ""
         return (
             f"FsdpCompression({self.algorithm.name}, feedback={self.feedback}, "
-            f"{on}/{len(self.units)} units compressed{extra})"
+            f"plan={self.plan.kind}, {on}/{len(self.units)} units compressed{extra})"
         )
 
     def stats(self) -> dict[str, Any]:
@@ -173,6 +183,8 @@ def register(
     seed: int = 0,
     backend: str = "auto",
     replicate_group: dist.ProcessGroup | None = None,
+    plan: PlanArg = "default",
+    profile: Profile | str | Path | None = None,
 ) -> FsdpCompression:
     """Compress the gradient reduce-scatter of every ``fully_shard``-ed module of ``model``.
 
@@ -182,16 +194,23 @@ def register(
     ``"bf16"``, ``"int8"``), the size under which a unit stays uncompressed, and the seed of
     the algorithms' random numbers (the same on every rank). With ``replicate_group`` (the
     ranks holding the same shards: the model is sharded on a 1-D mesh inside each replica),
-    each unit's reduced shard is also averaged across the replicas, compressed. Call it on every
-    rank, before the first backward. Returns the :class:`FsdpCompression`. Raises
-    :class:`FsdpError` for a model without FSDP2 modules, one already registered, an unknown
-    algorithm or bad parameters, a feedback option the algorithm cannot use, or a
-    ``replicate_group`` on a model FSDP2 already replicates (HSDP's 2-D mesh).
+    each unit's reduced shard is also averaged across the replicas, compressed. ``plan`` says
+    which units compress (:mod:`hipress.fsdp.planning`): ``"default"`` (the size rule above),
+    ``"auto"`` (SeCoPa prices each unit's plain and compressed reduce-scatter, on ``profile``
+    if given, a :class:`~hipress.secopa.profile.Profile` or its JSON file, else on one it
+    measures in the units' process group: a second or two, every rank taking part), or a
+    mapping ``{unit name: bool}`` (units left out follow the size rule) or callable
+    ``name -> bool``. Call it on every rank, before the first backward. Returns the
+    :class:`FsdpCompression`. Raises :class:`FsdpError` for a model without FSDP2 modules, one
+    already registered, an unknown algorithm or bad parameters, a feedback option the algorithm
+    cannot use, a ``replicate_group`` on a model FSDP2 already replicates (HSDP's 2-D mesh), a
+    plan that is none of the above or names no unit, or ranks given different plans.
     """
     if not isinstance(model, nn.Module):
         raise FsdpError(f"register takes an nn.Module, got {type(model).__name__}")
     if algorithm is None or algorithm == "none":
         raise FsdpError("register needs a compression algorithm (for none, do not register)")
+    check_plan_arg(plan, profile)
     try:
         alg = resolve_algorithm(algorithm, params, backend)
         rule = DefaultRule(min_compress_numel=min_compress_numel)
@@ -206,9 +225,9 @@ def register(
             f"{type(model).__name__} has no fully_shard-ed module; call "
             "torch.distributed.fsdp.fully_shard on its blocks and on the root first"
         )
-    units: dict[str, CompressedReduceScatter] = {}
-    replicas: dict[str, ReplicaAllReduce] = {}
+    groups: dict[str, Any] = {}
     modules: dict[str, FSDPModule] = {}
+    infos: list[UnitInfo] = []
     for key, m in found:
         g = _unit(m, key)
         if g is None:
@@ -226,21 +245,38 @@ def register(
                 "pass replicate_group"
             )
         group = g._reduce_scatter_process_group
-        ws, rank = group.size(), group.rank()
+        ws = group.size()
         numel = ws * sum(fp.padded_sharded_param_size.numel() for fp in g.fsdp_params)
-        compress = rule.entry(key, numel, ws).compress
-        units[key] = CompressedReduceScatter(key, alg, fb, numel, ws, rank, g.device, compress,
+        infos.append(UnitInfo(key, numel, ws, _reduce_dtype(g), group))
+        groups[key], modules[key] = g, m
+    if not infos:
+        raise FsdpError("no fully_shard-ed module of the model holds parameters")
+    device = groups[infos[0].name].device
+    decided = plan_units(plan, infos, alg, rule, profile=profile, device=device, feedback=fb)
+    units: dict[str, CompressedReduceScatter] = {}
+    replicas: dict[str, ReplicaAllReduce] = {}
+    for u in infos:
+        key, g, compress = u.name, groups[u.name], decided.units[u.name].compress
+        ws, rank = u.world_size, g._reduce_scatter_process_group.rank()
+        units[key] = CompressedReduceScatter(key, alg, fb, u.numel, ws, rank, g.device, compress,
                                              seed, seed_rank=dist.get_rank())  # fmt: skip
         if replicate_group is not None:
-            replicas[key] = ReplicaAllReduce(key, alg, fb, numel // ws, replicate_group, rank,
+            replicas[key] = ReplicaAllReduce(key, alg, fb, u.numel // ws, replicate_group, rank,
                                              g.device, compress, seed)  # fmt: skip
-        modules[key] = m
-    if not units:
-        raise FsdpError("no fully_shard-ed module of the model holds parameters")
     for key, m in modules.items():
         m.set_custom_reduce_scatter(units[key])
         if key in replicas:
             m.set_all_reduce_hook(replicas[key])
     on = [k for k, u in units.items() if u.compress]
-    log.info("hipress.fsdp: %s (feedback %s) on %d of %d units", alg.name, fb, len(on), len(units))
-    return FsdpCompression(alg, fb, units, modules, replicas)
+    log.info("hipress.fsdp: %s (feedback %s, plan %s) on %d of %d units", alg.name, fb,
+             decided.kind, len(on), len(units))  # fmt: skip
+    if dist.get_rank() == 0:
+        log.info("%s", decided.table())
+    return FsdpCompression(alg, fb, units, modules, replicas, decided)
+
+
+def _reduce_dtype(group: Any) -> torch.dtype:
+    """The dtype FSDP2 reduce-scatters this param group's gradients in: the policy's
+    ``reduce_dtype``, else its ``param_dtype`` (the gradients' own), else the parameters'."""
+    mp = group.mp_policy
+    return mp.reduce_dtype or mp.param_dtype or group.fsdp_params[0].sharded_param.dtype

@@ -152,6 +152,15 @@ class TorchComm:
             return _as_casync(
                 lambda: dist.all_to_all_single(dst, src, group=group, async_op=True), dev
             )
+        if op == "reduce_scatter":  # FSDP2's gradient reduction: float32, N rows in, one out
+            rows = max(world, nbytes // 4 // world * world)
+            src = torch.ones(rows, dtype=torch.float32, device=dev)
+            dst = torch.empty(rows // world, dtype=torch.float32, device=dev)
+
+            def reduce_scatter() -> None:  # as FSDP2 issues it (gloo's work has no future)
+                dist.reduce_scatter_single(dst, src, group=group)
+
+            return reduce_scatter
         if op == "broadcast":
             t = u8(nbytes, True)
             return _as_casync(

@@ -147,6 +147,13 @@ class CostModel:
         """Predicted ms of formula ``name`` for m elements in k partitions."""
         return float(self.times(name, m, [k])[0])
 
+    def parts(self, name: str, m: float, k: int = 1) -> tuple[float, float]:
+        """(compute ms, communication ms) of formula ``name``'s terms for m elements in k
+        partitions, latency included: one partition's for a pipelined formula, the whole
+        tensor's for a summed one (whose :meth:`time` is their sum)."""
+        c, w = self._parts(self.formula(name), self._dims(m, [k]), latency=True)
+        return float(c[0]), float(w[0])
+
     def table(self, m: float) -> dict[str, Array]:
         """Every formula's predicted ms for m elements, for K = 1..kmax."""
         return {name: self.times(name, m) for name in self.formulas}

@@ -7,6 +7,8 @@ runs, on what size, as functions of the :class:`Dims` of one evaluation) and a c
   pipelined.
 - :data:`ORIGINAL_FORMULAS`: the original SeCoPa's PS and Ring formulas
   (docs/explanation/secopa.md), whole-tensor sums.
+- :func:`reduce_scatter_formulas`: FSDP2's gradient reduce-scatter of one unit, plain and as
+  ``hipress.fsdp`` compresses it, whole-tensor sums.
 """
 
 from __future__ import annotations
@@ -210,3 +212,52 @@ ORIGINAL_FORMULAS: tuple[Formula, ...] = (
         combine="sum",
     ),
 )
+
+
+def reduce_scatter_formulas(
+    grad_bytes: float = 4.0, trailer_bytes: float = 0.0
+) -> tuple[Formula, ...]:
+    """FSDP2's reduce-scatter of one unit's gradient, ``m`` (padded) elements of ``grad_bytes``
+    bytes each (its reduce dtype) over N ranks, as two whole-tensor formulas (evaluate at K = 1):
+
+    - ``"reduce_scatter"``: the plain collective on the ``grad_bytes * m`` bytes each rank holds
+      (the ``reduce_scatter`` network op: measured, or a profile's ``all_to_all``, see
+      :meth:`~hipress.secopa.profile.Profile.comm_op`) and the N-1 adds of the shard it keeps
+      (``merge``);
+    - ``"compressed_reduce_scatter"``: every rank checks and encodes the N shards of ``m/N``
+      elements, one ``all_to_all`` sends the N payloads (each followed by ``trailer_bytes``),
+      and every rank averages the N payloads of its shard (``decode_sum``: ``decode``, N-1
+      ``decode_more``, ``average``). It needs a shard of at least one element per rank.
+
+    Neither has a CaSync strategy (``strategy`` is None): they are for
+    :meth:`~hipress.secopa.costmodel.CostModel.time`, not for DDP plans.
+    """
+
+    def shard_bytes(d: Dims) -> Array:
+        return d.n * (d.pay(d.shard) + trailer_bytes)
+
+    return (
+        Formula(
+            "reduce_scatter",
+            compressed=False,
+            strategy=None,
+            compute=(Term("merge", _n1, lambda d: d.shard),),
+            comm=(Term("reduce_scatter", _one, lambda d: grad_bytes * d.part),),
+            combine="sum",
+        ),
+        Formula(
+            "compressed_reduce_scatter",
+            compressed=True,
+            strategy=None,
+            compute=(
+                Term("check", _n, lambda d: d.shard, pieces=True),  # NaN/Inf, if not in encode
+                Term("encode", _n, lambda d: d.shard, pieces=True),
+                Term("decode", _one, lambda d: d.shard),
+                Term("decode_more", _n1, lambda d: d.shard),
+                Term("average", _one, lambda d: d.shard),
+            ),
+            comm=(Term("all_to_all", _one, shard_bytes),),
+            combine="sum",
+            min_part=lambda n: n,
+        ),
+    )

@@ -212,6 +212,37 @@ def measure_network(
     return NetworkSamples(world, samples, ops, comm.backend)
 
 
+def measure_collective(
+    op: str,
+    algorithm: str,
+    group: Any = None,
+    sizes: Sequence[int] = DEFAULT_NETWORK_SIZES,
+    reps: Sequence[int] = DEFAULT_NETWORK_REPS,
+    *,
+    comm: Comm | None = None,
+    device: Any = None,
+) -> MeasuredComm:
+    """Measure one collective of ``comm`` (default: a :class:`TorchComm` over ``group`` on
+    ``device``) that :func:`measure_network` does not, such as ``reduce_scatter``, as it measures
+    its own: the slowest rank's median at each of ``sizes`` (bytes per rank; extended on a fast
+    network), its samples at this world size and an alpha-beta fit with ``algorithm`` (a name
+    in :data:`~hipress.secopa.network.ALGORITHMS`) at others. Every rank must call it with the
+    same arguments; every rank gets the same result. Raises :class:`ProfileError` for a group
+    of one rank or a collective ``comm`` does not have."""
+    comm = _comm(comm, group, "measure_collective", device)
+    if comm.size < 2:
+        raise ProfileError("measure_collective needs at least 2 processes")
+    if algorithm not in ALGORITHMS:
+        raise ProfileError(
+            f"unknown collective algorithm {algorithm!r} (known: {list(ALGORITHMS)})"
+        )
+    grid, times = _measure_sizes(comm, op, sizes, reps, extend=True, largest=None)
+    slowest = comm.all_reduce(torch.tensor(times, dtype=torch.float64), "max").tolist()
+    xs = tuple(float(s) for s in grid)
+    fit = fit_alpha_beta(op, xs, slowest, comm.size, algorithm)
+    return MeasuredComm(comm.size, xs, tuple(float(t) for t in slowest), fit)
+
+
 def matched_bytes(op: CommOp, world: int, ms: float) -> int:
     """The power of two in 1 KiB .. 8 MiB whose predicted time of ``op`` at ``world`` is
     closest to ``ms`` (in ratio)."""

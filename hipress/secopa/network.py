@@ -40,6 +40,8 @@ ALGORITHMS: Mapping[str, Callable[[int], tuple[float, float]]] = MappingProxyTyp
         "rd_allgather": lambda n: (_log2(n), n - 1),  # recursive doubling
         # all_to_all, B = bytes of each rank's whole send buffer (N blocks of B/N)
         "pairwise_alltoall": lambda n: (n - 1, (n - 1) / n),
+        # reduce_scatter, B = bytes of each rank's input (N rows of B/N, one kept)
+        "ring_reducescatter": lambda n: (n - 1, (n - 1) / n),
         # broadcast, B = tensor bytes
         "binomial_broadcast": lambda n: (_log2(n), _log2(n)),
         "scatter_allgather_broadcast": lambda n: (_log2(n) + n - 1, 2 * (n - 1) / n),

@@ -72,6 +72,10 @@ COMPUTE_OPS = ("encode", "decode", "merge")
 # ops computed from the measured ones (see Profile.compute_ms)
 _DERIVED = ("decode_acc", "decode_more", "average", "check")
 COLLECTIVES = ("allreduce", "all_gather", "all_to_all", "broadcast")
+# network ops priced by a measured one when a profile does not hold them: a ring reduce-scatter
+# of B bytes per rank sends N-1 blocks of B/N in N-1 steps, as the pairwise all_to_all of a
+# B-byte send buffer does (its adds are compute, a formula's ``merge`` terms)
+_DERIVED_COMM = {"reduce_scatter": "all_to_all"}
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,10 @@ class Profile:
         return np.where(x > 0, ms, 0.0)
 
     def comm_op(self, op: str) -> CommOp:
+        """The cost of network op ``op``; ``reduce_scatter``, where the profile holds none, is
+        its ``all_to_all`` (the same steps and bytes). Raises :class:`ProfileError`."""
+        if op not in self.network and op in _DERIVED_COMM:
+            op = _DERIVED_COMM[op]
         if op not in self.network:
             raise ProfileError(f"profile has no network cost {op!r} (has {sorted(self.network)})")
         return self.network[op]
