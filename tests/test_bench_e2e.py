@@ -1,15 +1,30 @@
 """The end-to-end benchmark's machinery (hipress.bench.e2e) on unshaped loopback: DDP's own
 cost as a configuration, bucket-view gradients, and a step timeline with its breakdown per
-configuration. (The figures themselves are the benchmark's business, not a test's.)"""
+configuration, and the FSDP2 rows of ``--fsdp``. (The figures themselves are the benchmark's
+business, not a test's.)"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from hipress.bench.e2e import COMPUTE, NOCOMM, Config, E2EOptions, _derive, run_config
+import torch
+
+from hipress.bench import fsdp as fsdp_bench
+from hipress.bench.e2e import (
+    COMPUTE,
+    NOCOMM,
+    Config,
+    E2EOptions,
+    _derive,
+    _fsdp_blocks,
+    fsdp_configs_for,
+    run_config,
+)
 from hipress.bench.models import WORKLOADS
 from hipress.bench.netsim import LoopbackNetwork
+from hipress.bench.report import e2e_markdown
 from hipress.bench.timeline import BREAKDOWN
 
 
@@ -39,3 +54,59 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     # two workers: the default rule's all-gather
     assert {e[3] for e in onebit["plan"]["entries"] if e[2]} == {"allgather"}
     assert NOCOMM.describe().startswith("DDP, no gradient exchange")
+
+
+def test_fsdp_rows_with_memory_traffic_and_speedups() -> None:
+    opts = E2EOptions(workers=2, rates_mbit=(None,), models=("resnet",), algorithms=("onebit",),
+                      steps=1, warmup=3, repeats=1, shaped=False, fsdp=True,
+                      fsdp_reshard=(True, False))  # fmt: skip
+    configs = fsdp_configs_for(opts)
+    assert [c.name for c in configs] == ["fsdp-fp32", "fsdp-bf16-reduce", "fsdp-hipress-onebit"]
+    assert fsdp_configs_for(E2EOptions()) == []  # off by default: the DDP cell is unchanged
+    bf16 = fsdp_configs_for(E2EOptions(fsdp=True, algorithms=("onebit",), fsdp_bf16_params=True))
+    assert [c.name for c in bf16][3:] == ["fsdp-bf16", "fsdp-hipress-onebit-bf16"]
+    assert bf16[4].policy().param_dtype is torch.bfloat16 and bf16[4].policy().reduce_dtype is None
+    data = WORKLOADS["resnet"].prepare()
+    runs: dict[tuple[bool, str], list[dict[str, Any]]] = {}
+    # the cell's compute-only row, as run_matrix has it by then
+    compute = {"config": COMPUTE.name, "samples_per_s": 1000.0, "step_ms": 64.0}
+    with LoopbackNetwork(2, "test") as net:
+        # resharding: every configuration; without: plain FSDP2 only (enough for its traffic)
+        for reshard, cfgs in ((True, configs), (False, configs[:1])):
+            for c in cfgs:
+                row = fsdp_bench.measure(net, "resnet", data, c, warmup=opts.warmup,
+                                         steps=opts.steps, lr=opts.lr, reshard=reshard,
+                                         timeout=opts.timeout, threads=1)  # fmt: skip
+                runs[(reshard, c.name)] = [row]
+    cell = {"model": "resnet", "kind": "compute-heavy", "parameters": 1, "gradient_bytes": 4,
+            "batch_per_worker": 32, "unit": "images", "data": "synthetic",
+            "network": {"label": "loopback", "shaped": False}, "rows": [compute]}  # fmt: skip
+    cell["fsdp"] = _fsdp_blocks(opts, runs, cell)
+    on, off = cell["fsdp"]
+    assert on["reshard_after_forward"] and not off["reshard_after_forward"]
+    assert [r.get("error") for r in on["rows"] + off["rows"]] == [None] * 4
+    plain, peer, ours = on["rows"]
+    for r in on["rows"]:
+        assert r["scaling_efficiency"] == r["samples_per_s"] / 1000.0 > 0
+        assert set(r["speedup"]) == {"fsdp-fp32", "fsdp-bf16-reduce"}
+        assert r["wire_bytes_per_step"] is None  # loopback: no counter of its own
+        m = r["memory_per_rank"]
+        assert m["params_shard"] > 0 and m["peak_rss"] > m["params_shard"]
+    assert plain["speedup"]["fsdp-fp32"] == 1.0 and ours["memory_per_rank"]["feedback"] > 0
+    assert plain["memory_per_rank"]["feedback"] == 0
+    # resharding gathers every unit twice, the gradient is reduce-scattered once
+    t, t_off = plain["traffic"], off["rows"][0]["traffic"]
+    assert t["allgather_bytes"] == 2 * t["reduce_scatter_bytes"] == 2 * t_off["allgather_bytes"]
+    assert peer["traffic"]["reduce_scatter_bytes"] == t["reduce_scatter_bytes"] / 2
+    assert ours["traffic"]["allgather_bytes"] == t["allgather_bytes"]
+    assert 0 < ours["traffic"]["reduce_scatter_bytes"] < peer["traffic"]["reduce_scatter_bytes"]
+    assert on["bound"]["allgather_units"] == 2.0 and off["bound"] == {}  # no hipress row off
+    assert 1 < on["bound"]["vs_fsdp_fp32"] < 1.5
+    assert on["targets"] == {"best": None, "applies": False}  # compute-heavy, loopback
+    md = e2e_markdown({"meta": {"workers": 2, "steps": 1, "warmup": 3, "threads_per_worker": 1,
+                                "torch": "t", "date": "d"}, "cells": [cell]})  # fmt: skip
+    assert "### FSDP2, resharding after forward" in md
+    assert "### FSDP2, reshard_after_forward=False" in md
+    line = next(x for x in md.splitlines() if x.startswith("| fsdp-hipress-onebit |"))
+    assert line.count("|") == 14 and "at most" in md
+    json.dumps(cell)  # the JSON holds it all

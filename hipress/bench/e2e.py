@@ -17,6 +17,16 @@ each row's rate against it. Every DDP model is built with ``gradient_as_bucket_v
 copy of the gradients fewer per step, for every configuration alike) unless
 ``E2EOptions.bucket_view`` is False. With a trace directory, each configuration keeps the
 timeline of its timed steps (:mod:`hipress.casync.trace`) and its per-step ``breakdown``.
+
+With ``E2EOptions.fsdp``, each cell also holds FSDP2 rows (``cell["fsdp"]``: a block per
+``fsdp_reshard`` setting), run in the same rounds and network by :func:`hipress.bench.fsdp.measure`:
+plain FSDP2 (fp32 reduce-scatter), FSDP2 with ``MixedPrecisionPolicy(reduce_dtype=bfloat16)``
+and hipress's compressed reduce-scatter with each of ``algorithms`` (feedback "auto"), with
+``fsdp_bf16_params`` also the users' bfloat16 policy (``param_dtype=reduce_dtype=bfloat16``)
+plain and with each algorithm. Each row has the same figures as a DDP row, per-rank memory, the
+payload bytes each collective should send (``traffic``) and the speedup over every FSDP2
+baseline; each block the traffic bound of compressing the reduce-scatter alone (``bound``) and
+the FSDP2 targets (``targets``). Without ``fsdp`` nothing of this appears.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hipress.bench import fsdp as fsdp_bench
+from hipress.bench.fsdp_rows import e2e_configs, finish_block
 from hipress.bench.models import WORKLOADS
 from hipress.bench.netsim import (
     LoopbackNetwork,
@@ -39,11 +51,19 @@ from hipress.bench.netsim import (
     run_in_network,
     tx_bytes,
 )
-from hipress.bench.report import check_targets
+from hipress.bench.report import check_fsdp_targets, check_targets
 from hipress.bench.timeline import breakdown, load_traces
 from hipress.casync.trace import Tracer
 
-__all__ = ["BASELINES", "Config", "E2EOptions", "configs_for", "run_config", "run_matrix"]
+__all__ = [
+    "BASELINES",
+    "Config",
+    "E2EOptions",
+    "configs_for",
+    "fsdp_configs_for",
+    "run_config",
+    "run_matrix",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +109,9 @@ NOCOMM = Config("ddp-nocomm", "ddp", "noop")
 @dataclass(frozen=True)
 class E2EOptions:
     """What :func:`run_matrix` runs: ``models`` x ``rates_mbit`` (None: unshaped veth) x
-    (compute-only, the baselines, hipress with each of ``algorithms``)."""
+    (compute-only, the baselines, hipress with each of ``algorithms``). With ``fsdp``, also the
+    FSDP2 rows (:func:`fsdp_configs_for`) for each ``fsdp_reshard`` setting of
+    ``reshard_after_forward``; ``fsdp_bf16_params`` adds the bfloat16-parameter policy."""
 
     workers: int = 4
     rates_mbit: tuple[float | None, ...] = (1000.0, 10000.0)
@@ -106,6 +128,9 @@ class E2EOptions:
     timeout: float = 900.0
     trace_dir: str | None = None
     bucket_view: bool = True
+    fsdp: bool = False
+    fsdp_reshard: tuple[bool, ...] = (True,)
+    fsdp_bf16_params: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -118,6 +143,8 @@ class E2EOptions:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.steps < 1 or self.warmup < 3:
             raise ValueError("steps must be >= 1 and warmup >= 3 (PowerSGD starts at step 2)")
+        if self.fsdp and not self.fsdp_reshard:
+            raise ValueError("fsdp_reshard needs at least one setting (True, False or both)")
 
 
 def configs_for(opts: E2EOptions) -> list[Config]:
@@ -130,6 +157,12 @@ def configs_for(opts: E2EOptions) -> list[Config]:
     ]
     ours = [Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan) for a in opts.algorithms]
     return [COMPUTE, NOCOMM, *base, *ours]
+
+
+def fsdp_configs_for(opts: E2EOptions) -> list[fsdp_bench.FsdpConfig]:
+    """The FSDP2 configurations of one cell (none without ``opts.fsdp``): see
+    :func:`hipress.bench.fsdp_rows.e2e_configs`."""
+    return e2e_configs(opts.algorithms, opts.fsdp_bf16_params) if opts.fsdp else []
 
 
 # ---- the worker ---------------------------------------------------------------------------------
@@ -333,6 +366,21 @@ def _derive(rows: list[dict[str, Any]]) -> None:
             r["of_ddp_ceiling"] = r["samples_per_s"] / by[NOCOMM.name]["samples_per_s"]
 
 
+def _fsdp_blocks(
+    opts: E2EOptions, runs: dict[tuple[bool, str], list[dict[str, Any]]], cell: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The cell's FSDP2 rows (each configuration's best round), a block per reshard setting,
+    with what :func:`hipress.bench.fsdp_rows.finish_block` derives and the targets."""
+    compute = next((r for r in cell["rows"] if r["config"] == COMPUTE.name), {})
+    blocks = []
+    for reshard in opts.fsdp_reshard:
+        rows = [_best(v) for (rs, _), v in runs.items() if rs == reshard]
+        block = finish_block(rows, reshard, compute.get("samples_per_s"))
+        block["targets"] = check_fsdp_targets(cell, block)
+        blocks.append(block)
+    return blocks
+
+
 def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
     """Run every (model, rate) cell; returns ``{"meta": ..., "cells": [...]}`` where each cell
     has ``model``, ``network`` and ``rows`` (one per configuration, with ``speedup`` over each
@@ -350,6 +398,7 @@ def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
         for rate in opts.rates_mbit:
             with open_network(opts.workers, rate, shaped=opts.shaped) as net:
                 runs: dict[str, list[dict[str, Any]]] = {}
+                fsdp_runs: dict[tuple[bool, str], list[dict[str, Any]]] = {}
                 # rounds go over every configuration in turn, so a change in the machine's load
                 # hits all of them alike; each keeps its best round
                 for rnd in range(opts.repeats):
@@ -360,6 +409,20 @@ def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
                         runs.setdefault(cfg.name, []).append(res)
                         if progress is not None and "samples_per_s" in res:
                             progress(f"    {res['samples_per_s']:.1f} samples/s")
+                    for reshard in opts.fsdp_reshard if opts.fsdp else ():
+                        for fc in fsdp_configs_for(opts):
+                            if progress is not None:
+                                how = "" if reshard else ", no reshard"
+                                progress(f"{model_name} | {net.label} | {fc.name}{how} | "
+                                         f"round {rnd + 1}")  # fmt: skip
+                            res = fsdp_bench.measure(
+                                net, model_name, data, fc, warmup=opts.warmup, steps=opts.steps,
+                                lr=opts.lr, reshard=reshard, timeout=opts.timeout,
+                                threads=opts.threads,
+                            )  # fmt: skip
+                            fsdp_runs.setdefault((reshard, fc.name), []).append(res)
+                            if progress is not None and "samples_per_s" in res:
+                                progress(f"    {res['samples_per_s']:.1f} samples/s")
                 rows = [_best(v) for v in runs.values()]
                 _derive(rows)
                 cell = {
@@ -376,6 +439,8 @@ def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
                     "loadavg": os.getloadavg()[0],
                 }
                 cell["targets"] = check_targets(cell)
+                if opts.fsdp:
+                    cell["fsdp"] = _fsdp_blocks(opts, fsdp_runs, cell)
                 cells.append(cell)
             if isinstance(net, LoopbackNetwork):
                 break  # every rate is the same unshaped loopback
@@ -393,4 +458,7 @@ def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         **opts.extra,
     }
+    if opts.fsdp:
+        meta["fsdp"] = {"reshard_after_forward": list(opts.fsdp_reshard),
+                        "bf16_params": opts.fsdp_bf16_params, "feedback": "auto"}  # fmt: skip
     return {"meta": meta, "cells": cells}

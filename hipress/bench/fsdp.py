@@ -10,7 +10,11 @@ Each configuration runs in fresh worker processes: shard the model (each top-lev
 the root holding the rest), warm up, time ``steps`` steps. Figures per configuration: samples/s,
 step time, bytes each worker put on its wire per step, the speedup over both baselines, and per
 rank: the parameter shard (plain FSDP2 keeps as much again for the gradient shard), the
-compression state (of which error feedback) and the process's peak resident memory.
+compression state (of which error feedback) and the process's peak resident memory; and the
+bytes each collective should put on the wire per step (``traffic``: payload only, from the units'
+sizes and dtypes, and for hipress the compressed reduce-scatter's own count), to hold against the
+measured ``wire_bytes_per_step``. :func:`measure` runs one configuration; ``hipress bench e2e
+--fsdp`` uses it for its FSDP2 rows.
 """
 
 from __future__ import annotations
@@ -35,7 +39,17 @@ from hipress.bench.netsim import (
     tx_bytes,
 )
 
-__all__ = ["FsdpConfig", "FsdpOptions", "configs_for", "fsdp_markdown", "run_fsdp"]
+__all__ = [
+    "BASELINES",
+    "BF16_PARAMS",
+    "FsdpConfig",
+    "FsdpOptions",
+    "configs_for",
+    "derive_speedups",
+    "fsdp_markdown",
+    "measure",
+    "run_fsdp",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,21 +61,42 @@ _ROOT_HELD = {"lstm-lm": ("out",)}
 @dataclass(frozen=True)
 class FsdpConfig:
     """One way to reduce gradients: ``kind`` "fsdp" (``reduce`` "fp32" or "bf16") or "hipress"
-    (``algorithm`` with ``feedback``)."""
+    (``algorithm`` with ``feedback``). ``params`` "bf16" is the user's own
+    ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``: parameters all-gathered and computed
+    with in bfloat16 (then ``reduce`` should be "bf16" too, FSDP2's default for that policy)."""
 
     name: str
     kind: str
     reduce: str = "fp32"
     algorithm: str | None = None
     feedback: str = "auto"
+    params: str = "fp32"
+
+    def __post_init__(self) -> None:
+        for what, v in (("reduce", self.reduce), ("params", self.params)):
+            if v not in _DTYPES:
+                raise ValueError(f"{what} must be one of {sorted(_DTYPES)}, got {v!r}")
 
     def describe(self) -> str:
+        prec = ", bf16 params" if self.params == "bf16" else ""
         if self.kind == "fsdp":
-            return f"FSDP2, {self.reduce} reduce-scatter"
-        return f"hipress {self.algorithm}, feedback {self.feedback}"
+            return f"FSDP2{prec}, {self.reduce} reduce-scatter"
+        return f"hipress {self.algorithm} over FSDP2{prec}, feedback {self.feedback}"
+
+    def policy(self) -> Any:
+        """The ``MixedPrecisionPolicy`` of this configuration (a dtype equal to the one it
+        follows is left None, as FSDP2 itself clamps it)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        param = None if self.params == "fp32" else _DTYPES[self.params]
+        reduce = None if self.reduce == self.params else _DTYPES[self.reduce]
+        return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
 
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINES = (FsdpConfig("fsdp-fp32", "fsdp"), FsdpConfig("fsdp-bf16-reduce", "fsdp", "bf16"))
+# the users' own bfloat16 mixed precision: all-gathers (and compute) in bf16 too
+BF16_PARAMS = FsdpConfig("fsdp-bf16", "fsdp", "bf16", params="bf16")
 
 
 @dataclass(frozen=True)
@@ -104,18 +139,51 @@ def configs_for(opts: FsdpOptions) -> list[FsdpConfig]:
 
 
 def _shard(model: nn.Module, model_name: str, cfg: FsdpConfig, reshard: bool) -> Any:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
-    mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if cfg.reduce == "bf16" else None)
+    mp = cfg.policy()
     for name, child in model.named_children():
-        if name not in _ROOT_HELD.get(model_name, ()) and any(True for _ in child.parameters()):
-            fully_shard(child, mp_policy=mp, reshard_after_forward=reshard)
+        if name in _ROOT_HELD.get(model_name, ()):
+            continue
+        # a container has no forward of its own to hook: its members are the units
+        blocks = child.children() if isinstance(child, nn.ModuleList | nn.ModuleDict) else [child]
+        for block in blocks:
+            if any(True for _ in block.parameters()):
+                fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
     if cfg.kind != "hipress":
         return None
     import hipress.fsdp
 
     return hipress.fsdp.register(model, cfg.algorithm or "onebit", feedback=cfg.feedback)
+
+
+def _traffic(model: nn.Module, comp: Any, calls: int) -> dict[str, Any]:
+    """Payload bytes this rank sends per step: each unit's all-gathers (once in forward, again
+    in backward where the unit reshards after forward, as FSDP2 records it: with an explicit
+    ``reshard_after_forward=True`` every unit, the root included) and its reduce-scatter, each
+    sending N-1 of its N shards, in the dtypes of the policy; a hipress reduce-scatter's bytes
+    are its own count over ``calls`` steps. ``gathers_per_unit``: [name, all-gathers]."""
+    from torch.distributed.fsdp import FSDPModule
+
+    ag = rs = 0.0
+    units = []
+    for name, m in model.named_modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        for g in m._get_fsdp_state()._fsdp_param_groups:
+            peers = g.mesh_info.shard_mesh_size - 1
+            gathers = 2 if g._reshard_after_forward else 1
+            for fp in g.fsdp_params:
+                n = fp.padded_sharded_param_size.numel()
+                gather_dtype = fp.param_dtype or fp.orig_dtype
+                ag += gathers * peers * n * gather_dtype.itemsize
+                rs += peers * n * (fp.reduce_dtype or gather_dtype).itemsize
+            units.append([name or "<root>", gathers])
+    if comp is not None:
+        rs = comp.stats()["sent_bytes"] / calls
+    return {"allgather_bytes": ag, "reduce_scatter_bytes": rs, "total_bytes": ag + rs,
+            "gathers_per_unit": units}  # fmt: skip
 
 
 def _train(
@@ -157,38 +225,71 @@ def _train(
         "tx_bytes": None if tx0 is None or tx1 is None else tx1 - tx0,
         "losses": losses,
         "memory": memory,
+        "traffic": _traffic(model, comp, warmup + steps),
         "units": None
         if comp is None
         else {k: [u.numel, u.compress] for k, u in comp.units.items()},
     }
 
 
-def run_config(net: Network, data: Any, cfg: FsdpConfig, opts: FsdpOptions) -> dict[str, Any]:
-    """One configuration on an entered network; ``{"config", "error"}`` if it failed."""
-    w = WORKLOADS[opts.model]
+def measure(
+    net: Network, model_name: str, data: Any, cfg: FsdpConfig, *, warmup: int, steps: int,
+    lr: float, reshard: bool, timeout: float, threads: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Run one configuration in fresh workers on an entered network. Returns its row:
+    ``config``, ``describe``, ``reshard_after_forward``, ``samples_per_s`` (all workers, over
+    the slowest rank's time), ``step_ms``, ``wire_bytes_per_step`` (measured per worker; None on
+    loopback), ``traffic`` (expected payload bytes per worker and step, see :func:`_traffic`),
+    ``final_loss``, ``memory_per_rank`` (the largest over ranks) and ``units``; or
+    ``{"config", "error"}`` if it failed (a result to report, not a crash)."""
+    w = WORKLOADS[model_name]
     try:
         per_rank = run_in_network(
-            net, _train, opts.model, data, cfg, opts.warmup, opts.steps, opts.lr, net.iface,
-            opts.reshard_after_forward, timeout=opts.timeout, threads=opts.threads,
+            net, _train, model_name, data, cfg, warmup, steps, lr, net.iface, reshard,
+            timeout=timeout, threads=threads,
         )  # fmt: skip
     except Exception as exc:  # a failed configuration is a result to report
-        logger.error("fsdp bench: %s failed: %s", cfg.name, exc)
-        return {"config": cfg.name, "error": str(exc)[-2000:]}
+        logger.error("fsdp: %s failed: %s", cfg.name, exc)
+        return {"config": cfg.name, "reshard_after_forward": reshard, "error": str(exc)[-2000:]}
     seconds = max(r["seconds"] for r in per_rank)
     tx = [r["tx_bytes"] for r in per_rank]
     wire = None if isinstance(net, LoopbackNetwork) or None in tx else tx
+    traffic = per_rank[0]["traffic"]
+    traffic["reduce_scatter_bytes"] = max(r["traffic"]["reduce_scatter_bytes"] for r in per_rank)
+    traffic["total_bytes"] = traffic["allgather_bytes"] + traffic["reduce_scatter_bytes"]
     return {
         "config": cfg.name,
         "describe": cfg.describe(),
-        "samples_per_s": w.batch_size * opts.steps * net.world_size / seconds,
-        "step_ms": 1000 * seconds / opts.steps,
-        "wire_bytes_per_step": None if wire is None else sum(wire) / len(wire) / opts.steps,
+        "reshard_after_forward": reshard,
+        "params": cfg.params,
+        "samples_per_s": w.batch_size * steps * net.world_size / seconds,
+        "step_ms": 1000 * seconds / steps,
+        "wire_bytes_per_step": None if wire is None else sum(wire) / len(wire) / steps,
+        "traffic": traffic,
         "final_loss": sum(r["losses"][-1] for r in per_rank) / len(per_rank),
         "memory_per_rank": {
             k: max(r["memory"][k] for r in per_rank) for k in per_rank[0]["memory"]
         },
         "units": per_rank[0]["units"],
     }
+
+
+def run_config(net: Network, data: Any, cfg: FsdpConfig, opts: FsdpOptions) -> dict[str, Any]:
+    """One configuration of ``opts`` on an entered network (:func:`measure`)."""
+    return measure(net, opts.model, data, cfg, warmup=opts.warmup, steps=opts.steps, lr=opts.lr,
+                   reshard=opts.reshard_after_forward, timeout=opts.timeout,
+                   threads=opts.threads)  # fmt: skip
+
+
+def derive_speedups(rows: list[dict[str, Any]]) -> None:
+    """Give every measured row ``speedup``: its samples/s over each FSDP2 baseline's among
+    ``rows`` (fsdp-fp32, fsdp-bf16-reduce, and fsdp-bf16 where measured)."""
+    names = [b.name for b in (*BASELINES, BF16_PARAMS)]
+    base = {r["config"]: r["samples_per_s"] for r in rows if r["config"] in names
+            and "samples_per_s" in r}  # fmt: skip
+    for r in rows:
+        if "samples_per_s" in r:
+            r["speedup"] = {k: r["samples_per_s"] / v for k, v in base.items() if v}
 
 
 def run_fsdp(opts: FsdpOptions, progress: Any = None) -> dict[str, Any]:
@@ -209,10 +310,7 @@ def run_fsdp(opts: FsdpOptions, progress: Any = None) -> dict[str, Any]:
                     if best is None or res.get("samples_per_s", 0) > best.get("samples_per_s", 0):
                         runs[cfg.name] = res
             rows = list(runs.values())
-            base = {b.name: runs[b.name].get("samples_per_s") for b in BASELINES}
-            for r in rows:
-                if "samples_per_s" in r:
-                    r["speedup"] = {k: r["samples_per_s"] / v for k, v in base.items() if v}
+            derive_speedups(rows)
             cells.append({"model": opts.model, "network": net.as_dict(), "rows": rows})
         if isinstance(net, LoopbackNetwork):
             break  # every rate is the same unshaped loopback

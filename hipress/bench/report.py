@@ -13,9 +13,11 @@ from typing import Any
 from hipress.bench.tables import TABLES, e2e_cell_rows, fmt
 
 __all__ = [
+    "check_fsdp_targets",
     "check_targets",
     "e2e_markdown",
     "e2e_png",
+    "fsdp_block_markdown",
     "generated_tables",
     "update_docs",
     "write_json",
@@ -51,10 +53,7 @@ def check_targets(cell: dict[str, Any]) -> dict[str, Any]:
     They apply to the communication-heavy model on 1 Gbit/s shaped links only (elsewhere returns
     ``{"best": None, "applies": False}``). Returns the figures and a ``met`` flag per target
     (None when a figure is missing)."""
-    net = cell["network"]
-    if not (
-        cell["kind"] == "communication-heavy" and net.get("shaped") and net.get("rate_mbit") == 1000
-    ):
+    if not _applies(cell):
         return {"best": None, "applies": False}
     rows = {r["config"]: r for r in cell["rows"] if "samples_per_s" in r}
     ours = [r for n, r in rows.items() if n.startswith("hipress-")]
@@ -78,6 +77,103 @@ def check_targets(cell: dict[str, Any]) -> dict[str, Any]:
             "scaling_efficiency": None if eff is None else eff >= TARGET_EFFICIENCY,
         },
     }
+
+
+def _applies(cell: dict[str, Any]) -> bool:
+    net = cell["network"]
+    return bool(
+        cell["kind"] == "communication-heavy" and net.get("shaped") and net.get("rate_mbit") == 1000
+    )
+
+
+def check_fsdp_targets(cell: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
+    """The FSDP2 targets on one block of FSDP2 rows of ``cell`` (same conditions as
+    :func:`check_targets`): the best hipress-over-FSDP2 row with float32 parameters against
+    plain FSDP2 (>= 2x) and against FSDP2 with a bfloat16 reduce-scatter (>= 1.3x)."""
+    if not _applies(cell):
+        return {"best": None, "applies": False}
+    rows = {r["config"]: r for r in block["rows"] if "samples_per_s" in r}
+    ours = [r for n, r in rows.items()
+            if n.startswith("fsdp-hipress-") and r.get("params", "fp32") == "fp32"]  # fmt: skip
+    if not ours:
+        return {"best": None, "applies": True}
+    best = max(ours, key=lambda r: r["samples_per_s"])
+    sp = best.get("speedup", {})
+    vs_fp32, vs_bf16 = sp.get("fsdp-fp32"), sp.get("fsdp-bf16-reduce")
+    return {
+        "best": best["config"],
+        "applies": True,
+        "vs_fsdp_fp32": vs_fp32,
+        "vs_fsdp_bf16_reduce": vs_bf16,
+        "met": {
+            "vs_fsdp_fp32": None if vs_fp32 is None else vs_fp32 >= TARGET_VS_FP32,
+            "vs_fsdp_bf16_reduce": None if vs_bf16 is None else vs_bf16 >= TARGET_VS_BEST_HOOK,
+        },
+    }
+
+
+def _mark(met: bool | None) -> str:
+    return {True: "met", False: "NOT met", None: "n/a"}[met]
+
+
+def fsdp_block_markdown(block: dict[str, Any]) -> list[str]:
+    """One block of FSDP2 rows of ``hipress bench e2e --fsdp``: a table row per configuration
+    (MB/step measured, and the payload expected from the all-gathers + the reduce-scatter;
+    memory per rank in MiB), then the traffic bound and the targets."""
+    mib = 1 << 20
+    out = [
+        "| configuration | samples/s | step ms | MB/step | payload MB (AG + RS) | x FSDP fp32 | "
+        "x bf16 reduce | x FSDP bf16 | eff | param shard MiB | feedback MiB | state MiB | "
+        "peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in block["rows"]:
+        if "samples_per_s" not in r:
+            err = r["error"].strip().splitlines()[-1][:160]
+            out.append(f"| {r['config']} | failed: {err} |")
+            continue
+        sp, m, t = r.get("speedup", {}), r["memory_per_rank"], r["traffic"]
+        wire = r.get("wire_bytes_per_step")
+        out.append(
+            f"| {r['config']} | {r['samples_per_s']:.1f} | {r['step_ms']:.0f} | "
+            f"{fmt(None if wire is None else wire / 1e6, '.2f')} | "
+            f"{t['allgather_bytes'] / 1e6:.1f} + {t['reduce_scatter_bytes'] / 1e6:.1f} | "
+            f"{fmt(sp.get('fsdp-fp32'), '.2f')} | {fmt(sp.get('fsdp-bf16-reduce'), '.2f')} | "
+            f"{fmt(sp.get('fsdp-bf16'), '.2f')} | {fmt(r.get('scaling_efficiency'), '.2f')} | "
+            f"{m['params_shard'] / mib:.1f} | {m['feedback'] / mib:.1f} | "
+            f"{m['state'] / mib:.1f} | {m['peak_rss'] / mib:.0f} |"
+        )
+    b = block.get("bound") or {}
+    if b:
+        peer = b.get("vs_fsdp_bf16_reduce")
+        text = (
+            f"Bound: plain FSDP2's payload is {b['allgather_units']:.2f} units of all-gather per "
+            f"unit of reduce-scatter; compressing the reduce-scatter alone cuts a step's payload "
+            f"by at most {b['vs_fsdp_fp32']:.2f}x"
+            + ("" if peer is None else f" ({peer:.2f}x the bf16-reduce peer's)")
+        )
+        w = b.get("wire")
+        if w:
+            wpeer = w.get("vs_fsdp_bf16_reduce")
+            text += (
+                f". On the wire, plain FSDP2's reduce-scatter sent "
+                f"{w['reduce_scatter_factor']:.2f}x its payload, so the measured bytes fall "
+                f"{w['vs_fsdp_fp32']:.2f}x"
+                + ("" if wpeer is None else f" ({wpeer:.2f}x against the bf16-reduce peer)")
+            )
+        out += ["", text + ": the bound on the speedup where the link is the bottleneck."]
+    t = block.get("targets") or {}
+    if t.get("best"):
+        met = t["met"]
+        out += [
+            "",
+            f"Targets (best hipress over FSDP2: {t['best']}): "
+            f"{fmt(t['vs_fsdp_fp32'], '.2f')}x plain FSDP2 (target {TARGET_VS_FP32}x: "
+            f"{_mark(met['vs_fsdp_fp32'])}); {fmt(t['vs_fsdp_bf16_reduce'], '.2f')}x the "
+            f"bf16-reduce peer (target {TARGET_VS_BEST_HOOK}x: "
+            f"{_mark(met['vs_fsdp_bf16_reduce'])}).",
+        ]
+    return out
 
 
 def e2e_markdown(results: dict[str, Any]) -> str:
@@ -125,6 +221,11 @@ def e2e_markdown(results: dict[str, Any]) -> str:
                 f"{fmt(t['scaling_efficiency'], '.2f')} (target {TARGET_EFFICIENCY}: "
                 f"{mark('scaling_efficiency')}).",
             ]
+        for block in cell.get("fsdp", ()):
+            how = "resharding after forward" if block["reshard_after_forward"] else (
+                "reshard_after_forward=False")  # fmt: skip
+            out += ["", f"### FSDP2, {how} ({cell['model']}, {net['label']})", ""]
+            out += fsdp_block_markdown(block)
     return "\n".join(out) + "\n"
 
 
