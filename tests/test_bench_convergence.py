@@ -1,5 +1,5 @@
 """hipress bench convergence, small: real 2-process gloo runs of both tasks (the LSTM LM and the
-tabular classifier), over seeds, and the momentum hand-over to dgc."""
+tabular classifier), over seeds, the momentum hand-over to dgc, and the FSDP2 mode."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import torch
 
 from hipress.bench.convergence import (
     ConvergenceOptions,
+    check_convergence,
     convergence_markdown,
     density_schedule,
     run_convergence,
     summarise,
 )
-from hipress.bench.convergence_train import HeavyBall
+from hipress.bench.convergence_train import HeavyBall, fsdp_refusal
 from hipress.bench.models import TabularMLP, tabular_data
 from hipress.bench.tables import convergence_rows
 
@@ -78,6 +79,52 @@ def test_tabular_task_over_seeds_hands_momentum_to_dgc() -> None:
     assert res["meta"]["task_name"] == "tabular" and res["meta"]["seeds"] == [0, 1]
     table = convergence_markdown(res)
     assert "teacher-student" in table and "Seeds: 0, 1." in table
+
+
+def test_fsdp_mode_is_the_same_job_sharded() -> None:
+    """FSDP2 mode: plain FSDP2 trains as DDP does; a cast (fp16) agrees with it closely; the
+    uncompressed warm-up epoch is plain FSDP2's bit for bit, compression starts after it (with
+    the feedback option of an ``alg:feedback`` entry); dgc, which needs CaSync's momentum
+    hand-over, is refused without running."""
+    kw = dict(workers=2, epochs=2, train_tokens=2048, eval_tokens=1024, batch=4, timeout=300,
+              warmup_epochs=1)  # fmt: skip
+    res = run_convergence(
+        ConvergenceOptions(algorithms=("fp16", "onebit:bf16", "dgc"), fsdp=True, **kw)
+    )
+    ddp = run_convergence(ConvergenceOptions(algorithms=(), **kw))["rows"][0]["runs"][0]
+    rows = {r["algorithm"]: r for r in res["rows"]}
+    assert list(rows) == ["uncompressed", "fp16", "onebit:bf16", "dgc"]
+    plain, fp16, onebit = (rows[n]["runs"][0] for n in ("uncompressed", "fp16", "onebit:bf16"))
+    for ours, ref in ((plain, ddp), (fp16, plain)):
+        assert ours["epoch_accuracy"] == pytest.approx(ref["epoch_accuracy"], abs=2e-3)
+        assert ours["epoch_valid_loss"] == pytest.approx(ref["epoch_valid_loss"], rel=1e-4)
+    assert plain["units"] is None and "feedback" not in plain
+    # the warm-up epoch goes through FSDP2's own reduce-scatter; then 1-bit gradients
+    assert onebit["epoch_valid_loss"][0] == plain["epoch_valid_loss"][0]
+    assert onebit["epoch_valid_loss"][1] != pytest.approx(plain["epoch_valid_loss"][1], rel=1e-3)
+    assert onebit["feedback"] == "bf16" and rows["onebit:bf16"]["error_feedback"]
+    assert onebit["units"]["embed"] == [8192 * 128, True]
+    assert fp16["feedback"] == "none" and rows["fp16"]["error_feedback"] is False
+    assert "without --fsdp" in rows["dgc"]["error"] and rows["dgc"]["runs"] == []
+    table = convergence_markdown(res)
+    assert "FSDP2 (fully_shard), not DDP" in table and "| onebit:bf16 | yes |" in table
+
+
+def test_fsdp_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="needs the FSDP2 mode"):
+        ConvergenceOptions(algorithms=("onebit:bf16",))
+    with pytest.raises(ValueError, match="plan"):
+        ConvergenceOptions(fsdp=True, plan="auto")
+    with pytest.raises(ValueError, match=r"onebit:none: .*own error feedback"):
+        check_convergence(ConvergenceOptions(algorithms=("onebit:none",), fsdp=True))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        check_convergence(ConvergenceOptions(algorithms=("nope",), fsdp=True))
+    assert check_convergence(
+        ConvergenceOptions(algorithms=("terngrad", "topk:bf16"), fsdp=True, fsdp_feedback="int8")
+    ) == {"terngrad": "int8", "topk:bf16": "bf16"}
+    assert fsdp_refusal("topk", ConvergenceOptions(density_warmup_epochs=1)) is not None
+    assert fsdp_refusal("topk", ConvergenceOptions()) is None
+    assert fsdp_refusal("dgc", ConvergenceOptions(momentum_handover=False)) is None
 
 
 def test_summarise_pairs_seeds() -> None:

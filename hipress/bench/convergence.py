@@ -9,7 +9,8 @@ would flatter the others).
 
 The network does not change what is computed, so the workers talk over loopback. Every run starts
 from the same weights and sees the same batches in the same order; only the gradient exchange
-differs.
+differs. With ``fsdp`` the model is sharded by FSDP2 instead of replicated by DDP, and the
+algorithms compress its reduce-scatter (:mod:`~hipress.bench.convergence_fsdp`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ from typing import Any
 
 import torch
 
-from hipress.bench.convergence_train import TASKS, density_schedule, own_momentum, train_rank
+from hipress.bench.convergence_train import (
+    TASKS,
+    density_schedule,
+    fsdp_refusal,
+    own_momentum,
+    train_rank,
+)
 from hipress.bench.models import load_corpus, tabular_data
 from hipress.bench.netsim import LoopbackNetwork, run_in_network
 from hipress.bench.tables import convergence_rows
 
 __all__ = [
     "ConvergenceOptions",
+    "check_convergence",
     "convergence_markdown",
     "density_schedule",
     "own_momentum",
@@ -57,7 +65,12 @@ class ConvergenceOptions:
     compressed step on, see :func:`density_schedule`. ``momentum_handover``: an algorithm with
     its own momentum (dgc) takes over the optimizer's when compression starts, see
     :mod:`~hipress.bench.convergence_train`; False runs it as before, with no optimizer
-    momentum on any parameter from the first step (for comparison)."""
+    momentum on any parameter from the first step (for comparison). ``fsdp``: shard the model
+    with FSDP2 instead of DDP (:mod:`~hipress.bench.convergence_fsdp`): uncompressed is plain
+    FSDP2, each algorithm :func:`hipress.fsdp.register` with error feedback ``fsdp_feedback``
+    (or the ``"name:feedback"`` of its entry in ``algorithms``); the warm-up runs the same
+    way, and algorithms that need CaSync's state (a momentum hand-over, a density warm-up)
+    are refused."""
 
     workers: int = 4
     algorithms: tuple[str, ...] = ("all",)
@@ -81,6 +94,8 @@ class ConvergenceOptions:
     warmup_epochs: float = 0.0
     density_warmup_epochs: int = 0
     momentum_handover: bool = True
+    fsdp: bool = False
+    fsdp_feedback: str = "auto"
     timeout: float = 3600.0
 
     def __post_init__(self) -> None:
@@ -92,6 +107,18 @@ class ConvergenceOptions:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if not self.fsdp:
+            colon = [a for a in self.algorithms if ":" in a]
+            if colon:
+                raise ValueError(
+                    f"an algorithm:feedback entry ({colon[0]}) needs the FSDP2 mode (--fsdp); "
+                    "CaSync runs each algorithm with its own feedback"
+                )
+        elif self.plan is not None:
+            raise ValueError(
+                f"plan {self.plan!r} is CaSync's; the FSDP2 mode compresses each unit by "
+                "hipress.fsdp's size threshold: leave the plan at its default"
+            )
 
     def resolved_algorithms(self) -> list[str]:
         """The algorithm names to run (``all`` expanded to every shipped algorithm)."""
@@ -102,11 +129,33 @@ class ConvergenceOptions:
         return list(self.algorithms)
 
 
-# a sparsifier's parameter: name -> (density -> value)
 def _has_ef(name: str) -> bool:
     from hipress.compll import load
 
     return load(name, backend="reference").error_feedback
+
+
+def check_convergence(opts: ConvergenceOptions) -> dict[str, str]:
+    """Check what can be checked before training: in FSDP mode, every algorithm's feedback
+    option. Returns algorithm entry -> resolved feedback option (empty under DDP); raises
+    ValueError for an unknown algorithm or an option it cannot use."""
+    if not opts.fsdp:
+        return {}
+    return {n: _fsdp_feedback(n, opts) for n in opts.resolved_algorithms()}
+
+
+def _fsdp_feedback(entry: str, opts: ConvergenceOptions) -> str:
+    """The feedback option ``entry`` ("name" or "name:feedback") runs with in FSDP mode,
+    resolved; raises ValueError for an unknown algorithm or an option it cannot use."""
+    from hipress.compll import CllError, load
+    from hipress.fsdp import FsdpError
+    from hipress.fsdp.feedback import resolve_feedback
+
+    name, _, feedback = entry.partition(":")
+    try:
+        return resolve_feedback(load(name, backend="reference"), feedback or opts.fsdp_feedback)
+    except (CllError, FsdpError) as exc:
+        raise ValueError(f"{entry}: {exc}") from exc
 
 
 def _task_data(opts: ConvergenceOptions) -> dict[str, Any]:
@@ -181,16 +230,27 @@ def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str,
     ``accuracy`` and ``valid_loss`` after the last epoch, ``epoch_accuracy`` and
     ``epoch_valid_loss`` after each epoch, ``best_accuracy``, ``best_epoch``, ``seconds``
     (training only), ...) and the summary over the seeds of :func:`summarise`, or ``error``."""
+    names = [UNCOMPRESSED, *opts.resolved_algorithms()]
+    feedback = check_convergence(opts)  # before hours of training
     data = _task_data(opts)
     net = LoopbackNetwork(opts.workers, "convergence does not depend on the network")
     rows: list[dict[str, Any]] = []
-    for name in [UNCOMPRESSED, *opts.resolved_algorithms()]:
+    for name in names:
         alg = None if name == UNCOMPRESSED else name
         row: dict[str, Any] = {
             "algorithm": name,
-            "error_feedback": None if alg is None else _has_ef(alg),
+            "error_feedback": None if alg is None else _has_ef(alg.partition(":")[0]),
             "runs": [],
         }
+        if opts.fsdp and alg is not None:
+            row["feedback"] = feedback[name]
+            row["error_feedback"] = feedback[name] != "none"
+            why = fsdp_refusal(name.partition(":")[0], opts)
+            if why is not None:
+                logger.error("convergence: %s refused: %s", name, why)
+                row["error"] = why
+                rows.append(row)
+                continue
         for seed in opts.seeds:
             if progress is not None:
                 progress(f"convergence | {opts.task} | {name} | seed {seed}")
@@ -251,9 +311,18 @@ def _setup_line(m: dict[str, Any]) -> str:
     warm = f"{m.get('warmup_steps', 0)} step(s)"
     if m.get("warmup_epochs"):
         warm = f"{m['warmup_epochs']} epoch(s) + {warm}"
-    return (
+    head = (
         f"{m['task']}: {m['workers']} workers, {size}. SGD lr {m['lr']} "
         f"({m.get('lr_schedule', 'constant')}) momentum {m['momentum']}, clip {m['clip']}. "
+    )
+    if m.get("fsdp"):
+        return head + (
+            "FSDP2 (fully_shard), not DDP: uncompressed is plain FSDP2 (float32 "
+            "reduce-scatter), each algorithm hipress.fsdp.register (error feedback "
+            f"{m.get('fsdp_feedback', 'auto')} unless the row says otherwise; units under "
+            f"65536 elements plain). Warm-up: {warm} uncompressed."
+        )
+    return head + (
         f"CaSync plan: {m['plan'] or 'default rule'}. CaSync warm-up: {warm} uncompressed. "
         f"Sparsifiers' density warm-up: {m.get('density_warmup_epochs', 0)} epoch(s)."
     )
@@ -271,8 +340,13 @@ def convergence_markdown(results: dict[str, Any]) -> str:
         else "An algorithm with its own momentum correction (dgc) runs with the optimizer's "
         "momentum at 0 (it replaces it)."
     )
+    if m.get("fsdp"):
+        momentum = (
+            "Momentum: the optimizer's throughout. Algorithms that need CaSync's state (dgc's "
+            "momentum hand-over, a sparsifier's density warm-up) run only under DDP."
+        )
     out = [
-        "# Convergence under compression",
+        "# Convergence under compression" + (", FSDP2" if m.get("fsdp") else ""),
         "",
         f"{_setup_line(m)} {momentum} Seeds: {', '.join(map(str, seeds))}. {m['date']}. "
         f"Command: `{m.get('command', '?')}`",

@@ -35,9 +35,18 @@ from hipress.bench.models import LSTMLM, TabularMLP
 
 if TYPE_CHECKING:
     from hipress.bench.convergence import ConvergenceOptions
+    from hipress.bench.convergence_fsdp import FsdpRun
     from hipress.casync import CaSyncState
 
-__all__ = ["TASKS", "HeavyBall", "TaskSpec", "hand_over_momentum", "lr_at", "train_rank"]
+__all__ = [
+    "TASKS",
+    "HeavyBall",
+    "TaskSpec",
+    "fsdp_refusal",
+    "hand_over_momentum",
+    "lr_at",
+    "train_rank",
+]
 
 
 @dataclass(frozen=True)
@@ -186,23 +195,42 @@ def train_rank(
     seed: int,
 ) -> dict[str, Any]:
     """Train ``opts.task`` on this rank with ``algorithm`` (None: uncompressed) from seed
-    ``seed`` (the weights, the batch order and CaSync's RNG); rank 0 evaluates after every
-    epoch. Returns ``seconds`` (training only), ``steps``, ``train_loss``,
-    ``optimizer_momentum`` (of the compressed parameters once compression runs) and
-    ``momentum_handed_over`` (elements), and on rank 0 the accuracy curve and its summary."""
+    ``seed`` (the weights, the batch order and CaSync's RNG) under DDP, or with ``opts.fsdp``
+    under FSDP2 (``algorithm`` may then be ``"name:feedback"``); rank 0 evaluates after every
+    epoch. Raises ValueError for an algorithm FSDP mode refuses. Returns ``seconds``
+    (training only), ``steps``, ``train_loss``, ``optimizer_momentum`` (of the compressed
+    parameters once compression runs) and ``momentum_handed_over`` (elements), under FSDP2
+    ``units`` (name -> [padded elements, compressed], None for plain FSDP2) and ``feedback``,
+    and on rank 0 the accuracy curve and its summary."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     setup, loss_fn, evaluate = _RUNNERS[opts.task]
     task = setup(data, opts, seed)
     model: nn.Module = task["model"]
     train, valid = task["train"], task["valid"]
-    ddp = DDP(model)
     batch = opts.batch or TASKS[opts.task].batch
     per_step = world_size * batch
     steps_per_epoch = len(train) // per_step
     warmup = opts.warmup_steps + round(opts.warmup_epochs * steps_per_epoch)
     state = None
-    if algorithm is not None:
+    sharded: FsdpRun | None = None
+    eval_model = model
+    if opts.fsdp:
+        from hipress.bench.convergence_fsdp import shard
+
+        name, _, feedback = (algorithm or "").partition(":")
+        why = fsdp_refusal(name, opts) if algorithm is not None else None
+        if why is not None:
+            raise ValueError(why)
+        # rank 0 evaluates a plain copy, filled from the shards after every epoch
+        eval_model = setup(data, opts, seed)["model"] if rank == 0 else model
+        sharded = shard(model, opts.task, name or None, feedback or opts.fsdp_feedback, seed)
+        if warmup > 0:
+            sharded.pause()
+        ddp: nn.Module = model
+    else:
+        ddp = DDP(model)
+    if algorithm is not None and not opts.fsdp:
         import hipress.casync
 
         state = hipress.casync.register(
@@ -211,10 +239,9 @@ def train_rank(
                 algorithm, opts.density_warmup_epochs, steps_per_epoch, start=warmup
             ),
         )  # fmt: skip
-    own = algorithm is not None and own_momentum(algorithm)
+    own = algorithm is not None and own_momentum(algorithm.partition(":")[0])
     handed: dict[str, nn.Parameter] = {}
-    if own:
-        assert state is not None
+    if own and state is not None:
         named = dict(model.named_parameters())
         handed = {e.name: named[e.name] for e in state.plan.entries if e.compress}
     lr = opts.lr or TASKS[opts.task].lr
@@ -237,6 +264,8 @@ def train_rank(
             if handed and step == warmup:
                 assert state is not None
                 moved = hand_over_momentum(state, handed, momentum)
+            if sharded is not None and step == warmup:
+                sharded.resume()
             for g in opt.param_groups:
                 g["lr"] = lr_at(opts, lr, step, total)
             loss = loss_fn(ddp, train[order[s * per_step : (s + 1) * per_step][rank::world_size]])
@@ -256,12 +285,14 @@ def train_rank(
             opt.step()
             losses.append(float(loss.detach()))
             step += 1
+        t = time.perf_counter()
+        if sharded is not None:  # every rank takes part in gathering the full parameters
+            sharded.gather(eval_model if rank == 0 else None)
         if rank == 0:  # the others wait in the next step's first collective
-            t = time.perf_counter()
-            model.eval()
-            curve.append(evaluate(model, valid))
-            model.train()
-            t_eval += time.perf_counter() - t
+            eval_model.eval()
+            curve.append(evaluate(eval_model, valid))
+            eval_model.train()
+        t_eval += time.perf_counter() - t
     seconds = time.perf_counter() - t0 - t_eval
     dist.barrier()
     out: dict[str, Any] = {
@@ -272,6 +303,10 @@ def train_rank(
         "optimizer_momentum": 0.0 if own else opts.momentum,
         "momentum_handed_over": moved,
     }
+    if sharded is not None:
+        out["units"] = sharded.units()
+        if sharded.comp is not None:
+            out["feedback"] = sharded.comp.feedback
     if rank == 0:
         acc, vloss = curve[-1]
         best = max(range(len(curve)), key=lambda e: curve[e][0])
@@ -282,7 +317,7 @@ def train_rank(
             epoch_valid_loss=[v for _, v in curve],
             best_accuracy=curve[best][0],
             best_epoch=best + 1,
-            finite=bool(all(torch.isfinite(p).all() for p in model.parameters())),
+            finite=bool(all(torch.isfinite(p).all() for p in eval_model.parameters())),
         )
     return out
 
@@ -324,3 +359,23 @@ def own_momentum(name: str) -> bool:
     from hipress.compll import load
 
     return float(load(name, backend="reference").params.get("momentum", 0.0)) > 0.0
+
+
+def fsdp_refusal(algorithm: str, opts: ConvergenceOptions) -> str | None:
+    """Why ``algorithm`` cannot run in FSDP mode with ``opts`` (None: it can). Refused: an
+    algorithm with its own momentum under the momentum hand-over, and a sparsifier under a
+    density warm-up; both need CaSync's state, which FSDP mode does not have."""
+    if opts.momentum_handover and own_momentum(algorithm):
+        return (
+            f"{algorithm} keeps its own momentum, which takes over the optimizer's through "
+            "CaSync's state when compression starts; FSDP mode has no such hand-over: run "
+            f"{algorithm} without --fsdp"
+        )
+    if density_schedule(algorithm, opts.density_warmup_epochs, 1):
+        return (
+            f"{algorithm}'s density warm-up (--density-warmup-epochs "
+            f"{opts.density_warmup_epochs}) switches its parameters through CaSync's "
+            "params_schedule, which FSDP mode does not have: pass --density-warmup-epochs 0 "
+            "to run it at its own density from the first compressed step"
+        )
+    return None
