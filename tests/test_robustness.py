@@ -12,7 +12,13 @@ from dist_utils import run_workers
 
 from hipress.bench.robustness import DDP, RobustnessOptions, robustness_markdown, run_cells, verdict
 from hipress.casync import CaSyncError
-from hipress.casync.config import VARIANCE_MAX, check_optimizer, relative_variance
+from hipress.casync.config import (
+    ADAPTIVE_STEP_MIN,
+    VARIANCE_MAX,
+    adaptive_step,
+    check_optimizer,
+    relative_variance,
+)
 from hipress.compll import algorithms, load
 
 # the first weight, 64 x 1024 = 65536 elements, is the one tensor the default rule compresses
@@ -21,6 +27,8 @@ SMALL = RobustnessOptions(hidden=1024, steps=600, batch=16)
 # (algorithm, optimizer) -> what the refusal must say
 REFUSED = {
     ("dgc", "sgd"): ("applies momentum itself", "momentum=0", "params={'momentum': 0.0}"),
+    ("dgc", "adamw"): ("applies momentum itself", "SGD without momentum", "{'momentum': 0.0}"),
+    ("randomk", "adamw"): ("random 1% of the elements", "about 0.10 of its progress", "Use SGD"),
 }
 
 
@@ -46,7 +54,7 @@ def _matrix_and_first_step(rank: int, world: int, opts: RobustnessOptions) -> di
 
 @pytest.fixture(scope="module")
 def matrix() -> dict[str, Any]:
-    return run_workers(_matrix_and_first_step, 2, SMALL, timeout=300, pg_timeout=120)[0]
+    return run_workers(_matrix_and_first_step, 2, SMALL, timeout=600, pg_timeout=120)[0]
 
 
 def test_every_cell_trains_or_is_refused(matrix: dict[str, Any]) -> None:
@@ -71,7 +79,9 @@ def test_every_cell_trains_or_is_refused(matrix: dict[str, Any]) -> None:
         {**r, "ratio": r["loss"] / base[r["optimizer"]], "verdict": "ok"} if "loss" in r else r
         for r in rows
     ]})  # fmt: skip
-    assert "| dgc | refused |" in table and "- dgc with sgd: dgc applies momentum" in table
+    assert (
+        "| dgc | refused | refused |" in table and "- dgc with sgd: dgc applies momentum" in table
+    )
 
 
 def test_refused_at_the_first_step_without_optimizer_argument(matrix: dict[str, Any]) -> None:
@@ -79,20 +89,44 @@ def test_refused_at_the_first_step_without_optimizer_argument(matrix: dict[str, 
 
 
 def test_check_optimizer_rules() -> None:
-    """Refusals need a plain optimizer; the Adam family, or no momentum, train."""
+    """With SGD: two momenta, or an unbiased estimate with n/k variance, are refused; with the
+    Adam family: a sparsifier that leaves too little of its progress. The rest train."""
     params = [torch.nn.Parameter(torch.zeros(4))]
     dgc = load("dgc", backend="reference")
     with pytest.raises(CaSyncError, match="Use SGD without momentum"):
         check_optimizer(dgc, torch.optim.SGD(params, lr=0.1, momentum=0.9))
     check_optimizer(dgc, torch.optim.SGD(params, lr=0.1))
-    check_optimizer(dgc, torch.optim.AdamW(params))
+    with pytest.raises(CaSyncError, match=r"SGD without momentum \(dgc applies its own\)"):
+        check_optimizer(dgc, torch.optim.AdamW(params))
     check_optimizer(load("dgc", backend="reference", momentum=0.0),
                     torch.optim.SGD(params, lr=0.1, momentum=0.9))  # fmt: skip
+    # with Adam, dgc trains without its momentum, or sending 1% (it then leaves enough)
+    check_optimizer(load("dgc", backend="reference", momentum=0.0), torch.optim.Adam(params))
+    check_optimizer(load("dgc", backend="reference", s_percent=0.01), torch.optim.Adam(params))
     randomk = load("randomk", backend="reference", memory=False)  # unbiased, n/k variance
     with pytest.raises(CaSyncError, match="memory=True"):
         check_optimizer(randomk, torch.optim.SGD(params, lr=0.1))
-    check_optimizer(randomk, torch.optim.Adam(params))
+    with pytest.raises(CaSyncError, match=r"Use topk .* send more elements per step"):
+        check_optimizer(randomk, torch.optim.Adam(params))  # (not "Use SGD": SGD refuses it)
+    with pytest.raises(CaSyncError, match=r"Use SGD, topk"):
+        check_optimizer(load("randomk", backend="reference"), torch.optim.Adam(params))
+    check_optimizer(load("randomk", backend="reference", ratio=0.1), torch.optim.Adam(params))
     check_optimizer(load("randomk", backend="reference"), torch.optim.SGD(params, lr=0.1))
+    check_optimizer(load("topk", backend="reference"), torch.optim.AdamW(params))
+
+
+def test_adaptive_step_is_sqrt_density_for_random_choice_and_more_for_the_largest() -> None:
+    for ratio in (0.01, 0.1):  # each element sent once every 1 / ratio steps
+        density, share, by_size = adaptive_step(load("randomk", backend="reference", ratio=ratio))
+        assert density == pytest.approx(ratio, rel=0.05) and not by_size
+        assert share == pytest.approx(ratio**0.5, rel=0.05)
+    density, share, by_size = adaptive_step(load("topk", backend="reference"))
+    assert density == pytest.approx(0.01, rel=0.05) and by_size
+    assert share > ADAPTIVE_STEP_MIN > 0.1  # more than randomk's at the same density
+    _, share, by_size = adaptive_step(load("dgc", backend="reference"))
+    assert share < ADAPTIVE_STEP_MIN and by_size
+    for name in ("onebit", "terngrad", "tbq", "fp16"):  # every element, every step
+        assert adaptive_step(load(name, backend="reference"))[1] == 1.0, name
 
 
 def test_relative_variance_separates_unbiased_randomk_from_the_rest() -> None:

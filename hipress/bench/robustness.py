@@ -267,44 +267,13 @@ def run_robustness(opts: RobustnessOptions, progress: Any = None) -> dict[str, A
     return {"meta": meta, "rows": rows}
 
 
-def _task_text(m: dict[str, Any]) -> str:
-    if m["task"] == "mlp":
-        what = (f"MLP {m['features']} -> {m['hidden']} -> {m['classes']} on a synthetic linear "
-                f"task, {m['batch']} samples per worker per step")  # fmt: skip
-    else:
-        what = (f"LSTM LM ({m['vocab']} words) on Python stdlib sources, {m['batch']} x "
-                f"{m['bptt']}-token windows per worker per step")  # fmt: skip
-    return (
-        f"{what}; {m['workers']} workers, {m['steps']} steps, no clipping; SGD lr {m['sgd_lr']} "
-        f"momentum {m['momentum']}, AdamW lr {m['adamw_lr']}; every algorithm with its default "
-        f"parameters and CaSync's default plan. Eval loss; ok: within {100 * m['tolerance']:g}% "
-        "of DDP's with the same optimizer (or below it)."
-    )
-
-
 def robustness_markdown(results: dict[str, Any]) -> str:
-    """A markdown table of :func:`run_robustness`'s results: one row per algorithm, one column
-    per optimizer (eval loss, ratio to DDP's, verdict), and every refusal's message below."""
-    m, rows = results["meta"], results["rows"]
-    optimizers = list(dict.fromkeys(r["optimizer"] for r in rows))
-    names = list(dict.fromkeys(r["algorithm"] for r in rows))
-    cell = {(r["algorithm"], r["optimizer"]): r for r in rows}
-    out = ["# Robustness to the user's optimizer", "", _task_text(m), f"{m['date']}. Command: "
-           f"`{m.get('command', '?')}`", "", "| algorithm | " + " | ".join(optimizers) + " |",
-           "|---|" + "---|" * len(optimizers)]  # fmt: skip
-    refusals = []
-    for name in names:
-        parts = []
-        for o in optimizers:
-            r = cell.get((name, o))
-            if r is None:
-                parts.append("-")
-            elif "refused" in r:
-                parts.append("refused")
-                refusals.append(f"- {name} with {o}: {r['refused']}")
-            else:
-                parts.append(f"{r['loss']:.4g} ({r['ratio']:.2f}x) {r['verdict']}")
-        out.append(f"| {name} | " + " | ".join(parts) + " |")
-    if refusals:
-        out += ["", "Refused by `register`:", "", *refusals]
+    """A markdown page of :func:`run_robustness`'s results: the table of
+    :func:`~hipress.bench.tables.robustness_table` (one row per algorithm, one column per
+    optimizer) under a title, the date and the command."""
+    from hipress.bench.tables import robustness_table
+
+    m = results["meta"]
+    out = ["# Robustness to the user's optimizer", "",
+           f"{m['date']}. Command: `{m.get('command', '?')}`", "", *robustness_table(results)]  # fmt: skip
     return "\n".join(out) + "\n"
