@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["TABLES", "convergence_rows", "e2e_cell_rows", "fmt"]
+__all__ = ["TABLES", "convergence_rows", "e2e_cell_rows", "fmt", "robustness_table"]
 
 Table = Callable[[dict[str, Any]], list[str]]
 
@@ -226,16 +226,59 @@ def demo_table(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def robustness_table(results: dict[str, Any]) -> list[str]:
+    """``hipress bench robustness``: what ran, then one row per algorithm and one column per
+    optimizer (eval loss, its ratio to DDP's, verdict), then every refusal's message."""
+    m, rows = results["meta"], results["rows"]
+    if m["task"] == "mlp":
+        what = (f"MLP {m['features']} -> {m['hidden']} -> {m['classes']} on a synthetic linear "
+                f"task, {m['batch']} samples per worker per step")  # fmt: skip
+    else:
+        what = (f"LSTM LM ({m['vocab']} words) on Python stdlib sources, {m['batch']} x "
+                f"{m['bptt']}-token windows per worker per step")  # fmt: skip
+    optimizers = list(dict.fromkeys(r["optimizer"] for r in rows))
+    cell = {(r["algorithm"], r["optimizer"]): r for r in rows}
+    out = [
+        f"{what}; {m['workers']} workers, {m['steps']} steps, no clipping; SGD lr {m['sgd_lr']} "
+        f"momentum {m['momentum']}, AdamW lr {m['adamw_lr']}; every algorithm with its default "
+        f"parameters and CaSync's default plan. Eval loss (ratio to DDP's with the same "
+        f"optimizer); ok: within {100 * m['tolerance']:g}% of DDP's, or below it.",
+        "",
+        "| algorithm | " + " | ".join(optimizers) + " |",
+        "|---|" + "---|" * len(optimizers),
+    ]
+    refusals = []
+    for name in dict.fromkeys(r["algorithm"] for r in rows):
+        parts = []
+        for o in optimizers:
+            r = cell.get((name, o))
+            if r is None:
+                parts.append("-")
+            elif "refused" in r:
+                parts.append("refused")
+                refusals.append(f"- {name} with {o}: {r['refused']}")
+            else:
+                parts.append(f"{r['loss']:.4g} ({r['ratio']:.2f}x) {r['verdict']}")
+        out.append(f"| {name} | " + " | ".join(parts) + " |")
+    if refusals:
+        out += ["", "Refused by `register`:", "", *refusals]
+    return out
+
+
 TABLES: Mapping[str, Table] = MappingProxyType(
     {
         "e2e": e2e_table,
         "convergence": convergence_rows,
         "convergence-tabular": convergence_rows,
+        "convergence-fsdp": convergence_rows,
+        "convergence-fsdp-tabular": convergence_rows,
         "kernels": kernels_table,
         "plan": plan_table,
         "sync": sync_table,
         "costfit": costfit_table,
         "ring": ring_table,
         "demo": demo_table,
+        "robustness-mlp": robustness_table,
+        "robustness-lm": robustness_table,
     }
 )

@@ -65,6 +65,9 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         powersgd_rank=args.powersgd_rank,
         shaped=not args.loopback,
         trace_dir=None if args.no_trace else str(Path(args.out) / f"{args.name}-traces"),
+        fsdp=args.fsdp,
+        fsdp_reshard=_RESHARD[args.fsdp_reshard],
+        fsdp_bf16_params=args.fsdp_bf16_params,
         extra={"command": invocation(args)},
     )
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -79,6 +82,9 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
     if opts.trace_dir is not None:
         print(f"step timelines in {opts.trace_dir} (hipress trace FILES: breakdown and PNG)")
     return 0
+
+
+_RESHARD = {"on": (True,), "off": (False,), "both": (True, False)}
 
 
 def _breakdowns(results: dict[str, Any]) -> str:
@@ -97,34 +103,43 @@ def _breakdowns(results: dict[str, Any]) -> str:
 
 
 def _cmd_convergence(args: argparse.Namespace) -> int:
-    from hipress.bench.convergence import ConvergenceOptions, run_convergence
+    from hipress.bench.convergence import ConvergenceOptions, check_convergence, run_convergence
     from hipress.bench.provenance import stamp
     from hipress.bench.report import write_json
 
-    opts = ConvergenceOptions(
-        workers=args.workers,
-        algorithms=_names(args.algorithms),
-        epochs=args.epochs,
-        task=args.task,
-        seeds=tuple(range(args.seeds)),
-        train_tokens=args.train_tokens,
-        train_samples=args.train_samples,
-        batch=args.batch,
-        lr=args.lr,
-        lr_schedule=args.lr_schedule,
-        plan=None if args.plan == "default" else args.plan,
-        threads=args.threads,
-        warmup_steps=args.warmup_steps,
-        warmup_epochs=args.warmup_epochs,
-        density_warmup_epochs=args.density_warmup_epochs,
-        clip=args.clip,
-    )
+    try:
+        opts = ConvergenceOptions(
+            workers=args.workers,
+            algorithms=_names(args.algorithms),
+            epochs=args.epochs,
+            task=args.task,
+            seeds=tuple(range(args.seeds)),
+            train_tokens=args.train_tokens,
+            train_samples=args.train_samples,
+            batch=args.batch,
+            lr=args.lr,
+            lr_schedule=args.lr_schedule,
+            plan=None if args.plan == "default" else args.plan,
+            threads=args.threads,
+            warmup_steps=args.warmup_steps,
+            warmup_epochs=args.warmup_epochs,
+            density_warmup_epochs=args.density_warmup_epochs,
+            clip=args.clip,
+            fsdp=args.fsdp,
+            fsdp_feedback=args.fsdp_feedback,
+        )
+        check_convergence(opts)
+    except ValueError as exc:
+        print(f"hipress bench convergence: {exc}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = run_convergence(opts, progress=step_line)
     results["meta"]["command"] = invocation(args)
     stamp(results, invocation(args))
     out = Path(args.out)
-    name = "convergence" if args.task == "lm" else f"convergence-{args.task}"
+    name = "convergence-fsdp" if args.fsdp else "convergence"
+    if args.task != "lm":
+        name = f"{name}-{args.task}"
     write_json(results, out / f"{name}.json")
     from hipress.bench.convergence import convergence_markdown
 
@@ -143,7 +158,8 @@ def add_e2e_parsers(bench_sub: Any) -> None:
         help="training throughput on a shaped network (needs root; else labelled loopback)",
         description="Each worker in its own network namespace with a tc-shaped NIC; DDP fp32, "
         "fp16_compress_hook and powerSGD_hook against hipress with each algorithm under its "
-        "SeCoPa plan. Writes NAME.json, NAME.md and NAME.png.",
+        "SeCoPa plan; with --fsdp also FSDP2 (fp32 and bf16 reduce-scatter) against hipress's "
+        "compressed reduce-scatter. Writes NAME.json, NAME.md and NAME.png.",
     )
     e.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     e.add_argument("--bandwidth", action=CommaList, item=parse_rate_mbit, dest="rates",
@@ -165,6 +181,17 @@ def add_e2e_parsers(bench_sub: Any) -> None:
     e.add_argument("--no-trace", action="store_true",
                    help="keep no step timeline (default: one per configuration, in "
                    "OUT/NAME-traces/)")  # fmt: skip
+    e.add_argument("--fsdp", action="store_true",
+                   help="also FSDP2 rows: plain (fp32 reduce-scatter), bf16 reduce-scatter, and "
+                   "hipress's compressed reduce-scatter with each algorithm, with memory per "
+                   "rank")  # fmt: skip
+    e.add_argument("--fsdp-reshard", choices=tuple(_RESHARD), default="on",
+                   help="FSDP2's reshard_after_forward: on (True: each unit all-gathered before "
+                   "forward and again before backward), off (False: once), both (a block of "
+                   "rows each); default on")  # fmt: skip
+    e.add_argument("--fsdp-bf16-params", action="store_true",
+                   help="also FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16), plain and "
+                   "with each algorithm (bf16 all-gathers and compute)")  # fmt: skip
     e.add_argument("--out", default=default_out, help="directory for the result files")
     e.add_argument("--name", default="e2e", help="basename of the result files")
     e.set_defaults(func=_cmd_e2e)
@@ -208,6 +235,13 @@ def add_e2e_parsers(bench_sub: Any) -> None:
     c.add_argument("--clip", type=float, default=None,
                    help="gradient norm clipping after the sync (0: none; default 1; dgc: "
                    "after its momentum, at X / (1 - momentum))")  # fmt: skip
+    c.add_argument("--fsdp", action="store_true",
+                   help="shard with FSDP2 instead of DDP: uncompressed is plain FSDP2, each "
+                   "algorithm hipress.fsdp.register (dgc and density warm-ups need DDP); "
+                   "writes convergence-fsdp[-TASK].json")  # fmt: skip
+    c.add_argument("--fsdp-feedback", default="auto", metavar="OPTION",
+                   help="with --fsdp: error feedback auto, none, fp32, bf16 or int8 (default "
+                   "auto); an entry ALG:OPTION in --algorithms sets one algorithm's")  # fmt: skip
     c.add_argument("--out", default=default_out, help="directory for the result files")
     c.set_defaults(func=_cmd_convergence)
     add_fsdp_parser(bench_sub)  # hipress bench fsdp
