@@ -116,7 +116,16 @@ def _scale_sign(x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def check_signsgd(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> None:
-    _scale_sign(x, y)  # fresh state: c == g for efsignsgd too
+    # the mean |g| of each chunk (the last one may be shorter), with each element's sign
+    n, size = x.numel(), int(alg.params["chunk"])
+    counts = _per_chunk(torch.ones(n, dtype=torch.float64), size, lambda r: r.sum(1))
+    l1 = _per_chunk(x.double().abs(), size, lambda r: r.sum(1))
+    scale = (l1 / counts).float()
+    torch.testing.assert_close(y, torch.where(x < 0, -scale, scale), rtol=1e-6, atol=0)
+
+
+def check_efsignsgd(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> None:
+    _scale_sign(x, y)  # fresh state: c == g
 
 
 def check_onebit(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> None:
@@ -225,7 +234,7 @@ def check_terngrad(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Te
 BOUNDS: dict[str, Check] = {
     "bf16": check_bf16,
     "dgc": check_dgc,
-    "efsignsgd": check_signsgd,
+    "efsignsgd": check_efsignsgd,
     "fp16": check_fp16,
     "graddrop": check_graddrop,
     "int8": check_int8,

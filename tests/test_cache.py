@@ -158,7 +158,7 @@ def test_build_returns_the_cached_source(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- damaged entries, permissions
 
 N = 3000  # elements per test tensor
-OTHER = "signsgd"  # another algorithm; its payload is smaller than onebit's, its state none
+OTHER = "signsgd"  # another algorithm: another payload layout than onebit's, and no state
 
 
 def _lib(cache: KernelCache, name: str) -> Path:

@@ -57,6 +57,9 @@ def _torch_versions(name: str, g: torch.Tensor) -> tuple[Fn, Fn]:
     return _sparsifiers(name, g, r, out)
 
 
+SIGN_CHUNK = 256  # signsgd's default chunk
+
+
 def _signs(name: str, g: torch.Tensor, r: torch.Tensor, out: torch.Tensor) -> tuple[Fn, Fn]:
     n = g.numel()
     st: dict[str, Any] = {}
@@ -69,6 +72,12 @@ def _signs(name: str, g: torch.Tensor, r: torch.Tensor, out: torch.Tensor) -> tu
             ng = torch.where(neg, c, 0.0).double().sum() / max(1, int(neg.sum()))
             st["s"], st["p"], st["q"] = _pack(neg, 1), float(pos), float(ng)
             r.copy_(c - torch.where(neg, ng, pos).float())
+        elif name == "signsgd":  # a mean-magnitude scale per chunk (the last one shorter)
+            a = torch.nn.functional.pad(c.abs(), (0, -n % SIGN_CHUNK)).view(-1, SIGN_CHUNK)
+            counts = torch.full((a.shape[0],), float(SIGN_CHUNK), dtype=torch.float64)
+            counts[-1] = n - (a.shape[0] - 1) * SIGN_CHUNK
+            sc = (a.double().sum(1) / counts).float().repeat_interleave(SIGN_CHUNK)[:n]
+            st["s"], st["p"], st["q"] = _pack(neg, 1), sc, -sc
         else:
             sc = float(c.abs().double().sum() / n)
             st["s"], st["p"], st["q"] = _pack(neg, 1), sc, -sc
@@ -76,8 +85,8 @@ def _signs(name: str, g: torch.Tensor, r: torch.Tensor, out: torch.Tensor) -> tu
                 r.copy_(c - torch.where(neg, -sc, sc))
 
     def dec() -> None:
-        torch.where(_unpack(st["s"], 1).bool(), torch.tensor(st["q"], dtype=torch.float32),
-                    torch.tensor(st["p"], dtype=torch.float32), out=out)  # fmt: skip
+        p, q = (torch.as_tensor(st[k], dtype=torch.float32) for k in ("p", "q"))
+        torch.where(_unpack(st["s"], 1).bool(), q, p, out=out)
 
     return enc, dec
 
