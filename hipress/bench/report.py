@@ -48,7 +48,7 @@ def write_json(obj: Any, path: Path) -> None:
 
 
 def check_targets(cell: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets on one cell: the best hipress row against DDP fp32 (>= 2x), against the
+    """The targets on one cell: the best hipress row against DDP fp32 (>= 2x), against the
     better of the fp16 and PowerSGD hooks (>= 1.3x), and its scaling efficiency (>= 0.8).
     They apply to the communication-heavy model on 1 Gbit/s shaped links only (elsewhere returns
     ``{"best": None, "applies": False}``). Returns the figures and a ``met`` flag per target
@@ -72,11 +72,16 @@ def check_targets(cell: dict[str, Any]) -> dict[str, Any]:
         "vs_best_hook": vs_hook,
         "scaling_efficiency": eff,
         "met": {
-            "vs_fp32": None if vs_fp32 is None else vs_fp32 >= TARGET_VS_FP32,
-            "vs_best_hook": None if vs_hook is None else vs_hook >= TARGET_VS_BEST_HOOK,
-            "scaling_efficiency": None if eff is None else eff >= TARGET_EFFICIENCY,
+            "vs_fp32": _at_least(vs_fp32, TARGET_VS_FP32),
+            "vs_best_hook": _at_least(vs_hook, TARGET_VS_BEST_HOOK),
+            "scaling_efficiency": _at_least(eff, TARGET_EFFICIENCY),
         },
     }
+
+
+def _at_least(figure: float | None, target: float) -> bool | None:
+    """Whether ``figure`` meets ``target`` (None when the figure is missing)."""
+    return None if figure is None else figure >= target
 
 
 def _applies(cell: dict[str, Any]) -> bool:
@@ -106,8 +111,8 @@ def check_fsdp_targets(cell: dict[str, Any], block: dict[str, Any]) -> dict[str,
         "vs_fsdp_fp32": vs_fp32,
         "vs_fsdp_bf16_reduce": vs_bf16,
         "met": {
-            "vs_fsdp_fp32": None if vs_fp32 is None else vs_fp32 >= TARGET_VS_FP32,
-            "vs_fsdp_bf16_reduce": None if vs_bf16 is None else vs_bf16 >= TARGET_VS_BEST_HOOK,
+            "vs_fsdp_fp32": _at_least(vs_fp32, TARGET_VS_FP32),
+            "vs_fsdp_bf16_reduce": _at_least(vs_bf16, TARGET_VS_BEST_HOOK),
         },
     }
 
@@ -208,18 +213,14 @@ def e2e_markdown(results: dict[str, Any]) -> str:
         t = check_targets(cell)
         if t.get("best"):
             met = t["met"]
-
-            def mark(key: str, met: dict[str, Any] = met) -> str:
-                return {True: "met", False: "NOT met", None: "n/a"}[met[key]]
-
             out += [
                 "",
                 f"Targets (best hipress: {t['best']}): "
                 f"{fmt(t['vs_fp32'], '.2f')}x DDP fp32 (target {TARGET_VS_FP32}x: "
-                f"{mark('vs_fp32')}); {fmt(t['vs_best_hook'], '.2f')}x the better hook "
-                f"(target {TARGET_VS_BEST_HOOK}x: {mark('vs_best_hook')}); efficiency "
+                f"{_mark(met['vs_fp32'])}); {fmt(t['vs_best_hook'], '.2f')}x the better hook "
+                f"(target {TARGET_VS_BEST_HOOK}x: {_mark(met['vs_best_hook'])}); efficiency "
                 f"{fmt(t['scaling_efficiency'], '.2f')} (target {TARGET_EFFICIENCY}: "
-                f"{mark('scaling_efficiency')}).",
+                f"{_mark(met['scaling_efficiency'])}).",
             ]
         for block in cell.get("fsdp", ()):
             how = "resharding after forward" if block["reshard_after_forward"] else (

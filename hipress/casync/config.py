@@ -228,7 +228,8 @@ def _own_momentum(alg: CompressionAlgorithm) -> float:
 
 
 # an unbiased compressor whose error is this many times the gradient's energy or more (randomk
-# at 1% without memory: n/k - 1 = 99) needs a learning rate about that much smaller with a plain (non-adaptive) optimizer
+# at 1% without memory: n/k - 1 = 99) needs a learning rate about that much smaller with a
+# plain (non-adaptive) optimizer
 VARIANCE_MAX = 8.0
 
 

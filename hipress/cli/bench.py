@@ -15,7 +15,7 @@ from typing import Any
 from hipress.cli.args import RESULTS, parse_latency, parse_rate_mbit
 from hipress.cli.fsdp import add_fsdp_parser
 from hipress.cli.options import CommaList, add_alias
-from hipress.cli.progress import invocation, step_line, warn_if_unshaped
+from hipress.cli.progress import invocation, step_line, warn_if_unshaped, write_report
 
 __all__ = [
     "add_e2e_parsers",
@@ -105,7 +105,6 @@ def _breakdowns(results: dict[str, Any]) -> str:
 def _cmd_convergence(args: argparse.Namespace) -> int:
     from hipress.bench.convergence import ConvergenceOptions, check_convergence, run_convergence
     from hipress.bench.provenance import stamp
-    from hipress.bench.report import write_json
 
     try:
         opts = ConvergenceOptions(
@@ -136,17 +135,12 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
     results = run_convergence(opts, progress=step_line)
     results["meta"]["command"] = invocation(args)
     stamp(results, invocation(args))
-    out = Path(args.out)
     name = "convergence-fsdp" if args.fsdp else "convergence"
     if args.task != "lm":
         name = f"{name}-{args.task}"
-    write_json(results, out / f"{name}.json")
     from hipress.bench.convergence import convergence_markdown
 
-    md = convergence_markdown(results)
-    (out / f"{name}.md").write_text(md)
-    print(md)
-    print(f"wrote {out}/{name}.json, .md")
+    write_report(results, args.out, name, convergence_markdown(results))
     return 0
 
 
@@ -298,7 +292,6 @@ def add_kernels_parser(bench_sub: Any) -> None:
 
 def _cmd_robustness(args: argparse.Namespace) -> int:
     from hipress.bench.provenance import stamp
-    from hipress.bench.report import write_json
     from hipress.bench.robustness import RobustnessOptions, robustness_markdown, run_robustness
 
     opts = RobustnessOptions(
@@ -309,12 +302,7 @@ def _cmd_robustness(args: argparse.Namespace) -> int:
     results = run_robustness(opts, progress=step_line)
     results["meta"]["command"] = invocation(args)
     stamp(results, invocation(args))
-    out = Path(args.out)
-    write_json(results, out / f"robustness-{args.task}.json")
-    md = robustness_markdown(results)
-    (out / f"robustness-{args.task}.md").write_text(md)
-    print(md)
-    print(f"wrote {out}/robustness-{args.task}.json, .md")
+    write_report(results, args.out, f"robustness-{args.task}", robustness_markdown(results))
     return 0 if all(r["verdict"] != "FAIL" for r in results["rows"]) else 1
 
 

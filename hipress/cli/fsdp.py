@@ -5,12 +5,11 @@ compressed reduce-scatter (:mod:`hipress.bench.fsdp`). Prints a table and writes
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from hipress.cli.args import RESULTS, parse_rate_mbit
 from hipress.cli.options import CommaList
-from hipress.cli.progress import invocation, step_line, warn_if_unshaped
+from hipress.cli.progress import invocation, step_line, warn_if_unshaped, write_report
 
 __all__ = ["add_fsdp_parser"]
 
@@ -18,7 +17,6 @@ __all__ = ["add_fsdp_parser"]
 def _cmd_fsdp(args: argparse.Namespace) -> int:
     from hipress.bench.fsdp import FsdpOptions, fsdp_markdown, run_fsdp
     from hipress.bench.provenance import stamp
-    from hipress.bench.report import write_json
 
     warn_if_unshaped(args.loopback)
     command = invocation(args)
@@ -30,12 +28,7 @@ def _cmd_fsdp(args: argparse.Namespace) -> int:
         extra={"command": command},
     )  # fmt: skip
     results = stamp(run_fsdp(opts, progress=step_line), command)
-    out = Path(args.out)
-    write_json(results, out / f"{args.name}.json")
-    md = fsdp_markdown(results)
-    (out / f"{args.name}.md").write_text(md)
-    print(md)
-    print(f"wrote {out / args.name}.json, .md")
+    write_report(results, args.out, args.name, fsdp_markdown(results))
     return 0
 
 

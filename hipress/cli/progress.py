@@ -11,10 +11,11 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-__all__ = ["Phase", "invocation", "phase", "step_line", "warn_if_unshaped"]
+__all__ = ["Phase", "invocation", "phase", "step_line", "warn_if_unshaped", "write_report"]
 
 DELAY_S = 2.0  # show nothing for a step shorter than this
 EVERY_S = 5.0  # a plain line this often after that
@@ -142,3 +143,15 @@ def warn_if_unshaped(loopback: bool) -> None:
             "say nothing about a real cluster's network and are labelled so.",
             file=sys.stderr,
         )
+
+
+def write_report(results: Any, out: str | Path, name: str, md: str) -> None:
+    """Write a benchmark's ``NAME.json`` (``results``) and ``NAME.md`` (``md``) under ``out``,
+    then print the markdown and what was written."""
+    from hipress.bench.report import write_json
+
+    out = Path(out)
+    write_json(results, out / f"{name}.json")
+    (out / f"{name}.md").write_text(md)
+    print(md)
+    print(f"wrote {out / name}.json, .md")
