@@ -410,18 +410,20 @@ def test_a_checkpoint_of_the_masked_form_loads_as_the_same_residual(name: str) -
         alg.init_state(n).load_state_dict(bad)
 
 
-def test_dgc_momentum_correction_and_masking() -> None:
-    alg = load("dgc", s_percent=0.05)
+@pytest.mark.parametrize("masking", [False, True])
+def test_dgc_momentum_correction_and_masking(masking: bool) -> None:
+    alg = load("dgc", s_percent=0.05, masking=masking)
     m = torch.tensor(alg.params["momentum"], dtype=torch.float64).float()
     n = 400
     gen = torch.Generator().manual_seed(3)
     st_ = alg.init_state(n)
     for _ in range(4):
         g = torch.randn(n, generator=gen)
-        # the state is kept unmasked; what the last step sent starts from zero
+        # the state is kept unmasked; what the last step sent starts from zero in v, and in u
+        # too with momentum factor masking
         zero = torch.zeros(n)
         kept = unsent(st_)
-        u0 = torch.where(kept, st_.tensors["u"], zero)
+        u0 = torch.where(kept, st_.tensors["u"], zero) if masking else st_.tensors["u"].clone()
         v0 = torch.where(kept, st_.tensors["comp"], zero)
         y = alg.decode(alg.encode(g, st_), n)
         un = m * u0 + g
@@ -431,6 +433,23 @@ def test_dgc_momentum_correction_and_masking() -> None:
         assert torch.equal(y[sent], v[sent])
         assert torch.equal(st_.tensors["u"], un) and torch.equal(st_.tensors["comp"], v)
         assert torch.equal(unsent(st_), ~sent)
+
+
+def test_dgc_without_masking_sends_momentum_sgds_updates() -> None:
+    # everything sent every step: without masking the sum of what is sent is momentum SGD's
+    # update; masking leaves plain SGD's (the momentum of what was sent is dropped)
+    n, m = 64, 0.9
+    gen = torch.Generator().manual_seed(5)
+    grads = [torch.randn(n, generator=gen) for _ in range(5)]
+    for masking in (False, True):
+        alg = load("dgc", s_percent=1.0, sample_rate=1.0, momentum=m, masking=masking)
+        st_ = alg.init_state(n)
+        buf = torch.zeros(n)
+        for g in grads:
+            y = alg.decode(alg.encode(g, st_), n)
+            buf = torch.tensor(m, dtype=torch.float32) * buf + g
+            want = g if masking else buf
+            torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["dgc", "graddrop"])
