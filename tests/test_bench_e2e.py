@@ -18,6 +18,7 @@ from hipress.bench.e2e import (
     Config,
     E2EOptions,
     _derive,
+    _floors,
     _fsdp_blocks,
     fsdp_configs_for,
     run_config,
@@ -54,6 +55,17 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     # two workers: the default rule's all-gather
     assert {e[3] for e in onebit["plan"]["entries"] if e[2]} == {"allgather"}
     assert NOCOMM.describe().startswith("DDP, no gradient exchange")
+    # the LM's input embedding is the last gradient backward produces
+    leads = compute["grad_ready_lead_ms"]
+    assert min(leads, key=leads.__getitem__) == "embed.weight"
+    assert leads["out.head.weight"] > leads["embed.weight"] >= 0
+    numels = {e[0]: e[1] for e in onebit["plan"]["entries"]}
+    _floors(rows, numels, 2, 1000.0)
+    # onebit's embedding payload (numel / 8 bytes) at 125 kB per ms, less its lead, at the least
+    least = numels["embed.weight"] / 8 / 125e3 - leads["embed.weight"]
+    assert onebit["network_floor_ms"] >= least - 1e-9
+    assert 0 < onebit["efficiency_bound"] < 1
+    assert "network_floor_ms" not in nocomm
 
 
 def test_fsdp_rows_with_memory_traffic_and_speedups() -> None:

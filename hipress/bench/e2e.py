@@ -17,6 +17,9 @@ each row's rate against it. Every DDP model is built with ``gradient_as_bucket_v
 copy of the gradients fewer per step, for every configuration alike) unless
 ``E2EOptions.bucket_view`` is False. With a trace directory, each configuration keeps the
 timeline of its timed steps (:mod:`hipress.casync.trace`) and its per-step ``breakdown``.
+The compute-only run also times when each gradient is ready in backward
+(``grad_ready_lead_ms``), from which each DDP fp32/fp16 and hipress row gets its network floor
+(``network_floor_ms``, ``efficiency_bound``; :mod:`hipress.bench.tail`).
 
 With ``E2EOptions.fsdp``, each cell also holds FSDP2 rows (``cell["fsdp"]``: a block per
 ``fsdp_reshard`` setting), run in the same rounds and network by :func:`hipress.bench.fsdp.measure`:
@@ -52,6 +55,7 @@ from hipress.bench.netsim import (
     tx_bytes,
 )
 from hipress.bench.report import check_fsdp_targets, check_targets
+from hipress.bench.tail import ReadyClock, allreduce_bytes, bytes_sent, exposed_floor_ms
 from hipress.bench.timeline import breakdown, load_traces
 from hipress.casync.trace import Tracer
 
@@ -236,6 +240,8 @@ def _train(
     batches = [w.batch(data, rank, s) for s in range(warmup + steps)]
     losses: list[float] = []
     tracer = state.tracer if state is not None else Tracer(rank)
+    # compute only (nothing delays backward): when each gradient is ready (hipress.bench.tail)
+    clock = ReadyClock(model) if cfg.kind == "compute" else None
 
     def step(i: int) -> None:
         x, y = batches[i]
@@ -245,6 +251,8 @@ def _train(
                 loss = w.loss(model, x, y)
             with tracer.span("backward", "compute"):
                 loss.backward()
+            if clock is not None:
+                clock.step_done()
             with tracer.span("optimizer", "compute"):
                 opt.step()
             losses.append(float(loss.detach()))
@@ -255,6 +263,8 @@ def _train(
     if trace is not None:  # the timed steps' timeline
         tracer.record(trace, steps=None, config=cfg.name, model=model_name)
     tx0 = tx_bytes(iface)
+    if clock is not None:
+        clock.on = True
     t0 = time.perf_counter()
     for i in range(warmup, warmup + steps):
         step(i)
@@ -269,6 +279,8 @@ def _train(
         "losses": losses,
         "trace": None if written is None else str(written),
     }
+    if clock is not None:
+        out["grad_ready_lead_ms"] = clock.leads()
     if state is not None:
         out["casync"] = state.stats.mean()
         out["compressed_tensors"] = sum(e.compress for e in state.plan.entries)
@@ -322,6 +334,11 @@ def run_config(
         "setup_s": max(r["setup_s"] for r in per_rank),
         "wall_s": time.perf_counter() - t,
     }
+    if cfg.algorithm is not None:
+        res["algorithm"] = cfg.algorithm
+    if "grad_ready_lead_ms" in per_rank[0]:
+        leads = [r["grad_ready_lead_ms"] for r in per_rank]
+        res["grad_ready_lead_ms"] = {n: sum(x[n] for x in leads) / len(leads) for n in leads[0]}
     traces = [r["trace"] for r in per_rank if r.get("trace")]
     if traces:
         res["traces"] = traces
@@ -366,6 +383,33 @@ def _derive(rows: list[dict[str, Any]]) -> None:
             r["of_ddp_ceiling"] = r["samples_per_s"] / by[NOCOMM.name]["samples_per_s"]
 
 
+def _floors(
+    rows: list[dict[str, Any]], numels: dict[str, int], world_size: int, rate_mbit: float | None
+) -> None:
+    """Each DDP fp32/fp16 and hipress row's network floor (:mod:`hipress.bench.tail`): the
+    least communication any schedule of its bytes leaves exposed after backward on this link
+    (``network_floor_ms``), and the scaling efficiency that allows (``efficiency_bound``)."""
+    from hipress.compll import load
+
+    by = {r["config"]: r for r in rows if "samples_per_s" in r}
+    compute = by.get(COMPUTE.name)
+    if compute is None or rate_mbit is None or "grad_ready_lead_ms" not in compute:
+        return
+    leads = compute["grad_ready_lead_ms"]
+    for r in by.values():
+        if r["config"] in ("ddp-fp32", "ddp-fp16"):
+            width = 4.0 if r["config"] == "ddp-fp32" else 2.0
+            sent = {n: allreduce_bytes(width * k, world_size) for n, k in numels.items()}
+        elif "plan" in r and "algorithm" in r:
+            codec = load(r["algorithm"], backend="reference")
+            sent = bytes_sent(r["plan"]["entries"], codec.payload_nbytes, world_size)
+        else:
+            continue
+        floor = exposed_floor_ms(leads, sent, rate_mbit)
+        r["network_floor_ms"] = floor
+        r["efficiency_bound"] = compute["step_ms"] / (compute["step_ms"] + floor)
+
+
 def _fsdp_blocks(
     opts: E2EOptions, runs: dict[tuple[bool, str], list[dict[str, Any]]], cell: dict[str, Any]
 ) -> list[dict[str, Any]]:
@@ -390,7 +434,8 @@ def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
     for model_name in opts.models:
         w = WORKLOADS[model_name]
         data = w.prepare()
-        n_params = sum(p.numel() for p in w.build(data).parameters())
+        numels = {n: p.numel() for n, p in w.build(data).named_parameters() if p.requires_grad}
+        n_params = sum(numels.values())
         if progress is not None:
             progress(f"{model_name} | one process alone | compute-only")
         with LoopbackNetwork(1, "one process alone") as solo:
@@ -425,6 +470,7 @@ def run_matrix(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
                                 progress(f"    {res['samples_per_s']:.1f} samples/s")
                 rows = [_best(v) for v in runs.values()]
                 _derive(rows)
+                _floors(rows, numels, net.world_size, getattr(net, "rate_mbit", None))
                 cell = {
                     "model": model_name,
                     "kind": w.kind,

@@ -71,12 +71,21 @@ def check_targets(cell: dict[str, Any]) -> dict[str, Any]:
         "vs_fp32": vs_fp32,
         "vs_best_hook": vs_hook,
         "scaling_efficiency": eff,
+        "efficiency_bound": best.get("efficiency_bound"),
         "met": {
             "vs_fp32": _at_least(vs_fp32, TARGET_VS_FP32),
             "vs_best_hook": _at_least(vs_hook, TARGET_VS_BEST_HOOK),
             "scaling_efficiency": _at_least(eff, TARGET_EFFICIENCY),
         },
     }
+
+
+def _bound_note(t: dict[str, Any]) -> str:
+    """``; this link allows at most B`` when the network floor puts the target out of reach."""
+    bound = t.get("efficiency_bound")
+    if bound is None or bound >= TARGET_EFFICIENCY:
+        return ""
+    return f"; out of reach on this link: its bytes allow at most {bound:.2f}"
 
 
 def _at_least(figure: float | None, target: float) -> bool | None:
@@ -194,7 +203,10 @@ def e2e_markdown(results: dict[str, Any]) -> str:
         "",
         "samples/s: all workers together. MB/step: bytes each worker transmitted on its NIC per "
         "step (TCP/IP included). xN: speedup over that baseline. eff: samples/s over the "
-        "compute-only rate of the same N processes (no gradient exchange).",
+        "compute-only rate of the same N processes (no gradient exchange). floor ms: the least "
+        "communication any schedule of the row's bytes leaves exposed after backward on this "
+        "link, from when each gradient is ready in the compute-only run; eff bound: the "
+        "efficiency that floor allows.",
     ]
     for cell in results["cells"]:
         net = cell["network"]
@@ -220,7 +232,7 @@ def e2e_markdown(results: dict[str, Any]) -> str:
                 f"{_mark(met['vs_fp32'])}); {fmt(t['vs_best_hook'], '.2f')}x the better hook "
                 f"(target {TARGET_VS_BEST_HOOK}x: {_mark(met['vs_best_hook'])}); efficiency "
                 f"{fmt(t['scaling_efficiency'], '.2f')} (target {TARGET_EFFICIENCY}: "
-                f"{_mark(met['scaling_efficiency'])}).",
+                f"{_mark(met['scaling_efficiency'])}{_bound_note(t)}).",
             ]
         for block in cell.get("fsdp", ()):
             how = "resharding after forward" if block["reshard_after_forward"] else (

@@ -25,8 +25,9 @@ def _signed(x: float | None) -> str:
 def e2e_cell_rows(cell: dict[str, Any]) -> list[str]:
     """One (model, network) cell of ``hipress bench e2e``: a row per configuration."""
     out = [
-        "| configuration | samples/s | step ms | MB/step | x fp32 | x fp16 | x PowerSGD | eff |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| configuration | samples/s | step ms | MB/step | x fp32 | x fp16 | x PowerSGD | eff | "
+        "floor ms | eff bound |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in cell["rows"]:
         if "samples_per_s" not in r:
@@ -40,7 +41,8 @@ def e2e_cell_rows(cell: dict[str, Any]) -> list[str]:
             f"{fmt(None if wire is None else wire / 1e6, '.2f')} | "
             f"{fmt(sp.get('ddp-fp32'), '.2f')} | {fmt(sp.get('ddp-fp16'), '.2f')} | "
             f"{fmt(sp.get('ddp-powersgd'), '.2f')} | "
-            f"{fmt(r.get('scaling_efficiency'), '.2f')} |"
+            f"{fmt(r.get('scaling_efficiency'), '.2f')} | "
+            f"{fmt(r.get('network_floor_ms'), '.1f')} | {fmt(r.get('efficiency_bound'), '.2f')} |"
         )
     return out
 

@@ -1,0 +1,105 @@
+"""The network's floor under a step: how much communication no schedule can hide.
+
+Backward produces gradients in an order, the last ones (an LM's input embedding) at its very
+end. Whatever a gradient's bytes take on the link can only start once it exists, so for every
+``tau``, the bytes of the gradients ready in the last ``tau`` ms of backward need at least
+``bytes / rate`` of link time from then on, of which at most ``tau`` hides behind backward::
+
+    exposed >= max over tau of (sum of bytes ready within tau of the end) / rate - tau
+
+whatever the bucketing, partitioning or overlap (encode, decode and latency only add to it).
+:func:`exposed_floor_ms` computes it from :class:`ReadyClock`'s measurements (each gradient's
+lead over the end of backward, in a compute-only run where nothing delays backward) and the bytes
+each rank sends per gradient (:func:`bytes_sent`); ``efficiency_bound = compute / (compute +
+floor)`` is the best scaling efficiency any schedule of that traffic reaches on that link.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from hipress.core.layout import layout_tensor
+from hipress.core.plan import Strategy, TensorPlan
+
+__all__ = ["ReadyClock", "allreduce_bytes", "bytes_sent", "exposed_floor_ms"]
+
+
+class ReadyClock:
+    """When each parameter's gradient is ready in backward: its lead over the end of backward,
+    in ms, per step while :attr:`on` (post-accumulate-grad hooks on ``model``'s parameters).
+
+    Call :meth:`step_done` right after ``backward()`` returns; :meth:`leads` gives the median
+    lead of each parameter over the recorded steps."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.on = False
+        self._now: dict[str, float] = {}
+        self._leads: dict[str, list[float]] = {}
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(functools.partial(self._ready, name))
+
+    def _ready(self, name: str, _p: Any) -> None:
+        if self.on:
+            self._now[name] = time.perf_counter()
+
+    def step_done(self) -> None:
+        """Backward has just returned: record each gradient's lead over now."""
+        end = time.perf_counter()
+        for name, t in self._now.items():
+            self._leads.setdefault(name, []).append(1e3 * (end - t))
+        self._now = {}
+
+    def leads(self) -> dict[str, float]:
+        """Parameter name -> median ms between its gradient being ready and backward's end."""
+        return {n: statistics.median(v) for n, v in self._leads.items()}
+
+
+def allreduce_bytes(nbytes: float, world_size: int) -> float:
+    """Bytes each rank sends in a bandwidth-optimal allreduce of ``nbytes``."""
+    return 2 * (world_size - 1) / world_size * nbytes
+
+
+def bytes_sent(
+    entries: Sequence[Sequence[Any]], payload_nbytes: Any, world_size: int
+) -> dict[str, float]:
+    """Bytes one rank sends per step for each tensor of a hipress plan, given as
+    ``[name, numel, compress, strategy, partitions]`` rows (``hipress bench e2e``'s ``plan``):
+    the all-gather sends a rank's payload to each of the N-1 others; PS and the ring send N-1
+    shard payloads twice (scatter-reduce, then all-gather); uncompressed tensors an fp32
+    allreduce's share."""
+    out: dict[str, float] = {}
+    for name, numel, compress, strategy, parts in entries:
+        if not compress:
+            out[name] = allreduce_bytes(4.0 * numel, world_size)
+            continue
+        entry = TensorPlan(name, numel, compress=True, strategy=Strategy(strategy),
+                           partitions=parts)  # fmt: skip
+        total = 0.0
+        for c in layout_tensor(entry, world_size, payload_nbytes):
+            if c.strategy is Strategy.ALLGATHER:
+                total += (world_size - 1) * c.payloads[0]
+            else:
+                total += 2 * (world_size - 1) * sum(c.payloads) / world_size
+        out[name] = total
+    return out
+
+
+def exposed_floor_ms(
+    leads: Mapping[str, float], sent: Mapping[str, float], rate_mbit: float
+) -> float:
+    """The least communication time exposed after backward (module docstring): ``leads`` (ms
+    each gradient is ready before backward ends), ``sent`` (bytes per rank per tensor), the link
+    rate in Mbit/s. Tensors missing from ``leads`` count as ready at the end."""
+    per_ms = rate_mbit * 1e3 / 8  # bytes per ms
+    floor = acc = 0.0
+    for name in sorted(sent, key=lambda n: leads.get(n, 0.0)):
+        acc += sent[name]
+        floor = max(floor, acc / per_ms - leads.get(name, 0.0))
+    return floor
