@@ -29,11 +29,23 @@ def commit() -> str | None:
     return sha + ("+dirty" if dirty else "") if sha else None
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what :mod:`platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict[str, Any]:
     """The host: CPU, core count, OS, Python and torch versions, the GPU if torch sees one."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "cpus": os.cpu_count(),
         "system": platform.platform(),
         "python": platform.python_version(),
