@@ -659,17 +659,38 @@ def test_random_streams_and_compaction_on_every_path(name: str, path: str, tmp_p
 
 @pytest.mark.parametrize(("name", "n"), [("topk", 2048 * 1024 + 67), ("randomk", 2048 * 256 + 67)])
 def test_topk_guess_its_fallback_and_no_guess(name: str, n: int) -> None:
-    """From 256 tiles of keys up, the C top-k guesses where its k-th key lies from every 32nd
-    tile and collects in one pass: the result is the reference's where the guess holds (random
-    data), where its pass proves it wrong (topk: the large values only in tiles the sample
-    skips, then the radix passes run on what that pass stored) and where it is not tried (all
-    keys equal, or at topk's smaller sizes: too many candidates)."""
+    """From 256 tiles of keys up, the C top-k guesses where its k-th key lies from 16 keys in
+    every 512 and collects in one pass: the result is the reference's where the guess holds
+    (random data; all keys equal: one key, ties in index order), where its pass proves it wrong
+    (topk: the large values only where the sample does not look, then the radix passes run on
+    what that pass stored) and where it is not tried (topk's smaller sizes: too many
+    candidates)."""
     ref, cpu = _pair(name, {})
     x = torch.randn(n, generator=torch.Generator().manual_seed(5))
-    tile = torch.arange(n) // 2048
-    hidden = torch.where((tile % 32 != 16) & (tile % 4 == 0), x * 100, x)
+    i = torch.arange(n)
+    hidden = torch.where((i % 512 < 256) & (i // 2048 % 4 == 0), x * 100, x)
     for g, steps in ((x, 2), (hidden, 1), (torch.ones(n), 1)):
         run_both(ref, cpu, g, steps=steps)
+
+
+def test_topk_of_a_gradient_with_fewer_non_zeros_than_k() -> None:
+    """An embedding's gradient: a few rows non-zero, fewer elements than k, so the k-th largest
+    |c| is 0 and k - (non-zeros) zeros are taken in index order. The sample sees one key in the
+    threshold's bucket and collects in one pass; tiny values the sample missed in that bucket
+    (denormals above 0) are still taken first. Bit-exact with the reference over steps of error
+    feedback."""
+    rows, dim = 4096, 128
+    n = rows * dim
+    ref, cpu = _pair("topk", {})  # k = 5243: fewer non-zeros each step
+    gen = torch.Generator().manual_seed(12)
+    sr, sc = ref.init_state(n), cpu.init_state(n)
+    for step in range(4):
+        g = torch.zeros(rows, dim)
+        g[torch.randint(0, rows, (30,), generator=gen)] = torch.randn(30, dim, generator=gen)
+        g = g.reshape(-1)
+        if step == 2:  # denormals where the sample does not look
+            g[torch.arange(0, n, 512) + 3] = 1e-40
+        assert torch.equal(ref.encode(g, sr), cpu.encode(g, sc)), step
 
 
 # ---------------------------------------------------------------- selection and errors

@@ -929,25 +929,37 @@ int hp_encode(const hp_enc_args* a) {
       int qstored = 0;  /* its pass stored the maps deferred to the top-k: later passes read them */
 
 
-      /* the guess: the top 11 bits of the keys of every 32nd tile (a sample of 1/32, spread
-         over the whole tensor) place the need-th largest key in a range of buckets, 4 standard
+      /* the guess: the top 11 bits of the keys of 16 elements (a cache line of floats) in
+         every 512 (a sample of 1/32, spread over the whole tensor, and fine-grained: large keys
+         come in runs, e.g. an embedding's rows, which a sample of whole tiles would take or
+         miss together) place the need-th largest key in a range of buckets, 4 standard
          deviations of the sample's count either side; one ordered pass then collects. The
          result never depends on the guess: where the keys above the range number qtake or
          more, or those in it too few or more than fit, the radix passes below run instead.
-         A pass fewer than the radix select, whose first pass only counts. */
+         A pass fewer than the radix select, whose first pass only counts. Where the range is
+         one bucket holding more keys than fit but the sample found one key in it (ties: the
+         zeros of a gradient with fewer non-zeros than qtake, e.g. an embedding's), the range is
+         that key alone: equal keys beyond a thread's buffer are not needed (ties go in index
+         order), and the radix passes would find it only after three passes more. */
       const int64_t qtiles = (ql + HP_TILE - 1) / HP_TILE;
       if (qtiles >= 32 * 8) {
         const int sh = 64 - 11;
+        uint64_t smin[2048], smax[2048];
         memset(hist, 0, sizeof(hist));
+        memset(smin, 0xff, sizeof(smin));
+        memset(smax, 0, sizeof(smax));
         #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
         {
           uint32_t h[2048];
+          uint64_t mn[2048], mx[2048];  /* each bucket's smallest and largest sampled key */
           memset(h, 0, sizeof(h));
+          memset(mn, 0xff, sizeof(mn));
+          memset(mx, 0, sizeof(mx));
           uint64_t qkt[HP_TILE];
-          const int64_t qhi = ql;
           #pragma omp for schedule(static)
-          for (int64_t sb = 0; sb < qtiles / 32; sb++) {
-            const int64_t i0 = (32 * sb + 16) * HP_TILE;
+          for (int64_t sb = 0; sb < ql / 512; sb++) {
+            const int64_t i0 = 512 * sb + 256;
+            const int64_t qhi = i0 + 16;
 const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         uint32_t rnd6[HP_TILE];
         hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
@@ -958,10 +970,20 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           const int64_t j = i0 + t;
           qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
-            for (int64_t t = 0; t < tl; t++) h[qkt[t] >> sh]++;
+            for (int64_t t = 0; t < tl; t++) {
+              const uint64_t kv = qkt[t];
+              const int64_t b = (int64_t)(kv >> sh);
+              h[b]++;
+              mn[b] = kv < mn[b] ? kv : mn[b];
+              mx[b] = kv > mx[b] ? kv : mx[b];
+            }
           }
           #pragma omp critical
-          for (int d = 0; d < 2048; d++) hist[d] += h[d];
+          for (int d = 0; d < 2048; d++) {
+            hist[d] += h[d];
+            smin[d] = mn[d] < smin[d] ? mn[d] : smin[d];
+            smax[d] = mx[d] > smax[d] ? mx[d] : smax[d];
+          }
         }
         int64_t m = 0;
         for (int d = 0; d < 2048; d++) m += hist[d];
@@ -971,9 +993,10 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         int64_t dl = dh, cin = cum + hist[dh];  /* ... in the buckets from dl up */
         while (dl > 0 && (double)cin < tgt + margin) cin += hist[--dl];
         /* the candidates expected must fit half a thread's buffer (threads' shares vary) */
-        if ((double)(cin - cum) * (double)ql <= 0.5 * (double)qcap * (double)m) {
-          qlok = (uint64_t)dl << sh;
-          qhik = ((uint64_t)dh << sh) | (((uint64_t)1 << sh) - 1);
+        const int fits = (double)(cin - cum) * (double)ql <= 0.5 * (double)qcap * (double)m;
+        if (fits || (dl == dh && smin[dh] == smax[dh])) {
+          qlok = fits ? (uint64_t)dl << sh : smin[dh];
+          qhik = fits ? ((uint64_t)dh << sh) | (((uint64_t)1 << sh) - 1) : smin[dh];
 #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
       {
         const int me = omp_get_thread_num(), tn = omp_get_num_threads();
@@ -1009,8 +1032,8 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
               } else if (c < qcap) {
                 mycidx[c] = (int32_t)(i0 + u);
                 myckey[c++] = qkt[u];
-              } else {
-                over++;
+              } else if (qlok != qhik) {
+                over++;  /* (one key: the first qcap >= qtake of them, in index order, do) */
               }
             }
           }
@@ -1158,8 +1181,8 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
               } else if (c < qcap) {
                 mycidx[c] = (int32_t)(i0 + u);
                 myckey[c++] = qkt[u];
-              } else {
-                over++;
+              } else if (qlok != qhik) {
+                over++;  /* (one key: the first qcap >= qtake of them, in index order, do) */
               }
             }
           }
