@@ -673,6 +673,20 @@ def test_topk_guess_its_fallback_and_no_guess(name: str, n: int) -> None:
         run_both(ref, cpu, g, steps=steps)
 
 
+@pytest.mark.parametrize(("ratio", "spread"), [(0.01, 0.0), (0.2, 0.2)])
+def test_topk_guess_narrows_a_crowded_bucket(ratio: float, spread: float) -> None:
+    """Values crowded into one top-11-bit bucket (all in [1, 1.25)), or the k-th largest on the
+    border of two (a fifth in [1.25, 1.5)): the sample's next bits narrow the guess's range
+    before the collecting pass. Bit-exact with the reference."""
+    n = 2048 * 256 + 67
+    ref, cpu = _pair("topk", {"ratio": ratio})
+    gen = torch.Generator().manual_seed(21)
+    x = 1.0 + 0.25 * torch.rand(n, generator=gen)
+    high = torch.rand(n, generator=gen) < spread
+    x = torch.where(high, x + 0.25, x) * torch.where(torch.rand(n, generator=gen) < 0.5, -1, 1)
+    run_both(ref, cpu, x, steps=2)
+
+
 def test_topk_of_a_gradient_with_fewer_non_zeros_than_k() -> None:
     """An embedding's gradient: a few rows non-zero, fewer elements than k, so the k-th largest
     |c| is 0 and k - (non-zeros) zeros are taken in index order. The sample sees one key in the

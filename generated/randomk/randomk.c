@@ -940,7 +940,9 @@ int hp_encode(const hp_enc_args* a) {
          one bucket holding more keys than fit but the sample found one key in it (ties: the
          zeros of a gradient with fewer non-zeros than qtake, e.g. an embedding's), the range is
          that key alone: equal keys beyond a thread's buffer are not needed (ties go in index
-         order), and the radix passes would find it only after three passes more. */
+         order), and the radix passes would find it only after three passes more. Where the
+         range is one or two buckets holding too many keys (11 bits are coarse: a quarter of a
+         binade each), the next bits of the sample narrow it first. */
       const int64_t qtiles = (ql + HP_TILE - 1) / HP_TILE;
       if (qtiles >= 32 * 8) {
         const int sh = 64 - 11;
@@ -994,9 +996,57 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         while (dl > 0 && (double)cin < tgt + margin) cin += hist[--dl];
         /* the candidates expected must fit half a thread's buffer (threads' shares vary) */
         const int fits = (double)(cin - cum) * (double)ql <= 0.5 * (double)qcap * (double)m;
-        if (fits || (dl == dh && smin[dh] == smax[dh])) {
-          qlok = fits ? (uint64_t)dl << sh : smin[dh];
-          qhik = fits ? ((uint64_t)dh << sh) | (((uint64_t)1 << sh) - 1) : smin[dh];
+        const int one = !fits && dl == dh && smin[dh] == smax[dh];
+        int refined = 0;
+        uint64_t rlo = 0, rhi = 0;
+        if (!fits && !one && dh - dl <= 1) {
+          /* too many keys in one or two buckets: the next 11 (two buckets: 10) bits of the
+             sampled keys in them narrow the range the same way (hist is free until the radix
+             passes below, which clear it) */
+          const int wb = dh == dl ? 11 : 10, sh2 = sh - wb;
+          const uint64_t wmask = ((uint64_t)1 << wb) - 1;
+          memset(hist, 0, sizeof(hist));
+          #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
+          {
+            uint32_t h[2048];
+            memset(h, 0, sizeof(h));
+            uint64_t qkt[HP_TILE];
+            #pragma omp for schedule(static)
+            for (int64_t sb = 0; sb < ql / 512; sb++) {
+              const int64_t i0 = 512 * sb + 256;
+              const int64_t qhi = i0 + 16;
+const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
+        uint32_t rnd6[HP_TILE];
+        hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
+        uint32_t rnd7[HP_TILE];
+        hp_philox_tile(i0, tl, 1u, rk0, rk1, rstep, rtid, rnd7);
+        #pragma omp simd
+        for (int64_t t = 0; t < tl; t++) {
+          const int64_t j = i0 + t;
+          qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
+        }
+              for (int64_t t = 0; t < tl; t++) {
+                const int64_t b = (int64_t)(qkt[t] >> sh) - dl;
+                if (b >= 0 && b <= dh - dl) h[(b << wb) | (int64_t)((qkt[t] >> sh2) & wmask)]++;
+              }
+            }
+            #pragma omp critical
+            for (int d = 0; d < 2048; d++) hist[d] += h[d];
+          }
+          int64_t eh = 2047, cum2 = cum;
+          while (eh > 0 && (double)(cum2 + hist[eh]) <= tgt - margin) cum2 += hist[eh--];
+          int64_t el = eh, cin2 = cum2 + hist[eh];
+          while (el > 0 && (double)cin2 < tgt + margin) cin2 += hist[--el];
+          if ((double)(cin2 - cum2) * (double)ql <= 0.5 * (double)qcap * (double)m) {
+            refined = 1;
+            rlo = ((uint64_t)(dl + (el >> wb)) << sh) | ((uint64_t)el & wmask) << sh2;
+            rhi = ((uint64_t)(dl + (eh >> wb)) << sh) | ((uint64_t)eh & wmask) << sh2
+                  | (((uint64_t)1 << sh2) - 1);
+          }
+        }
+        if (fits || one || refined) {
+          qlok = refined ? rlo : one ? smin[dh] : (uint64_t)dl << sh;
+          qhik = refined ? rhi : one ? smin[dh] : ((uint64_t)dh << sh) | (((uint64_t)1 << sh) - 1);
 #pragma omp parallel num_threads(nt) if(ql >= HP_PAR_MIN)
       {
         const int me = omp_get_thread_num(), tn = omp_get_num_threads();
@@ -1007,6 +1057,7 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         int32_t* const mycidx = qcidx + me * qcap;
         uint64_t* const myckey = qckey + me * qcap;
         int64_t s = 0, c = 0, over = 0;
+        const uint64_t lok = qlok, hik = qhik;  /* (locals: kept in registers in the loop) */
         uint64_t qkt[HP_TILE];
         uint8_t fm[HP_TILE];
         for (int64_t i0 = qlo; i0 < qhi; i0 += HP_TILE) {
@@ -1020,20 +1071,47 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           const int64_t j = i0 + t;
           qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
+          if (lok == hik) {
+            /* one key (ties, e.g. zeros, may be most keys): the keys above it, then the equal
+               ones while the buffer has room; the first qcap >= qtake of a thread's equal keys,
+               in index order, are all that ties can take */
+            #pragma omp simd
+            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] > hik);
+            for (int64_t t = 0; t < tl; t += 64) {
+              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+              for (; bits != 0; bits &= bits - 1) {
+                if (s < qtake) mysure[s++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
+                else over++;
+              }
+            }
+            if (c < qcap) {
+              #pragma omp simd
+              for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] == lok);
+              for (int64_t t = 0; t < tl && c < qcap; t += 64) {
+                uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+                for (; bits != 0 && c < qcap; bits &= bits - 1) {
+                  const int64_t u = t + __builtin_ctzll(bits);
+                  mycidx[c] = (int32_t)(i0 + u);
+                  myckey[c++] = qkt[u];
+                }
+              }
+            }
+            continue;
+          }
           #pragma omp simd
-          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] >= qlok);
+          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] >= lok);
           for (int64_t t = 0; t < tl; t += 64) {
             uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
             for (; bits != 0; bits &= bits - 1) {
               const int64_t u = t + __builtin_ctzll(bits);
-              if (qkt[u] > qhik) {
+              if (qkt[u] > hik) {
                 if (s < qtake) mysure[s++] = (int32_t)(i0 + u);
                 else over++;
               } else if (c < qcap) {
                 mycidx[c] = (int32_t)(i0 + u);
                 myckey[c++] = qkt[u];
-              } else if (qlok != qhik) {
-                over++;  /* (one key: the first qcap >= qtake of them, in index order, do) */
+              } else {
+                over++;
               }
             }
           }
@@ -1156,6 +1234,7 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         int32_t* const mycidx = qcidx + me * qcap;
         uint64_t* const myckey = qckey + me * qcap;
         int64_t s = 0, c = 0, over = 0;
+        const uint64_t lok = qlok, hik = qhik;  /* (locals: kept in registers in the loop) */
         uint64_t qkt[HP_TILE];
         uint8_t fm[HP_TILE];
         for (int64_t i0 = qlo; i0 < qhi; i0 += HP_TILE) {
@@ -1169,20 +1248,47 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           const int64_t j = i0 + t;
           qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
+          if (lok == hik) {
+            /* one key (ties, e.g. zeros, may be most keys): the keys above it, then the equal
+               ones while the buffer has room; the first qcap >= qtake of a thread's equal keys,
+               in index order, are all that ties can take */
+            #pragma omp simd
+            for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] > hik);
+            for (int64_t t = 0; t < tl; t += 64) {
+              uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+              for (; bits != 0; bits &= bits - 1) {
+                if (s < qtake) mysure[s++] = (int32_t)(i0 + t + __builtin_ctzll(bits));
+                else over++;
+              }
+            }
+            if (c < qcap) {
+              #pragma omp simd
+              for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] == lok);
+              for (int64_t t = 0; t < tl && c < qcap; t += 64) {
+                uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
+                for (; bits != 0 && c < qcap; bits &= bits - 1) {
+                  const int64_t u = t + __builtin_ctzll(bits);
+                  mycidx[c] = (int32_t)(i0 + u);
+                  myckey[c++] = qkt[u];
+                }
+              }
+            }
+            continue;
+          }
           #pragma omp simd
-          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] >= qlok);
+          for (int64_t t = 0; t < tl; t++) fm[t] = (uint8_t)(qkt[t] >= lok);
           for (int64_t t = 0; t < tl; t += 64) {
             uint64_t bits = hp_mask64(fm + t, tl - t < 64 ? tl - t : 64);
             for (; bits != 0; bits &= bits - 1) {
               const int64_t u = t + __builtin_ctzll(bits);
-              if (qkt[u] > qhik) {
+              if (qkt[u] > hik) {
                 if (s < qtake) mysure[s++] = (int32_t)(i0 + u);
                 else over++;
               } else if (c < qcap) {
                 mycidx[c] = (int32_t)(i0 + u);
                 myckey[c++] = qkt[u];
-              } else if (qlok != qhik) {
-                over++;  /* (one key: the first qcap >= qtake of them, in index order, do) */
+              } else {
+                over++;
               }
             }
           }
