@@ -958,10 +958,11 @@ int hp_encode(const hp_enc_args* a) {
           memset(mn, 0xff, sizeof(mn));
           memset(mx, 0, sizeof(mx));
           uint64_t qkt[HP_TILE];
-          #pragma omp for schedule(static)
-          for (int64_t sb = 0; sb < ql / 512; sb++) {
-            const int64_t i0 = 512 * sb + 256;
-            const int64_t qhi = i0 + 16;
+
+            #pragma omp for schedule(static)
+            for (int64_t sb = 0; sb < ql / 512; sb++) {
+              const int64_t i0 = 512 * sb + 256;
+              const int64_t qhi = i0 + 16;
 const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         uint32_t rnd6[HP_TILE];
         hp_philox_tile(i0, tl, 0u, rk0, rk1, rstep, rtid, rnd6);
@@ -972,14 +973,14 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           const int64_t j = i0 + t;
           qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
-            for (int64_t t = 0; t < tl; t++) {
-              const uint64_t kv = qkt[t];
-              const int64_t b = (int64_t)(kv >> sh);
-              h[b]++;
-              mn[b] = kv < mn[b] ? kv : mn[b];
-              mx[b] = kv > mx[b] ? kv : mx[b];
+              for (int64_t t = 0; t < tl; t++) {
+                const uint64_t kv = qkt[t];
+                const int64_t b = (int64_t)(kv >> sh);
+                h[b]++;
+                mn[b] = kv < mn[b] ? kv : mn[b];
+                mx[b] = kv > mx[b] ? kv : mx[b];
+              }
             }
-          }
           #pragma omp critical
           for (int d = 0; d < 2048; d++) {
             hist[d] += h[d];
@@ -1011,6 +1012,7 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
             uint32_t h[2048];
             memset(h, 0, sizeof(h));
             uint64_t qkt[HP_TILE];
+
             #pragma omp for schedule(static)
             for (int64_t sb = 0; sb < ql / 512; sb++) {
               const int64_t i0 = 512 * sb + 256;
@@ -1026,8 +1028,9 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           qkt[t] = hp_okey_i64(((int64_t)(hp_shl_i64(((int64_t)(rnd6[t])), INT64_C(31)) | ((int64_t)(hp_shr_u32(rnd7[t], UINT32_C(1)))))));
         }
               for (int64_t t = 0; t < tl; t++) {
-                const int64_t b = (int64_t)(qkt[t] >> sh) - dl;
-                if (b >= 0 && b <= dh - dl) h[(b << wb) | (int64_t)((qkt[t] >> sh2) & wmask)]++;
+                const uint64_t kv = qkt[t];
+                const int64_t b = (int64_t)(kv >> sh) - dl;
+                if (b >= 0 && b <= dh - dl) h[(b << wb) | (int64_t)((kv >> sh2) & wmask)]++;
               }
             }
             #pragma omp critical

@@ -946,10 +946,11 @@ int hp_encode(const hp_enc_args* a) {
           memset(mn, 0xff, sizeof(mn));
           memset(mx, 0, sizeof(mx));
           uint32_t qkt[HP_TILE];
-          #pragma omp for schedule(static)
-          for (int64_t sb = 0; sb < ql / 512; sb++) {
-            const int64_t i0 = 512 * sb + 256;
-            const int64_t qhi = i0 + 16;
+
+            #pragma omp for schedule(static)
+            for (int64_t sb = 0; sb < ql / 512; sb++) {
+              const int64_t i0 = 512 * sb + 256;
+              const int64_t qhi = i0 + 16;
 const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
@@ -959,14 +960,14 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           const float r4 = (r2 + hp_sel_f32(((bool)(((bool)(s_lost | (fabsf(r3) > s_pmin))) | ((bool)((fabsf(r3) == s_pmin) & (j <= s_plast))))), 0x0.0p+0f, r3));
           qkt[t] = hp_okey_f32(fabsf(r4));
         }
-            for (int64_t t = 0; t < tl; t++) {
-              const uint32_t kv = qkt[t];
-              const int64_t b = (int64_t)(kv >> sh);
-              h[b]++;
-              mn[b] = kv < mn[b] ? kv : mn[b];
-              mx[b] = kv > mx[b] ? kv : mx[b];
+              for (int64_t t = 0; t < tl; t++) {
+                const uint32_t kv = qkt[t];
+                const int64_t b = (int64_t)(kv >> sh);
+                h[b]++;
+                mn[b] = kv < mn[b] ? kv : mn[b];
+                mx[b] = kv > mx[b] ? kv : mx[b];
+              }
             }
-          }
           #pragma omp critical
           for (int d = 0; d < 2048; d++) {
             hist[d] += h[d];
@@ -998,6 +999,7 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
             uint32_t h[2048];
             memset(h, 0, sizeof(h));
             uint32_t qkt[HP_TILE];
+
             #pragma omp for schedule(static)
             for (int64_t sb = 0; sb < ql / 512; sb++) {
               const int64_t i0 = 512 * sb + 256;
@@ -1012,8 +1014,9 @@ const int64_t tl = qhi - i0 < HP_TILE ? qhi - i0 : HP_TILE;
           qkt[t] = hp_okey_f32(fabsf(r4));
         }
               for (int64_t t = 0; t < tl; t++) {
-                const int64_t b = (int64_t)(qkt[t] >> sh) - dl;
-                if (b >= 0 && b <= dh - dl) h[(b << wb) | (int64_t)((qkt[t] >> sh2) & wmask)]++;
+                const uint32_t kv = qkt[t];
+                const int64_t b = (int64_t)(kv >> sh) - dl;
+                if (b >= 0 && b <= dh - dl) h[(b << wb) | (int64_t)((kv >> sh2) & wmask)]++;
               }
             }
             #pragma omp critical
