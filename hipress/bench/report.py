@@ -81,7 +81,8 @@ def check_targets(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def _bound_note(t: dict[str, Any]) -> str:
-    """``; this link allows at most B`` when the network floor puts the target out of reach."""
+    """``; out of reach on this link: its bytes allow at most B`` when the best row's network
+    floor puts the efficiency target out of reach (else empty)."""
     bound = t.get("efficiency_bound")
     if bound is None or bound >= TARGET_EFFICIENCY:
         return ""
