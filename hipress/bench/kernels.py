@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -53,7 +52,7 @@ from typing import Any
 
 import torch
 
-from hipress.bench.provenance import stamp
+from hipress.bench.provenance import cpu_name, stamp
 from hipress.bench.torch_ops import Fn, torch_versions
 from hipress.bench.traffic import grad_reads
 from hipress.compll import Algorithm, algorithms, load, load_source
@@ -173,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     names = [a for a in args.algorithms.split(",") if a] or algorithms()
     results: dict[str, Any] = {
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_name(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["commit", "machine", "stamp"]
+__all__ = ["commit", "cpu_name", "machine", "stamp"]
 
 
 def commit() -> str | None:
@@ -29,7 +29,7 @@ def commit() -> str | None:
     return sha + ("+dirty" if dirty else "") if sha else None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what :mod:`platform` knows."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -45,7 +45,7 @@ def machine() -> dict[str, Any]:
     """The host: CPU, core count, OS, Python and torch versions, the GPU if torch sees one."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpus": os.cpu_count(),
         "system": platform.platform(),
         "python": platform.python_version(),
