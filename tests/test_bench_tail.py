@@ -56,3 +56,31 @@ def test_ready_clock_orders_backward() -> None:
     assert set(leads) == {n for n, _ in model.named_parameters()}
     # backward runs from the output: the last layer's gradient is ready first, the embedding's last
     assert leads["6.weight"] > leads["2.weight"] > leads["0.weight"] >= 0
+
+
+def test_the_e2e_report_says_when_the_floor_puts_the_target_out_of_reach() -> None:
+    from hipress.bench.report import TARGET_EFFICIENCY, check_targets, e2e_markdown
+
+    def cell(bound: float) -> dict:
+        rows = [
+            {"config": "compute-only", "samples_per_s": 100.0, "step_ms": 80.0},
+            {"config": "ddp-fp32", "samples_per_s": 10.0, "step_ms": 800.0},
+            {"config": "hipress-onebit", "samples_per_s": 70.0, "step_ms": 114.0,
+             "scaling_efficiency": 0.7, "network_floor_ms": 80.0 / bound - 80.0,
+             "efficiency_bound": bound},
+        ]  # fmt: skip
+        return {"model": "lstm-lm", "kind": "communication-heavy", "parameters": 1e6,
+                "gradient_bytes": 4e6, "batch_per_worker": 8, "unit": "sequences", "data": "d",
+                "network": {"label": "2 x 1000 Mbit/s", "shaped": True, "rate_mbit": 1000},
+                "rows": rows}  # fmt: skip
+
+    meta = {"workers": 2, "steps": 1, "warmup": 3, "threads_per_worker": 1, "torch": "t",
+            "date": "d"}  # fmt: skip
+    low, high = cell(0.75), cell(0.95)
+    assert TARGET_EFFICIENCY > 0.75
+    assert check_targets(low)["efficiency_bound"] == 0.75
+    md = e2e_markdown({"meta": meta, "cells": [low]})
+    assert "out of reach on this link: its bytes allow at most 0.75" in md
+    row = next(x for x in md.splitlines() if x.startswith("| hipress-onebit |"))
+    assert row.rstrip().endswith("| 26.7 | 0.75 |")  # floor ms, eff bound
+    assert "out of reach" not in e2e_markdown({"meta": meta, "cells": [high]})
