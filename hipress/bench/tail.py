@@ -26,6 +26,7 @@ from torch import nn
 
 from hipress.core.layout import layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
+from hipress.secopa.network import ALGORITHMS
 
 __all__ = ["ReadyClock", "allreduce_bytes", "bytes_sent", "exposed_floor_ms"]
 
@@ -61,9 +62,16 @@ class ReadyClock:
         return {n: statistics.median(v) for n, v in self._leads.items()}
 
 
+def _sent(algorithm: str, nbytes: float, world_size: int) -> float:
+    """Bytes each rank sends in collective ``algorithm`` of SeCoPa's network model
+    (:data:`hipress.secopa.network.ALGORITHMS`: its bandwidth factor) of per-rank size
+    ``nbytes``."""
+    return ALGORITHMS[algorithm](world_size)[1] * nbytes
+
+
 def allreduce_bytes(nbytes: float, world_size: int) -> float:
     """Bytes each rank sends in a bandwidth-optimal allreduce of ``nbytes``."""
-    return 2 * (world_size - 1) / world_size * nbytes
+    return _sent("ring_allreduce", nbytes, world_size)
 
 
 def bytes_sent(
@@ -84,9 +92,11 @@ def bytes_sent(
         total = 0.0
         for c in layout_tensor(entry, world_size, payload_nbytes):
             if c.strategy is Strategy.ALLGATHER:
-                total += (world_size - 1) * c.payloads[0]
-            else:
-                total += 2 * (world_size - 1) * sum(c.payloads) / world_size
+                total += _sent("ring_allgather", c.payloads[0], world_size)
+            else:  # all_to_all of the N shard payloads, all-gather of this rank's shard
+                shards = sum(c.payloads)
+                total += _sent("pairwise_alltoall", shards, world_size)
+                total += _sent("ring_allgather", shards / world_size, world_size)
         out[name] = total
     return out
 
