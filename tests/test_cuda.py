@@ -1,4 +1,5 @@
-"""CUDA: every generated kernel compiles with NVRTC for sm_80 and sm_90 (no GPU needed); on a
+"""CUDA: every generated kernel compiles with NVRTC for sm_80 and sm_90 (no GPU needed), with
+options that keep IEEE float32 (no flush-to-zero, no approximations: checked in the PTX); on a
 machine with a GPU (marked `cuda`), the CUDA kernels compute what the reference computes, never
 wait for the device, and keep calls on different streams apart. (Without a GPU the same
 kernels and host code run on the CPU emulator: tests/test_cuda_emu.py.)"""
@@ -50,6 +51,66 @@ def test_nvrtc_error_shows_numbered_source() -> None:
     with pytest.raises(CompileError) as exc:
         cuda_mod.nvrtc_compile(src, "sm_80", "bad.cu")
     assert "2 |   x[0] = ;" in str(exc.value)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", algorithms())
+def test_what_the_runtime_compiles_keeps_ieee_float32(name: str, tmp_path: object) -> None:
+    """The GPU runtime's own compile path (:func:`device_image`, its options and nothing else)
+    gives PTX without flush-to-zero or approximate float32 instructions: the kernels compute
+    what the reference and the emulator compute. (A GPU newer than any architecture NVRTC
+    knows gets PTX: compute capability 9.5 here, so the image is the PTX itself.)"""
+    from hipress.compll.backends.cache import KernelCache
+    from hipress.compll.backends.cuda.nvrtc import device_image, semantic_flags, target_for
+    from hipress.compll.backends.targets import cuda_source
+
+    assert target_for((9, 5)) == ("sm_90", False)
+    src = cuda_source(load(name, backend="reference").program).source
+    ptx = device_image(src, (9, 5), cache=KernelCache(tmp_path))  # type: ignore[arg-type]
+    assert ptx.lstrip().startswith(b"//") and b".target sm_90" in ptx
+    assert semantic_flags(ptx) == []
+
+
+@needs_nvrtc
+def test_the_ptx_check_catches_flush_to_zero() -> None:
+    """What CuPy's RawModule compiles with (our options, then -ftz=true) flushes denormals:
+    the check above would fail on it."""
+    from hipress.compll.backends.cuda.nvrtc import NVRTC_OPTIONS, semantic_flags
+    from hipress.compll.backends.targets import cuda_source
+
+    src = cuda_source(load("onebit", backend="reference").program).source
+    flags = semantic_flags(cuda_mod.nvrtc_compile(src, "sm_90", options=(*NVRTC_OPTIONS,
+                                                                          "-ftz=true")))  # fmt: skip
+    assert flags and all(".ftz" in f for f in flags)
+    fast = semantic_flags(cuda_mod.nvrtc_compile(src, "sm_90", options=("--use_fast_math",)))
+    assert any(".approx" in f or ".ftz" in f for f in fast)
+
+
+@needs_nvrtc
+def test_device_images_are_compiled_once_and_kept_across_processes(tmp_path: object) -> None:
+    """A cubin for the GPU's own architecture, from the kernel cache after the first compile:
+    a fresh process (a fresh cache object on the same directory) compiles nothing."""
+    from hipress.compll.backends.cache import KernelCache
+    from hipress.compll.backends.cuda.nvrtc import device_image
+    from hipress.compll.backends.targets import cuda_source
+
+    src = cuda_source(load("onebit", backend="reference").program).source
+    first = KernelCache(tmp_path)  # type: ignore[arg-type]
+    img = device_image(src, (9, 0), cache=first)
+    assert first.compiles == 1 and img[:4] == b"\x7fELF"  # a cubin
+    again = KernelCache(tmp_path)  # type: ignore[arg-type]
+    assert device_image(src, (9, 0), cache=again) == img and again.compiles == 0
+    other = device_image(src, (8, 0), cache=again)
+    assert again.compiles == 1 and other != img
+
+
+@needs_nvrtc
+def test_a_gpu_older_than_nvrtc_supports_is_a_clear_error() -> None:
+    from hipress.compll.backends.cuda.nvrtc import supported_archs, target_for
+
+    oldest = supported_archs()[0]
+    with pytest.raises(cuda_mod.CudaUnavailable, match=r"compute capability .* this GPU is"):
+        target_for((oldest // 10 - 1, 0))
 
 
 def _gpu() -> bool:

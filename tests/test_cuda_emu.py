@@ -43,6 +43,7 @@ pytestmark = pytest.mark.skipif(CxxToolchain.detect() is None, reason="no C++ co
 # alignment check (the runtime preloaded; docs/how-to/write-an-algorithm.md)
 SANITIZE = tuple(s for s in os.environ.get("HIPRESS_EMU_SANITIZE", "").split(",") if s)
 SHUFFLED = EmulatedRuntime(blocks=3, shuffle=True, seed=11, sanitize=SANITIZE)
+FTZ = EmulatedRuntime(blocks=3, shuffle=True, seed=11, sanitize=SANITIZE, ftz=True)
 _ALGS: dict[tuple, Algorithm] = {}
 
 
@@ -69,6 +70,46 @@ def _pair(name: str, params: dict) -> tuple[Algorithm, Algorithm]:
 def test_cuda_kernel_equals_reference(name: str, params: dict, x: torch.Tensor) -> None:
     ref, emu = _pair(name, params)
     run_both(ref, emu, x, steps=2)
+
+
+# the algorithms whose error-feedback state keeps a denormal gradient element that a flush
+# to zero loses (on tests/test_cuda.py's inputs)
+FTZ_VISIBLE = ("dgc", "efsignsgd", "graddrop", "onebit", "randomk", "tbq", "topk")
+
+
+@pytest.mark.parametrize("name", algorithms())
+def test_a_flush_to_zero_kernel_fails_the_comparison_with_the_reference(name: str) -> None:
+    """Kernels compiled with flush-to-zero (what CuPy's RawModule compiles) differ from the
+    reference on tests/test_cuda.py's inputs, so that GPU test catches them; without it the
+    same kernels equal the reference."""
+    n = 1000
+    x = torch.randint(-64, 64, (n,), generator=torch.Generator().manual_seed(n)).float() / 8
+    x[::97] = -0.0
+    x[5::101] = 2.0**-140
+    ref = load(name, backend="reference")
+    run_both(ref, emulated(name, runtime=SHUFFLED), x, steps=2)
+    ftz = emulated(name, runtime=FTZ)
+    if name not in FTZ_VISIBLE:
+        return
+    with pytest.raises(AssertionError):
+        run_both(ref, ftz, x, steps=2)
+
+
+def test_flush_to_zero_mode_flushes_inputs_and_results() -> None:
+    src = _source(
+        "  float* f = (float*)a->out;\n"
+        "  if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
+        "    f[0] = f[0] * f[3]; f[1] = f[1] * 0.5f; f[2] = f[2] * f[3];\n"
+        "  }\n"
+    )
+    for rt, want in ((EmulatedRuntime(blocks=1), [2.0**-140, 2.0**-126 / 2, -(2.0**-130)]),
+                     (FTZ, [0.0, 0.0, -0.0])):  # fmt: skip
+        out = torch.tensor([2.0**-140, 2.0**-126, -(2.0**-130), 1.0])
+        _launch_on(rt, src, out)
+        assert out[:3].tolist() == want
+        assert out[2].signbit()
+    # the CPU's mode is restored after each launch
+    assert torch.tensor(2.0**-140).mul(1.0).item() == 2.0**-140
 
 
 @pytest.mark.parametrize("name", algorithms())
@@ -380,6 +421,13 @@ def _launch(rt: EmulatedRuntime, body: str, grid: int = 2) -> torch.Tensor:
     args = out.data_ptr().to_bytes(8, "little") + count.data_ptr().to_bytes(8, "little")
     rt.launch(rt.load(_source(body)), "k", grid, 256, args, (), torch.device("cpu"))
     return out
+
+
+def _launch_on(rt: EmulatedRuntime, src: CudaSource, out: torch.Tensor) -> None:
+    """One block of ``src``'s kernel with ``out`` as its ``out`` pointer."""
+    count = torch.zeros(1, dtype=torch.int32)
+    args = out.data_ptr().to_bytes(8, "little") + count.data_ptr().to_bytes(8, "little")
+    rt.launch(rt.load(src), "k", 1, 256, args, (), torch.device("cpu"))
 
 
 def test_a_barrier_reached_by_some_threads_is_reported() -> None:

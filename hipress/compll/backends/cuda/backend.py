@@ -118,6 +118,11 @@ class CudaBackend:
         self._fields: dict[int, dict[str, int]] = {}
         self._sizes: dict[tuple[int, int], int] = {}
 
+    def prepare(self, device: torch.device) -> None:
+        """Compile and load the kernels for ``device`` now (a no-op where they are), so that
+        the first call on it compiles nothing."""
+        self.runtime.prepare(self.module, torch.device(device))
+
     # -- buffers, arguments, launches
 
     def _device(self, t: torch.Tensor, what: str) -> torch.device:

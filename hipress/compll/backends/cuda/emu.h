@@ -385,17 +385,49 @@ static inline double __longlong_as_double(long long x) {
   return d;
 }
 
-/* Runs kernel over a grid of `grid` blocks of `block` threads; shuffle != 0 runs blocks and
- * threads in an order drawn from `seed`. Returns 0, or 1 with a message in err. */
-extern "C" int hp_emu_launch(hp_emu::Kernel kernel, const void* args, unsigned int grid,
-                             unsigned int block, unsigned long long seed, int shuffle, char* err,
-                             int errlen) {
-  using namespace hp_emu;
-  err[0] = '\0';
-  if (grid < 1 || block < 1) {
-    snprintf(err, (size_t)errlen, "empty launch (grid %u, block %u)", grid, block);
-    return 1;
+namespace hp_emu {
+/* Float32 denormals flushed to zero, as inputs and as results (a GPU's .ftz instructions),
+ * while `on`: the CPU's floating-point control register, saved and restored by the caller. The
+ * fibers of a launch start from the value it has when they are prepared. Returns false where
+ * the CPU has no such mode here. */
+static bool flush_denormals(bool on, uint64_t* saved) {
+#if defined(__x86_64__)
+  unsigned int csr;
+  __asm__ volatile("stmxcsr %0" : "=m"(csr));
+  *saved = csr;
+  if (on) {
+    csr |= 0x8040u;  // FTZ (bit 15) and DAZ (bit 6)
+    __asm__ volatile("ldmxcsr %0" : : "m"(csr));
   }
+  return true;
+#elif defined(__aarch64__)
+  uint64_t fpcr;
+  __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+  *saved = fpcr;
+  if (on) {
+    fpcr |= (uint64_t)1 << 24;  // FZ: flush inputs and results
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+  }
+  return true;
+#else
+  (void)saved;
+  return !on;
+#endif
+}
+
+static void restore_denormals(uint64_t saved) {
+#if defined(__x86_64__)
+  unsigned int csr = (unsigned int)saved;
+  __asm__ volatile("ldmxcsr %0" : : "m"(csr));
+#elif defined(__aarch64__)
+  __asm__ volatile("msr fpcr, %0" : : "r"(saved));
+#else
+  (void)saved;
+#endif
+}
+/* The blocks of one launch, one after another (hp_emu_launch). */
+static int launch_grid(Kernel kernel, const void* args, unsigned int grid, unsigned int block,
+                       unsigned long long seed, int shuffle, char* err, int errlen) {
   if (!reserve(block, err, errlen)) return 1;
   unsigned int* blocks = (unsigned int*)malloc(sizeof(unsigned int) * grid);
   unsigned int* order = (unsigned int*)malloc(sizeof(unsigned int) * block);
@@ -420,6 +452,29 @@ extern "C" int hp_emu_launch(hp_emu::Kernel kernel, const void* args, unsigned i
   S.cur = nullptr;
   free(blocks);
   free(order);
+  return rc;
+}
+}  // namespace hp_emu
+
+/* Runs kernel over a grid of `grid` blocks of `block` threads; shuffle != 0 runs blocks and
+ * threads in an order drawn from `seed`; ftz != 0 flushes float32 denormals as a GPU's .ftz
+ * instructions do. Returns 0, or 1 with a message in err. */
+extern "C" int hp_emu_launch(hp_emu::Kernel kernel, const void* args, unsigned int grid,
+                             unsigned int block, unsigned long long seed, int shuffle, int ftz,
+                             char* err, int errlen) {
+  using namespace hp_emu;
+  err[0] = '\0';
+  if (grid < 1 || block < 1) {
+    snprintf(err, (size_t)errlen, "empty launch (grid %u, block %u)", grid, block);
+    return 1;
+  }
+  uint64_t fp_saved = 0;
+  if (!flush_denormals(ftz != 0, &fp_saved)) {
+    snprintf(err, (size_t)errlen, "flush-to-zero emulation is not supported on this CPU");
+    return 1;
+  }
+  int rc = launch_grid(kernel, args, grid, block, seed, shuffle, err, errlen);
+  restore_denormals(fp_saved);
   return rc;
 }
 

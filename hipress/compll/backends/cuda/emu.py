@@ -10,7 +10,10 @@ reference interpreter checks what a GPU runs, less the hardware's concurrency.
 
 It reports a barrier reached by only some threads of a block as an :class:`EmulationError`, and
 with ``shuffle`` runs threads (per barrier phase) and blocks in a seeded random order, so that a
-missing barrier gives a wrong result. Under AddressSanitizer or UBSan's alignment check
+missing barrier gives a wrong result. With ``ftz`` float32 denormals are flushed to zero, as
+inputs and as results, as a GPU's ``.ftz`` instructions do (the CPU's flush-to-zero and
+denormals-are-zero modes during each launch): what a kernel compiled with ``-ftz=true`` would
+compute, so tests can show that the comparison with the reference catches it. Under AddressSanitizer or UBSan's alignment check
 (``sanitize=("address",)``, ``("alignment",)``; docs/how-to/write-an-algorithm.md)
 out-of-bounds and misaligned accesses are caught too.
 
@@ -87,7 +90,8 @@ class _Module:
         fn = lib.hp_emu_launch
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
-                       ctypes.c_ulonglong, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]  # fmt: skip
+                       ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                       ctypes.c_int]  # fmt: skip
         self.launch = fn
 
 
@@ -98,6 +102,8 @@ class EmulatedRuntime:
         blocks: grid size of every launch (None: as a GPU would size it, up to an H100's).
         shuffle: run blocks and threads in a seeded random order (else forward).
         seed: seed of the orders (each launch draws its own from it).
+        ftz: flush float32 denormals to zero, as a GPU's ``.ftz`` instructions do (x86-64 and
+            AArch64 CPUs).
         cache: where compiled kernels are kept (default: the C target's cache).
         toolchain: the C++ compiler (default: :meth:`CxxToolchain.detect`).
         sanitize: "address" and/or "alignment" (needs the sanitizer runtime preloaded: see
@@ -109,7 +115,7 @@ class EmulatedRuntime:
 
     def __init__(self, blocks: int | None = 3, shuffle: bool = False, seed: int = 0,
                  cache: KernelCache | None = None, toolchain: CxxToolchain | None = None,
-                 sanitize: Sequence[str] = ()) -> None:  # fmt: skip
+                 sanitize: Sequence[str] = (), ftz: bool = False) -> None:  # fmt: skip
         if blocks is not None and blocks < 1:
             raise ValueError("blocks must be at least 1")
         bad = sorted(set(sanitize) - set(SANITIZERS))
@@ -122,6 +128,7 @@ class EmulatedRuntime:
         self.blocks = blocks
         self.shuffle = shuffle
         self.seed = seed
+        self.ftz = ftz
         self.cache = cache or KernelCache.from_env()
         self.flags = CXX_FLAGS + tuple(f for s in sorted(set(sanitize)) for f in SANITIZERS[s])
         self._launches = 0
@@ -155,6 +162,10 @@ class EmulatedRuntime:
             if res.returncode != 0:
                 raise CompileError(explain(res.stderr, text, cu.name))
 
+    def prepare(self, module: _Module, device: torch.device) -> None:
+        """Nothing to do: :meth:`load` compiled and loaded the library."""
+        del module, device
+
     def launch(self, module: _Module, kernel: str, grid: int, block: int, args: bytes,
                fields: Sequence[Field], device: torch.device) -> None:  # fmt: skip
         del fields, device
@@ -163,8 +174,8 @@ class EmulatedRuntime:
             seed = (self.seed * 0x9E3779B97F4A7C15 + self._launches) & (2**64 - 1)
         buf = ctypes.create_string_buffer(args, len(args))
         err = ctypes.create_string_buffer(512)
-        rc = module.launch(module.entries[kernel], buf, grid, block, seed, int(self.shuffle), err,
-                           len(err))  # fmt: skip
+        rc = module.launch(module.entries[kernel], buf, grid, block, seed, int(self.shuffle),
+                           int(self.ftz), err, len(err))  # fmt: skip
         if rc != 0:
             raise EmulationError(f"kernel {kernel}: {err.value.decode(errors='replace')}")
 

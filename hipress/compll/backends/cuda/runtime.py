@@ -4,8 +4,10 @@
 launch order, host steps); a runtime only loads a rendered source and launches its kernels on the
 tensors' device, in stream order:
 
-- :class:`CupyRuntime`: NVRTC through CuPy, on CUDA tensors, on torch's current stream of the
-  tensors' device (the GPU path).
+- :class:`CupyRuntime`: kernels compiled by hipress's own NVRTC call
+  (:mod:`~hipress.compll.backends.cuda.nvrtc`, with its options and nothing else), loaded and
+  launched through CuPy, on CUDA tensors, on torch's current stream of the tensors' device (the
+  GPU path).
 - :class:`~hipress.compll.backends.cuda.emu.EmulatedRuntime`: the same source compiled as C++ and run on
   the CPU, on CPU tensors (the CI path; see that module).
 
@@ -23,14 +25,9 @@ from typing import Any, Protocol
 
 import torch
 
+from hipress.compll.backends.cache import KernelCache
 from hipress.compll.backends.cuda.abi import NT, CudaSource, Field
-
-NVRTC_OPTIONS = ("--fmad=false", "--prec-div=true", "--prec-sqrt=true", "-std=c++17",
-                 "-diag-suppress=177,550")  # fmt: skip
-
-
-class CudaUnavailable(Exception):
-    """CUDA cannot run here (no CuPy, no GPU, no NVRTC); the message says why and what to do."""
+from hipress.compll.backends.cuda.nvrtc import NVRTC_OPTIONS, CudaUnavailable, device_image
 
 
 class Runtime(Protocol):
@@ -40,7 +37,11 @@ class Runtime(Protocol):
     device_type: str  # the torch device type of the tensors it runs on
 
     def load(self, src: CudaSource) -> Any:
-        """A handle to ``src``'s compiled kernels."""
+        """A handle to ``src``'s compiled kernels (compiled now, for the current device)."""
+        ...
+
+    def prepare(self, module: Any, device: torch.device) -> None:
+        """Make ``module``'s kernels ready to launch on ``device`` now (compile, load)."""
         ...
 
     def launch(self, module: Any, kernel: str, grid: int, block: int, args: bytes,
@@ -187,24 +188,71 @@ def _driver_advice(cp: Any, exc: Exception) -> str:
     return f"no usable CUDA device ({exc})"
 
 
+class CupyModule:
+    """One rendered source's kernels on the GPUs of a process: the image compiled once per
+    compute capability (:func:`~hipress.compll.backends.cuda.nvrtc.device_image`, through the
+    kernel cache), loaded into a device's context the first time that device needs it."""
+
+    def __init__(self, src: CudaSource, cache: KernelCache) -> None:
+        self.src = src
+        self.cache = cache
+        self._images: dict[tuple[int, int], bytes] = {}
+        self._modules: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def image(self, capability: tuple[int, int]) -> bytes:
+        img = self._images.get(capability)
+        if img is None:
+            img = device_image(self.src.source, capability, "kernels.cu", self.cache)
+            self._images[capability] = img
+        return img
+
+    def on(self, cp: Any, idx: int) -> Any:
+        """The CuPy module loaded on device ``idx`` (compiled and loaded on first use)."""
+        mod = self._modules.get(idx)
+        if mod is None:
+            with self._lock:
+                mod = self._modules.get(idx)
+                if mod is None:
+                    img = self.image(torch.cuda.get_device_capability(idx))
+                    with cp.cuda.Device(idx):
+                        mod = cp.cuda.function.Module()
+                        mod.load(img)
+                    self._modules[idx] = mod
+        return mod
+
+
 class CupyRuntime:
-    """Kernels compiled by NVRTC and launched through CuPy on torch's current stream."""
+    """Kernels compiled by hipress's NVRTC call (:data:`NVRTC_OPTIONS`: IEEE float32, no
+    flush-to-zero) and launched through CuPy on torch's current stream. ``cache``: where
+    compiled images are kept (default: the user's kernel cache)."""
 
     name = "cupy"
     device_type = "cuda"
     blocks_per_sm = 8  # 8 blocks of 256 threads fill an SM
 
-    def __init__(self) -> None:
+    def __init__(self, cache: KernelCache | None = None) -> None:
         self.cp = _cupy()
+        self.cache = cache or KernelCache.from_env()
         self._functions: dict[tuple[int, int, str], Any] = {}
         self._sms: dict[int, int] = {}
         self._dtypes: dict[int, Any] = {}
         self._streams: dict[tuple[int, int], Any] = {}
 
-    def load(self, src: CudaSource) -> Any:
-        return self.cp.RawModule(code=src.source, options=NVRTC_OPTIONS)
+    def load(self, src: CudaSource, device: torch.device | None = None) -> CupyModule:
+        """``src``'s kernels, compiled (or found in the cache) and loaded on ``device`` (default:
+        torch's current CUDA device) now, so that no launch compiles."""
+        module = CupyModule(src, self.cache)
+        idx = device.index if device is not None and device.index is not None else None
+        module.on(self.cp, idx if idx is not None else torch.cuda.current_device())
+        return module
 
-    def launch(self, module: Any, kernel: str, grid: int, block: int, args: bytes,
+    def prepare(self, module: CupyModule, device: torch.device) -> None:
+        """Compile and load ``module`` for ``device`` now (a no-op where it is loaded)."""
+        module.on(self.cp, device.index if device.index is not None else
+                  torch.cuda.current_device())  # fmt: skip
+
+    def launch(self, module: CupyModule, kernel: str, grid: int, block: int, args: bytes,
                fields: Sequence[Field], device: torch.device) -> None:  # fmt: skip
         import numpy as np
 
@@ -223,7 +271,7 @@ class CupyRuntime:
             key = (id(module), idx, kernel)
             fn = self._functions.get(key)
             if fn is None:
-                fn = self._functions[key] = module.get_function(kernel)
+                fn = self._functions[key] = module.on(cp, idx).get_function(kernel)
             ptr = torch.cuda.current_stream(idx).cuda_stream
             stream = self._streams.get((idx, ptr))
             if stream is None:
@@ -243,6 +291,6 @@ class CupyRuntime:
 
 
 __all__ = [
-    "NVRTC_OPTIONS", "BufferPool", "CudaUnavailable", "CupyRuntime", "Runtime", "select_topk",
+    "NVRTC_OPTIONS", "BufferPool", "CudaUnavailable", "CupyModule", "CupyRuntime", "Runtime", "select_topk",
     "stable_sort",
 ]  # fmt: skip
