@@ -153,3 +153,40 @@ def test_stochastic_rounding_depends_on_step_seed_and_tensor() -> None:
     st = a.init_state(1000)
     a.encode(g, st)
     assert not torch.equal(ref, a.encode(g, st))
+
+
+def test_prepare_builds_the_kernels_before_the_first_call(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """prepare() compiles (or finds in the cache) what the first call on a device would;
+    prepare_all does it for several algorithms on parallel threads; the calls then compile
+    nothing."""
+    from pathlib import Path
+
+    from hipress.compll import prepare_all
+
+    monkeypatch.setenv("HIPRESS_CACHE_DIR", str(tmp_path))
+
+    def files() -> set[Path]:
+        return {p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+    algs = [load(name) for name in ("onebit", "terngrad", "topk")]
+    assert files() == set()
+    prepare_all(algs, "cpu")
+    built = files()
+    assert len(built) >= len(algs)
+    for alg in algs:
+        x = torch.randn(5000)
+        alg.decode(alg.encode(x, alg.init_state(5000)), 5000)
+    assert files() == built
+    assert algs[0].prepare("cpu") is algs[0] and files() == built
+
+
+def test_prepare_for_a_device_the_kernels_cannot_run_on_is_a_clear_error() -> None:
+    try:
+        import cupy  # type: ignore[import-not-found]  # noqa: F401
+
+        if torch.cuda.is_available():
+            pytest.skip("CUDA runs here")
+    except ImportError:
+        pass
+    with pytest.raises(BackendError, match="CUDA backend cannot run here"):
+        load("onebit").prepare("cuda")

@@ -115,6 +115,36 @@ def test_a_compressed_step_never_waits_for_the_gpu() -> None:
     run_workers(_no_waits, 1, backend="nccl", timeout=300)
 
 
+def _first_step(rank: int, world: int, root: str) -> tuple[int, int]:
+    """(files in a fresh kernel cache after register, files the first step added) on a GPU."""
+    import os
+    from pathlib import Path
+
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hipress.casync import register
+
+    os.environ["HIPRESS_CACHE_DIR"] = root
+
+    def files() -> set[Path]:
+        return {p for p in Path(root).rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(dev)
+    ddp = DDP(model, device_ids=[dev.index])
+    register(ddp, "dgc", seed=1, log_every=0, rule=None)
+    built = files()
+    ddp(torch.randn(64, 512, device=dev)).square().mean().backward()
+    torch.cuda.synchronize()
+    return len(built), len(files() - built)
+
+
+def test_the_first_step_on_a_gpu_compiles_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    built, added = run_workers(_first_step, 1, str(tmp_path), backend="nccl", timeout=300)[0]
+    assert built > 0 and added == 0
+
+
 def _auto(rank: int, world: int) -> int:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP

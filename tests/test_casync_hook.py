@@ -8,6 +8,7 @@ import io
 import os
 import pickle
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,6 +89,31 @@ def _uncompressed_vs_ddp(rank: int, world_size: int, steps: int) -> None:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_uncompressed_equals_ddp_bit_for_bit(world_size: int) -> None:
     run_workers(_uncompressed_vs_ddp, world_size, 4)
+
+
+# ---- kernels are built at register(), not in the first step ---------------------------------
+
+
+def _cache_files(root: str) -> set[str]:
+    return {str(p) for p in Path(root).rglob("*") if p.is_file() and not p.name.endswith(".lock")}
+
+
+def _first_step_compiles_nothing(rank: int, world_size: int, root: str) -> tuple[int, int]:
+    """(files in a fresh kernel cache after register, files the first step added)."""
+    cache = os.path.join(root, f"rank{rank}")
+    os.environ["HIPRESS_CACHE_DIR"] = cache
+    model = _model(0)
+    ddp = _ddp(model)
+    plan = _plan("onebit", model, world_size)
+    register(ddp, "onebit", plan=plan, seed=1, log_every=0)
+    built = _cache_files(cache)
+    _step(ddp, rank, 0, torch.float32)
+    return len(built), len(_cache_files(cache) - built)
+
+
+def test_kernels_are_built_at_register_and_the_first_step_compiles_nothing(tmp_path) -> None:
+    for built, added in run_workers(_first_step_compiles_nothing, 2, str(tmp_path)):
+        assert built > 0 and added == 0
 
 
 # ---- compressed, through DDP, against the reference ------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ __all__ = [
     "decode_mean",
     "encode_reporting",
     "init_chunk_states",
+    "prepare_kernels",
     "rank_seed",
     "recompressible",
     "resolve_algorithm",
@@ -94,6 +95,26 @@ def resolve_algorithm(
     if params:
         raise CaSyncError("params are only accepted with an algorithm name, not an object")
     return algorithm
+
+
+def prepare_kernels(alg: CompressionAlgorithm, devices: Iterable[torch.device | str]) -> None:
+    """Build ``alg``'s kernels for every device in ``devices`` now (CompLL's
+    ``Algorithm.prepare``: generate, compile or find in the kernel cache, load), so that no
+    training step compiles; algorithms without ``prepare`` have nothing to build. Meta
+    tensors' devices are skipped. Raises :class:`CaSyncError` where the kernels cannot run on a
+    device (e.g. CUDA tensors without CuPy), saying why."""
+    prep = getattr(alg, "prepare", None)
+    if prep is None:
+        return
+    from hipress.compll import CllError  # deferred: CaSync's uncompressed path needs no compiler
+
+    for device in dict.fromkeys(torch.device(d) for d in devices):
+        if device.type == "meta":
+            continue
+        try:
+            prep(device)
+        except CllError as exc:
+            raise CaSyncError(f"the {alg.name} kernels cannot run on {device}:\n{exc}") from exc
 
 
 RECOMPRESS_VARIANCE_MAX = 4.0  # the error of compressing twice, against once, in variance

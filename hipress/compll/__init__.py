@@ -19,6 +19,7 @@ from hipress.compll.algorithm import (
     load,
     load_file,
     load_source,
+    prepare_all,
     shipped_path,
 )
 from hipress.compll.backends.base import BackendError
@@ -44,5 +45,6 @@ __all__ = [
     "load",
     "load_file",
     "load_source",
+    "prepare_all",
     "shipped_path",
 ]

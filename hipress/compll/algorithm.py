@@ -112,6 +112,18 @@ class Algorithm:
                 )
         return State(n=n, tensors=tensors, step=0, seed=seed, tensor_id=tensor_id)
 
+    def prepare(self, device: torch.device | str = "cpu") -> Algorithm:
+        """Build the kernels that run tensors on ``device`` now (generate, compile or find
+        them in the kernel cache, load them): what the first encode or decode there would
+        otherwise do, inside a training step. A no-op where they are ready or the backend
+        compiles nothing. Returns ``self``. Raises
+        :class:`~hipress.compll.backends.base.BackendError` where the kernels cannot run on
+        ``device`` (e.g. no CuPy for a CUDA device)."""
+        prep = getattr(self.backend, "prepare", None)
+        if prep is not None:
+            prep(torch.device(device))
+        return self
+
     def encode(
         self, grad: torch.Tensor, state: State, out: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -241,6 +253,25 @@ def shipped_path(name: str) -> Path:
     if not p.is_file():
         raise CllError(f"unknown algorithm {name!r}; shipped: {', '.join(algorithms())}")
     return Path(str(p))
+
+
+def prepare_all(algs: Sequence[Algorithm], device: torch.device | str = "cpu",
+                max_workers: int | None = None) -> None:  # fmt: skip
+    """:meth:`Algorithm.prepare` for every algorithm in ``algs``, on up to ``max_workers``
+    threads (default: one per algorithm, at most 8): compilers run as other processes (C) or
+    without Python's lock (NVRTC), so distinct algorithms compile in parallel. Raises the first
+    algorithm's error, after every compile has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    algs = list(algs)
+    if len(algs) <= 1 or max_workers == 1:
+        for a in algs:
+            a.prepare(device)
+        return
+    with ThreadPoolExecutor(max_workers or min(8, len(algs))) as pool:
+        futures = [pool.submit(a.prepare, device) for a in algs]
+    for f in futures:
+        f.result()
 
 
 def algorithms() -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import resolve_algorithm
+from hipress.casync.algorithm import prepare_kernels, resolve_algorithm
 from hipress.casync.checkpoint import load_states, save_states
 from hipress.casync.errors import CaSyncError
 from hipress.casync.planning import DefaultRule, resolve_plan
@@ -329,13 +329,14 @@ def DistributedOptimizer(
     hvd = import_horovod()
     _check_unsupported(hvd, op, num_groups, groups, process_set)
     _check_options(backward_passes_per_step, gradient_predivide_factor, seed, rule, params)
-    try:
-        alg = resolve_algorithm(algorithm, params, backend)
-    except CaSyncError as exc:
-        raise HorovodSyncError(str(exc)) from exc
     names = _names(optimizer, named_parameters)
     named_numels = [(names[p], p.numel()) for p in names if p.requires_grad]
     devices = {names[p]: p.device for p in names if p.requires_grad}
+    try:
+        alg = resolve_algorithm(algorithm, params, backend)
+        prepare_kernels(alg, devices.values())
+    except CaSyncError as exc:
+        raise HorovodSyncError(str(exc)) from exc
     if isinstance(plan, str) and plan == "auto":
         plan = _auto_plan(hvd, alg, named_numels, next(iter(devices.values()), None))
     resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule)

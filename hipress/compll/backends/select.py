@@ -3,8 +3,9 @@
 - ``reference``: the reference interpreter (torch ops; any device; the definition).
 - ``cpu``: the generated C kernel (:mod:`hipress.compll.backends.c.native`); compiled when loaded.
 - ``cuda``: the generated CUDA kernel (:mod:`hipress.compll.backends.cuda.backend`); needs CuPy and a GPU.
-- ``auto``: per call, by the device of the tensors: CPU tensors run the C kernel (compiled at
-  the first CPU call), CUDA tensors the CUDA kernel, anything else the reference. Where the C
+- ``auto``: per call, by the device of the tensors: CPU tensors run the C kernel, CUDA tensors
+  the CUDA kernel, anything else the reference; each built at its first call, or before it by
+  ``Algorithm.prepare(device)`` (CaSync, FSDP and Horovod registration call it). Where the C
   kernel cannot run (no C compiler), the reference runs instead, after one
   :class:`NativeUnavailableWarning`; an explicit ``cpu`` raises :class:`BackendError` instead. CUDA tensors never fall back: if the CUDA kernel cannot run
   (no CuPy, a CuPy built for a newer CUDA than the driver), the call raises
@@ -120,6 +121,18 @@ class AutoBackend:
                 self._cuda = cuda_backend(self.program)
             return self._cuda
         return self.reference
+
+    def prepare(self, device: torch.device) -> None:
+        """Build (compile, load) the backend for ``device`` now rather than at its first call:
+        on a CUDA device, for that device's architecture."""
+        if device.type == "cuda" and self._cuda is None and torch.cuda.is_available():
+            with torch.cuda.device(device):
+                backend = self.backend_for(device)
+        else:
+            backend = self.backend_for(device)
+        prep = getattr(backend, "prepare", None)
+        if prep is not None:
+            prep(device)
 
     def encode(
         self, grad: torch.Tensor, state: State, out: torch.Tensor
