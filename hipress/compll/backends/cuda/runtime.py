@@ -252,7 +252,7 @@ class CupyRuntime:
         module.on(self.cp, device.index if device.index is not None else
                   torch.cuda.current_device())  # fmt: skip
 
-    def launch(self, module: CupyModule, kernel: str, grid: int, block: int, args: bytes,
+    def launch(self, module: CupyModule | Any, kernel: str, grid: int, block: int, args: bytes,
                fields: Sequence[Field], device: torch.device) -> None:  # fmt: skip
         import numpy as np
 
@@ -271,7 +271,9 @@ class CupyRuntime:
             key = (id(module), idx, kernel)
             fn = self._functions.get(key)
             if fn is None:
-                fn = self._functions[key] = module.on(cp, idx).get_function(kernel)
+                # (a CuPy module loaded elsewhere, e.g. by a subclass's load, runs as it is)
+                mod = module.on(cp, idx) if isinstance(module, CupyModule) else module
+                fn = self._functions[key] = mod.get_function(kernel)
             ptr = torch.cuda.current_stream(idx).cuda_stream
             stream = self._streams.get((idx, ptr))
             if stream is None:
