@@ -8,9 +8,13 @@ and C++ compilers), then checks, on the device models will train on:
   sizes, float32/float16/bfloat16 and strided gradients. On a GPU the CUDA kernels; on a CPU the
   C kernels, and the CUDA kernels on the CPU emulator where a C++ compiler is found.
 - speed: encode and decode GB/s of gradient against the device's copy bandwidth, measured now.
-- training (launched with ``torchrun --nproc-per-node N``): CaSync as a DDP hook over NCCL (CUDA)
-  or gloo (CPU) for a few steps of a small model: uncompressed equals plain DDP bit for bit, and
-  compressed training stays near plain DDP's loss.
+- training (launched with ``torchrun --nproc-per-node N``; :mod:`hipress.selftest_dist`), over
+  NCCL (CUDA) or gloo (CPU): CaSync as a DDP hook for a few steps of a small model (uncompressed
+  equals plain DDP bit for bit; onebit and terngrad, compressing the tensors above CaSync's
+  threshold, stay near plain DDP's loss), and hipress.fsdp's compressed reduce-scatter (against
+  its reference model bit for bit; on several ranks also through ``fully_shard``, near plain
+  FSDP2). Each compressed check reports how much it compressed (``compressed``: tensors,
+  reduce-scatters or FSDP units), read back from the state after the run, and fails if nothing.
 
 What it cannot check here it skips, and says why. Exit status 0 when every check that ran
 passed. The report is also written as JSON (``--out``).
@@ -31,17 +35,22 @@ import torch
 
 from hipress.timing import best_of
 
-__all__ = ["Report", "run_selftest"]
+__all__ = ["THRESHOLD_ENV", "Report", "print_report", "run_selftest"]
+
+THRESHOLD_ENV = "HIPRESS_SELFTEST_MIN_COMPRESS_NUMEL"  # see run_selftest
 
 
 @dataclass
 class Report:
     """What the self-test found: ``found`` (name -> version or reason), ``checks`` (name ->
-    "pass", "FAIL: ..." or "skipped: ..."), ``speed`` (the device, its copy GB/s, and per
-    algorithm encode and decode GB/s of gradient)."""
+    "pass", "FAIL: ..." or "skipped: ..."), ``figures`` (check name -> what it measured, e.g.
+    ``{"compressed": 2, ...}``; a check records them as it runs, so a failed one has them
+    too), ``speed`` (the device, its copy GB/s, and per algorithm encode and decode GB/s of
+    gradient)."""
 
     found: dict[str, str] = field(default_factory=dict)
     checks: dict[str, str] = field(default_factory=dict)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
     speed: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -213,64 +222,16 @@ def speed(report: Report, device: torch.device, n: int, make: Callable[[str], An
                     "units": "GB/s of float32 gradient", "algorithms": rows}  # fmt: skip
 
 
-# ---------------------------------------------------------------- training under torchrun
-
-
-def training_check(report: Report, device: torch.device, steps: int = 6) -> None:
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from hipress.casync import register
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-
-    def model() -> nn.Module:
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
-
-    def train(hook: str | None) -> tuple[list[float], list[torch.Tensor]]:
-        m = model()
-        ddp = DDP(m, device_ids=[device.index] if device.type == "cuda" else None)
-        if hook is not None:
-            register(ddp, None if hook == "none" else hook, seed=1, log_every=0)
-        opt = torch.optim.SGD(m.parameters(), lr=0.05)
-        gen = torch.Generator().manual_seed(100 + rank)
-        losses, grads = [], []
-        for _ in range(steps):
-            xb = torch.randn(32, 64, generator=gen).to(device)
-            yb = torch.randint(0, 10, (32,), generator=gen).to(device)
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(ddp(xb), yb)
-            loss.backward()
-            grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]).cpu())
-            opt.step()
-            losses.append(float(loss.detach()))
-        return losses, grads
-
-    def uncompressed() -> None:
-        _, plain = train(None)
-        _, ours = train("none")
-        if not all(torch.equal(a, b) for a, b in zip(plain, ours, strict=True)):
-            raise AssertionError("uncompressed CaSync gradients differ from DDP's")
-
-    def compressed() -> None:
-        plain, _ = train(None)
-        for alg in ("onebit", "terngrad"):
-            got, _ = train(alg)
-            if not all(abs(a - b) < 0.25 for a, b in zip(plain, got, strict=True)):
-                raise AssertionError(f"{alg}: losses {got} drift from DDP's {plain}")
-
-    what = f"{dist.get_backend()} on {device.type}, {world} ranks"
-    report.check(f"training ({what}): uncompressed = DDP bit for bit", uncompressed)
-    report.check(f"training ({what}): onebit, terngrad near DDP", compressed)
-
-
 # ---------------------------------------------------------------- the command
 
 
-def run_selftest(quick: bool = False, out: Path | None = None) -> Report:
-    """Run every check this machine allows (see module doc); return the report."""
+def run_selftest(quick: bool = False, out: Path | None = None,
+                 min_compress_numel: int | None = None) -> Report:  # fmt: skip
+    """Run every check this machine allows (see module doc); return the report.
+
+    ``min_compress_numel`` is the compression threshold of the checks under torchrun (default:
+    ``$HIPRESS_SELFTEST_MIN_COMPRESS_NUMEL``, else CaSync's and hipress.fsdp's own); one above
+    every tensor makes them compress nothing, and fail."""
     import torch.distributed as dist
 
     from hipress.compll import Algorithm, load
@@ -308,10 +269,16 @@ def run_selftest(quick: bool = False, out: Path | None = None) -> Report:
             report.checks["CUDA kernels (emulated)"] = "skipped: no C++ compiler"
         speed(report, cpu, 1 << 20 if quick else 1 << 24, lambda n: load(n, backend="cpu"))
     if launched:
+        from hipress.selftest_dist import fsdp_checks, training_checks
+
         backend = "nccl" if gpu else "gloo"
         if not dist.is_initialized():
             dist.init_process_group(backend)
-        training_check(report, device or torch.device("cpu"))
+        if min_compress_numel is None and os.environ.get(THRESHOLD_ENV):
+            min_compress_numel = _threshold(report, os.environ[THRESHOLD_ENV])
+        on = device or torch.device("cpu")
+        training_checks(report, on, min_compress_numel)
+        fsdp_checks(report, on, min_compress_numel)
         import gc
 
         gc.collect()  # every DDP model and hook state gone before the group
@@ -326,8 +293,21 @@ def run_selftest(quick: bool = False, out: Path | None = None) -> Report:
         rank = os.environ.get("RANK", "0")
         path = out if not launched else out.with_name(f"{out.stem}-rank{rank}{out.suffix}")
         path.write_text(json.dumps({"found": report.found, "checks": report.checks,
-                                    "speed": report.speed, "ok": report.ok}, indent=2) + "\n")  # fmt: skip
+                                    "figures": report.figures, "speed": report.speed,
+                                    "ok": report.ok}, indent=2) + "\n")  # fmt: skip
     return report
+
+
+def _threshold(report: Report, text: str) -> int | None:
+    """``$HIPRESS_SELFTEST_MIN_COMPRESS_NUMEL`` as a number, else None and a failed check."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        report.checks[THRESHOLD_ENV] = f"FAIL: must be a whole number >= 1, got {text!r}"
+        return None
+    return value
 
 
 def print_report(report: Report, stream: Any = sys.stdout) -> None:
@@ -337,8 +317,10 @@ def print_report(report: Report, stream: Any = sys.stdout) -> None:
         print(f"  {k:<{w}}  {v}", file=stream)
     print("checks:", file=stream)
     for k, v in report.checks.items():
+        figures = ", ".join(f"{f} {x}" for f, x in report.figures.get(k, {}).items())
         print(f"  {'ok  ' if v == 'pass' else '----' if v.startswith('skip') else 'FAIL'} {k}"
-              f"{'' if v == 'pass' else ': ' + v}", file=stream)  # fmt: skip
+              f"{'' if v == 'pass' else ': ' + v}{f' [{figures}]' if figures else ''}",
+              file=stream)  # fmt: skip
     sp = report.speed
     if sp:
         print(f"speed on {sp['device']}, {sp['floats']} floats ({sp['units']}; copy "

@@ -26,7 +26,8 @@ def add_parser(sub: Any) -> None:
     t = sub.add_parser(
         "selftest",
         help="check this installation: kernels against the reference on this device, their "
-        "speed, and (under torchrun) the DDP hook against plain DDP",
+        "speed, and (under torchrun) the DDP hook against plain DDP and hipress.fsdp's "
+        "compressed reduce-scatter",
     )
     t.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
     t.add_argument("--out", default=f"{RESULTS}/selftest.json",
