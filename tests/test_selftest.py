@@ -167,3 +167,21 @@ def test_a_bad_threshold_in_the_environment_is_a_failed_check(text: str) -> None
     assert _threshold(r, text) is None
     assert r.checks[THRESHOLD_ENV] == f"FAIL: must be a whole number >= 1, got {text!r}"
     assert _threshold(r, "70000") == 70000
+
+
+def test_the_kernels_are_built_up_front_on_parallel_threads(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What the GPU path does before its kernel checks, here for the CPU: every algorithm's
+    kernels built (in a fresh cache) before any check runs, the time reported."""
+    from hipress.compll import algorithms
+    from hipress.selftest import Report, _prepared_in_parallel
+
+    monkeypatch.setenv("HIPRESS_CACHE_DIR", str(tmp_path))
+    report = Report()
+    get = _prepared_in_parallel(report, torch.device("cpu"))
+    built = {p for p in tmp_path.rglob("*.so")}
+    assert len(built) >= len(algorithms())
+    assert "kernel build" in report.found
+    x = torch.randn(1000)
+    alg = get("onebit")
+    alg.decode(alg.encode(x, alg.init_state(1000)), 1000)
+    assert {p for p in tmp_path.rglob("*.so")} == built
