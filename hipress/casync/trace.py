@@ -11,6 +11,14 @@ model's forward and backward; when no profiler runs that costs nothing.
 Each collective (and each ring hop) is an interval from its issue to its completion on a lane of
 its own (``network``): collectives overlap each other and the hook's work, which is the point.
 
+On a GPU, where the host only launches kernels and enqueues collectives, the times come from
+events in the streams' order (:mod:`hipress.casync.clock`): the ``network`` intervals run from
+when the issuing stream reached each collective to when it ended; each encode, decode and copy
+is a span of the stream's time on the ``device`` lane, and the host's part of it (launching) a
+span of category ``issue`` named after it on the thread's lane. Such spans are read once the
+device has done the work: at the next step's start, or when the spans are read or written
+(the file is written once they all are).
+
 Recording a trace file: :meth:`Tracer.record` (or :meth:`CaSyncState.trace
 <hipress.casync.state.CaSyncState.trace>`) keeps the spans of the next ``steps`` steps and
 writes them, when the last one ends, as Chrome trace-event JSON (open it in Perfetto or
@@ -30,15 +38,17 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hipress.casync.clock import Lap
 from hipress.casync.errors import CaSyncError
 from hipress.casync.logs import RANK_FILTER
 
-__all__ = ["CATEGORIES", "NETWORK_LANE", "Tracer", "trace_path"]
+__all__ = ["CATEGORIES", "DEVICE_LANE", "NETWORK_LANE", "Tracer", "trace_path"]
 
 logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
@@ -58,6 +68,10 @@ CATEGORIES = (
 )
 #: The lane (a Chrome trace "thread") collectives are drawn on.
 NETWORK_LANE = "network"
+#: The lane of the device's work (GPU encodes, decodes and copies, in the streams' time).
+DEVICE_LANE = "device"
+# how long reading the spans waits for the device work of a recording before leaving it out
+_WAIT_S = 120.0
 
 _PROFILER_ON = getattr(torch.autograd, "_profiler_enabled", lambda: False)
 # tracers whose recorded steps are done but whose file waits for the next step: written at
@@ -70,6 +84,18 @@ def _flush() -> None:
     for tracer in list(_PENDING):
         with contextlib.suppress(Exception):
             tracer.stop()
+
+
+@dataclass(frozen=True, eq=False)
+class _Timed:
+    """A span whose lap waits for the device: the recording it goes to and its fields."""
+
+    target: list[dict[str, Any]]
+    name: str
+    cat: str
+    lap: Lap
+    tid: int | str
+    args: dict[str, Any]
 
 
 def trace_path(path: str | os.PathLike[str], rank: int) -> Path:
@@ -107,6 +133,8 @@ class Tracer:
         self.written: Path | None = None
         self._kept: list[dict[str, Any]] = []
         self._closing = False  # the recorded steps are done: stop at the next step
+        self._laps: list[_Timed] = []  # spans of stream-ordered laps, until their events complete
+        self._unwritten: list[dict[str, Any]] | None = None  # done, waiting for its laps
 
     # ---- recording ----------------------------------------------------------------------------
 
@@ -126,6 +154,8 @@ class Tracer:
         ``meta`` goes into the file's ``metadata``."""
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise CaSyncError(f"a trace needs steps >= 1 (or None), got {steps!r}")
+        if self._unwritten is not None:  # an earlier recording waits for its device spans
+            self.stop()
         with self._lock:
             self._events = []
             self._steps_left = steps or 0
@@ -135,10 +165,14 @@ class Tracer:
             self.written = None
 
     def stop(self) -> Path | None:
-        """Stop keeping spans; write them if a path was given. Returns the file written."""
+        """Stop keeping spans; write them if a path was given (after waiting for the device
+        work of their stream-ordered spans). Returns the file written."""
         with self._lock:
             events, self._events = self._events, None
             self._closing = False
+            if events is None:
+                events, self._unwritten = self._unwritten, None
+        self._read(block=True)
         _PENDING.discard(self)
         if events is None:
             return None
@@ -160,13 +194,36 @@ class Tracer:
                     _PENDING.add(self)
 
     def step_opened(self) -> None:
-        """A step's first bucket arrived: stop and write if the recorded steps are done."""
+        """A step's first bucket arrived: read the stream-ordered spans whose events have
+        completed; stop if the recorded steps are done, and write them once all their spans
+        are read (never waits)."""
+        if self._laps:
+            self._read(block=False)
         if self._closing:
-            self.stop()
+            with self._lock:
+                events, self._events = self._events, None
+                self._closing = False
+                if events is not None:
+                    self._unwritten = events
+        self._write_read()
+
+    def _write_read(self) -> None:
+        """Write the finished recording if none of its spans waits for the device."""
+        with self._lock:
+            events = self._unwritten
+            if events is None or any(entry.target is events for entry in self._laps):
+                return
+            self._unwritten = None
+        _PENDING.discard(self)
+        self._kept = events
+        if self._path is not None:
+            self._write(events)
 
     def events(self) -> list[dict[str, Any]]:
         """The spans of the last finished recording (or of the current one), as Chrome
-        trace events."""
+        trace events (after waiting for the device work of their stream-ordered spans)."""
+        self._read(block=True)
+        self._write_read()
         with self._lock:
             if self._events is not None:
                 return list(self._events)
@@ -199,6 +256,14 @@ class Tracer:
         if self._events is None:
             return
         tid: int | str = lane if lane is not None else self._thread_lane()
+        event = self._event(name, cat, t0, dur, tid, args)
+        with self._lock:
+            if self._events is not None:
+                self._events.append(event)
+
+    def _event(
+        self, name: str, cat: str, t0: float, dur: float, tid: int | str, args: dict[str, Any]
+    ) -> dict[str, Any]:
         event = {
             "name": name,
             "cat": cat,
@@ -213,14 +278,58 @@ class Tracer:
             event["s"] = "t"
         if args:
             event["args"] = args
-        with self._lock:
-            if self._events is not None:
-                self._events.append(event)
+        return event
 
     def interval(self, name: str, t0: float, t1: float, **args: Any) -> None:
         """A collective (or ring hop) from its issue at ``t0`` to its completion at ``t1``
         on the network lane."""
         self.span_event(name, "comm", t0, max(t1 - t0, 0.0), lane=NETWORK_LANE, **args)
+
+    def lap(self, name: str, cat: str, lap: Lap, lane: str | None = None, **args: Any) -> None:
+        """A span timed by ``lap`` (:mod:`hipress.casync.clock`), on ``lane`` or the calling
+        thread's: at once for a lap of the wall clock, else once its events have completed."""
+        if self._events is None:
+            return
+        if lap.known:
+            t0, t1 = lap.bounds()
+            self.span_event(name, cat, t0, max(t1 - t0, 0.0), lane=lane, **args)
+            return
+        tid: int | str = lane if lane is not None else self._thread_lane()
+        with self._lock:
+            if self._events is not None:
+                self._laps.append(_Timed(self._events, name, cat, lap, tid, args))
+
+    def _read(self, block: bool) -> None:
+        """Turn the stream-ordered laps that have completed into spans, in order (``block``:
+        all of them, waiting for the device; a lap not done within a long timeout is
+        dropped)."""
+        with self._lock:
+            pending = list(self._laps)
+        done: list[tuple[_Timed, dict[str, Any] | None]] = []
+        deadline = time.monotonic() + _WAIT_S
+        for entry in pending:
+            if not entry.lap.ready():
+                if not block:
+                    break
+                if not entry.lap.wait(max(deadline - time.monotonic(), 0.0)):
+                    done.append((entry, None))
+                    continue
+            t0, t1 = entry.lap.bounds()
+            dur = max(t1 - t0, 0.0)
+            done.append((entry, self._event(entry.name, entry.cat, t0, dur, entry.tid,
+                                            entry.args)))  # fmt: skip
+        if not done:
+            return
+        dropped = sum(event is None for _, event in done)
+        if dropped:
+            logger.warning("casync: %d device spans did not complete; left out of the trace",
+                           dropped)  # fmt: skip
+        with self._lock:
+            read = {id(entry) for entry, _ in done}
+            self._laps = [entry for entry in self._laps if id(entry) not in read]
+            for entry, event in done:
+                if event is not None:
+                    entry.target.append(event)
 
     def _thread_lane(self) -> int:
         ident = threading.get_ident()
@@ -242,13 +351,15 @@ class Tracer:
     def to_json(self, events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The Chrome trace-event document of ``events`` (default: :meth:`events`): the spans,
         lane names, and ``metadata`` (rank, what :meth:`record` was given)."""
-        events = _network_lanes(self.events() if events is None else events)
+        events = self.events() if events is None else events
+        events = _spread(_spread(events, NETWORK_LANE), DEVICE_LANE)
         names = [
             {"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}},
             {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": NETWORK_LANE,
              "args": {"name": NETWORK_LANE}},
         ]  # fmt: skip
-        for lane in sorted({e["tid"] for e in events if e.get("cat") == "comm"} - {NETWORK_LANE}):
+        for lane in sorted({e["tid"] for e in events if isinstance(e["tid"], str)}
+                           - {NETWORK_LANE}):  # fmt: skip
             names.append(
                 {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": lane,
                  "args": {"name": lane}}
@@ -276,13 +387,14 @@ class Tracer:
         return path
 
 
-def _network_lanes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``events`` with overlapping collectives spread over lanes ``network``, ``network 2``,
-    ... (each its first free one), since spans on one lane must nest."""
+def _spread(events: list[dict[str, Any]], lane: str) -> list[dict[str, Any]]:
+    """``events`` with the overlapping spans of ``lane`` (collectives on ``network``, the
+    streams' work on ``device``) spread over lanes ``lane``, ``lane 2``, ... (each its first
+    free one), since spans on one lane must nest."""
     out: list[dict[str, Any]] = []
     ends: list[float] = []
     for e in sorted(events, key=lambda e: e["ts"]):
-        if e.get("tid") != NETWORK_LANE:
+        if e.get("tid") != lane:
             out.append(e)
             continue
         free = [i for i, end in enumerate(ends) if end <= e["ts"]]
@@ -290,5 +402,5 @@ def _network_lanes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not free:
             ends.append(0.0)
         ends[i] = e["ts"] + e.get("dur", 0.0)
-        out.append({**e, "tid": NETWORK_LANE if i == 0 else f"{NETWORK_LANE} {i + 1}"})
+        out.append({**e, "tid": lane if i == 0 else f"{lane} {i + 1}"})
     return out
