@@ -12,7 +12,6 @@ passes it to :meth:`StepEngine.submit`.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,10 +19,12 @@ import torch
 import torch.distributed as dist
 
 from hipress.casync.bulk import BucketSchedule, Workspace, schedule_bucket
+from hipress.casync.clock import Lap
 from hipress.casync.errors import CaSyncError, CommError
 from hipress.casync.logs import RANK_FILTER
 from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.op import BucketOp
+from hipress.casync.trace import NETWORK_LANE
 from hipress.casync.unused import UnusedGuard
 from hipress.core.layout import PlanLayout
 
@@ -133,7 +134,7 @@ class StepEngine:
         op: BucketOp | None = None
         try:
             schedule, workspace = self._schedule(names, buffer)
-            self.ctx.stats.bucket_submitted(last)
+            self.ctx.stats.bucket_submitted(last, buffer.device)
             if self.unused is not None:
                 self.unused.before_encode(names)
             op = BucketOp(self.ctx, schedule, workspace, buffer)
@@ -192,17 +193,18 @@ class StepEngine:
         """A warm-up step's bucket: DDP's default hook (divide, then allreduce)."""
         stats = self.ctx.stats
         nbytes = buffer.numel() * buffer.element_size()
-        stats.bucket_submitted(last)
+        stats.bucket_submitted(last, buffer.device)
         stats.add(bytes_uncompressed=nbytes, bytes_sent=nbytes, collectives=1)
         buffer.div_(self.ctx.world_size)
-        tracer = stats.tracer
-        t_issue = time.perf_counter()
+        tracer, clock = stats.tracer, stats.clock
+        start = clock.mark()
         try:
             with tracer.span("issue", "issue", what="warm-up allreduce"):
                 work = dist.all_reduce(buffer, group=group, async_op=True)
         except Exception as exc:
             stats.abandon_step()
             raise CommError(f"CaSync: warm-up allreduce could not be issued: {exc}") from exc
+        end = clock.after([work])
 
         def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             # runs on the backend's thread: holds the stats, never the process group
@@ -214,7 +216,8 @@ class StepEngine:
                     "CaSync: warm-up allreduce failed (a peer may have exited or stalled past "
                     f"the process group's timeout; see the other ranks' logs): {exc}"
                 ) from exc
-            tracer.interval("warm-up allreduce", t_issue, time.perf_counter(), bytes=nbytes)
+            lap = Lap(start, end if end is not None else clock.mark())
+            tracer.lap("warm-up allreduce", "comm", lap, lane=NETWORK_LANE, bytes=nbytes)
             stats.bucket_finished()
             return out
 

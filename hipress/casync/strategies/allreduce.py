@@ -23,7 +23,7 @@ def start(op: BucketOp, group: dist.ProcessGroup | None) -> None:
     else:
         flat = op.staging
         pos = 0
-        with op.ctx.stats.tracer.span("copy", "copy"):
+        with op.ctx.stats.phase("copy"):
             for off, n in ranges:
                 flat[pos : pos + n].copy_(buf[off : off + n])
                 pos += n
@@ -39,7 +39,7 @@ def _finish(op: BucketOp, flat: torch.Tensor) -> None:
     ranges = op.schedule.allreduce_ranges
     if len(ranges) > 1:
         pos = 0
-        with op.ctx.stats.tracer.span("copy", "copy"):
+        with op.ctx.stats.phase("copy"):
             for off, n in ranges:
                 op.buffer[off : off + n].copy_(flat[pos : pos + n])
                 pos += n

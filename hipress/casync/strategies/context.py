@@ -88,12 +88,16 @@ class SyncContext:
     def codec(self, figure: str) -> Iterator[None]:
         """Hold :attr:`codec_lock` around one encode or decode call. The caller times the whole
         stage as ``figure`` (``encode_ms`` or ``decode_ms``); the time spent waiting here for
-        the lock (another thread's call) is taken out of it and counted as ``codec_wait_ms``,
-        so the two figures are compute, not turns at the lock."""
+        the lock (another thread's call) is counted as ``codec_wait_ms`` and, on the host's
+        clock, taken out of the figure, so the two figures are compute, not turns at the lock
+        (a stream-ordered figure holds a host wait only where the stream ran dry meanwhile)."""
         t = time.perf_counter()
         with self.codec_lock:
             waited = time.perf_counter() - t
-            self.stats.add(codec_wait_ms=waited, **{figure: -waited})
+            if self.stats.clock.on_host:
+                self.stats.add(codec_wait_ms=waited, **{figure: -waited})
+            else:  # the figure is the streams' time, which the host's wait is not part of
+                self.stats.add(codec_wait_ms=waited)
             if waited > 2e-5:
                 self.stats.tracer.span_event("codec lock", "lock", t, waited)
             try:

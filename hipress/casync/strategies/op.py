@@ -28,6 +28,12 @@ Each part records an event on the stream its last work went to; the last part ma
 wait for all of them and completes :attr:`BucketOp.future`, which is created for the buffer's
 device, so whoever waits on it (DDP) is ordered after every part.
 
+Times: collectives, encodes and decodes are timed by the stats' clock
+(:mod:`hipress.casync.clock`): on a CPU the wall clock at issue and at completion; on a GPU
+events in the streams' order (a collective from when the issuing stream reached it to its end
+on the NCCL stream, recorded at issue), read after the device has done the work, never waited
+for here.
+
 Non-finite inputs: a chunk whose input holds NaN/Inf on any rank comes out all-NaN on every rank
 (its flag travels in the round's message), and the states that encoded it are reset afterwards
 so error feedback is not poisoned. The set of collectives never depends on the data. Flags of
@@ -48,10 +54,12 @@ import torch.distributed as dist
 
 from hipress.casync.algorithm import encode_reporting
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
+from hipress.casync.clock import Lap, Mark
 from hipress.casync.errors import CaSyncError, CommError
 from hipress.casync.flags import Flag, FlagMode
 from hipress.casync.strategies import allgather, allreduce, ps
 from hipress.casync.strategies.context import RETIRED, SyncContext
+from hipress.casync.trace import NETWORK_LANE
 from hipress.core.plan import Strategy
 
 __all__ = ["BucketOp", "RoundIO"]
@@ -79,14 +87,14 @@ class RoundIO:
 
 @dataclass
 class _Deferred:
-    """A second phase waiting in :meth:`BucketOp.advance`: the work to wait for, when it was
-    issued and when it arrived, and what runs then."""
+    """A second phase waiting in :meth:`BucketOp.advance`: the work to wait for, its
+    communication time (from its issue to its arrival; none until it arrived), and what runs
+    then."""
 
     work: Any
     what: str
-    t_issue: float
     then: Callable[[Group], None]
-    arrived: float = 0.0
+    lap: Lap
 
 
 class BucketOp:
@@ -189,16 +197,18 @@ class BucketOp:
         """Issue a collective (``launch()`` returns its work; one call, ``nbytes`` sent) and,
         once it succeeded, record its communication time and run ``then(*args)`` on the
         completion thread (``what`` names it in errors)."""
-        tracer = self.ctx.stats.tracer
-        t_issue = time.perf_counter()
+        stats, tracer = self.ctx.stats, self.ctx.stats.tracer
+        clock = stats.clock
+        start = clock.mark()
         with tracer.span("issue", "issue", what=what):
             work = self.issued(launch())
-        self.ctx.stats.add(collectives=1, bytes_sent=nbytes)
+        end = clock.after([work])
+        stats.add(collectives=1, bytes_sent=nbytes)
 
         def timed() -> None:
-            t = time.perf_counter()
-            self.ctx.stats.add(comm_ms=t - t_issue)
-            tracer.interval(what, t_issue, t, bytes=nbytes)
+            lap = Lap(start, end if end is not None else clock.mark())
+            stats.add_lap("comm_ms", lap)
+            tracer.lap(what, "comm", lap, lane=NETWORK_LANE, bytes=nbytes)
             then(*args)
 
         work.get_future().add_done_callback(self._callback(what, timed))
@@ -208,17 +218,18 @@ class BucketOp:
     ) -> None:
         """Issue a collective like :meth:`issue`; :meth:`advance` waits for it and runs
         ``then(group)`` on the caller's thread (a second phase that issues more)."""
-        tracer = self.ctx.stats.tracer
-        t_issue = time.perf_counter()
+        tracer, clock = self.ctx.stats.tracer, self.ctx.stats.clock
+        start: Mark = clock.mark()
         with tracer.span("issue", "issue", what=what):
             work = self.issued(launch())
-        entry = _Deferred(work, what, t_issue, then, arrived=t_issue)
+        end = clock.after([work])
+        entry = _Deferred(work, what, then, lap=Lap(start, start))
         ran = threading.Event()
         self._ran.append(ran)
 
         def arrived(_f: torch.futures.Future[Any]) -> None:
-            entry.arrived = time.perf_counter()
-            tracer.interval(what, t_issue, entry.arrived, bytes=nbytes)
+            entry.lap = Lap(start, end if end is not None else clock.mark())
+            tracer.lap(what, "comm", entry.lap, lane=NETWORK_LANE, bytes=nbytes)
             ran.set()
 
         work.get_future().add_done_callback(arrived)
@@ -351,5 +362,6 @@ class BucketOp:
                     d.work.wait()
             except Exception as exc:
                 raise self.fail(exc, d.what) from exc
-            self.ctx.stats.add(wait_ms=time.perf_counter() - t, comm_ms=d.arrived - d.t_issue)
+            self.ctx.stats.add(wait_ms=time.perf_counter() - t)
+            self.ctx.stats.add_lap("comm_ms", d.lap)
             d.then(group)

@@ -48,8 +48,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from hipress.casync.clock import Lap, Mark
 from hipress.casync.errors import CaSyncError
 from hipress.casync.flags import Flag, FlagMode
+from hipress.casync.trace import NETWORK_LANE
 
 if TYPE_CHECKING:
     from hipress.casync.strategies.op import BucketOp
@@ -162,20 +164,22 @@ class _Hop:
 def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
     """Drive the rounds' hops round-robin: wait for one round's receive, run its next hop."""
     stats = op.ctx.stats
-    tracer = stats.tracer
+    tracer, clock = stats.tracer, stats.clock
     active = []
     for i in rounds:
         gen = _RingRound(op, i, group).hops()
         active.append((gen, next(gen)))
     while active:
         following = []
-        for gen, (work, t_post) in active:
+        for gen, (work, posted, arrived) in active:
             t = time.perf_counter()
             with tracer.span("wait", "wait", what="ring hop"):
                 work.wait()
             done = time.perf_counter()
-            stats.add(wait_ms=done - t, comm_ms=done - t_post)
-            tracer.interval("ring hop", t_post, done)
+            stats.add(wait_ms=done - t)
+            lap = Lap(posted, arrived if arrived is not None else clock.mark())
+            stats.add_lap("comm_ms", lap)
+            tracer.lap("ring hop", "comm", lap, lane=NETWORK_LANE)
             with contextlib.suppress(StopIteration):
                 following.append((gen, next(gen)))
         active = following
@@ -196,9 +200,10 @@ class _RingRound:
         self.tag = _TAG_BASE + i
         self.last_use: list[_Hop | None] = [None] * self.n  # the last hop that used each block
 
-    def _hop(self, s: int) -> tuple[_Hop, float]:
+    def _hop(self, s: int) -> tuple[_Hop, Mark, Mark | None]:
         """Send block ``s`` right and receive block ``s - 1`` from the left, in one batch;
-        returns the hop and the time it was posted."""
+        returns the hop, when it was posted and when it completed (None: marked when the
+        driver sees it complete), by the stats' clock."""
         n, into = self.n, (s - 1) % self.n
         before = self.last_use[into]
         if before is not None:  # the block still leaving must be gone before it is reused
@@ -213,7 +218,10 @@ class _RingRound:
         self.last_use[s] = self.last_use[into] = done
         self.op.issued(done)  # (drained after a failure)
         self.ctx.stats.add(collectives=1, bytes_sent=self.rnd.block_nbytes)
-        return done, time.perf_counter()
+        # (marked after posting: on a GPU, posting queues nothing on the current stream, so
+        # this mark is where the stream was when the hop was issued)
+        clock = self.ctx.stats.clock
+        return done, clock.mark(), clock.after(works)
 
     def _encode_own(self, s: int) -> None:
         """Reduce-scatter, hop 0: encode this rank's own shard ``s`` of every chunk."""
@@ -275,9 +283,9 @@ class _RingRound:
                 if target is not out:
                     out.copy_(target)
 
-    def hops(self) -> Iterator[tuple[_Hop, float]]:
+    def hops(self) -> Iterator[tuple[_Hop, Mark, Mark | None]]:
         """The round's hops; yields each receive to be waited for before going on, with the
-        time it was posted. Completes the op's part at the end."""
+        marks of :meth:`_hop`. Completes the op's part at the end."""
         n, r = self.n, self.r
         s = (r - 1) % n
         self._encode_own(s)
