@@ -301,35 +301,26 @@ class Tracer:
 
     def _read(self, block: bool) -> None:
         """Turn the stream-ordered laps that have completed into spans, in order (``block``:
-        all of them, waiting for the device; a lap not done within a long timeout is
-        dropped)."""
+        all of them, waiting for the device; one not done within a long timeout is dropped)."""
         with self._lock:
             pending = list(self._laps)
         done: list[tuple[_Timed, dict[str, Any] | None]] = []
         deadline = time.monotonic() + _WAIT_S
-        for entry in pending:
-            if not entry.lap.ready():
+        for e in pending:
+            if not e.lap.ready() and not (block and e.lap.wait(deadline - time.monotonic())):
                 if not block:
                     break
-                if not entry.lap.wait(max(deadline - time.monotonic(), 0.0)):
-                    done.append((entry, None))
-                    continue
-            t0, t1 = entry.lap.bounds()
-            dur = max(t1 - t0, 0.0)
-            done.append((entry, self._event(entry.name, entry.cat, t0, dur, entry.tid,
-                                            entry.args)))  # fmt: skip
-        if not done:
-            return
-        dropped = sum(event is None for _, event in done)
-        if dropped:
-            logger.warning("casync: %d device spans did not complete; left out of the trace",
-                           dropped)  # fmt: skip
+                logger.warning("casync: a device span did not complete; left out of the trace")
+                done.append((e, None))
+                continue
+            t0, t1 = e.lap.bounds()
+            done.append((e, self._event(e.name, e.cat, t0, max(t1 - t0, 0.0), e.tid, e.args)))
         with self._lock:
-            read = {id(entry) for entry, _ in done}
-            self._laps = [entry for entry in self._laps if id(entry) not in read]
-            for entry, event in done:
+            read = {id(e) for e, _ in done}
+            self._laps = [e for e in self._laps if id(e) not in read]
+            for e, event in done:
                 if event is not None:
-                    entry.target.append(event)
+                    e.target.append(event)
 
     def _thread_lane(self) -> int:
         ident = threading.get_ident()
