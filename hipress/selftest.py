@@ -306,7 +306,7 @@ def _prepared_in_parallel(report: Report, device: torch.device) -> Callable[[str
     from hipress.compll import algorithms, load
 
     def build(name: str) -> Any:
-        return load(name).prepare(device)
+        return load(name).build_kernels(device)
 
     t0 = time.perf_counter()
     names = algorithms()

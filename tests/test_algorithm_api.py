@@ -155,13 +155,13 @@ def test_stochastic_rounding_depends_on_step_seed_and_tensor() -> None:
     assert not torch.equal(ref, a.encode(g, st))
 
 
-def test_prepare_builds_the_kernels_before_the_first_call(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """prepare() compiles (or finds in the cache) what the first call on a device would;
-    prepare_all does it for several algorithms on parallel threads; the calls then compile
+def test_build_kernels_builds_the_kernels_before_the_first_call(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """build_kernels() compiles (or finds in the cache) what the first call on a device would;
+    build_all_kernels does it for several algorithms on parallel threads; the calls then compile
     nothing."""
     from pathlib import Path
 
-    from hipress.compll import prepare_all
+    from hipress.compll import build_all_kernels
 
     monkeypatch.setenv("HIPRESS_CACHE_DIR", str(tmp_path))
 
@@ -170,17 +170,17 @@ def test_prepare_builds_the_kernels_before_the_first_call(tmp_path, monkeypatch)
 
     algs = [load(name) for name in ("onebit", "terngrad", "topk")]
     assert files() == set()
-    prepare_all(algs, "cpu")
+    build_all_kernels(algs, "cpu")
     built = files()
     assert len(built) >= len(algs)
     for alg in algs:
         x = torch.randn(5000)
         alg.decode(alg.encode(x, alg.init_state(5000)), 5000)
     assert files() == built
-    assert algs[0].prepare("cpu") is algs[0] and files() == built
+    assert algs[0].build_kernels("cpu") is algs[0] and files() == built
 
 
-def test_prepare_for_a_device_the_kernels_cannot_run_on_is_a_clear_error() -> None:
+def test_build_kernels_for_a_device_the_kernels_cannot_run_on_is_a_clear_error() -> None:
     try:
         import cupy  # type: ignore[import-not-found]  # noqa: F401
 
@@ -189,4 +189,4 @@ def test_prepare_for_a_device_the_kernels_cannot_run_on_is_a_clear_error() -> No
     except ImportError:
         pass
     with pytest.raises(BackendError, match="CUDA backend cannot run here"):
-        load("onebit").prepare("cuda")
+        load("onebit").build_kernels("cuda")

@@ -25,11 +25,11 @@ from hipress.core.layout import PlanLayout, layout_plan
 from hipress.core.plan import Plan
 
 __all__ = [
+    "build_kernels",
     "chunk_tensor_id",
     "decode_mean",
     "encode_reporting",
     "init_chunk_states",
-    "prepare_kernels",
     "rank_seed",
     "recompressible",
     "resolve_algorithm",
@@ -97,13 +97,13 @@ def resolve_algorithm(
     return algorithm
 
 
-def prepare_kernels(alg: CompressionAlgorithm, devices: Iterable[torch.device | str]) -> None:
+def build_kernels(alg: CompressionAlgorithm, devices: Iterable[torch.device | str]) -> None:
     """Build ``alg``'s kernels for every device in ``devices`` now (CompLL's
-    ``Algorithm.prepare``: generate, compile or find in the kernel cache, load), so that no
-    training step compiles; algorithms without ``prepare`` have nothing to build. Meta
+    ``Algorithm.build_kernels``: generate, compile or find in the kernel cache, load), so that no
+    training step compiles; algorithms without ``build_kernels`` have nothing to build. Meta
     tensors' devices are skipped. Raises :class:`CaSyncError` where the kernels cannot run on a
     device (e.g. CUDA tensors without CuPy), saying why."""
-    prep = getattr(alg, "prepare", None)
+    prep = getattr(alg, "build_kernels", None)
     if prep is None:
         return
     from hipress.compll import CllError  # deferred: CaSync's uncompressed path needs no compiler

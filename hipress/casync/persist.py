@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hipress.casync.algorithm import prepare_kernels, resolve_algorithm
+from hipress.casync.algorithm import build_kernels, resolve_algorithm
 from hipress.casync.checkpoint import gathered, is_gathered, load_states, own_entry, save_states
 from hipress.casync.config import FORMAT, params_at
 from hipress.casync.errors import CaSyncError
@@ -209,7 +209,7 @@ class Checkpoints:
                 params = params_at(self._base_params, self.params_schedule, 0)
                 self._spec = (name, params, backend)
             self.algorithm = resolve_algorithm(name, params, backend)
-            prepare_kernels(self.algorithm, self._devices.values())
+            build_kernels(self.algorithm, self._devices.values())
         self._init_local()
         if self._plan is not None:
             self._relayout()

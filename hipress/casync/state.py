@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hipress.casync.algorithm import init_chunk_states, prepare_kernels, resolve_algorithm
+from hipress.casync.algorithm import build_kernels, init_chunk_states, resolve_algorithm
 from hipress.casync.config import (
     check_agreement,
     check_options,
@@ -146,7 +146,7 @@ class CaSyncState(Checkpoints):
             (algorithm, dict(params or {}), backend) if isinstance(algorithm, str) else None
         )
         self.algorithm = resolve_algorithm(algorithm, params, backend)
-        prepare_kernels(self.algorithm, self._devices.values())
+        build_kernels(self.algorithm, self._devices.values())
         self._plan_arg = check_plan_arg(plan, self.algorithm)
         self._rule = rule
         self._plan: Plan | None = None
@@ -292,7 +292,7 @@ class CaSyncState(Checkpoints):
         if params == current:
             return
         alg = resolve_algorithm(name, params, backend)
-        prepare_kernels(alg, self._devices.values())
+        build_kernels(alg, self._devices.values())
         self._spec = (name, params, backend)
         self.algorithm = alg
         self.plan = dataclasses.replace(self.plan, params=dict(alg.params))

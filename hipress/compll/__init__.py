@@ -16,10 +16,10 @@ from __future__ import annotations
 from hipress.compll.algorithm import (
     Algorithm,
     algorithms,
+    build_all_kernels,
     load,
     load_file,
     load_source,
-    prepare_all,
     shipped_path,
 )
 from hipress.compll.backends.base import BackendError
@@ -42,9 +42,9 @@ __all__ = [
     "SourceFile",
     "State",
     "algorithms",
+    "build_all_kernels",
     "load",
     "load_file",
     "load_source",
-    "prepare_all",
     "shipped_path",
 ]

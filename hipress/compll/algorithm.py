@@ -112,7 +112,7 @@ class Algorithm:
                 )
         return State(n=n, tensors=tensors, step=0, seed=seed, tensor_id=tensor_id)
 
-    def prepare(self, device: torch.device | str = "cpu") -> Algorithm:
+    def build_kernels(self, device: torch.device | str = "cpu") -> Algorithm:
         """Build the kernels that run tensors on ``device`` now (generate, compile or find
         them in the kernel cache, load them): what the first encode or decode there would
         otherwise do, inside a training step. A no-op where they are ready or the backend
@@ -255,9 +255,9 @@ def shipped_path(name: str) -> Path:
     return Path(str(p))
 
 
-def prepare_all(algs: Sequence[Algorithm], device: torch.device | str = "cpu",
+def build_all_kernels(algs: Sequence[Algorithm], device: torch.device | str = "cpu",
                 max_workers: int | None = None) -> None:  # fmt: skip
-    """:meth:`Algorithm.prepare` for every algorithm in ``algs``, on up to ``max_workers``
+    """:meth:`Algorithm.build_kernels` for every algorithm in ``algs``, on up to ``max_workers``
     threads (default: one per algorithm, at most 8): compilers run as other processes (C) or
     without Python's lock (NVRTC), so distinct algorithms compile in parallel. Raises the first
     algorithm's error, after every compile has ended."""
@@ -266,10 +266,10 @@ def prepare_all(algs: Sequence[Algorithm], device: torch.device | str = "cpu",
     algs = list(algs)
     if len(algs) <= 1 or max_workers == 1:
         for a in algs:
-            a.prepare(device)
+            a.build_kernels(device)
         return
     with ThreadPoolExecutor(max_workers or min(8, len(algs))) as pool:
-        futures = [pool.submit(a.prepare, device) for a in algs]
+        futures = [pool.submit(a.build_kernels, device) for a in algs]
     for f in futures:
         f.result()
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import prepare_kernels, resolve_algorithm
+from hipress.casync.algorithm import build_kernels, resolve_algorithm
 from hipress.casync.checkpoint import load_states, save_states
 from hipress.casync.errors import CaSyncError
 from hipress.casync.planning import DefaultRule, resolve_plan
@@ -334,7 +334,7 @@ def DistributedOptimizer(
     devices = {names[p]: p.device for p in names if p.requires_grad}
     try:
         alg = resolve_algorithm(algorithm, params, backend)
-        prepare_kernels(alg, devices.values())
+        build_kernels(alg, devices.values())
     except CaSyncError as exc:
         raise HorovodSyncError(str(exc)) from exc
     if isinstance(plan, str) and plan == "auto":

@@ -5,7 +5,7 @@
 - ``cuda``: the generated CUDA kernel (:mod:`hipress.compll.backends.cuda.backend`); needs CuPy and a GPU.
 - ``auto``: per call, by the device of the tensors: CPU tensors run the C kernel, CUDA tensors
   the CUDA kernel, anything else the reference; each built at its first call, or before it by
-  ``Algorithm.prepare(device)`` (CaSync, FSDP and Horovod registration call it). Where the C
+  ``Algorithm.build_kernels(device)`` (CaSync, FSDP and Horovod registration call it). Where the C
   kernel cannot run (no C compiler), the reference runs instead, after one
   :class:`NativeUnavailableWarning`; an explicit ``cpu`` raises :class:`BackendError` instead. CUDA tensors never fall back: if the CUDA kernel cannot run
   (no CuPy, a CuPy built for a newer CUDA than the driver), the call raises
