@@ -22,6 +22,7 @@ from torch import nn
 
 import hipress.fsdp
 from hipress.compll import load
+from hipress.core.torchcompat import make_premul_sum
 from hipress.fsdp import FsdpError
 from hipress.fsdp.collective import divisor
 from hipress.fsdp.reference import ReferenceReduceScatter
@@ -57,7 +58,7 @@ CASES = [
     {"alg": "onebit", "feedback": "fp32", "op": dist.ReduceOp.AVG, "device_flags": True},
     {"alg": "signsgd", "feedback": "int8", "op": dist.ReduceOp.AVG, "device_flags": True},
     {"alg": "terngrad", "feedback": "none", "op": dist.ReduceOp.AVG, "seed": 3},
-    {"alg": "signsgd", "feedback": "fp32", "op": dist.ReduceOp.PREMUL_SUM(0.25)},
+    {"alg": "signsgd", "feedback": "fp32", "op": make_premul_sum(0.25)},
     {"alg": "signsgd", "feedback": "bf16", "op": dist.ReduceOp.AVG},
     {"alg": "signsgd", "feedback": "bf16", "op": dist.ReduceOp.AVG, "dtype": torch.bfloat16},
     {"alg": "signsgd", "feedback": "int8", "op": dist.ReduceOp.SUM, "numel": 4 * 512},

@@ -38,6 +38,7 @@ from hipress.bench.netsim import (
     run_in_network,
     tx_bytes,
 )
+from hipress.core.torchcompat import fsdp_param_groups
 
 __all__ = [
     "BASELINES",
@@ -171,7 +172,7 @@ def _traffic(model: nn.Module, comp: Any, calls: int) -> dict[str, Any]:
     for name, m in model.named_modules():
         if not isinstance(m, FSDPModule):
             continue
-        for g in m._get_fsdp_state()._fsdp_param_groups:
+        for g in fsdp_param_groups(m._get_fsdp_state()):
             peers = g.mesh_info.shard_mesh_size - 1
             gathers = 2 if g._reshard_after_forward else 1
             for fp in g.fsdp_params:

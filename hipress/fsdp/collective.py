@@ -31,6 +31,7 @@ from hipress.casync.flags import FlagMode
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import ChunkLayout, layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
+from hipress.core.torchcompat import premul_sum_factor, reduce_scatter_single
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import ChunkCoder, make_coder
 
@@ -70,7 +71,7 @@ def divisor(op: Any, world_size: int) -> tuple[float, torch.Tensor | None]:
     if kind == dist.ReduceOp.AVG:
         return float(world_size), None
     if kind == dist.ReduceOp.PREMUL_SUM:
-        factor = getattr(op, "factor", None)
+        factor = premul_sum_factor(op)
         if isinstance(factor, torch.Tensor):
             return 1.0, factor
         if isinstance(factor, int | float) and factor != 0:
@@ -185,10 +186,10 @@ class CompressedReduceScatter(ReduceScatter):
         )
         kind = getattr(op, "op", op)
         if kind == dist.ReduceOp.PREMUL_SUM and dist.get_backend(group) == "gloo":
-            factor = op.factor  # gloo has no PREMUL_SUM: scale first, then sum
+            factor = premul_sum_factor(op)  # gloo has no PREMUL_SUM: scale first, then sum
             inp.mul_(factor)
             op = dist.ReduceOp.SUM
-        return dist.reduce_scatter_single(out, inp, group=group, op=op, async_op=async_op)
+        return reduce_scatter_single(out, inp, group=group, op=op, async_op=async_op)
 
     def _compressed(
         self, out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, d: float

@@ -35,6 +35,7 @@ from hipress.casync.algorithm import resolve_algorithm
 from hipress.casync.errors import CaSyncError
 from hipress.casync.planning import DefaultRule
 from hipress.core.codec import CompressionAlgorithm
+from hipress.core.torchcompat import fsdp_param_groups
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import resolve_feedback
@@ -155,14 +156,14 @@ class FsdpCompression:
 
 
 def _own_params(module: FSDPModule) -> list[torch.Tensor]:
-    groups = module._get_fsdp_state()._fsdp_param_groups
+    groups = fsdp_param_groups(module._get_fsdp_state())
     return [fp.sharded_param for g in groups for fp in g.fsdp_params]
 
 
 def _unit(module: FSDPModule, name: str) -> Any:
     """The FSDP param group of ``module``'s unit (None for a module with no parameters of its
     own): the object that ``set_custom_reduce_scatter`` itself configures."""
-    groups = module._get_fsdp_state()._fsdp_param_groups
+    groups = fsdp_param_groups(module._get_fsdp_state())
     if not groups:
         return None
     if len(groups) > 1:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from hipress.core.torchcompat import reduce_scatter_single
 from hipress.secopa.profile import ProfileError
 
 __all__ = ["Comm", "TorchComm", "Wait", "default_device"]
@@ -158,7 +159,7 @@ class TorchComm:
             dst = torch.empty(rows // world, dtype=torch.float32, device=dev)
 
             def reduce_scatter() -> None:  # as FSDP2 issues it (gloo's work has no future)
-                dist.reduce_scatter_single(dst, src, group=group)
+                reduce_scatter_single(dst, src, group=group)
 
             return reduce_scatter
         if op == "broadcast":
