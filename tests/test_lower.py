@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from hipress.compll import load
-from hipress.compll.backends.c import bits, syntax
+from hipress.compll.backends.cfamily import bits, syntax
 from hipress.compll.backends.targets import lowered, render
 from hipress.compll.ir import ops
 from hipress.compll.lower import lower as lower_mod

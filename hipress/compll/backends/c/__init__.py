@@ -1,2 +1,1 @@
-"""The C-family renderer (types, operation table, expressions, reductions, one function's state;
-shared with the CUDA target) and the C (OpenMP) target: its functions, stages, native backend."""
+"""The C (OpenMP) target: its renderer (functions, stages) and its runner (the native backend)."""

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from hipress.compll.backends.c.body import Body, variants
-from hipress.compll.backends.c.family import STORES, CFamily, StoreRule, store_bool, tileable
-from hipress.compll.backends.c.reduce import combine_acc, reduction
 from hipress.compll.backends.c.stages import STAGES
-from hipress.compll.backends.c.syntax import const, ctype, mtype
+from hipress.compll.backends.cfamily.body import Body, variants
+from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool, tileable
+from hipress.compll.backends.cfamily.reduce import combine_acc, reduction
+from hipress.compll.backends.cfamily.syntax import const, ctype, mtype
 from hipress.compll.backends.render import ABI_VERSION, BANNER, environment, prelude
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypeVar
 
-from hipress.compll.backends.c.body import Body, fix, variants
-from hipress.compll.backends.c.reduce import minmax_identity, reduction
-from hipress.compll.backends.c.syntax import const, ctype, mtype
+from hipress.compll.backends.cfamily.body import Body, fix, variants
+from hipress.compll.backends.cfamily.reduce import minmax_identity, reduction
+from hipress.compll.backends.cfamily.syntax import const, ctype, mtype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import F32, I64

@@ -1,6 +1,6 @@
 """Plan -> CUDA C: kernels, their launch order and the layouts the host side needs.
 
-The CUDA target of the C-family renderer (:class:`~hipress.compll.backends.c.family.CFamily`):
+The CUDA target of the C-family renderer (:class:`~hipress.compll.backends.cfamily.family.CFamily`):
 the same statements as the C target, laid out as *pieces*: a piece runs on the whole grid (a loop, grid-stride and coalesced; the phases of
 a filter or a scatter) or on one thread (a reduction's combine of the blocks' partials, host
 ``let``s, a filter's offsets, a scan, the payload's scalars). A one-thread piece runs at the end of
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from hipress.compll.backends.c.body import Body
-from hipress.compll.backends.c.family import CFamily
-from hipress.compll.backends.c.reduce import combine_acc, reduction
-from hipress.compll.backends.c.syntax import ctype
+from hipress.compll.backends.cfamily.body import Body
+from hipress.compll.backends.cfamily.family import CFamily
+from hipress.compll.backends.cfamily.reduce import combine_acc, reduction
+from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.backends.cuda.abi import (
     NT,
     STRUCTS,

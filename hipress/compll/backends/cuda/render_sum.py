@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import jinja2
 
-from hipress.compll.backends.c.body import Body
-from hipress.compll.backends.c.family import CFamily, tileable
-from hipress.compll.backends.c.syntax import ctype
+from hipress.compll.backends.cfamily.body import Body
+from hipress.compll.backends.cfamily.family import CFamily, tileable
+from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.backends.cuda.abi import SUM_PAYLOADS
 from hipress.compll.ir import nodes as ir
 from hipress.compll.lower.plan import Plan

@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from hipress.compll.backends.c.body import Body
-from hipress.compll.backends.c.reduce import combine_acc, minmax_identity, reduction
-from hipress.compll.backends.c.syntax import ctype, mtype
+from hipress.compll.backends.cfamily.body import Body
+from hipress.compll.backends.cfamily.reduce import combine_acc, minmax_identity, reduction
+from hipress.compll.backends.cfamily.syntax import ctype, mtype
 from hipress.compll.backends.cuda.abi import WsEntry
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops

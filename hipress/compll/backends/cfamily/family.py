@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import jinja2
 
-from hipress.compll.backends.c.body import Body, Mem
-from hipress.compll.backends.c.expr import Emitter
-from hipress.compll.backends.c.syntax import Names, ctype, mtype
+from hipress.compll.backends.cfamily.body import Body, Mem
+from hipress.compll.backends.cfamily.expr import Emitter
+from hipress.compll.backends.cfamily.syntax import Names, ctype, mtype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.types import I64, ArrayType, DType
 from hipress.compll.lower.plan import Plan, Target

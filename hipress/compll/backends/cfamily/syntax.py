@@ -3,7 +3,7 @@ identifiers, and one rule per IR operation (:data:`UNARY`, :data:`BINARY`).
 
 The rules are the C-family renderer's operation table, keyed by the names of
 :mod:`hipress.compll.ir.ops`; a target that spells an operation differently overrides its
-entry (:class:`~hipress.compll.backends.c.expr.Emitter` reads the tables from its class). The
+entry (:class:`~hipress.compll.backends.cfamily.expr.Emitter` reads the tables from its class). The
 helpers they name (``hp_add_i32``, ``hp_min_f32``...) are defined by each target's prelude
 template with the semantics of :mod:`hipress.compll.ir.semantics`.
 """

@@ -2,9 +2,9 @@
 
 Every expression is pure and total (loads are bounds-checked, integer division by zero is
 defined), so sub-expressions may be hoisted into statements and evaluated unconditionally. Scalar
-operations are spelled by the operation table (:mod:`hipress.compll.backends.c.syntax`); the bit
-casts by :mod:`hipress.compll.backends.c.bits`; loop-index fast paths by
-:mod:`hipress.compll.backends.c.index`.
+operations are spelled by the operation table (:mod:`hipress.compll.backends.cfamily.syntax`); the bit
+casts by :mod:`hipress.compll.backends.cfamily.bits`; loop-index fast paths by
+:mod:`hipress.compll.backends.cfamily.index`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from hipress.compll.backends.c import bits as render_bits
-from hipress.compll.backends.c import syntax
-from hipress.compll.backends.c.body import Body, Mem
-from hipress.compll.backends.c.index import fast_division, rotation
-from hipress.compll.backends.c.syntax import (
+from hipress.compll.backends.cfamily import bits as render_bits
+from hipress.compll.backends.cfamily import syntax
+from hipress.compll.backends.cfamily.body import Body, Mem
+from hipress.compll.backends.cfamily.index import fast_division, rotation
+from hipress.compll.backends.cfamily.syntax import (
     BinaryRule,
     Names,
     UnaryRule,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hipress.compll.backends.c.body import Body, Rotation
+from hipress.compll.backends.cfamily.body import Body, Rotation
 from hipress.compll.ir import nodes as ir
 
 if TYPE_CHECKING:
-    from hipress.compll.backends.c.expr import Emitter
+    from hipress.compll.backends.cfamily.expr import Emitter
 
 
 def _sum(terms: list[ir.Expr]) -> ir.Expr:

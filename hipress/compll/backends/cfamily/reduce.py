@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hipress.compll.backends.c.syntax import Names, const, ctype
+from hipress.compll.backends.cfamily.syntax import Names, const, ctype
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import DType
 
