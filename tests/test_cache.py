@@ -20,6 +20,7 @@ import torch
 
 from hipress.compll import Algorithm, load, load_source
 from hipress.compll.backends.c.native import NativeBackend, build
+from hipress.compll.backends.c.render import render_c
 from hipress.compll.backends.cache import (
     C_FLAGS,
     RECORD,
@@ -31,7 +32,6 @@ from hipress.compll.backends.cache import (
     kernel_key,
 )
 from hipress.compll.backends.render import generator_digest
-from hipress.compll.backends.targets import render_c
 from hipress.compll.ir.source import SourceFile
 
 TOOLCHAIN = Toolchain.detect()
@@ -92,6 +92,30 @@ def test_template_or_generator_change_changes_the_key(tmp_path: Path) -> None:
     assert generator_digest("c", copy) == generator_digest("c")
     assert generator_digest("cuda", copy) != generator_digest("cuda")
     assert _key(_prog(), gen=generator_digest("c", copy)) == _key(_prog())
+
+
+def test_each_target_hashes_its_own_folder_and_the_c_family_base(tmp_path: Path) -> None:
+    """A change in a target's folder (renderer or runner) changes that target's digest only;
+    a change in the C-family base both render with changes both."""
+    import hipress.compll as pkg
+
+    root = Path(pkg.__file__).parent
+    digests = {t: generator_digest(t) for t in ("c", "cuda")}
+    for rel, changed in (
+        ("backends/c/render.py", {"c"}),
+        ("backends/c/native.py", {"c"}),
+        ("backends/cuda/render.py", {"cuda"}),
+        ("backends/cuda/emu.h", {"cuda"}),
+        ("backends/cfamily/family.py", {"c", "cuda"}),
+        ("backends/render.py", {"c", "cuda"}),
+        ("lower/lower.py", {"c", "cuda"}),
+    ):
+        copy = tmp_path / rel.replace("/", "_")
+        shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        f = copy / rel
+        f.write_text(f.read_text() + "\n")
+        now = {t for t in digests if generator_digest(t, copy) != digests[t]}
+        assert now == changed, rel
 
 
 @needs_cc

@@ -62,7 +62,7 @@ def test_what_the_runtime_compiles_keeps_ieee_float32(name: str, tmp_path: objec
     knows gets PTX: compute capability 9.5 here, so the image is the PTX itself.)"""
     from hipress.compll.backends.cache import KernelCache
     from hipress.compll.backends.cuda.nvrtc import device_image, semantic_flags, target_for
-    from hipress.compll.backends.targets import cuda_source
+    from hipress.compll.backends.cuda.render import cuda_source
 
     assert target_for((9, 5)) == ("sm_90", False)
     src = cuda_source(load(name, backend="reference").program).source
@@ -76,7 +76,7 @@ def test_the_ptx_check_catches_flush_to_zero() -> None:
     """What CuPy's RawModule compiles with (our options, then -ftz=true) flushes denormals:
     the check above would fail on it."""
     from hipress.compll.backends.cuda.nvrtc import NVRTC_OPTIONS, semantic_flags
-    from hipress.compll.backends.targets import cuda_source
+    from hipress.compll.backends.cuda.render import cuda_source
 
     src = cuda_source(load("onebit", backend="reference").program).source
     flags = semantic_flags(cuda_mod.nvrtc_compile(src, "sm_90", options=(*NVRTC_OPTIONS,
@@ -92,7 +92,7 @@ def test_device_images_are_compiled_once_and_kept_across_processes(tmp_path: obj
     a fresh process (a fresh cache object on the same directory) compiles nothing."""
     from hipress.compll.backends.cache import KernelCache
     from hipress.compll.backends.cuda.nvrtc import device_image
-    from hipress.compll.backends.targets import cuda_source
+    from hipress.compll.backends.cuda.render import cuda_source
 
     src = cuda_source(load("onebit", backend="reference").program).source
     first = KernelCache(tmp_path)  # type: ignore[arg-type]

@@ -1,47 +1,58 @@
-"""The source text of a program for a target: the C file (OpenMP) or the CUDA file.
+"""Every target by name, for the CLI and tools (``hipress build``): the source text of a
+program for the C target (OpenMP) or the CUDA target.
 
-The one place that lowers a program for rendering: once per function and variant
-(:func:`~hipress.compll.lower.lower.lower_program`), the plans then passed to the target's
-renderer, which never lowers.
+Only a table: each target's renderer lowers the program for itself
+(:func:`hipress.compll.backends.c.render.render_c`,
+:func:`hipress.compll.backends.cuda.render.cuda_source`), and a target's runner imports its own
+renderer, never this module.
 """
 
 from __future__ import annotations
 
-from hipress.compll.backends.c.render import render_program as render_c_program
-from hipress.compll.backends.cuda.abi import CudaSource
-from hipress.compll.backends.cuda.render import render_program as render_cuda_program
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
+from hipress.compll.backends.c import render as c_render
+from hipress.compll.backends.cuda import render as cuda_render
 from hipress.compll.backends.render import TARGETS, RenderError
 from hipress.compll.ir import nodes as ir
-from hipress.compll.lower.lower import Lowered, lower_program
+from hipress.compll.lower.lower import Lowered
+
+
+class Rendering(NamedTuple):
+    """How a target renders a program: its lowering and its source text."""
+
+    lower: Callable[[ir.Program], Lowered]
+    render: Callable[[ir.Program], str]
+
+
+def _cuda_text(prog: ir.Program) -> str:
+    return cuda_render.cuda_source(prog).source
+
+
+# in the order of TARGETS (the generator's digest knows each target's folder by the same name)
+TABLE: Mapping[str, Rendering] = MappingProxyType({
+    "c": Rendering(c_render.lower, c_render.render_c),
+    "cuda": Rendering(cuda_render.lower, _cuda_text),
+})  # fmt: skip
+
+
+def _target(name: str) -> Rendering:
+    if name not in TABLE:
+        raise RenderError(f"unknown target {name!r} (targets: {', '.join(TARGETS)})")
+    return TABLE[name]
 
 
 def lowered(prog: ir.Program, target: str) -> Lowered:
-    """The plans ``target`` ("c" or "cuda") renders ``prog`` from (CUDA runs every loop on
-    its own: its encode's NaN/Inf flag may go in a loop the C target fuses)."""
-    if target not in TARGETS:
-        raise RenderError(f"unknown target {target!r} (targets: {', '.join(TARGETS)})")
-    return lower_program(prog, unfused=target == "cuda")
-
-
-def render_c(prog: ir.Program) -> str:
-    """C source of ``prog`` (see :func:`hipress.compll.backends.c.render.render_program`)."""
-    return render_c_program(prog, lowered(prog, "c"))
-
-
-def cuda_source(prog: ir.Program) -> CudaSource:
-    """CUDA source of ``prog`` with the layouts its host side needs (see
-    :func:`hipress.compll.backends.cuda.render.render_program`)."""
-    return render_cuda_program(prog, lowered(prog, "cuda"))
+    """The plans ``target`` ("c" or "cuda") renders ``prog`` from."""
+    return _target(target).lower(prog)
 
 
 def render(prog: ir.Program, target: str) -> str:
     """Source text of ``prog`` for ``target`` ("c" or "cuda"); equal programs give
     byte-identical text."""
-    if target == "c":
-        return render_c(prog)
-    if target == "cuda":
-        return cuda_source(prog).source
-    raise RenderError(f"unknown target {target!r} (targets: {', '.join(TARGETS)})")
+    return _target(target).render(prog)
 
 
-__all__ = ["cuda_source", "lowered", "render", "render_c"]
+__all__ = ["TABLE", "Rendering", "lowered", "render"]

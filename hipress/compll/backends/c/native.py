@@ -1,10 +1,10 @@
 """The C backend: generated C kernels, compiled at first use, run on torch CPU tensors.
 
-:class:`NativeBackend` renders the program (:func:`hipress.compll.backends.targets.render_c`), builds it
-through the :class:`~hipress.compll.backends.cache.KernelCache`, loads it with ctypes and calls it on
-caller-provided buffers. Per element count it keeps one workspace (and, for float16/bfloat16 or
-non-contiguous inputs, one float32 staging buffer), allocated at the first call that needs it
-and reused; a sparse decode (topk, randomk, dgc, graddrop) needs none unless a payload repeats
+:class:`NativeBackend` renders the program (:func:`hipress.compll.backends.c.render.render_c`),
+builds it through the :class:`~hipress.compll.backends.cache.KernelCache`, loads it with ctypes
+and calls it on caller-provided buffers. Per element count it keeps one workspace (and, for
+float16/bfloat16 or non-contiguous inputs, one float32 staging buffer), allocated at the first
+call that needs it and reused; a sparse decode (topk, randomk, dgc, graddrop) needs none unless a payload repeats
 an index, which no shipped encoder sends.
 Calls are serialised by a lock (workspaces are shared), so several threads may use one backend;
 the kernels themselves run on all cores with OpenMP.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from hipress.compll.backends.c.render import render_c
 from hipress.compll.backends.cache import KernelCache, Toolchain, compile_c, kernel_key
 from hipress.compll.backends.render import ABI_VERSION, generator_digest
-from hipress.compll.backends.targets import render_c
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.source import CllError
 from hipress.compll.ir.state import State

@@ -14,15 +14,21 @@ import jinja2
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
 from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool, tileable
+from hipress.compll.backends.cfamily.prelude import prelude
 from hipress.compll.backends.cfamily.reduce import combine_acc, reduction
 from hipress.compll.backends.cfamily.syntax import const, ctype, mtype
-from hipress.compll.backends.render import ABI_VERSION, BANNER, environment, prelude
+from hipress.compll.backends.render import ABI_VERSION, BANNER, environment
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import DType
 from hipress.compll.ir.walk import walk
-from hipress.compll.lower.lower import Lowered
+from hipress.compll.lower.lower import Lowered, lower_program
 from hipress.compll.lower.plan import Item, Loop, Plan, SegFusion, Special, Target
+
+# the C layout: elements per tile of an inner loop, most threads, length below which one thread
+TILE = 2048
+MAXT = 64
+PAR_MIN = 16384
 
 
 @dataclass
@@ -350,5 +356,20 @@ def render_program(prog: ir.Program, plans: Lowered) -> str:
     )
     return env.get_template("c_file.c.j2").render(
         banner=BANNER, algorithm=prog.name, digest=prog.digest()[:16], target="c",
-        prelude=prelude(cuda=False), abi=ABI_VERSION, functions=funcs, decode_sum=decode_sum,
+        prelude=prelude(cuda=False, tile=TILE, maxt=MAXT, par_min=PAR_MIN), abi=ABI_VERSION,
+        functions=funcs, decode_sum=decode_sum,
     )  # fmt: skip
+
+
+def lower(prog: ir.Program) -> Lowered:
+    """The plans the C target renders ``prog`` from (loops fused)."""
+    return lower_program(prog, unfused=False)
+
+
+def render_c(prog: ir.Program) -> str:
+    """C source of ``prog``, lowered here (see :func:`render_program`); equal programs give
+    byte-identical text."""
+    return render_program(prog, lower(prog))
+
+
+__all__ = ["MAXT", "PAR_MIN", "TILE", "lower", "render_c", "render_program"]

@@ -1,9 +1,10 @@
 """IR expressions -> C expressions and statements (shared by the C-family targets).
 
 Every expression is pure and total (loads are bounds-checked, integer division by zero is
-defined), so sub-expressions may be hoisted into statements and evaluated unconditionally. Scalar
-operations are spelled by the operation table (:mod:`hipress.compll.backends.cfamily.syntax`); the bit
-casts by :mod:`hipress.compll.backends.cfamily.bits`; loop-index fast paths by
+defined), so sub-expressions may be hoisted into statements and evaluated unconditionally.
+Scalar operations are spelled by the operation table
+(:mod:`hipress.compll.backends.cfamily.syntax`); the bit casts by
+:mod:`hipress.compll.backends.cfamily.bits`; loop-index fast paths by
 :mod:`hipress.compll.backends.cfamily.index`.
 """
 

@@ -31,6 +31,7 @@ import torch
 from hipress.compll.backends.base import decode_sum_by_parts
 from hipress.compll.backends.cuda.abi import NT, STRUCTS, SUM_PAYLOADS, SYNC_BYTES, CudaSource
 from hipress.compll.backends.cuda.nvrtc import ARCHS, compile_check, nvrtc_compile
+from hipress.compll.backends.cuda.render import cuda_source
 from hipress.compll.backends.cuda.runtime import (
     BufferPool,
     CudaUnavailable,
@@ -39,7 +40,6 @@ from hipress.compll.backends.cuda.runtime import (
     select_topk,
     stable_sort,
 )
-from hipress.compll.backends.targets import cuda_source
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.interp import eval_size
 from hipress.compll.ir.payload import layout

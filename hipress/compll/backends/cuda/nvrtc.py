@@ -174,7 +174,7 @@ def device_image(source: str, capability: tuple[int, int], name: str = "kernel.c
 def compile_check(program: ir.Program, archs: Sequence[str] = ARCHS) -> dict[str, int]:
     """Compile ``program``'s CUDA source for every arch with NVRTC (no GPU); cubin bytes per
     arch."""
-    from hipress.compll.backends.targets import cuda_source
+    from hipress.compll.backends.cuda.render import cuda_source
 
     src = cuda_source(program).source
     return {a: len(nvrtc_compile(src, a, f"{program.name}.cu", cubin=True)) for a in archs}

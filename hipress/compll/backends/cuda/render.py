@@ -22,6 +22,7 @@ import jinja2
 
 from hipress.compll.backends.cfamily.body import Body
 from hipress.compll.backends.cfamily.family import CFamily
+from hipress.compll.backends.cfamily.prelude import prelude
 from hipress.compll.backends.cfamily.reduce import combine_acc, reduction
 from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.backends.cuda.abi import (
@@ -35,10 +36,10 @@ from hipress.compll.backends.cuda.abi import (
 )
 from hipress.compll.backends.cuda.render_sum import decode_sum_kernel, sparse_kernels
 from hipress.compll.backends.cuda.stages import STAGES
-from hipress.compll.backends.render import ABI_VERSION, BANNER, environment, prelude
+from hipress.compll.backends.render import ABI_VERSION, BANNER, environment
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.types import I64, DType
-from hipress.compll.lower.lower import Lowered
+from hipress.compll.lower.lower import Lowered, lower_program
 from hipress.compll.lower.plan import Loop, Plan, Target
 
 
@@ -323,3 +324,18 @@ def render_program(prog: ir.Program, plans: Lowered) -> CudaSource:
     if sparse is not None:
         names |= {f"hp_sparse_{k}": STRUCTS["sparse"] for k in ("check", "scatter", "finish")}
     return CudaSource(source, entries, structs, dsum is not None, sparse is not None, names)
+
+
+def lower(prog: ir.Program) -> Lowered:
+    """The plans the CUDA target renders ``prog`` from: every loop on its own (its encode's
+    NaN/Inf flag may go in a loop the C target fuses)."""
+    return lower_program(prog, unfused=True)
+
+
+def cuda_source(prog: ir.Program) -> CudaSource:
+    """CUDA source of ``prog`` with the layouts its host side needs, lowered here (see
+    :func:`render_program`); equal programs give byte-identical text."""
+    return render_program(prog, lower(prog))
+
+
+__all__ = ["cuda_source", "lower", "render_program"]
