@@ -139,3 +139,36 @@ def test_render_all_covers_every_algorithm_and_target() -> None:
     for name in algorithms():
         assert f"{name}/{name}.c" in files and f"{name}/{name}.cu" in files
     assert "MANIFEST.json" in files
+
+
+def test_the_cli_table_holds_every_target() -> None:
+    from hipress.compll.backends.render import TARGETS
+    from hipress.compll.backends.targets import TABLE
+
+    assert tuple(TABLE) == TARGETS
+
+
+def _protocol_members(proto: type) -> set[str]:
+    out: set[str] = set()
+    for cls in proto.__mro__:
+        if getattr(cls, "_is_protocol", False) and cls.__module__ != "typing":
+            out |= set(getattr(cls, "__annotations__", {}))
+            out |= {k for k, v in vars(cls).items() if callable(v) and not k.startswith("_")}
+    return out
+
+
+def test_stage_rules_ask_only_what_their_renderer_has() -> None:
+    """The protocols the stage rules are written against (so they need not import their
+    renderer) name only members the renderers have."""
+    from hipress.compll.backends.c.render import CFunction
+    from hipress.compll.backends.c.stages import CRenderer
+    from hipress.compll.backends.cuda.render import CudaFunction
+    from hipress.compll.backends.cuda.stages import CudaRenderer
+
+    prog = load("topk", backend="reference").program
+    plan = lower(prog, "encode")
+    for proto, cls in ((CRenderer, CFunction), (CudaRenderer, CudaFunction)):
+        f = cls(environment(), prog, plan, "hp_encode")
+        members = _protocol_members(proto)
+        assert {"env", "length", "loop" if cls is CFunction else "piece"} <= members
+        assert [m for m in sorted(members) if not hasattr(f, m)] == [], cls.__name__

@@ -6,24 +6,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from hipress.compll.backends.cfamily.body import Body, fix, variants
+from hipress.compll.backends.cfamily.protocol import FamilyRenderer
 from hipress.compll.backends.cfamily.reduce import minmax_identity, reduction
 from hipress.compll.backends.cfamily.syntax import const, ctype, mtype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import F32, I64
-from hipress.compll.lower.plan import FilterFusion, ScatterAdd, Special
+from hipress.compll.lower.plan import FilterFusion, Loop, ScatterAdd, Special
 
-if TYPE_CHECKING:
-    from hipress.compll.backends.c.render import CFunction
+
+class CRenderer(FamilyRenderer, Protocol):
+    """What the rules use of the :class:`~hipress.compll.backends.c.render.CFunction` calling
+    them, besides what every C-family function has."""
+
+    def loop(self, lp: Loop) -> str: ...
+
+    def special(self, sp: Special) -> str: ...
+
+    def guard(self, fn: ir.Lambda, level: int) -> str | None: ...
+
+    def tile_pre(self, body: Body) -> list[str]: ...
+
 
 S = TypeVar("S")
-StageRule = Callable[["CFunction", Special], str]
+StageRule = Callable[[CRenderer, Special], str]
 
 
-def _start(f: CFunction, sp: Special, kind: type[S]) -> tuple[S, int, str]:
+def _start(f: CRenderer, sp: Special, kind: type[S]) -> tuple[S, int, str]:
     """The stage's op (of type ``kind``), level and output pointer ("" where it has none)."""
     home = f.target_ptr(sp.home) if sp.home is not None else ""
     if not isinstance(sp.op, kind):  # pragma: no cover - STAGES dispatches on the type
@@ -31,7 +43,7 @@ def _start(f: CFunction, sp: Special, kind: type[S]) -> tuple[S, int, str]:
     return sp.op, sp.level, home
 
 
-def _renderer(f: CFunction, lv: int) -> Callable[..., str]:
+def _renderer(f: CRenderer, lv: int) -> Callable[..., str]:
     """Renders a stage template at level ``lv``."""
 
     def r(tpl: str, /, **kw: object) -> str:
@@ -40,7 +52,7 @@ def _renderer(f: CFunction, lv: int) -> Callable[..., str]:
     return r
 
 
-def _filter(f: CFunction, sp: Special) -> str:
+def _filter(f: CRenderer, sp: Special) -> str:
     """The filter's pass; with ``ff``, the maps deferred to it are stored by their own loop
     before it, or (without a guard, and where a rotation covers every index once) by the
     filter's pass itself, which then scans the whole length even once the bound is
@@ -77,7 +89,7 @@ def _filter(f: CFunction, sp: Special) -> str:
 
 
 def _filter_pass(
-    f: CFunction, op: ir.Filter, lv: int, home: str, ln: str, bl: str, cnt: str, scratch: str,
+    f: CRenderer, op: ir.Filter, lv: int, home: str, ln: str, bl: str, cnt: str, scratch: str,
     ff: FilterFusion | None, r: Callable[..., str], nf: str = "",
 ) -> str:  # fmt: skip
     names = frozenset(it.op.name for it in ff.loop.items) if ff is not None else frozenset()
@@ -96,7 +108,7 @@ def _filter_pass(
     )  # fmt: skip
 
 
-def _deferred_stores(f: CFunction, ff: FilterFusion, body: Body) -> list[str]:
+def _deferred_stores(f: CRenderer, ff: FilterFusion, body: Body) -> list[str]:
     """The maps deferred to a stage, computed in ``body`` (which recomputes them) at the
     stage's index, and the lines that store them there (after everything else the
     iteration reads); where the stage computes the gradient's NaN/Inf flag, the line that
@@ -117,7 +129,7 @@ def _deferred_stores(f: CFunction, ff: FilterFusion, body: Body) -> list[str]:
     return stores
 
 
-def _nonfinite(f: CFunction, sp: Special) -> tuple[str, str, str]:
+def _nonfinite(f: CRenderer, sp: Special) -> tuple[str, str, str]:
     """Where ``sp``'s fused pass computes the gradient's NaN/Inf flag: its C variable, its
     declaration (function scope, before the stage) and the separate pass that computes it
     where the stage takes its path without the fused pass; else three empty strings."""
@@ -135,7 +147,7 @@ def _nonfinite(f: CFunction, sp: Special) -> tuple[str, str, str]:
     return nf, f"  bool {nf} = false;\n", scan
 
 
-def _topk(f: CFunction, sp: Special) -> str:
+def _topk(f: CRenderer, sp: Special) -> str:
     op, lv, home = _start(f, sp, ir.TopK)
     r = _renderer(f, lv)
     kb = Body(level=lv, index="j", loop_len=op.length, tile="t")
@@ -174,7 +186,7 @@ def _topk(f: CFunction, sp: Special) -> str:
     )  # fmt: skip
 
 
-def _sort(f: CFunction, sp: Special) -> str:
+def _sort(f: CRenderer, sp: Special) -> str:
     op, lv, home = _start(f, sp, ir.Sort)
     r = _renderer(f, lv)
     body, res = f.lambda_body(op.key, op.length, lv)
@@ -189,7 +201,7 @@ def _sort(f: CFunction, sp: Special) -> str:
     )  # fmt: skip
 
 
-def _scan(f: CFunction, sp: Special) -> str:
+def _scan(f: CRenderer, sp: Special) -> str:
     op, lv, home = _start(f, sp, ir.Scan)
     r = _renderer(f, lv)
     body, res = f.lambda_body(op.fn, op.length, lv)
@@ -207,7 +219,7 @@ def _scan(f: CFunction, sp: Special) -> str:
     )  # fmt: skip
 
 
-def _segreduce(f: CFunction, sp: Special) -> str:
+def _segreduce(f: CRenderer, sp: Special) -> str:
     op, lv, home = _start(f, sp, ir.SegReduce)
     r = _renderer(f, lv)
     body, res = f.lambda_body(op.fn, op.length, lv)
@@ -224,7 +236,7 @@ def _segreduce(f: CFunction, sp: Special) -> str:
     )  # fmt: skip
 
 
-def _scatter(f: CFunction, sp: Special) -> str:
+def _scatter(f: CRenderer, sp: Special) -> str:
     add_op, lv, home = _start(f, sp, ScatterAdd)
     op = add_op.op
     r = _renderer(f, lv)
@@ -249,7 +261,7 @@ def _scatter(f: CFunction, sp: Special) -> str:
     )  # fmt: skip
 
 
-def _custom(f: CFunction, sp: Special) -> str:
+def _custom(f: CRenderer, sp: Special) -> str:
     op, lv, _ = _start(f, sp, ir.Reduce)
     return f.custom_reduce(op, lv, lv)
 

@@ -5,13 +5,24 @@ is unswitched on a per-tile flag)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hipress.compll.backends.cfamily.body import Body, Rotation
+from hipress.compll.backends.cfamily.syntax import Names
 from hipress.compll.ir import nodes as ir
 
-if TYPE_CHECKING:
-    from hipress.compll.backends.cfamily.expr import Emitter
+
+class Emitter(Protocol):
+    """What the analyses use of the emitter calling them
+    (:class:`~hipress.compll.backends.cfamily.expr.Emitter`)."""
+
+    names: Names
+
+    def expr(self, e: ir.Expr, body: Body, env: dict[str, str]) -> str: ...
+
+    def invariant(self, e: ir.Expr, env: dict[str, str]) -> bool: ...
+
+    def length(self, e: ir.Expr) -> str: ...
 
 
 def _sum(terms: list[ir.Expr]) -> ir.Expr:

@@ -7,24 +7,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hipress.compll.backends.cfamily.body import Body
+from hipress.compll.backends.cfamily.protocol import FamilyRenderer
 from hipress.compll.backends.cfamily.reduce import combine_acc, minmax_identity, reduction
 from hipress.compll.backends.cfamily.syntax import ctype, mtype
 from hipress.compll.backends.cuda.abi import WsEntry
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
-from hipress.compll.ir.types import BOOL, I64
+from hipress.compll.ir.types import BOOL, I64, DType
 from hipress.compll.lower.plan import ScatterAdd, Special, Target
 
-if TYPE_CHECKING:
-    from hipress.compll.backends.cuda.render import CudaFunction
 
-StageRule = Callable[["CudaFunction", Special], None]
+class CudaRenderer(FamilyRenderer, Protocol):
+    """What the rules use of the :class:`~hipress.compll.backends.cuda.render.CudaFunction`
+    calling them, besides what every C-family function has."""
+
+    def slot(self, name: str, dt: DType) -> int: ...
+
+    def store_scalar(self, name: str, value: str) -> str: ...
+
+    def piece(self, title: str, code: list[str], produced: set[str] | frozenset[str] = frozenset(),
+              grid: bool = True, scalar: bool = False) -> None: ...  # fmt: skip
+
+    def host_step(self, kind: str, step: dict[str, object]) -> None: ...
 
 
-def _start(f: CudaFunction, sp: Special, kind: type | tuple[type, ...]) -> tuple[Any, int, str]:
+StageRule = Callable[[CudaRenderer, Special], None]
+
+
+def _start(f: CudaRenderer, sp: Special, kind: type | tuple[type, ...]) -> tuple[Any, int, str]:
     """The stage's op (an instance of ``kind``), level and output pointer ("" where none)."""
     home = f.target_ptr(sp.home) if sp.home is not None else ""
     if not isinstance(sp.op, kind):  # pragma: no cover - STAGES dispatches on the type
@@ -32,7 +45,7 @@ def _start(f: CudaFunction, sp: Special, kind: type | tuple[type, ...]) -> tuple
     return sp.op, sp.level, home
 
 
-def _filter(f: CudaFunction, sp: Special) -> None:
+def _filter(f: CudaRenderer, sp: Special) -> None:
     op, lv, home = _start(f, sp, ir.Filter)
     body = Body(level=lv, index="j", loop_len=op.length)
     res = f.em.apply(op.pred, ["j"], body)
@@ -47,7 +60,7 @@ def _filter(f: CudaFunction, sp: Special) -> None:
     f.piece("filter: ordered writes", body.hoist + tpl.render(phase=2, **kw).splitlines())
 
 
-def _select(f: CudaFunction, sp: Special) -> None:
+def _select(f: CudaRenderer, sp: Special) -> None:
     """Sort and top-k: their keys by the grid, then a host step (torch ops on the device)."""
     op, lv, _ = _start(f, sp, (ir.TopK, ir.Sort))
     fn = op.key
@@ -84,7 +97,7 @@ def _select(f: CudaFunction, sp: Special) -> None:
     f.host_step(str(step["kind"]), step)
 
 
-def _scatter(f: CudaFunction, sp: Special) -> None:
+def _scatter(f: CudaRenderer, sp: Special) -> None:
     add_op, lv, home = _start(f, sp, ScatterAdd)
     op = add_op.op
     idx_a = f.plan.arrays[op.idx]
@@ -127,7 +140,7 @@ def _scatter(f: CudaFunction, sp: Special) -> None:
     f.piece(f"scatter-add into {op.name}", hoist + tpl.render(phase=2, **kw).splitlines())
 
 
-def _scan_lines(f: CudaFunction, op: ir.Scan, lv: int, home: str) -> list[str]:
+def _scan_lines(f: CudaRenderer, op: ir.Scan, lv: int, home: str) -> list[str]:
     body = Body(level=lv, index="j", loop_len=op.length)
     res = f.em.apply(op.fn, ["j"], body)
     dt = op.dtype
@@ -148,7 +161,7 @@ def _scan_lines(f: CudaFunction, op: ir.Scan, lv: int, home: str) -> list[str]:
     return body.hoist + lines
 
 
-def _segreduce(f: CudaFunction, sp: Special) -> None:
+def _segreduce(f: CudaRenderer, sp: Special) -> None:
     op, lv, home = _start(f, sp, ir.SegReduce)
     body = Body(level=lv, index="j", loop_len=op.length)
     res = f.em.apply(op.fn, ["j"], body)
@@ -164,12 +177,12 @@ def _segreduce(f: CudaFunction, sp: Special) -> None:
     f.piece(f"segreduce {op.op}", body.hoist + code.splitlines())
 
 
-def _scan(f: CudaFunction, sp: Special) -> None:
+def _scan(f: CudaRenderer, sp: Special) -> None:
     op, lv, home = _start(f, sp, ir.Scan)
     f.piece("scan", _scan_lines(f, op, lv, home), grid=False)
 
 
-def _custom(f: CudaFunction, sp: Special) -> None:
+def _custom(f: CudaRenderer, sp: Special) -> None:
     """A custom reduction: the C target's tree, run by one thread."""
     op, lv, _ = _start(f, sp, ir.Reduce)
     f.hoisted = []
@@ -181,7 +194,7 @@ def _custom(f: CudaFunction, sp: Special) -> None:
     f.piece("custom reduce", code, {op.name}, grid=False)
 
 
-def _target_spec(t: Target | None, f: CudaFunction) -> dict[str, object]:
+def _target_spec(t: Target | None, f: CudaRenderer) -> dict[str, object]:
     """Where a host step writes: a workspace index or a payload field."""
     assert t is not None
     if t.kind == "ws":
