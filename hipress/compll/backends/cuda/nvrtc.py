@@ -158,7 +158,8 @@ def device_image(source: str, capability: tuple[int, int], name: str = "kernel.c
     NVRTC's version."""
     arch, cubin = target_for(capability)
     h = hashlib.sha256()
-    for part in (source, " ".join(NVRTC_OPTIONS), arch, str(cubin), "nvrtc {}.{}".format(*version())):
+    tool = "nvrtc {}.{}".format(*version())
+    for part in (source, " ".join(NVRTC_OPTIONS), arch, str(cubin), tool):
         h.update(part.encode())
         h.update(b"\0")
     cache = cache or KernelCache.from_env()
