@@ -9,8 +9,8 @@ import pytest
 
 from hipress.cli import main
 from hipress.core.plan import Plan
-from hipress.secopa.costfn import fit_piecewise
-from hipress.secopa.profile import Profile
+from hipress.secopa.model.costfn import fit_piecewise
+from hipress.secopa.model.profile import Profile
 
 
 @pytest.fixture(scope="module")

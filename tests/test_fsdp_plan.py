@@ -19,11 +19,11 @@ from torch.distributed.fsdp import fully_shard
 import hipress.fsdp
 from hipress.fsdp import FsdpError
 from hipress.fsdp.planning import price_unit
-from hipress.secopa.costmodel import CostModel
-from hipress.secopa.formulas import reduce_scatter_formulas
-from hipress.secopa.netprofiler import measure_collective
-from hipress.secopa.network import AlphaBeta
-from hipress.secopa.profile import Profile, ProfileError, affine_profile
+from hipress.secopa.measure.netprofiler import measure_collective
+from hipress.secopa.model.costmodel import CostModel
+from hipress.secopa.model.formulas import reduce_scatter_formulas
+from hipress.secopa.model.network import AlphaBeta
+from hipress.secopa.model.profile import Profile, ProfileError, affine_profile
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "hipress.fsdp")
 BIG, TINY = 512, 4  # a Linear(512, 512) unit (262656 elements) and a Linear(4, 4) one (20)

@@ -27,7 +27,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("hipress.compll.lower",),
     ("hipress.compll.backends",),
     ("hipress.compll",),  # the compiler's API: load, Algorithm, the codegen CLI helpers
-    ("hipress.secopa",),  # the cost model, the planner, profiling of codecs and links
+    ("hipress.secopa.model",),  # SeCoPa's pure cost model: profiles, formulas, the planner
+    # SeCoPa's online profiling (codecs, links, calibration, the plan broadcast) and its API;
+    # below CaSync, whose plan="auto" calls it with CaSync's step probe passed in
+    ("hipress.secopa.measure", "hipress.secopa"),
     ("hipress.casync",),
     ("hipress.horovod", "hipress.integrations", "hipress.fsdp"),  # Horovod, Lightning, ...
     ("hipress.bench", "hipress.demo", "hipress.selftest", "hipress.cli", "hipress"),
@@ -197,3 +200,19 @@ def test_imports_follow_the_layers(module: str) -> None:
     mine = _layer(module)
     against = sorted(n for n in graph[module] if _layer(n) > mine)
     assert not against, f"{module} (layer {LAYERS[mine]}) imports a later layer: {against}"
+
+
+@pytest.mark.parametrize(
+    "path", sorted(ROOT.joinpath("secopa", "model").rglob("*.py")), ids=lambda p: p.stem
+)
+def test_the_pure_cost_model_imports_no_process_group(path: Path) -> None:
+    # SeCoPa's model measures nothing: a plan from a profile needs no torch.distributed
+    # (and, by LAYERS, nothing of hipress.secopa.measure)
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    assert not {n for n in names if n.startswith("torch.distributed")}, path

@@ -10,8 +10,8 @@ import pytest
 from hipress.cli import main
 from hipress.cli.args import parse_bandwidth, parse_latency, parse_param
 from hipress.core.plan import Plan
-from hipress.secopa.models import resolve_model
-from hipress.secopa.profile import Profile, affine_profile
+from hipress.secopa.model.profile import Profile, affine_profile
+from hipress.secopa.model.specs import resolve_model
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hipress.secopa.costfn import (
+from hipress.secopa.model.costfn import (
     AffineFloor,
     CostFnError,
     PiecewiseLinear,

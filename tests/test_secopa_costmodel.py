@@ -10,9 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hipress.secopa.costfn import AffineFloor
-from hipress.secopa.costmodel import ORIGINAL_FORMULAS, CostModel, Member
-from hipress.secopa.profile import AlphaBeta, FittedComm, PayloadModel, Profile, affine_profile
+from hipress.secopa.model.costfn import AffineFloor
+from hipress.secopa.model.costmodel import ORIGINAL_FORMULAS, CostModel, Member
+from hipress.secopa.model.profile import (
+    AlphaBeta,
+    FittedComm,
+    PayloadModel,
+    Profile,
+    affine_profile,
+)
 
 affine = st.tuples(st.floats(1e-9, 1e-5), st.floats(0.0, 0.2), st.floats(0.0, 0.2))
 
@@ -165,7 +171,7 @@ def test_shards_cost_at_least_their_partition_in_one_run() -> None:
     """PS and the ring encode, check and decode shards of one partition: priced as at least one
     run over the whole partition, so a profile whose small sizes ran in cache (cheaper per
     element) does not make splitting look cheaper than it is."""
-    from hipress.secopa.costfn import PiecewiseLinear
+    from hipress.secopa.model.costfn import PiecewiseLinear
 
     p = _profile()
     # 1 ns per element up to 1M (in cache), 3 ns from 4M on (memory): a cache cliff

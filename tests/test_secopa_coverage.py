@@ -1,11 +1,11 @@
-"""What a plan's costs rest on (:mod:`hipress.secopa.coverage`)."""
+"""What a plan's costs rest on (:mod:`hipress.secopa.model.coverage`)."""
 
 from __future__ import annotations
 
-from hipress.secopa.costfn import fit_piecewise
-from hipress.secopa.coverage import FAR, cost_sources, far_extrapolations
-from hipress.secopa.network import AlphaBeta, MeasuredComm
-from hipress.secopa.profile import affine_profile
+from hipress.secopa.model.costfn import fit_piecewise
+from hipress.secopa.model.coverage import FAR, cost_sources, far_extrapolations
+from hipress.secopa.model.network import AlphaBeta, MeasuredComm
+from hipress.secopa.model.profile import affine_profile
 
 
 def _profile(top: float = 65536.0):  # type: ignore[no-untyped-def]

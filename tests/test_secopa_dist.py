@@ -12,19 +12,19 @@ import torch.distributed as dist
 
 from hipress.cli import main
 from hipress.core.plan import PlanError
-from hipress.secopa.codec import cast_codec
-from hipress.secopa.comm import TorchComm
-from hipress.secopa.localgroup import LocalGroupError, run_local
-from hipress.secopa.models import resolve_model
-from hipress.secopa.netprofiler import measure_network, measure_overlap, network_meta
-from hipress.secopa.profile import MeasuredComm, Profile
-from hipress.secopa.runtime import auto_plan, plan_for_model
+from hipress.secopa.measure.comm import TorchComm
+from hipress.secopa.measure.localgroup import LocalGroupError, run_local
+from hipress.secopa.measure.netprofiler import measure_network, measure_overlap, network_meta
+from hipress.secopa.measure.runtime import auto_plan, plan_for_model
+from hipress.secopa.measure.timed_codec import timed_cast
+from hipress.secopa.model.profile import MeasuredComm, Profile
+from hipress.secopa.model.specs import resolve_model
 
 
 def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
     named = resolve_model("mlp").named_numels()
     net = measure_network(sizes=(1 << 10, 1 << 16, 1 << 20), reps=(5, 3, 2))
-    plan = auto_plan(cast_codec("fp16"), named, world, compute_budget_s=0.3)
+    plan = auto_plan(timed_cast("fp16"), named, world, compute_budget_s=0.3)
     # the same measurement over an explicit transport (what hipress.horovod passes its own)
     comm = TorchComm()
     via = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm)
@@ -34,8 +34,8 @@ def _profile_and_plan(rank: int, world: int) -> dict[str, Any]:
     big = measure_network(sizes=(1 << 10, 1 << 12), reps=(2, 2), comm=comm, largest=300_000)
     assert big.samples["allreduce"][0] == (1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 300000.0)
     assert big.samples["all_gather"][0] == (1024.0, 4096.0, 16384.0)
-    overlap = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12)
-    matched = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 12, network=via.ops)
+    overlap = measure_overlap(timed_cast("fp16"), comm=comm, n=1 << 12)
+    matched = measure_overlap(timed_cast("fp16"), comm=comm, n=1 << 12, network=via.ops)
     assert 0.0 <= matched <= 1.0
     return {
         "via_comm": (via.samples, network_meta(via)["network_source"]["backend"], overlap),
@@ -73,10 +73,10 @@ def test_profile_and_plan_in_a_real_group_gives_every_rank_the_same_plan() -> No
 
 def _auto_plan_timed(rank: int, world: int) -> tuple[float, str]:
     from hipress.casync.profiling import auto_plan
-    from hipress.secopa.codec import load_codec
+    from hipress.secopa.measure.timed_codec import load_timed_codec
 
     named = resolve_model("mlp").named_numels()
-    alg = load_codec("terngrad", {"bitwidth": 2}).alg  # a real CompLL algorithm, defaults
+    alg = load_timed_codec("terngrad", {"bitwidth": 2}).alg  # a real CompLL algorithm, defaults
     t = time.perf_counter()
     plan = auto_plan(alg, named)
     return time.perf_counter() - t, plan.digest()
@@ -91,10 +91,10 @@ def test_auto_plan_with_defaults_takes_a_few_seconds() -> None:
 
 def _calibrated(rank: int, world: int) -> dict[str, Any]:
     from hipress.casync.profiling import calibrate
-    from hipress.secopa.codec import load_codec
-    from hipress.secopa.runtime import auto_profile
+    from hipress.secopa.measure.runtime import auto_profile
+    from hipress.secopa.measure.timed_codec import load_timed_codec
 
-    alg = load_codec("onebit", {}).alg
+    alg = load_timed_codec("onebit", {}).alg
     plain = auto_profile(alg, compute_budget_s=0.3, max_numel=1 << 18, calibrate_step=False)
     cal = calibrate(alg, plain, numel=1 << 15, warmup=1, steps=3, large=1 << 18)
     return {

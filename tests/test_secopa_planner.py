@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hipress.core.plan import Plan, PlanError, Strategy
-from hipress.secopa.costmodel import CostModel
-from hipress.secopa.models import resolve_model
-from hipress.secopa.planner import Planner, PlannerConfig, plan_named
-from hipress.secopa.profile import Profile, affine_profile
-from hipress.secopa.runtime import check_plan, load_plan_for_model
-from hipress.secopa.selection import ddp_buckets, size_grid
+from hipress.secopa.measure.runtime import check_plan, load_plan_for_model
+from hipress.secopa.model.costmodel import CostModel
+from hipress.secopa.model.planner import Planner, PlannerConfig, plan_named
+from hipress.secopa.model.profile import Profile, affine_profile
+from hipress.secopa.model.selection import ddp_buckets, size_grid
+from hipress.secopa.model.specs import resolve_model
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

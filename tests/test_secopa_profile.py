@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hipress.secopa.costfn import AffineFloor, PiecewiseLinear
-from hipress.secopa.profile import (
+from hipress.secopa.model.costfn import AffineFloor, PiecewiseLinear
+from hipress.secopa.model.profile import (
     AlphaBeta,
     FittedComm,
     PayloadModel,
@@ -143,7 +143,7 @@ def test_compute_scale_by_size_interpolates_in_log_size() -> None:
 
 def test_the_nan_check_costs_a_merge_unless_the_encode_reports_it() -> None:
     from hipress.compll import load
-    from hipress.secopa.codec import AlgorithmCodec
+    from hipress.secopa.measure.timed_codec import TimedAlgorithm
 
     p = _profile()
     n = np.array([0.0, 1e3, 1e6])
@@ -156,8 +156,8 @@ def test_the_nan_check_costs_a_merge_unless_the_encode_reports_it() -> None:
     assert not Profile.from_dict(d).encode_checks_finite
     # onebit's C encode reports it from its own pass; int8's first pass is a segment
     # reduction, it does not
-    assert AlgorithmCodec(load("onebit", backend="cpu")).checks_finite()
-    assert not AlgorithmCodec(load("int8", backend="cpu")).checks_finite()
+    assert TimedAlgorithm(load("onebit", backend="cpu")).checks_finite()
+    assert not TimedAlgorithm(load("int8", backend="cpu")).checks_finite()
 
 
 def test_fitted_comm_round_trips_and_ignores_world_size() -> None:

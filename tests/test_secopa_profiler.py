@@ -8,16 +8,23 @@ import numpy as np
 import pytest
 import torch
 
-from hipress.secopa.codec import CallableCodec, CodecError, as_codec, cast_codec, load_codec
-from hipress.secopa.comm import TorchComm
-from hipress.secopa.costfn import AffineFloor
-from hipress.secopa.netprofiler import (
+from hipress.secopa.measure.comm import TorchComm
+from hipress.secopa.measure.netprofiler import (
     fit_alpha_beta,
     matched_bytes,
     measure_network,
     measure_overlap,
 )
-from hipress.secopa.profile import (
+from hipress.secopa.measure.profiler import build_profile, fit_payload, measure_compute
+from hipress.secopa.measure.timed_codec import (
+    TimedCallables,
+    TimedCodecError,
+    as_timed_codec,
+    load_timed_codec,
+    timed_cast,
+)
+from hipress.secopa.model.costfn import AffineFloor
+from hipress.secopa.model.profile import (
     AlphaBeta,
     MeasuredComm,
     Profile,
@@ -25,14 +32,13 @@ from hipress.secopa.profile import (
     comm_op_from_dict,
     link_network,
 )
-from hipress.secopa.profiler import build_profile, fit_payload, measure_compute
 
 SMALL = (256, 1024, 4096, 16384, 65536)
 
 
-def _fp16_callables() -> CallableCodec:
+def _fp16_callables() -> TimedCallables:
     """Plain torch callables: a cast to fp16 viewed as bytes, and back."""
-    return CallableCodec(
+    return TimedCallables(
         "fp16-callables",
         encode=lambda x: x.to(torch.float16).view(torch.uint8),
         decode=lambda p, n: p.view(torch.float16)[:n].to(torch.float32),
@@ -40,7 +46,7 @@ def _fp16_callables() -> CallableCodec:
     )
 
 
-@pytest.mark.parametrize("codec", [cast_codec("fp16"), _fp16_callables()], ids=["cast", "calls"])
+@pytest.mark.parametrize("codec", [timed_cast("fp16"), _fp16_callables()], ids=["cast", "calls"])
 def test_measure_compute_times_every_op(codec) -> None:  # type: ignore[no-untyped-def]
     samples = measure_compute(codec, sizes=SMALL, budget_s=0.5).samples
     want = {"encode", "decode", "merge"} | ({"decode_acc"} if codec.name == "fp16" else set())
@@ -58,7 +64,7 @@ def test_measure_compute_times_every_op(codec) -> None:  # type: ignore[no-untyp
 
 
 def test_max_size_replaces_the_larger_sizes() -> None:
-    samples = measure_compute(cast_codec("fp16"), sizes=SMALL, budget_s=1.0, max_size=5000)
+    samples = measure_compute(timed_cast("fp16"), sizes=SMALL, budget_s=1.0, max_size=5000)
     assert samples.samples["encode"][0] == (256.0, 1024.0, 4096.0, 5000.0)
 
 
@@ -67,19 +73,21 @@ def test_budget_stops_before_expensive_sizes() -> None:
         time.sleep(x.numel() * 2e-7)  # 4M elements: 0.8 s per call
         return x.to(torch.float16).view(torch.uint8)
 
-    codec = CallableCodec("slow", slow, lambda p, n: p.view(torch.float16).float(), lambda n: 2 * n)
+    codec = TimedCallables(
+        "slow", slow, lambda p, n: p.view(torch.float16).float(), lambda n: 2 * n
+    )
     samples = measure_compute(codec, budget_s=0.3).samples
     measured = samples["encode"][0]
     assert 2 <= len(measured) < 8 and measured[-1] < (1 << 22)
 
 
 def test_payload_model_of_a_cast_is_exact() -> None:
-    pm = fit_payload(cast_codec("fp16"))
+    pm = fit_payload(timed_cast("fp16"))
     assert pm.bytes_per_element == 2.0 and pm.header == 0.0
 
 
 def test_real_compll_algorithm_is_profiled() -> None:
-    codec = load_codec("terngrad", {"bitwidth": 2})
+    codec = load_timed_codec("terngrad", {"bitwidth": 2})
     samples = measure_compute(codec, sizes=SMALL[:3], budget_s=0.5).samples
     # CompLL decodes with accumulate=True, and averages payloads with decode_sum, as CaSync
     assert {"decode_acc", "decode_sum2"} <= set(samples)
@@ -98,14 +106,14 @@ def test_alpha_beta_fit_recovers_a_ring_allreduce() -> None:
 
 
 def test_non_codecs_are_rejected() -> None:
-    with pytest.raises(CodecError, match="neither a Codec nor a CompLL algorithm"):
-        as_codec(object())
-    with pytest.raises(CodecError, match="cannot load algorithm 'no-such-algorithm'"):
-        load_codec("no-such-algorithm")
+    with pytest.raises(TimedCodecError, match="neither a TimedCodec nor a CompLL algorithm"):
+        as_timed_codec(object())
+    with pytest.raises(TimedCodecError, match="cannot load algorithm 'no-such-algorithm'"):
+        load_timed_codec("no-such-algorithm")
 
 
 def test_profile_in_the_original_affine_floor_form_is_saved_as_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    codec = cast_codec("fp16")
+    codec = timed_cast("fp16")
     samples = measure_compute(codec, SMALL, 0.3)
     prof = build_profile(codec, samples, link_network(1e9, 1e-5), form="affine_floor")
     assert prof.meta["form"] == "affine_floor"
@@ -130,7 +138,7 @@ def test_network_measurement_without_a_group_says_so() -> None:
     with pytest.raises(ProfileError, match="measure_network needs an initialised process group"):
         measure_network()
     with pytest.raises(ProfileError, match="measure_overlap needs an initialised process group"):
-        measure_overlap(cast_codec("fp16"))
+        measure_overlap(timed_cast("fp16"))
 
 
 def test_measured_collective_keeps_its_samples_at_its_world_size() -> None:

@@ -1,7 +1,7 @@
 """``hipress bench costfit``: which form of cost function predicts encode/decode time best.
 
 Times encode/decode of a few CompLL algorithms at half-octave sizes (one thread), fits both
-cost forms of :mod:`hipress.secopa.costfn` (piecewise-linear and affine-with-floor) on every
+cost forms of :mod:`hipress.secopa.model.costfn` (piecewise-linear and affine-with-floor) on every
 other size and prints their errors on the held-out sizes; writes ``hipress-results/costfit.json``.
 """
 
@@ -24,16 +24,16 @@ def fit_study(out_path: str, budget_s: float, command: str) -> int:
     """Held-out error of the piecewise-linear and affine-with-floor fits; prints a table."""
     import torch
 
-    from hipress.secopa.codec import load_codec
-    from hipress.secopa.costfn import fit_affine_floor, fit_piecewise
-    from hipress.secopa.profiler import measure_compute
+    from hipress.secopa.measure.profiler import measure_compute
+    from hipress.secopa.measure.timed_codec import load_timed_codec
+    from hipress.secopa.model.costfn import fit_affine_floor, fit_piecewise
 
     torch.set_num_threads(1)
     sizes = [int(2 ** (e / 2)) for e in range(16, 45)]  # 256 .. 4M elements
     rows: list[dict[str, Any]] = []
     print(f"{'algorithm':<10}{'op':<8}{'form':<14}{'median err':>11}{'max err':>9}")
     for name, params in FIT_ALGORITHMS:
-        samples = measure_compute(load_codec(name, params), sizes=sizes, budget_s=budget_s)
+        samples = measure_compute(load_timed_codec(name, params), sizes=sizes, budget_s=budget_s)
         for op in ("encode", "decode"):
             x, t = (np.asarray(v) for v in samples.samples[op])
             train, test = slice(0, None, 2), slice(1, None, 2)

@@ -3,7 +3,7 @@
 In a local gloo group of ``--nproc`` processes (on unshaped loopback, or with ``--rate-mbit``
 each in its own network namespace with a rate-shaped NIC, :mod:`hipress.bench.netsim`) every rank:
 
-1. measures a profile in the group (:func:`~hipress.secopa.runtime.auto_profile`);
+1. measures a profile in the group (:func:`~hipress.secopa.measure.runtime.auto_profile`);
 2. gets from rank 0 three plans for the model: SeCoPa's, all-uncompressed and all-compressed,
    each with its predicted time per step;
 3. runs CaSync (``CaSyncState.submit``) with each plan on DDP's bucket layout of the model with
@@ -32,12 +32,12 @@ from hipress.bench.provenance import stamp
 from hipress.casync.probe import sync_step_ms
 from hipress.casync.profiling import auto_profile
 from hipress.core.plan import Plan, Strategy
-from hipress.secopa.broadcast import broadcast_plan
-from hipress.secopa.codec import AlgorithmCodec, load_codec
-from hipress.secopa.localgroup import run_local
-from hipress.secopa.models import resolve_model
-from hipress.secopa.planner import Planner, PlannerConfig
-from hipress.secopa.selection import ddp_buckets
+from hipress.secopa.measure.broadcast import broadcast_plan
+from hipress.secopa.measure.localgroup import run_local
+from hipress.secopa.measure.timed_codec import TimedAlgorithm, load_timed_codec
+from hipress.secopa.model.planner import Planner, PlannerConfig
+from hipress.secopa.model.selection import ddp_buckets
+from hipress.secopa.model.specs import resolve_model
 
 PLANS = ("planned", "all_uncompressed", "all_compressed")
 TARGET_ERROR = 0.20  # the target: the planned total within 20% of the measured sync time
@@ -49,8 +49,8 @@ def _worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None
     torch.set_num_threads(cfg["threads"])
     spec = resolve_model(cfg["model"])
     named = spec.named_numels()
-    codec = load_codec(cfg["algorithm"], cfg["params"], cfg["backend"])
-    if not isinstance(codec, AlgorithmCodec):
+    codec = load_timed_codec(cfg["algorithm"], cfg["params"], cfg["backend"])
+    if not isinstance(codec, TimedAlgorithm):
         raise RuntimeError("bench plan needs a CompLL algorithm")
     top = max(k for _, k in named)
     profile = auto_profile(codec.alg, compute_budget_s=cfg["budget"], max_numel=top)

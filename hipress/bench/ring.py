@@ -36,7 +36,7 @@ def _ring_formula(every_hop: bool):  # type: ignore[no-untyped-def]
     """
     import dataclasses
 
-    from hipress.secopa.formulas import ORIGINAL_FORMULAS, Term
+    from hipress.secopa.model.formulas import ORIGINAL_FORMULAS, Term
 
     ring = next(f for f in ORIGINAL_FORMULAS if f.name == "ring_compressed")
     if not every_hop:
@@ -50,7 +50,7 @@ def _ring_formula(every_hop: bool):  # type: ignore[no-untyped-def]
 
 def _rows(base: Any, latency_s: float, formulas: tuple[Any, ...]) -> list[dict[str, Any]]:
     """Predicted times of every formula at each overlap, link, world size and tensor size."""
-    from hipress.secopa.costmodel import CostModel
+    from hipress.secopa.model.costmodel import CostModel
 
     rows = []
     for overlap in (0.0, base.overlap):
@@ -106,8 +106,8 @@ def ring_study(profile_paths: list[str], out_path: str, latency_s: float, comman
     bandwidth and tensor size: the best K of each strategy; prints where Ring wins and writes
     the summary to ``out_path``. Returns 0.
     """
-    from hipress.secopa.costmodel import CASYNC_FORMULAS
-    from hipress.secopa.profile import Profile
+    from hipress.secopa.model.costmodel import CASYNC_FORMULAS
+    from hipress.secopa.model.profile import Profile
 
     ring_verbatim, ring_decoded = _ring_formula(False), _ring_formula(True)
     ps, ag = (f for f in CASYNC_FORMULAS if f.name in ("ps", "allgather"))

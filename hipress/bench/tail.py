@@ -26,7 +26,7 @@ from torch import nn
 
 from hipress.core.layout import layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
-from hipress.secopa.network import ALGORITHMS
+from hipress.secopa.model.network import ALGORITHMS
 
 __all__ = ["ReadyClock", "allreduce_bytes", "bytes_sent", "exposed_floor_ms"]
 
@@ -64,7 +64,7 @@ class ReadyClock:
 
 def _sent(algorithm: str, nbytes: float, world_size: int) -> float:
     """Bytes each rank sends in collective ``algorithm`` of SeCoPa's network model
-    (:data:`hipress.secopa.network.ALGORITHMS`: its bandwidth factor) of per-rank size
+    (:data:`hipress.secopa.model.network.ALGORITHMS`: its bandwidth factor) of per-rank size
     ``nbytes``."""
     return ALGORITHMS[algorithm](world_size)[1] * nbytes
 

@@ -28,10 +28,10 @@ from hipress.casync.algorithm import recompressible
 from hipress.casync.logs import RANK_FILTER
 from hipress.core.codec import CompressionAlgorithm, Uncompressed, compresses
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
-from hipress.secopa.calibrate import StepProbe
-from hipress.secopa.planner import PlannerConfig
-from hipress.secopa.runtime import auto_plan, load_plan_for_model
-from hipress.secopa.runtime import check_plan as check_plan_fits_model
+from hipress.secopa.measure.calibrate import StepProbe
+from hipress.secopa.measure.runtime import auto_plan, load_plan_for_model
+from hipress.secopa.measure.runtime import check_plan as check_plan_fits_model
+from hipress.secopa.model.planner import PlannerConfig
 
 __all__ = ["DefaultRule", "check_plan_arg", "resolve_plan"]
 

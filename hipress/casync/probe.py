@@ -1,6 +1,6 @@
 """CaSync's step probe for SeCoPa's calibration: real sync steps on synthetic gradients.
 
-:class:`StateProbe` is a :class:`~hipress.secopa.calibrate.StepProbe` over a state class (the
+:class:`StateProbe` is a :class:`~hipress.secopa.measure.calibrate.StepProbe` over a state class (the
 hook passes :class:`~hipress.casync.state.CaSyncState`, so this module needs no import of the
 hook, which plans with it).
 """
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hipress.core.plan import Plan
-from hipress.secopa.selection import ddp_buckets
+from hipress.secopa.model.selection import ddp_buckets
 
 __all__ = ["StateProbe", "sync_step_ms"]
 
@@ -39,7 +39,7 @@ def sync_step_ms(state: Any, bufs: Sequence[torch.Tensor], names: Sequence[list[
 
 
 class StateProbe:
-    """CaSync's :class:`~hipress.secopa.calibrate.StepProbe`: ``make_state`` is the state class
+    """CaSync's :class:`~hipress.secopa.measure.calibrate.StepProbe`: ``make_state`` is the state class
     (``CaSyncState``), called as ``make_state(algorithm, named_parameters=..., plan=...,
     process_group=..., log_every=0, device=...)``."""
 

@@ -1,5 +1,5 @@
 """What ``hipress plan`` and ``hipress profile`` print: the plan table and totals, what its
-costs rest on (:mod:`hipress.secopa.coverage`) with a warning where a cost is priced far beyond
+costs rest on (:mod:`hipress.secopa.model.coverage`) with a warning where a cost is priced far beyond
 what was measured, and a profile's summary."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TextIO
 
 from hipress.core.plan import Plan
-from hipress.secopa.coverage import CostSource, cost_sources, far_extrapolations
-from hipress.secopa.profile import Profile
+from hipress.secopa.model.coverage import CostSource, cost_sources, far_extrapolations
+from hipress.secopa.model.profile import Profile
 
 __all__ = ["print_plan", "print_profile", "print_sources", "warn_extrapolation"]
 
@@ -69,7 +69,7 @@ def _network_summary(profile: Profile) -> str:
 
 def print_profile(profile: Profile, out: TextIO) -> None:
     """A short human summary of a profile."""
-    from hipress.secopa.netprofiler import bandwidth_summary
+    from hipress.secopa.measure.netprofiler import bandwidth_summary
 
     print(
         f"{profile.algorithm} {dict(profile.params)}: payload "

@@ -28,17 +28,17 @@ from hipress.cli.options import add_alias, spelled
 from hipress.cli.planreport import print_plan, print_profile, print_sources, warn_extrapolation
 from hipress.cli.progress import phase
 from hipress.core.plan import PlanError, Strategy
-from hipress.secopa.codec import CodecError, load_codec
-from hipress.secopa.coverage import cost_sources
-from hipress.secopa.localgroup import LocalGroupError, measure_local
-from hipress.secopa.models import ModelSpecError, builtin_models, resolve_model
-from hipress.secopa.planner import PlannerConfig, plan_named
-from hipress.secopa.profile import Profile, ProfileError, link_network
-from hipress.secopa.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
+from hipress.secopa.measure.localgroup import LocalGroupError, measure_local
+from hipress.secopa.measure.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
+from hipress.secopa.measure.timed_codec import TimedCodecError, load_timed_codec
+from hipress.secopa.model.coverage import cost_sources
+from hipress.secopa.model.planner import PlannerConfig, plan_named
+from hipress.secopa.model.profile import Profile, ProfileError, link_network
+from hipress.secopa.model.specs import ModelSpecError, builtin_models, resolve_model
 
 log = logging.getLogger(__name__)
 
-USER_ERRORS = (PlanError, ProfileError, ModelSpecError, CodecError, LocalGroupError)
+USER_ERRORS = (PlanError, ProfileError, ModelSpecError, TimedCodecError, LocalGroupError)
 DEFAULT_LATENCY_S = 25e-6
 
 
@@ -213,7 +213,7 @@ def _codec_profile(
     meta: dict[str, Any],
     largest: int | None = None,
 ) -> Profile:
-    codec = load_codec(args.algorithm or "terngrad", dict(args.param), args.backend)
+    codec = load_timed_codec(args.algorithm or "terngrad", dict(args.param), args.backend)
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)

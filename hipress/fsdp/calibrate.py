@@ -19,11 +19,11 @@ import torch.distributed as dist
 
 from hipress.core.codec import CompressionAlgorithm
 from hipress.fsdp.collective import TRAILER, CompressedReduceScatter
-from hipress.secopa.calibrate import SCALE_RANGE
-from hipress.secopa.comm import TorchComm
-from hipress.secopa.costmodel import CostModel
-from hipress.secopa.formulas import reduce_scatter_formulas
-from hipress.secopa.profile import Profile
+from hipress.secopa.measure.calibrate import SCALE_RANGE
+from hipress.secopa.measure.comm import TorchComm
+from hipress.secopa.model.costmodel import CostModel
+from hipress.secopa.model.formulas import reduce_scatter_formulas
+from hipress.secopa.model.profile import Profile
 from hipress.timing import ms_per_call
 
 __all__ = ["PROBE_NUMEL", "calibrate"]
@@ -43,7 +43,7 @@ def calibrate(
     """``profile`` with ``compute_scale`` measured on a compressed reduce-scatter of
     ``min(numel, PROBE_NUMEL)`` float32 elements with ``feedback`` over ``group`` on ``device``:
     the slowest rank's median time less the predicted communication, over the predicted
-    compute, clipped to :data:`~hipress.secopa.calibrate.SCALE_RANGE`. The probe is recorded
+    compute, clipped to :data:`~hipress.secopa.measure.calibrate.SCALE_RANGE`. The probe is recorded
     in ``meta["calibration"]``. Every rank of ``group`` must call it."""
     comm = TorchComm(group, device)
     ws, rank = comm.size, comm.rank

@@ -7,7 +7,7 @@ Three ways to decide, chosen by ``plan``:
 - ``"auto"``: SeCoPa's cost model, per unit. FSDP2's plain reduce-scatter of the unit's padded
   gradient in its reduce dtype is priced against the compressed one (N encodes, one
   all_to_all of the payloads, the average of N payloads) with
-  :func:`~hipress.secopa.formulas.reduce_scatter_formulas`. The costs come from ``profile``
+  :func:`~hipress.secopa.model.formulas.reduce_scatter_formulas`. The costs come from ``profile``
   if given (without a ``reduce_scatter`` cost, its ``all_to_all`` prices it: right for a
   link, low for gloo's reduce-scatter), else from a profile measured in the unit's process
   group: the collectives and the algorithm's compute as DDP's ``plan="auto"`` measures them,
@@ -40,13 +40,13 @@ from hipress.fsdp.calibrate import calibrate
 from hipress.fsdp.collective import TRAILER
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import resolve_feedback
-from hipress.secopa.codec import CodecError
-from hipress.secopa.comm import TorchComm
-from hipress.secopa.costmodel import CostModel
-from hipress.secopa.formulas import reduce_scatter_formulas
-from hipress.secopa.netprofiler import measure_collective
-from hipress.secopa.profile import Profile, ProfileError
-from hipress.secopa.runtime import auto_profile
+from hipress.secopa.measure.comm import TorchComm
+from hipress.secopa.measure.netprofiler import measure_collective
+from hipress.secopa.measure.runtime import auto_profile
+from hipress.secopa.measure.timed_codec import TimedCodecError
+from hipress.secopa.model.costmodel import CostModel
+from hipress.secopa.model.formulas import reduce_scatter_formulas
+from hipress.secopa.model.profile import Profile, ProfileError
 
 __all__ = [
     "MARGIN",
@@ -325,7 +325,7 @@ def _auto(
                 # reduce-scatter takes longer than its allreduce)
                 rs = measure_collective("reduce_scatter", "ring_reducescatter", u.group,
                                         device=device)  # fmt: skip
-            except (CodecError, ProfileError) as exc:
+            except (TimedCodecError, ProfileError) as exc:
                 raise FsdpError(f"plan='auto' cannot profile {algorithm.name}: {exc}") from None
             prof = dataclasses.replace(prof, network={**prof.network, "reduce_scatter": rs})
             where = device if device is not None else torch.device("cpu")

@@ -41,7 +41,7 @@ from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import resolve_feedback
 from hipress.fsdp.planning import FsdpPlan, PlanArg, UnitInfo, check_plan_arg, plan_units
 from hipress.fsdp.replicate import ReplicaAllReduce
-from hipress.secopa.profile import Profile
+from hipress.secopa.model.profile import Profile
 
 __all__ = ["FsdpCompression", "register"]
 
@@ -198,7 +198,7 @@ def register(
     each unit's reduced shard is also averaged across the replicas, compressed. ``plan`` says
     which units compress (:mod:`hipress.fsdp.planning`): ``"default"`` (the size rule above),
     ``"auto"`` (SeCoPa prices each unit's plain and compressed reduce-scatter, on ``profile``
-    if given, a :class:`~hipress.secopa.profile.Profile` or its JSON file, else on one it
+    if given, a :class:`~hipress.secopa.model.profile.Profile` or its JSON file, else on one it
     measures in the units' process group: a second or two, every rank taking part), or a
     mapping ``{unit name: bool}`` (units left out follow the size rule) or callable
     ``name -> bool``. Call it on every rank, before the first backward. Returns the

@@ -1,6 +1,6 @@
 """SeCoPa's transport over Horovod: what ``plan="auto"`` profiles and broadcasts the plan with.
 
-:class:`HorovodComm` implements :class:`~hipress.secopa.comm.Comm` with Horovod's public
+:class:`HorovodComm` implements :class:`~hipress.secopa.measure.comm.Comm` with Horovod's public
 operations, the ones :class:`~hipress.horovod.sync.HorovodSync` trains with: ``allreduce_``
 (``op=Sum``), ``allgather``/``allgather_async`` (a fresh output per call, as in training),
 ``alltoall`` (even splits), ``broadcast_``, ``allreduce(op=Max)`` for the timings, ``barrier``
@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from hipress.secopa.comm import Wait
-from hipress.secopa.profile import ProfileError
+from hipress.secopa.measure.comm import Wait
+from hipress.secopa.model.profile import ProfileError
 
 __all__ = ["HorovodComm"]
 
 
 class HorovodComm:
-    """:class:`~hipress.secopa.comm.Comm` over all Horovod ranks (``hvd.init()`` done), with
+    """:class:`~hipress.secopa.measure.comm.Comm` over all Horovod ranks (``hvd.init()`` done), with
     buffers on ``device`` (the gradients'; default CPU).
 
     Every operation carries a name (``hipress.secopa.<op>.<bytes>``): Horovod matches

@@ -29,8 +29,8 @@ from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.horovod.comm import HorovodComm
 from hipress.horovod.errors import HorovodSyncError, import_horovod
 from hipress.horovod.sync import HorovodSync, Pending
-from hipress.secopa.planner import PlannerConfig
-from hipress.secopa.runtime import auto_plan
+from hipress.secopa.measure.runtime import auto_plan
+from hipress.secopa.model.planner import PlannerConfig
 
 __all__ = ["DistributedOptimizer"]
 

@@ -25,10 +25,10 @@ import hipress.horovod
 from hipress.casync.reference import ReferenceSync
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.horovod.comm import HorovodComm
-from hipress.secopa.codec import cast_codec
-from hipress.secopa.netprofiler import measure_network, measure_overlap, network_meta
-from hipress.secopa.profile import COLLECTIVES, AlphaBeta, MeasuredComm
-from hipress.secopa.runtime import plan_for_model
+from hipress.secopa.measure.netprofiler import measure_network, measure_overlap, network_meta
+from hipress.secopa.measure.runtime import plan_for_model
+from hipress.secopa.measure.timed_codec import timed_cast
+from hipress.secopa.model.profile import COLLECTIVES, AlphaBeta, MeasuredComm
 
 
 class CheckFailure(Exception):
@@ -265,7 +265,7 @@ def check_profile_over_horovod() -> None:
     every = hvd.allgather_object(mine, name="check.profile.samples")
     if any(e != every[0] for e in every) or every[0][1] != "horovod/gloo":
         raise CheckFailure(f"ranks measured differently: {every}")
-    ov = measure_overlap(cast_codec("fp16"), comm=comm, n=1 << 14)
+    ov = measure_overlap(timed_cast("fp16"), comm=comm, n=1 << 14)
     if not 0.0 <= ov <= 1.0 or len(set(hvd.allgather_object(ov, name="check.ov"))) != 1:
         raise CheckFailure(f"overlap {ov} out of range or different per rank")
     try:

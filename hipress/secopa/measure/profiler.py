@@ -1,10 +1,10 @@
-"""The profiler: measures a :class:`~hipress.secopa.profile.Profile` on this machine.
+"""The profiler: measures a :class:`~hipress.secopa.model.profile.Profile` on this machine.
 
 - :func:`measure_compute` times a codec's encode and decode and a float32 merge at a handful of
   sizes, adaptively, within a time budget (one process, no process group needed).
 - :func:`fit_payload` fits the payload size model from ``payload_nbytes``.
 - :func:`build_profile` assembles a profile from these and a network: measured by
-  :mod:`hipress.secopa.netprofiler` (collectives and overlap, in a process group), or a
+  :mod:`hipress.secopa.measure.netprofiler` (collectives and overlap, in a process group), or a
   user-given link.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hipress.secopa.codec import Codec
-from hipress.secopa.costfn import fit_affine_floor, fit_piecewise, relative_error
-from hipress.secopa.profile import COMPUTE_OPS, CommOp, PayloadModel, Profile, ProfileError
+from hipress.secopa.measure.timed_codec import TimedCodec
+from hipress.secopa.model.costfn import fit_affine_floor, fit_piecewise, relative_error
+from hipress.secopa.model.profile import COMPUTE_OPS, CommOp, PayloadModel, Profile, ProfileError
 from hipress.timing import ms_per_call
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class ComputeSamples:
 
 
 def measure_compute(
-    codec: Codec,
+    codec: TimedCodec,
     sizes: Sequence[int] = DEFAULT_COMPUTE_SIZES,
     budget_s: float = 1.5,
     max_reps: int = 25,
@@ -92,7 +92,7 @@ def measure_compute(
     return ComputeSamples({op: (tuple(x), tuple(t)) for op, (x, t) in got.items()})
 
 
-def fit_payload(codec: Codec) -> PayloadModel:
+def fit_payload(codec: TimedCodec) -> PayloadModel:
     """Least-squares line through ``payload_nbytes(n)`` for n = 2^10 .. 2^24.
 
     The header is the mean excess over the slope, clipped at 0; the model is within the
@@ -108,7 +108,7 @@ def fit_payload(codec: Codec) -> PayloadModel:
 
 
 def build_profile(
-    codec: Codec,
+    codec: TimedCodec,
     compute: ComputeSamples,
     network: Mapping[str, CommOp],
     overlap: float = 1.0,

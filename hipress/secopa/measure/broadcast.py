@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hipress.core.plan import Plan, PlanError
-from hipress.secopa.comm import Comm, TorchComm
+from hipress.secopa.measure.comm import Comm, TorchComm
 
 __all__ = ["broadcast_plan"]
 

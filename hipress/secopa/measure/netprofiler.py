@@ -5,13 +5,13 @@
   this world size) and an alpha-beta fit (its cost at other world sizes); every rank must call
   it, and every rank gets the same result.
 - :func:`measure_overlap` estimates how much an encode overlaps an in-flight collective.
-- Both run over a :class:`~hipress.secopa.comm.Comm`: ``torch.distributed`` by default, or
+- Both run over a :class:`~hipress.secopa.measure.comm.Comm`: ``torch.distributed`` by default, or
   Horovod's (``hipress.horovod``'s ``plan="auto"``).
 - :func:`network_meta` records a measured network's provenance, :func:`bandwidth_summary`
   describes one op for people.
 
-The compute half and the assembly of a profile are in :mod:`hipress.secopa.profiler`; the
-local multi-process variant for the CLI is :func:`hipress.secopa.localgroup.measure_local`.
+The compute half and the assembly of a profile are in :mod:`hipress.secopa.measure.profiler`; the
+local multi-process variant for the CLI is :func:`hipress.secopa.measure.localgroup.measure_local`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hipress.secopa.codec import Codec
-from hipress.secopa.comm import Comm, TorchComm
-from hipress.secopa.profile import (
+from hipress.secopa.measure.comm import Comm, TorchComm
+from hipress.secopa.measure.profiler import Samples
+from hipress.secopa.measure.timed_codec import TimedCodec
+from hipress.secopa.model.profile import (
     ALGORITHMS,
     COLLECTIVES,
     GLOO_ALGORITHMS,
@@ -36,7 +37,6 @@ from hipress.secopa.profile import (
     MeasuredComm,
     ProfileError,
 )
-from hipress.secopa.profiler import Samples
 from hipress.timing import ms_per_call
 
 # bytes; every factor 4 from 128 KiB, where a shaped link's burst gives way to its rate (the
@@ -226,7 +226,7 @@ def measure_collective(
     ``device``) that :func:`measure_network` does not, such as ``reduce_scatter``, as it measures
     its own: the slowest rank's median at each of ``sizes`` (bytes per rank; extended on a fast
     network), its samples at this world size and an alpha-beta fit with ``algorithm`` (a name
-    in :data:`~hipress.secopa.network.ALGORITHMS`) at others. Every rank must call it with the
+    in :data:`~hipress.secopa.model.network.ALGORITHMS`) at others. Every rank must call it with the
     same arguments; every rank gets the same result. Raises :class:`ProfileError` for a group
     of one rank or a collective ``comm`` does not have."""
     comm = _comm(comm, group, "measure_collective", device)
@@ -252,7 +252,7 @@ def matched_bytes(op: CommOp, world: int, ms: float) -> int:
 
 
 def measure_overlap(
-    codec: Codec,
+    codec: TimedCodec,
     group: Any = None,
     n: int = 1 << 18,
     *,

@@ -7,7 +7,7 @@
   :mod:`hipress.casync.profiling`, which passes CaSync's step probe for the calibration): it
   measures the network in the current group and the algorithm's compute costs (a few seconds in
   all), then plans as above. ``hipress.horovod``'s ``plan="auto"`` calls it with ``comm=`` a Horovod
-  :class:`~hipress.secopa.comm.Comm`, so the same measurement and broadcast run over Horovod.
+  :class:`~hipress.secopa.measure.comm.Comm`, so the same measurement and broadcast run over Horovod.
 - :func:`load_plan_for_model` / :func:`check_plan` reject a plan that does not fit the model or
   the world size, with a message saying what differs.
 """
@@ -24,14 +24,14 @@ import torch.distributed as dist
 from torch import nn
 
 from hipress.core.plan import Plan, PlanError
-from hipress.secopa.broadcast import broadcast_plan
-from hipress.secopa.calibrate import StepProbe, calibrate
-from hipress.secopa.codec import AlgorithmCodec, as_codec
-from hipress.secopa.comm import Comm, TorchComm
-from hipress.secopa.netprofiler import measure_network, measure_overlap, network_meta
-from hipress.secopa.planner import PlannerConfig, plan_named
-from hipress.secopa.profile import Profile
-from hipress.secopa.profiler import build_profile, measure_compute
+from hipress.secopa.measure.broadcast import broadcast_plan
+from hipress.secopa.measure.calibrate import StepProbe, calibrate
+from hipress.secopa.measure.comm import Comm, TorchComm
+from hipress.secopa.measure.netprofiler import measure_network, measure_overlap, network_meta
+from hipress.secopa.measure.profiler import build_profile, measure_compute
+from hipress.secopa.measure.timed_codec import TimedAlgorithm, as_timed_codec
+from hipress.secopa.model.planner import PlannerConfig, plan_named
+from hipress.secopa.model.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -140,18 +140,18 @@ def auto_profile(
     compute costs are measured by every rank at the same time (as they will run in training),
     up to ``max_numel`` elements if given. Then, over
     ``torch.distributed`` and for a CompLL algorithm, the profile is calibrated against CaSync's
-    real steps in the group (:func:`~hipress.secopa.calibrate.calibrate`: compute inside a step
+    real steps in the group (:func:`~hipress.secopa.measure.calibrate.calibrate`: compute inside a step
     and CaSync's fixed cost per collective) run by ``probe`` (CaSync's:
     :func:`hipress.casync.profiling.auto_profile` passes it), unless ``calibrate_step`` is false
     or there is no ``probe`` (the profile then stays uncalibrated). Each rank
     returns its own profile; the network part and the calibration are identical on all ranks.
-    ``device``: where the model trains (default: the group's, :func:`~hipress.secopa.comm.
+    ``device``: where the model trains (default: the group's, :func:`~hipress.secopa.measure.comm.
     default_device`); collectives and kernels are measured there, on a GPU with CUDA events.
     """
     if comm is None:
         comm = TorchComm(group, device)
     dev = getattr(comm, "device", None) if device is None else torch.device(device)
-    codec = as_codec(algorithm, dev)
+    codec = as_timed_codec(algorithm, dev)
     top = max(max_numel, 512) if max_numel is not None else None
     net = measure_network(group, comm=comm, largest=4 * top if top is not None else None)
     ov = measure_overlap(codec, group, n=1 << 20, comm=comm, network=net.ops) if overlap else 1.0
@@ -160,7 +160,7 @@ def auto_profile(
     torch_comm = comm is None or isinstance(comm, TorchComm)
     if probe is None and calibrate_step and torch_comm:
         log.debug("auto_profile: no step probe given, the profile is not calibrated")
-    if probe is not None and calibrate_step and torch_comm and isinstance(codec, AlgorithmCodec):
+    if probe is not None and calibrate_step and torch_comm and isinstance(codec, TimedAlgorithm):
         group = comm.group if isinstance(comm, TorchComm) else group
         numel = min(top, PROBE_NUMEL) if top is not None else PROBE_NUMEL
         large = min(top, LARGE_PROBE_NUMEL) if top is not None else None
@@ -185,7 +185,7 @@ def auto_plan(
     """Profile (see :func:`auto_profile`) and plan on rank 0, broadcast to all ranks.
 
     Args:
-        algorithm: a CompLL algorithm object or a :class:`~hipress.secopa.codec.Codec`.
+        algorithm: a CompLL algorithm object or a :class:`~hipress.secopa.measure.timed_codec.Codec`.
         model: a module or its ``(name, numel)`` pairs.
         world_size: checked against the group's size if given.
         group: the process group CaSync synchronises over (default: the default group).

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from hipress.secopa.models import (
+from hipress.secopa.model.specs import (
     ModelSpecError,
     builtin_models,
     module_from_spec,
@@ -21,7 +21,7 @@ from hipress.secopa.models import (
 
 
 def make_net() -> nn.Module:
-    """A factory ``resolve_model`` imports as ``test_secopa_models:make_net``."""
+    """A factory ``resolve_model`` imports as ``test_secopa_specs:make_net``."""
     return nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2, bias=False))
 
 
@@ -49,7 +49,7 @@ def test_builtin_names_are_listed() -> None:
 
 
 def test_module_attr_import_of_a_factory_and_a_class() -> None:
-    spec = resolve_model("test_secopa_models:make_net")
+    spec = resolve_model("test_secopa_specs:make_net")
     assert spec.named_numels() == [("0.weight", 32), ("0.bias", 4), ("2.weight", 8)]
     assert resolve_model("torch.nn:Identity").params == ()
 
@@ -61,7 +61,7 @@ def test_module_attr_import_of_a_factory_and_a_class() -> None:
         ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
         ("torch.nn:NoSuchThing", "has no attribute 'NoSuchThing'"),
         ("torch.nn:Linear", "calling it without arguments failed"),
-        ("test_secopa_models:NOT_A_MODULE", "not an nn.Module or factory"),
+        ("test_secopa_specs:NOT_A_MODULE", "not an nn.Module or factory"),
         (":x", "expected module:attr"),
     ],
 )

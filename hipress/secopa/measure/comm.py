@@ -1,8 +1,8 @@
 """The transport the profiler and the plan broadcast run over.
 
-SeCoPa's online profile (:func:`~hipress.secopa.netprofiler.measure_network`,
-:func:`~hipress.secopa.netprofiler.measure_overlap`) and the plan broadcast
-(:func:`~hipress.secopa.runtime.broadcast_plan`) need only a few collective calls; :class:`Comm`
+SeCoPa's online profile (:func:`~hipress.secopa.measure.netprofiler.measure_network`,
+:func:`~hipress.secopa.measure.netprofiler.measure_overlap`) and the plan broadcast
+(:func:`~hipress.secopa.measure.runtime.broadcast_plan`) need only a few collective calls; :class:`Comm`
 names them, so the same measurement runs over ``torch.distributed`` (:class:`TorchComm`, the
 default everywhere) or over Horovod (``hipress.horovod.comm.HorovodComm``). A ``Comm`` measures
 the collectives the way its training path issues them, so the profile describes that path.
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hipress.core.torchcompat import reduce_scatter_single
-from hipress.secopa.profile import ProfileError
+from hipress.secopa.model.profile import ProfileError
 
 __all__ = ["Comm", "TorchComm", "Wait", "default_device"]
 

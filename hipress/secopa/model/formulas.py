@@ -1,4 +1,4 @@
-"""The strategy tables the cost model evaluates (see :mod:`hipress.secopa.costmodel`).
+"""The strategy tables the cost model evaluates (see :mod:`hipress.secopa.model.costmodel`).
 
 A strategy is a :class:`Formula`: a table of :class:`Term` (an operation, how many times it
 runs, on what size, as functions of the :class:`Dims` of one evaluation) and a combine rule.
@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from hipress.core.plan import Strategy
-from hipress.secopa.profile import PayloadModel
+from hipress.secopa.model.profile import PayloadModel
 
 Array = NDArray[np.float64]
 
@@ -222,7 +222,7 @@ def reduce_scatter_formulas(
 
     - ``"reduce_scatter"``: the plain collective on the ``grad_bytes * m`` bytes each rank holds
       (the ``reduce_scatter`` network op: measured, or a profile's ``all_to_all``, see
-      :meth:`~hipress.secopa.profile.Profile.comm_op`) and the N-1 adds of the shard it keeps
+      :meth:`~hipress.secopa.model.profile.Profile.comm_op`) and the N-1 adds of the shard it keeps
       (``merge``);
     - ``"compressed_reduce_scatter"``: every rank checks and encodes the N shards of ``m/N``
       elements, one ``all_to_all`` sends the N payloads (each followed by ``trailer_bytes``),
@@ -230,7 +230,7 @@ def reduce_scatter_formulas(
       ``decode_more``, ``average``). It needs a shard of at least one element per rank.
 
     Neither has a CaSync strategy (``strategy`` is None): they are for
-    :meth:`~hipress.secopa.costmodel.CostModel.time`, not for DDP plans.
+    :meth:`~hipress.secopa.model.costmodel.CostModel.time`, not for DDP plans.
     """
 
     def shard_bytes(d: Dims) -> Array:

@@ -6,7 +6,7 @@ bucket ("bulk synchronisation"). :class:`Selector` decides per tensor size, comp
 
 - *uncompressed*: the tensor's marginal share of its bucket's allreduce (bandwidth only: the
   allreduce and its latency are paid once per bucket anyway), with
-- *compressed*: the best (strategy, K) predicted by :class:`~hipress.secopa.costmodel.CostModel`
+- *compressed*: the best (strategy, K) predicted by :class:`~hipress.secopa.model.costmodel.CostModel`
   for the tensor alone, pipelined over K partitions, latency included (as if it had its rounds
   to itself; sharing them only makes it cheaper).
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipress.core.plan import PlanError, Strategy
-from hipress.secopa.costmodel import Choice, CostModel, Member
+from hipress.secopa.model.costmodel import Choice, CostModel, Member
 
 GRID_TOP = 1 << 32
 

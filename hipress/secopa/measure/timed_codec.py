@@ -1,6 +1,6 @@
 """What the profiler measures: an encode/decode pair on pre-allocated buffers.
 
-A :class:`Codec` names an algorithm, gives its payload size, and for a size n prepares
+A :class:`TimedCodec` names an algorithm, gives its payload size, and for a size n prepares
 zero-argument closures (``encode``, ``decode`` and, if it can, ``decode_acc``: decode adding
 into the output, and ``decode_sum2``: the average of two payloads, as CaSync averages) that
 work on buffers allocated once, so the profiler times the kernels and not the allocator (fresh
@@ -8,10 +8,10 @@ large tensors cost page faults here).
 
 Three adapters:
 
-- :class:`AlgorithmCodec` wraps a CompLL algorithm (``hipress.compll.load(...)``).
-- :class:`CallableCodec` wraps plain ``encode(x) -> payload`` / ``decode(payload, n) -> x``
+- :class:`TimedAlgorithm` wraps a CompLL algorithm (``hipress.compll.load(...)``).
+- :class:`TimedCallables` wraps plain ``encode(x) -> payload`` / ``decode(payload, n) -> x``
   callables.
-- :func:`cast_codec` is a dtype cast (``fp16``/``bf16``), the baseline users compare with.
+- :func:`timed_cast` is a dtype cast (``fp16``/``bf16``), the baseline users compare with.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch
 Thunk = Callable[[], object]
 
 
-class CodecError(ValueError):
+class TimedCodecError(ValueError):
     """An algorithm or codec cannot be profiled (unknown name, missing method)."""
 
 
 @runtime_checkable
-class Codec(Protocol):
+class TimedCodec(Protocol):
     """An encode/decode pair the profiler can time (see the module docstring)."""
 
     name: str
@@ -50,7 +50,7 @@ def _gradient(n: int, seed: int = 0, device: torch.device | None = None) -> torc
 
 
 @dataclass(frozen=True)
-class AlgorithmCodec:
+class TimedAlgorithm:
     """A CompLL algorithm object (``encode(g, state, out)``, ``decode(p, n, out)``), run on
     tensors on ``device`` (default CPU; a GPU for a model trained there: its CUDA kernels)."""
 
@@ -102,7 +102,7 @@ class AlgorithmCodec:
 
 
 @dataclass(frozen=True)
-class CallableCodec:
+class TimedCallables:
     """Plain callables: ``encode(x) -> uint8 payload``, ``decode(payload, n) -> float32``.
 
     Allocation inside the callables is timed too (that is their cost).
@@ -131,7 +131,7 @@ class CallableCodec:
 
 
 @dataclass(frozen=True)
-class _CastCodec:
+class _TimedCast:
     name: str
     dtype: torch.dtype
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -152,31 +152,33 @@ class _CastCodec:
         }
 
 
-def cast_codec(name: str) -> Codec:
+def timed_cast(name: str) -> TimedCodec:
     """``fp16`` or ``bf16``: a cast into a pre-allocated buffer and back."""
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     if name not in dtypes:
-        raise CodecError(f"unknown cast codec {name!r} (fp16, bf16)")
-    return _CastCodec(name, dtypes[name])
+        raise TimedCodecError(f"unknown cast codec {name!r} (fp16, bf16)")
+    return _TimedCast(name, dtypes[name])
 
 
-def as_codec(obj: object, device: torch.device | str | None = None) -> Codec:
-    """Return ``obj`` as a :class:`Codec`: a codec as is, a CompLL algorithm wrapped (run on
+def as_timed_codec(obj: object, device: torch.device | str | None = None) -> TimedCodec:
+    """Return ``obj`` as a :class:`TimedCodec`: a codec as is, a CompLL algorithm wrapped (run on
     ``device``)."""
-    if isinstance(obj, Codec):
+    if isinstance(obj, TimedCodec):
         return obj
     needed = ("name", "params", "payload_nbytes", "init_state", "encode", "decode")
     if all(hasattr(obj, a) for a in needed):
-        return AlgorithmCodec(obj, torch.device(device) if device is not None else None)
-    raise CodecError(
-        f"{type(obj).__name__} is neither a Codec nor a CompLL algorithm (needs {needed})"
+        return TimedAlgorithm(obj, torch.device(device) if device is not None else None)
+    raise TimedCodecError(
+        f"{type(obj).__name__} is neither a TimedCodec nor a CompLL algorithm (needs {needed})"
     )
 
 
-def load_codec(name: str, params: Mapping[str, Any] | None = None, backend: str = "auto") -> Codec:
+def load_timed_codec(
+    name: str, params: Mapping[str, Any] | None = None, backend: str = "auto"
+) -> TimedCodec:
     """A CompLL algorithm by name (``hipress.compll.load``), as a codec.
 
-    Without CompLL, ``fp16``/``bf16`` fall back to plain casts. Raises :class:`CodecError`
+    Without CompLL, ``fp16``/``bf16`` fall back to plain casts. Raises :class:`TimedCodecError`
     if the name or parameters are unknown.
     """
     params = dict(params or {})
@@ -184,12 +186,12 @@ def load_codec(name: str, params: Mapping[str, Any] | None = None, backend: str 
         from hipress.compll import BackendError, CllError, load
     except ImportError as exc:
         if name in ("fp16", "bf16") and not params:
-            return cast_codec(name)
-        raise CodecError(
+            return timed_cast(name)
+        raise TimedCodecError(
             f"cannot load algorithm {name!r}: hipress.compll is unavailable ({exc}); "
             "use a saved --profile"
         ) from None
     try:
-        return AlgorithmCodec(load(name, backend=backend, **params))
+        return TimedAlgorithm(load(name, backend=backend, **params))
     except (CllError, BackendError, KeyError, ValueError, TypeError, OSError) as exc:
-        raise CodecError(f"cannot load algorithm {name!r} with {params}: {exc}") from None
+        raise TimedCodecError(f"cannot load algorithm {name!r} with {params}: {exc}") from None

@@ -28,8 +28,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from hipress.core.plan import Strategy
-from hipress.secopa.formulas import CASYNC_FORMULAS, ORIGINAL_FORMULAS, Dims, Formula, Term
-from hipress.secopa.profile import Profile, ProfileError
+from hipress.secopa.model.formulas import CASYNC_FORMULAS, ORIGINAL_FORMULAS, Dims, Formula, Term
+from hipress.secopa.model.profile import Profile, ProfileError
 
 __all__ = [
     "CASYNC_FORMULAS",
@@ -120,7 +120,7 @@ class CostModel:
 
     def compute_term(self, t: Term, d: Dims) -> Array:
         """ms of a compute term: ``count`` runs on ``size``; for ``pieces`` of one region, at
-        least one run over the whole region (:class:`~hipress.secopa.formulas.Term`)."""
+        least one run over the whole region (:class:`~hipress.secopa.model.formulas.Term`)."""
         count = np.asarray(t.count(d), dtype=np.float64)
         ms = count * self.profile.compute_ms(t.op, t.size(d))
         if t.pieces:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hipress.secopa.costfn import CostFn, costfn_from_dict
+from hipress.secopa.model.costfn import CostFn, costfn_from_dict
 
 
 class ProfileError(ValueError):

@@ -1,6 +1,6 @@
 """The planner: (parameter name, element count) pairs + a profile -> a :class:`Plan`.
 
-Which sizes to compress, and how, is :mod:`~hipress.secopa.selection`'s: per-size rules, a
+Which sizes to compress, and how, is :mod:`~hipress.secopa.model.selection`'s: per-size rules, a
 bucket pass and a guard, all of which keep "compress exactly the tensors above a size" (the
 rules and why they are safe: its docstring and docs/explanation/secopa.md). This module
 assembles the plan from that selection: one :class:`TensorPlan` per parameter, in order, the
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
-from hipress.secopa.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
-from hipress.secopa.profile import AlphaBeta, MeasuredComm, Profile
-from hipress.secopa.selection import Decision, Selector, ddp_buckets
+from hipress.secopa.model.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
+from hipress.secopa.model.profile import AlphaBeta, MeasuredComm, Profile
+from hipress.secopa.model.selection import Decision, Selector, ddp_buckets
 
 log = logging.getLogger(__name__)
 

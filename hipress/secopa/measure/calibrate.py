@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 
 from hipress.core.plan import Plan
-from hipress.secopa.broadcast import broadcast_plan
-from hipress.secopa.planner import Planner
-from hipress.secopa.profile import Profile
+from hipress.secopa.measure.broadcast import broadcast_plan
+from hipress.secopa.model.planner import Planner
+from hipress.secopa.model.profile import Profile
 
 __all__ = ["StepProbe", "calibrate"]
 

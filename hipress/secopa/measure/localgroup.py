@@ -118,7 +118,7 @@ def run_local(
 
 
 def _network_worker(rank: int, world: int) -> Any:
-    from hipress.secopa.netprofiler import measure_network, network_meta
+    from hipress.secopa.measure.netprofiler import measure_network, network_meta
 
     net = measure_network()
     return net, network_meta(net)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hipress.secopa.costfn import AffineFloor, PiecewiseLinear
-from hipress.secopa.profile import COLLECTIVES, COMPUTE_OPS, AlphaBeta, MeasuredComm, Profile
+from hipress.secopa.model.costfn import AffineFloor, PiecewiseLinear
+from hipress.secopa.model.profile import COLLECTIVES, COMPUTE_OPS, AlphaBeta, MeasuredComm, Profile
 
 __all__ = ["FAR", "CostSource", "cost_sources", "far_extrapolations"]
 

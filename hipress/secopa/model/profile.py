@@ -10,7 +10,7 @@ A :class:`Profile` holds
   algorithm, so it extrapolates to any world size), and
 - ``overlap`` in [0, 1]: how much computation hides behind communication when partitions are
   pipelined (1 = perfectly, 0 = not at all), and
-- the host's calibration (:mod:`hipress.secopa.calibrate`): ``compute_scale``, how much slower
+- the host's calibration (:mod:`hipress.secopa.measure.calibrate`): ``compute_scale``, how much slower
   encode and decode run inside a sync step than timed alone (they share the cores with
   collectives and the other threads), measured per probe size where the model has tensors of
   very different sizes (``compute_scale_by_size``), and ``call_ms``, a fixed cost per
@@ -18,7 +18,7 @@ A :class:`Profile` holds
   1 and 0 when not measured.
 
 Profiles are immutable and JSON round-trippable. The profilers measure them (compute:
-:mod:`hipress.secopa.profiler`, network: :mod:`hipress.secopa.netprofiler`);
+:mod:`hipress.secopa.measure.profiler`, network: :mod:`hipress.secopa.measure.netprofiler`);
 :meth:`Profile.with_link` replaces the network part by a user-given link, which plans for a
 cluster that is not here, at any world size, without running anything.
 """
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from hipress.secopa.costfn import CostFn, CostFnError, costfn_from_dict
-from hipress.secopa.network import (
+from hipress.secopa.model.costfn import CostFn, CostFnError, costfn_from_dict
+from hipress.secopa.model.network import (
     ALGORITHMS,
     CLUSTER_ALGORITHMS,
     GLOO_ALGORITHMS,
@@ -319,7 +319,7 @@ def affine_profile(
     """A profile from constants: compute ops as ``(w ms/element, b ms, floor ms)``
     affine-with-floor costs, a payload model and a link. For planning from published figures
     (e.g. a GPU's encode throughput) and for tests."""
-    from hipress.secopa.costfn import AffineFloor
+    from hipress.secopa.model.costfn import AffineFloor
 
     return Profile(
         algorithm=algorithm,
