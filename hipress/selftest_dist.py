@@ -86,7 +86,7 @@ def training_checks(report: Report, device: torch.device,
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hipress.casync import register
-    from hipress.casync.planning import DefaultRule
+    from hipress.core.rule import DefaultRule
 
     rule = None if min_compress_numel is None else DefaultRule(min_compress_numel)
 

@@ -15,7 +15,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hipress
-from hipress.casync import CaSyncError, CaSyncState, casync_hook, planning, register
+from hipress.casync import CaSyncError, CaSyncState, casync_hook, register
+from hipress.codec import planning
 from hipress.core.plan import Plan, Strategy, TensorPlan
 
 

@@ -3,7 +3,7 @@
 buckets, results equal to the same run on CPU/gloo (and to the reference), no host
 synchronisation in a step, plan="auto" on the GPU, Horovod on CUDA tensors where it has GPU
 support. The CPU runs of the same code paths are in test_casync_hook.py and
-test_casync_flags.py (flags kept on the device)."""
+test_codec_flags.py (flags kept on the device)."""
 
 from __future__ import annotations
 

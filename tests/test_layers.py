@@ -6,7 +6,8 @@ other): the layers hold for all of them; run-time imports have no cycle at all, 
 annotation-only ones none but those in :data:`ANNOTATION_CYCLES`. A module's layer is the
 longest prefix of its name in :data:`LAYERS`; a module may import its own layer and the layers
 before it. Within the compiler's backends, each target's folder (its renderer and its runner)
-imports no other target (:data:`TARGET_FOLDERS`).
+imports no other target (:data:`TARGET_FOLDERS`). No integration imports another
+(:data:`INTEGRATIONS`): what they share is in the codec layer below them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     # SeCoPa's online profiling (codecs, links, calibration, the plan broadcast) and its API;
     # below CaSync, whose plan="auto" calls it with CaSync's step probe passed in
     ("hipress.secopa.measure", "hipress.secopa"),
+    ("hipress.codec",),  # what every sync shares: algorithm, flags, checkpoints, errors, plans
     ("hipress.casync",),
     ("hipress.horovod", "hipress.integrations", "hipress.fsdp"),  # Horovod, Lightning, ...
     ("hipress.bench", "hipress.demo", "hipress.selftest", "hipress.cli", "hipress"),
@@ -53,6 +55,12 @@ ANNOTATION_CYCLES: tuple[frozenset[str], ...] = (
 # the shared modules import no target, but for the CLI's table and the backend selector.
 TARGET_FOLDERS = ("hipress.compll.backends.c", "hipress.compll.backends.cuda")
 IMPORT_EVERY_TARGET = ("hipress.compll.backends.targets", "hipress.compll.backends.select")
+
+# The integrations: each builds on the codec layer (hipress.codec), none on another. The framework
+# wrappers (hipress.integrations: Lightning, Accelerate) register the DDP hook, so they alone
+# may import hipress.casync.
+INTEGRATIONS = ("hipress.casync", "hipress.fsdp", "hipress.horovod", "hipress.integrations")
+MAY_IMPORT = {"hipress.integrations": ("hipress.casync",)}
 
 
 def _module_name(path: Path) -> str:
@@ -146,7 +154,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_is_read() -> None:
     graph = _graph()
     assert len(graph) > 50
-    assert any(m.startswith("hipress.compll") for m in graph["hipress.casync.algorithm"])
+    assert any(m.startswith("hipress.compll") for m in graph["hipress.codec.algorithm"])
 
 
 def _flat(graph: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -200,6 +208,19 @@ def test_imports_follow_the_layers(module: str) -> None:
     mine = _layer(module)
     against = sorted(n for n in graph[module] if _layer(n) > mine)
     assert not against, f"{module} (layer {LAYERS[mine]}) imports a later layer: {against}"
+
+
+def _integration(module: str) -> str | None:
+    return next((i for i in INTEGRATIONS if module == i or module.startswith(i + ".")), None)
+
+
+@pytest.mark.parametrize("module", [m for m in sorted(_graph()) if _integration(m)])
+def test_no_integration_imports_another(module: str) -> None:
+    mine = _integration(module)
+    assert mine is not None
+    allowed = (None, mine, *MAY_IMPORT.get(mine, ()))
+    others = sorted(n for n in _graph()[module] if _integration(n) not in allowed)
+    assert not others, f"{module} imports another integration: {others}"
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ of many tensors batched into one collective. See docs/explanation/casync.md.
 
 from __future__ import annotations
 
-from hipress.casync.errors import CaSyncError, CommError, ConfigMismatchError
 from hipress.casync.hook import CaSyncState, casync_hook, register
-from hipress.casync.planning import DefaultRule
 from hipress.casync.stats import StepStats, SyncStats
+from hipress.codec.errors import CaSyncError, CommError, ConfigMismatchError
+from hipress.core.rule import DefaultRule
 
 __all__ = [
     "CaSyncError",

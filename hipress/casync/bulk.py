@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hipress.casync.flags import Flag, FlagMode
+from hipress.codec.flags import Flag, FlagMode
 from hipress.core.layout import ChunkLayout, layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
 

@@ -1,9 +1,9 @@
 """A CaSync state's configuration: its options checked eagerly, the parameter schedule, the
 digests every rank must agree on, and the first step's agreement check.
 
-Every check raises :class:`~hipress.casync.errors.CaSyncError` with a message that names the
+Every check raises :class:`~hipress.codec.errors.CaSyncError` with a message that names the
 option and says what it takes; ranks that disagree raise
-:class:`~hipress.casync.errors.ConfigMismatchError` on every rank, with each rank's description.
+:class:`~hipress.codec.errors.ConfigMismatchError` on every rank, with each rank's description.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from hipress.casync.algorithm import resolve_algorithm
-from hipress.casync.errors import CaSyncError, ConfigMismatchError
-from hipress.casync.planning import DefaultRule
 from hipress.casync.strategies.context import all_gather
+from hipress.codec.algorithm import resolve_algorithm
+from hipress.codec.errors import CaSyncError, ConfigMismatchError
 from hipress.core.codec import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan
+from hipress.core.rule import DefaultRule
 
 __all__ = [
     "ADAPTIVE_STEP_MIN",

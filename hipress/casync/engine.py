@@ -20,12 +20,12 @@ import torch.distributed as dist
 
 from hipress.casync.bulk import BucketSchedule, Workspace, schedule_bucket
 from hipress.casync.clock import Lap
-from hipress.casync.errors import CaSyncError, CommError
-from hipress.casync.logs import RANK_FILTER
 from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.op import BucketOp
 from hipress.casync.trace import NETWORK_LANE
 from hipress.casync.unused import UnusedGuard
+from hipress.codec.errors import CaSyncError, CommError
+from hipress.codec.logs import RANK_FILTER
 from hipress.core.layout import PlanLayout
 
 __all__ = ["StepEngine"]

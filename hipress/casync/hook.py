@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync.config import check_optimizer, watch_optimizers
-from hipress.casync.errors import CaSyncError
-from hipress.casync.logs import RANK_FILTER
 from hipress.casync.state import CaSyncState
 from hipress.casync.unused import supported
+from hipress.codec.errors import CaSyncError
+from hipress.codec.logs import RANK_FILTER
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.plan import Plan
 

@@ -2,7 +2,7 @@
 (this rank's, with the plan it was trained with), the gathered form of every rank's that rank 0
 alone can write, loading either form, and pickling without the process group.
 
-The state dict formats are in :mod:`hipress.casync.checkpoint`.
+The state dict formats are in :mod:`hipress.codec.checkpoint`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hipress.casync.algorithm import build_kernels, resolve_algorithm
-from hipress.casync.checkpoint import gathered, is_gathered, load_states, own_entry, save_states
 from hipress.casync.config import FORMAT, params_at
-from hipress.casync.errors import CaSyncError
-from hipress.casync.logs import RANK_FILTER
+from hipress.codec.algorithm import build_kernels, resolve_algorithm
+from hipress.codec.checkpoint import gathered, is_gathered, load_states, own_entry, save_states
+from hipress.codec.errors import CaSyncError
+from hipress.codec.logs import RANK_FILTER
 from hipress.core.plan import Plan, PlanError
 
 logger = logging.getLogger(__name__)

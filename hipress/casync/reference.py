@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import init_chunk_states, resolve_algorithm
+from hipress.codec.algorithm import init_chunk_states, resolve_algorithm
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import ChunkLayout, layout_plan
 from hipress.core.plan import Plan, Strategy

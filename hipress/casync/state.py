@@ -3,7 +3,7 @@
 It checks the configuration eagerly (:mod:`hipress.casync.config`), binds to its process group
 when there is one (at construction, else at the first use), lays out the plan's chunks once
 (:class:`~hipress.core.layout.PlanLayout`), holds the per-chunk algorithm states and their
-checkpoints (:mod:`hipress.casync.checkpoint`), checks at the first step that every rank agrees,
+checkpoints (:mod:`hipress.codec.checkpoint`), checks at the first step that every rank agrees,
 and hands each bucket to its step engine (:mod:`hipress.casync.engine`).
 """
 
@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hipress.casync.algorithm import build_kernels, init_chunk_states, resolve_algorithm
 from hipress.casync.config import (
     check_agreement,
     check_options,
@@ -33,19 +32,21 @@ from hipress.casync.config import (
     params_at,
 )
 from hipress.casync.engine import StepEngine
-from hipress.casync.errors import CaSyncError, CommError
-from hipress.casync.logs import RANK_FILTER
 from hipress.casync.persist import Checkpoints
-from hipress.casync.planning import DefaultRule, check_plan_arg, resolve_plan
 from hipress.casync.probe import StateProbe
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.ring import RingDriver
 from hipress.casync.trace import Tracer
 from hipress.casync.unused import UnusedGuard
+from hipress.codec.algorithm import build_kernels, init_chunk_states, resolve_algorithm
+from hipress.codec.errors import CaSyncError, CommError
+from hipress.codec.logs import RANK_FILTER
+from hipress.codec.planning import check_plan_arg, resolve_plan
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import PlanLayout, layout_plan
 from hipress.core.plan import Plan
+from hipress.core.rule import DefaultRule
 
 __all__ = ["CaSyncState"]
 

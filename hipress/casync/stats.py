@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from hipress.casync.clock import Clock, HostMark, Lap, Mark, clock_for
-from hipress.casync.logs import RANK_FILTER
 from hipress.casync.trace import DEVICE_LANE, Tracer
+from hipress.codec.logs import RANK_FILTER
 
 __all__ = ["StepStats", "SyncStats"]
 

@@ -45,8 +45,8 @@ from typing import Any
 import torch
 
 from hipress.casync.clock import Lap
-from hipress.casync.errors import CaSyncError
-from hipress.casync.logs import RANK_FILTER
+from hipress.codec.errors import CaSyncError
+from hipress.codec.logs import RANK_FILTER
 
 __all__ = ["CATEGORIES", "DEVICE_LANE", "NETWORK_LANE", "Tracer", "trace_path"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from hipress.casync.logs import RANK_FILTER
+from hipress.codec.logs import RANK_FILTER
 from hipress.compll.ir.state import State
 
 logger = logging.getLogger(__name__)

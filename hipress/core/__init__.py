@@ -1,6 +1,7 @@
-"""The shared core, at the bottom of the layer order: the plan every layer reads, the layout of a
-compressed tensor's chunks, and the codec surface (with :class:`Uncompressed`, "no
-compression" as a codec of its own). It imports nothing else from ``hipress``.
+"""The shared core, at the bottom of the layer order: the plan every layer reads, the rule that
+plans when no plan is given, the layout of a compressed tensor's chunks, and the codec surface
+(with :class:`Uncompressed`, "no compression" as a codec of its own). It imports nothing else
+from ``hipress``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from hipress.core.layout import (
     split_sizes,
 )
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.core.rule import DefaultRule
 
 __all__ = [
     "ChunkLayout",
     "CompressionAlgorithm",
+    "DefaultRule",
     "Plan",
     "PlanError",
     "PlanLayout",

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
-from hipress.casync.algorithm import chunk_tensor_id, rank_seed
-from hipress.casync.flags import FlagMode
+from hipress.codec.algorithm import chunk_tensor_id, rank_seed
+from hipress.codec.flags import FlagMode
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import ChunkLayout, layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
@@ -85,7 +85,7 @@ class CompressedReduceScatter(ReduceScatter):
     ``reduce_scatter_single``).
 
     ``feedback`` is a resolved option of :func:`~hipress.fsdp.feedback.resolve_feedback`. States
-    live on ``device`` and draw random numbers from :func:`~hipress.casync.algorithm.rank_seed`
+    live on ``device`` and draw random numbers from :func:`~hipress.codec.algorithm.rank_seed`
     of ``seed`` and ``rank`` and the stream of each chunk's key, as CaSync's do. Raises
     :class:`FsdpError` if ``numel`` does not split into ``world_size`` equal rows.
     ``device_flags`` keeps non-finite flags as device tensors (default: on CUDA only; tests

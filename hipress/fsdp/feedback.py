@@ -16,7 +16,7 @@ out to save. The options, per rank, for a unit of P elements:
   (about 1.02P bytes), as published low-memory feedback does; not for an algorithm's own state.
 
 Each chunk is driven by one :class:`ChunkCoder`: ``encode`` writes the payload and returns the
-chunk's non-finite flag (:mod:`hipress.casync.flags`: a bool on CPU, a 0-d device tensor on
+chunk's non-finite flag (:mod:`hipress.codec.flags`: a bool on CPU, a 0-d device tensor on
 CUDA, never read back), and a non-finite chunk resets its memory, so it cannot poison later
 steps.
 """
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import encode_reporting
-from hipress.casync.flags import Flag, FlagMode
+from hipress.codec.algorithm import encode_reporting
+from hipress.codec.flags import Flag, FlagMode
 from hipress.core.codec import CompressionAlgorithm
 from hipress.fsdp.errors import FsdpError
 

@@ -2,7 +2,7 @@
 
 Three ways to decide, chosen by ``plan``:
 
-- ``"default"``: CaSync's size rule (:class:`~hipress.casync.planning.DefaultRule`): units of
+- ``"default"``: the default size rule (:class:`~hipress.core.rule.DefaultRule`): units of
   fewer than ``min_compress_numel`` padded elements stay plain.
 - ``"auto"``: SeCoPa's cost model, per unit. FSDP2's plain reduce-scatter of the unit's padded
   gradient in its reduce dtype is priced against the compressed one (N encodes, one
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.casync.planning import DefaultRule
 from hipress.core.codec import CompressionAlgorithm
+from hipress.core.rule import DefaultRule
 from hipress.fsdp.calibrate import calibrate
 from hipress.fsdp.collective import TRAILER
 from hipress.fsdp.errors import FsdpError

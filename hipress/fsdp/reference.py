@@ -1,7 +1,7 @@
 """The reference model of the compressed reduce-scatter: what N ranks compute, in one process,
 from the algorithm's plain ``encode``/``decode`` and nothing of the runtime's code path but the
 shared derivations of state keys and RNG streams (:func:`~hipress.core.layout.chunk_key`,
-:func:`~hipress.casync.algorithm.rank_seed`, :func:`~hipress.casync.algorithm.chunk_tensor_id`).
+:func:`~hipress.codec.algorithm.rank_seed`, :func:`~hipress.codec.algorithm.chunk_tensor_id`).
 
 Rank j's output is ``decode(p_0j) / d + decode(p_1j) / d + ...`` in float32, in rank order,
 where ``p_rj`` encodes rank r's row j (plus its residual, with an external feedback), or all-NaN
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hipress.casync.algorithm import chunk_tensor_id, rank_seed
+from hipress.codec.algorithm import chunk_tensor_id, rank_seed
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import chunk_key
 from hipress.fsdp.feedback import builtin_feedback

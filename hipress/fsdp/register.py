@@ -3,8 +3,8 @@
 
 Each FSDP unit (a module ``fully_shard`` was called on, with parameters of its own) gets its own
 states, laid out once from the unit's padded size. Which units compress is ``plan``'s
-(:mod:`hipress.fsdp.planning`): by default small units stay uncompressed, by CaSync's default
-rule (:class:`~hipress.casync.planning.DefaultRule`: fewer than ``min_compress_numel``
+(:mod:`hipress.fsdp.planning`): by default small units stay uncompressed, by the default
+rule (:class:`~hipress.core.rule.DefaultRule`: fewer than ``min_compress_numel``
 elements); ``plan="auto"`` lets SeCoPa's cost model decide per unit; a mapping or a callable
 gives the user's decisions. The decisions are ``FsdpCompression.plan``. With
 ``replicate_group``, each unit also gets a :class:`ReplicaAllReduce` hook that averages its
@@ -31,10 +31,10 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
-from hipress.casync.algorithm import resolve_algorithm
-from hipress.casync.errors import CaSyncError
-from hipress.casync.planning import DefaultRule
+from hipress.codec.algorithm import resolve_algorithm
+from hipress.codec.errors import CaSyncError
 from hipress.core.codec import CompressionAlgorithm
+from hipress.core.rule import DefaultRule
 from hipress.core.torchcompat import fsdp_param_groups
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpError

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.casync.algorithm import chunk_tensor_id, rank_seed
-from hipress.casync.flags import FlagMode
+from hipress.codec.algorithm import chunk_tensor_id, rank_seed
+from hipress.codec.flags import FlagMode
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.layout import chunk_key
 from hipress.fsdp.collective import TRAILER, UnitStats, decode_sum

@@ -17,7 +17,7 @@ hint. See docs/reference/horovod-api.md.
 
 from __future__ import annotations
 
-from hipress.casync.errors import ConfigMismatchError
+from hipress.codec.errors import ConfigMismatchError
 from hipress.horovod.errors import HorovodNotInstalledError, HorovodSyncError
 from hipress.horovod.optimizer import DistributedOptimizer
 from hipress.horovod.sync import HorovodSync

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hipress.casync.errors import CaSyncError
+from hipress.codec.errors import CaSyncError
 
 __all__ = ["HorovodNotInstalledError", "HorovodSyncError", "import_horovod"]
 

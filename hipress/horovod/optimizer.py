@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import build_kernels, resolve_algorithm
-from hipress.casync.checkpoint import load_states, save_states
-from hipress.casync.errors import CaSyncError
-from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.codec.algorithm import build_kernels, resolve_algorithm
+from hipress.codec.checkpoint import load_states, save_states
+from hipress.codec.errors import CaSyncError
+from hipress.codec.planning import resolve_plan
 from hipress.core.codec import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan, PlanError, Strategy
+from hipress.core.rule import DefaultRule
 from hipress.horovod.comm import HorovodComm
 from hipress.horovod.errors import HorovodSyncError, import_horovod
 from hipress.horovod.sync import HorovodSync, Pending

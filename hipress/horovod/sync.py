@@ -1,9 +1,9 @@
 """The transport: one parameter's gradient synchronised over Horovod's public async operations.
 
 :class:`HorovodSync` holds the algorithm, the resolved plan and this rank's per-chunk algorithm
-states (created by CaSync's :func:`~hipress.casync.algorithm.init_chunk_states`, so keys and
-random streams are exactly CaSync's) and computes, per parameter, what
-:class:`~hipress.casync.reference.ReferenceSync` defines:
+states (created by :func:`~hipress.codec.algorithm.init_chunk_states`, as CaSync's are, so
+keys and random streams are exactly CaSync's) and computes, per parameter, what
+CaSync's single-process reference (``ReferenceSync``, which the tests compare against) defines:
 
 - ALLREDUCE: ``allreduce_async_(op=Average)``, the call ``hvd.DistributedOptimizer`` makes, so an
   uncompressed gradient is bit for bit Horovod's.
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from hipress.casync.algorithm import decode_mean, encode_reporting, init_chunk_states
-from hipress.casync.errors import ConfigMismatchError
-from hipress.casync.flags import Flag, FlagMode
+from hipress.codec.algorithm import decode_mean, encode_reporting, init_chunk_states
+from hipress.codec.errors import ConfigMismatchError
+from hipress.codec.flags import Flag, FlagMode
 from hipress.core.codec import CompressionAlgorithm, compresses
 from hipress.core.layout import ChunkLayout, layout_plan
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
@@ -86,7 +86,7 @@ class HorovodSync:
         gradient_predivide_factor: as in ``hvd.DistributedOptimizer`` (allreduce entries).
         devices: parameter name -> the device its gradient lives on (default CPU); the
             algorithm states, payloads and outputs live there too. Non-finite flags of CUDA
-            gradients stay on the device (:mod:`hipress.casync.flags`).
+            gradients stay on the device (:mod:`hipress.codec.flags`).
     """
 
     def __init__(

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from hipress.casync.algorithm import decode_mean
-from hipress.casync.flags import Flag, FlagMode
 from hipress.casync.strategies.context import all_gather
+from hipress.codec.algorithm import decode_mean
+from hipress.codec.flags import Flag, FlagMode
 
 if TYPE_CHECKING:
     from hipress.casync.strategies.op import BucketOp, RoundIO

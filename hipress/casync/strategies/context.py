@@ -22,9 +22,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hipress.casync.errors import CaSyncError
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.ring import RingDriver
+from hipress.codec.errors import CaSyncError
 from hipress.core.codec import CompressionAlgorithm
 
 __all__ = ["RETIRED", "SyncContext", "all_gather"]

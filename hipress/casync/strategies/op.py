@@ -37,7 +37,7 @@ for here.
 Non-finite inputs: a chunk whose input holds NaN/Inf on any rank comes out all-NaN on every rank
 (its flag travels in the round's message), and the states that encoded it are reset afterwards
 so error feedback is not poisoned. The set of collectives never depends on the data. Flags of
-CUDA buffers stay on the device (:mod:`hipress.casync.flags`): nothing in a step waits for the
+CUDA buffers stay on the device (:mod:`hipress.codec.flags`): nothing in a step waits for the
 GPU.
 """
 
@@ -52,14 +52,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.casync.algorithm import encode_reporting
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
 from hipress.casync.clock import Lap, Mark
-from hipress.casync.errors import CaSyncError, CommError
-from hipress.casync.flags import Flag, FlagMode
 from hipress.casync.strategies import allgather, allreduce, ps
 from hipress.casync.strategies.context import RETIRED, SyncContext
 from hipress.casync.trace import NETWORK_LANE
+from hipress.codec.algorithm import encode_reporting
+from hipress.codec.errors import CaSyncError, CommError
+from hipress.codec.flags import Flag, FlagMode
 from hipress.core.plan import Strategy
 
 __all__ = ["BucketOp", "RoundIO"]

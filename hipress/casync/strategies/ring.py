@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 from hipress.casync.clock import Lap, Mark
-from hipress.casync.errors import CaSyncError
-from hipress.casync.flags import Flag, FlagMode
 from hipress.casync.trace import NETWORK_LANE
+from hipress.codec.errors import CaSyncError
+from hipress.codec.flags import Flag, FlagMode
 
 if TYPE_CHECKING:
     from hipress.casync.strategies.op import BucketOp

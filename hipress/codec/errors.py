@@ -1,7 +1,9 @@
-"""Exceptions raised by CaSync.
+"""The exceptions every compressed sync raises (the DDP hook, and the bases of FSDP's and
+Horovod's).
 
-Every error a user can cause, or that a failing peer causes, is one of these, with a message that
-says what went wrong and what to do.
+Every error a user can cause, or that a failing peer causes, is one of these or derives from
+them, with a message that says what went wrong and what to do. The base keeps CaSync's name, the
+name users catch (``hipress.casync.CaSyncError``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ __all__ = ["CaSyncError", "CommError", "ConfigMismatchError"]
 
 
 class CaSyncError(RuntimeError):
-    """Base class: CaSync was misconfigured or a synchronisation step failed."""
+    """Base class: a compressed sync was misconfigured or a synchronisation step failed."""
 
 
 class ConfigMismatchError(CaSyncError):

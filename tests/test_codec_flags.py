@@ -1,4 +1,4 @@
-"""Non-finite flags on the host and on the device (hipress/casync/flags.py), the ring thread's
+"""Non-finite flags on the host and on the device (hipress/codec/flags.py), the ring thread's
 lifetime, and where the Horovod wrapper puts its buffers: what of the GPU path can be checked
 without a GPU."""
 
@@ -13,8 +13,8 @@ from dist_utils import run_workers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hipress.casync import CaSyncState
-from hipress.casync.algorithm import init_chunk_states
-from hipress.casync.flags import FlagMode
+from hipress.codec.algorithm import init_chunk_states
+from hipress.codec.flags import FlagMode
 from hipress.compll import load
 from hipress.core.plan import Plan, Strategy, TensorPlan
 from hipress.horovod.sync import FLAG_BYTES, _with_flag
@@ -135,8 +135,8 @@ def test_the_ring_thread_ends_with_its_state() -> None:
 
 def test_a_closed_state_refuses_ring_rounds() -> None:
     pytest.importorskip("torch.distributed")
-    from hipress.casync.errors import CaSyncError
     from hipress.casync.strategies.ring import RingDriver
+    from hipress.codec.errors import CaSyncError
 
     driver = RingDriver()
     driver.close()

@@ -1,77 +1,37 @@
-"""Which plan CaSync runs: a given :class:`~hipress.core.plan.Plan`, one loaded from a file, SeCoPa's
-automatic plan, or the default rule.
-
-The default rule (no plan): tensors of fewer than ``min_compress_numel`` elements are not
-compressed and go, batched, into one allreduce per bucket; larger ones are compressed with the PS
-strategy (compressed scatter-reduce + all-gather) in ``ceil(numel / partition_numel)``
-partitions, at most ``max_partitions``.
+"""Which plan a compressed sync runs (the DDP hook's, Horovod's): a given
+:class:`~hipress.core.plan.Plan`, one loaded from a file, SeCoPa's automatic plan, or the default
+rule (:class:`~hipress.core.rule.DefaultRule`).
 
 PS and the ring compress an aggregate again (the server's shard, each hop's partial sum). An
-algorithm that does not survive that (:func:`~hipress.casync.algorithm.recompressible`: an
+algorithm that does not survive that (:func:`~hipress.codec.algorithm.recompressible`: an
 unbiased random sparsifier such as randomk with ``memory=False`` multiplies its variance by n/k)
-is planned with the all-gather by
-the default rule and by ``plan="auto"``; an explicit plan that asks otherwise is run, with a
-warning that says why and what to change.
+is planned with the all-gather by the default rule and by ``plan="auto"``; an explicit plan that
+asks otherwise is run, with a warning that says why and what to change.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hipress.casync.algorithm import recompressible
-from hipress.casync.logs import RANK_FILTER
+from hipress.codec.algorithm import recompressible
+from hipress.codec.logs import RANK_FILTER
 from hipress.core.codec import CompressionAlgorithm, Uncompressed, compresses
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.core.rule import DefaultRule
 from hipress.secopa.measure.calibrate import StepProbe
 from hipress.secopa.measure.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.measure.runtime import check_plan as check_plan_fits_model
 from hipress.secopa.model.planner import PlannerConfig
 
-__all__ = ["DefaultRule", "check_plan_arg", "resolve_plan"]
+__all__ = ["check_plan_arg", "resolve_plan"]
 
 log = logging.getLogger(__name__)
 log.addFilter(RANK_FILTER)
 _TWICE = (Strategy.PS, Strategy.RING)
-
-
-@dataclass(frozen=True)
-class DefaultRule:
-    """The plan used when none is given.
-
-    Fields:
-        min_compress_numel: tensors with fewer elements are sent uncompressed (batched).
-        partition_numel: target elements per pipelined partition of a compressed tensor.
-        max_partitions: upper bound on K.
-    """
-
-    min_compress_numel: int = 1 << 16
-    partition_numel: int = 1 << 22
-    max_partitions: int = 4
-
-    def __post_init__(self) -> None:
-        if self.min_compress_numel < 1:
-            raise ValueError(f"min_compress_numel must be >= 1, got {self.min_compress_numel}")
-        if self.partition_numel < 1:
-            raise ValueError(f"partition_numel must be >= 1, got {self.partition_numel}")
-        if self.max_partitions < 1:
-            raise ValueError(f"max_partitions must be >= 1, got {self.max_partitions}")
-
-    def entry(self, name: str, numel: int, world_size: int) -> TensorPlan:
-        """The decision for one tensor of ``numel`` elements among ``world_size`` workers."""
-        if numel < max(self.min_compress_numel, world_size):
-            return TensorPlan(name, numel, compress=False, strategy=Strategy.ALLREDUCE)
-        parts = min(self.max_partitions, math.ceil(numel / self.partition_numel))
-        parts = max(1, min(parts, numel // world_size))
-        # two workers: the all-gather sends the bytes the PS sends, in one phase, with one
-        # encode per element instead of two (and no re-compression error)
-        strategy = Strategy.ALLGATHER if world_size == 2 else Strategy.PS
-        return TensorPlan(name, numel, compress=True, strategy=strategy, partitions=parts)
 
 
 def _default_plan(

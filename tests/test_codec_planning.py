@@ -1,4 +1,4 @@
-"""Which plan CaSync runs (hipress.casync.planning)."""
+"""Which plan a compressed sync runs (hipress.codec.planning)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hipress.casync.planning import DefaultRule, resolve_plan
+from hipress.codec.planning import resolve_plan
 from hipress.compll import load
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.core.rule import DefaultRule
 
 NAMED = [("w1", 1 << 20), ("b1", 1024), ("w2", 20_000_000), ("tiny", 3)]
 
@@ -67,8 +68,8 @@ def test_randomk_is_never_compressed_twice_by_default(caplog: pytest.LogCaptureF
     aggregate again multiplies its variance by n/k (94x the error measured). The default rule
     gives it the all-gather; an explicit PS plan runs, with a warning that says why. (With
     memory, its default, it keeps error feedback and survives a second compression.)"""
-    from hipress.casync.algorithm import recompressible
-    from hipress.casync.planning import resolve_plan
+    from hipress.codec.algorithm import recompressible
+    from hipress.codec.planning import resolve_plan
     from hipress.compll import algorithms, load
 
     assert [a for a in algorithms() if not recompressible(load(a))] == []

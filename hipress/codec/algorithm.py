@@ -1,13 +1,15 @@
-"""The compression-algorithm helpers CaSync relies on, and the per-chunk states.
+"""The compression-algorithm helpers every sync relies on (the DDP hook, FSDP, Horovod), and the
+per-chunk states.
 
-CaSync needs only the :class:`~hipress.core.codec.CompressionAlgorithm` surface; an object that
+They need only the :class:`~hipress.core.codec.CompressionAlgorithm` surface; an object that
 also has CompLL's ``decode_sum`` averages N payloads in one pass over the output
 (:func:`decode_mean`). "No compression" is :class:`~hipress.core.codec.Uncompressed`.
 
 State keys (:func:`~hipress.core.layout.chunk_key`, on each
 :class:`~hipress.core.layout.ChunkLayout`) and RNG streams are derived in one place, so the
-runtime (:mod:`hipress.casync.state`) and the single-process reference
-(:mod:`hipress.casync.reference`) draw exactly the same random numbers.
+runtimes (:mod:`hipress.casync.state`, :mod:`hipress.fsdp.collective`, :mod:`hipress.horovod.sync`)
+and the single-process references (:mod:`hipress.casync.reference`, :mod:`hipress.fsdp.reference`)
+draw exactly the same random numbers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hipress.casync.errors import CaSyncError
+from hipress.codec.errors import CaSyncError
 from hipress.core.codec import CompressionAlgorithm, Uncompressed
 from hipress.core.layout import PlanLayout, layout_plan
 from hipress.core.plan import Plan
@@ -41,7 +43,7 @@ def encode_reporting(
 ) -> bool | torch.Tensor | None:
     """Encode ``grad`` into ``out``; return whether ``grad`` holds NaN/Inf where the algorithm
     finds out in the same pass (CompLL's ``encode_checked``: a bool, or a 0-d bool tensor on
-    the device), else None (the caller reads ``grad`` for it: :mod:`hipress.casync.flags`)."""
+    the device), else None (the caller reads ``grad`` for it: :mod:`hipress.codec.flags`)."""
     fused = getattr(alg, "encode_checked", None)
     if fused is not None:
         return fused(grad, state, out=out)[1]
@@ -156,6 +158,8 @@ def recompressible(alg: CompressionAlgorithm) -> bool:
 def rank_seed(seed: int, rank: int) -> int:
     """The RNG key (63 bits, non-negative) of ``rank``'s states: ``seed`` mixed with the rank, so
     workers draw independent random numbers and a rerun with the same seed draws the same ones."""
+    # the key's text is part of every random draw: runs and checkpoints of earlier versions
+    # reproduce only while it stays as it is
     digest = hashlib.sha256(f"hipress.casync:{seed}:{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 

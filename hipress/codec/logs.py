@@ -1,8 +1,9 @@
-"""Log records of CaSync that name their rank.
+"""Log records that name their rank.
 
-:data:`RANK_FILTER` is added to every CaSync logger: once ``torch.distributed`` is initialised,
-it prefixes each record's message with ``[rank R]`` and sets ``record.rank`` (for a format's
-``%(rank)s``), so the lines of many workers in one log can be told apart.
+:data:`RANK_FILTER` is added to every logger of CaSync and of the codec layer: once
+``torch.distributed`` is initialised, it prefixes each record's message with ``[rank R]`` and
+sets ``record.rank`` (for a format's ``%(rank)s``), so the lines of many workers in one log can
+be told apart.
 """
 
 from __future__ import annotations

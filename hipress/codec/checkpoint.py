@@ -75,6 +75,7 @@ def load_states(
 
 # ---- one checkpoint for every rank (rank 0 writes it) --------------------------------------------
 
+# the format's name, as written in every gathered checkpoint since the first: it stays
 GATHERED = "hipress.casync.gathered/1"
 
 
