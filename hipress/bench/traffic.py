@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.types import I64
 from hipress.compll.ir.walk import lambda_exprs, walk
+from hipress.compll.lower.kernel_plan import KernelPlan
 from hipress.compll.lower.lower import lower
-from hipress.compll.lower.plan import Plan
 
 
 def grad_reads(prog: ir.Program) -> int:
@@ -53,7 +53,7 @@ def grad_reads(prog: ir.Program) -> int:
     return 1
 
 
-def _reads(plan: Plan, fn: ir.Lambda, lets: dict[str, ir.Expr] | None = None) -> set[str]:
+def _reads(plan: KernelPlan, fn: ir.Lambda, lets: dict[str, ir.Expr] | None = None) -> set[str]:
     """The arrays and scalars ``fn`` reads, through the maps it inlines (virtual ones) and, with
     ``lets``, the host scalars it uses (their own inputs included)."""
     seen: set[str] = set()

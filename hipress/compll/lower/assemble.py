@@ -15,22 +15,22 @@ from dataclasses import dataclass, field
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.types import F32, I64, ArrayType
 from hipress.compll.ir.walk import lambda_exprs, op_exprs, op_lambdas, walk
-from hipress.compll.lower.place import Placement
-from hipress.compll.lower.plan import (
+from hipress.compll.lower.kernel_plan import (
+    Destination,
     FilterFusion,
     Item,
+    KernelPlan,
     Loop,
-    Plan,
     ScatterAdd,
     Special,
     Step,
-    Target,
     frozen,
     inline,
 )
+from hipress.compll.lower.place import Placement
 
 
-def assemble(pl: Placement) -> Plan:
+def assemble(pl: Placement) -> KernelPlan:
     """The plan of placement ``pl`` (no fusions yet: :mod:`hipress.compll.lower.fuse`)."""
     return _Assembler(pl).plan()
 
@@ -55,7 +55,7 @@ class _Assembler:
         levels = [lv for lv, _ in pl.loop_items] + [s.level for s in pl.specials]
         self.maxlv = max([*levels, 0])
 
-    def plan(self) -> Plan:
+    def plan(self) -> KernelPlan:
         pl = self.pl
         targets, copies = self._sinks()
         for name, ts in targets.items():
@@ -69,17 +69,17 @@ class _Assembler:
         steps, ffs = self._steps(items, specials)
         ws = tuple(pl.arrays[n] for n, t in self.homes.items() if t.kind == "ws")
         final_state = tuple(s for s in pl.stores if not isinstance(s.value, str))
-        return Plan(
+        return KernelPlan(
             pl.fn, pl.arrays, pl.maps, frozen(self.homes), pl.levels, steps, ws, final_state,
             pl.cost, pl.accumulate, deferred=frozenset(pl.deferred), filter_fusions=ffs,
         )  # fmt: skip
 
-    def _sinks(self) -> tuple[dict[str, list[Target]], list[tuple[str, Target]]]:
+    def _sinks(self) -> tuple[dict[str, list[Destination]], list[tuple[str, Destination]]]:
         """The targets each sink is stored to by its own loop item, and the (array, target)
         pairs that copy items store instead."""
         pl = self.pl
-        targets: dict[str, list[Target]] = {}
-        copies: list[tuple[str, Target]] = []
+        targets: dict[str, list[Destination]] = {}
+        copies: list[tuple[str, Destination]] = []
         for name, ts in pl.sinks.items():
             for t in ts:
                 if t.kind == "state" and not self._in_place_ok(name, t.name):
@@ -96,7 +96,7 @@ class _Assembler:
         return targets, copies
 
     def _items(
-        self, targets: dict[str, list[Target]], copies: list[tuple[str, Target]]
+        self, targets: dict[str, list[Destination]], copies: list[tuple[str, Destination]]
     ) -> list[tuple[int, Item]]:
         """The loop items with their targets, then the copy items, with their levels."""
         pl = self.pl
@@ -160,7 +160,7 @@ class _Assembler:
             ffs.append(FilterFusion(sp.level, sp, done[id(dr)], d.index, d.param, d.offset))
         return steps, tuple(ffs)
 
-    def _layout_ok(self, name: str, t: Target) -> bool:
+    def _layout_ok(self, name: str, t: Destination) -> bool:
         a = self.pl.arrays[name]
         if t.kind == "out":
             return a.dtype == F32

@@ -1,4 +1,4 @@
-"""Planner pass: maps deferred to a filter (see :class:`hipress.compll.lower.plan.FilterFusion`).
+"""Planner pass: maps deferred to a filter (see :class:`hipress.compll.lower.kernel_plan.FilterFusion`).
 
 A filter over ``n`` elements reads every element once. When what it reads is a map that the
 encode also stores as new state (graddrop's compensated gradient, dgc's momentum and
@@ -25,7 +25,7 @@ from typing import Protocol
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.walk import lambda_exprs, walk
-from hipress.compll.lower.plan import Array, Target
+from hipress.compll.lower.kernel_plan import Array, Destination
 
 
 class Planned(Protocol):
@@ -42,7 +42,7 @@ class Planned(Protocol):
     def maps(self) -> Mapping[str, ir.Map]: ...
 
     @property
-    def homes(self) -> Mapping[str, Target]: ...
+    def homes(self) -> Mapping[str, Destination]: ...
 
     def is_virtual(self, name: str) -> bool: ...
 
@@ -61,7 +61,7 @@ class Deferral:
 
 def deferrable(
     pl: Planned,
-    sinks: Mapping[str, Sequence[Target]],
+    sinks: Mapping[str, Sequence[Destination]],
     uses: Mapping[str, Sequence[tuple[int, bool]]],
 ) -> tuple[dict[str, Deferral], frozenset[str]]:
     """The stored maps each filter may compute in its own pass (see the module docstring):

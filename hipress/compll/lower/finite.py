@@ -20,12 +20,12 @@ from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import BOOL, F32, I64
 from hipress.compll.ir.walk import lambda_exprs, walk
-from hipress.compll.lower.plan import Item, Plan, replace_loop
+from hipress.compll.lower.kernel_plan import Item, KernelPlan, replace_loop
 
 NONFINITE = "__nonfinite"  # the reduction's name: true if any gradient element is NaN/Inf
 
 
-def add_flag(plan: Plan, prog: ir.Program, unfused: bool = False) -> Plan:
+def add_flag(plan: KernelPlan, prog: ir.Program, unfused: bool = False) -> KernelPlan:
     """``plan`` with the gradient's ``any(!isfinite(g[i]))`` appended to a plain loop over all
     n elements at level 1 of the encode that reads the gradient already (not one a fusion
     runs), recorded in ``nonfinite``; ``plan`` itself where there is none. ``unfused``: the
@@ -63,7 +63,7 @@ def add_flag(plan: Plan, prog: ir.Program, unfused: bool = False) -> Plan:
     return plan
 
 
-def _reads(plan: Plan, fn: ir.Lambda, array: str, seen: set[str]) -> bool:
+def _reads(plan: KernelPlan, fn: ir.Lambda, array: str, seen: set[str]) -> bool:
     """Whether ``fn`` reads ``array``, directly or through maps it recomputes."""
     for e in lambda_exprs(fn):
         for x in walk(e):

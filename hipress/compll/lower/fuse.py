@@ -30,15 +30,15 @@ from dataclasses import replace
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.walk import lambda_exprs, walk
-from hipress.compll.lower.plan import Loop, Plan, SegFusion, Step
+from hipress.compll.lower.kernel_plan import KernelPlan, Loop, SegFusion, Step
 
 
-def fuse(plan: Plan) -> Plan:
+def fuse(plan: KernelPlan) -> KernelPlan:
     """``plan`` with its segment-reduction groups (:func:`segment_fusions`) in ``fusions``."""
     return replace(plan, fusions=segment_fusions(plan))
 
 
-def segment_fusions(plan: Plan) -> tuple[SegFusion, ...]:
+def segment_fusions(plan: KernelPlan) -> tuple[SegFusion, ...]:
     """The segment-reduction groups of ``plan`` that may run fused (see the module docstring);
     each loop belongs to at most one group."""
     by_level = {st.level: st for st in plan.steps}
@@ -50,7 +50,7 @@ def segment_fusions(plan: Plan) -> tuple[SegFusion, ...]:
     return tuple(out)
 
 
-def _fusion(plan: Plan, st: Step, by_level: dict[int, Step]) -> SegFusion | None:
+def _fusion(plan: KernelPlan, st: Step, by_level: dict[int, Step]) -> SegFusion | None:
     if st.loops or st.lets or len(st.specials) != 1:
         return None
     sp = st.specials[0]
@@ -92,7 +92,7 @@ def _fusion(plan: Plan, st: Step, by_level: dict[int, Step]) -> SegFusion | None
     return SegFusion(lv, sp, int(op.seg.value), tuple(seg_ok), tuple(elem_ok))
 
 
-def _plain(plan: Plan, lp: Loop) -> bool:
+def _plain(plan: KernelPlan, lp: Loop) -> bool:
     """Stores of maps without packing into non-state targets, nothing else."""
     for it in lp.items:
         if it.kind != "store" or it.copy or not isinstance(it.op, ir.Map):
@@ -108,7 +108,13 @@ class _Ctx:
     """The read check of one candidate group."""
 
     def __init__(
-        self, plan: Plan, level: int, group: set[str], seg: ir.Expr, nseg: ir.Expr, elen: ir.Expr
+        self,
+        plan: KernelPlan,
+        level: int,
+        group: set[str],
+        seg: ir.Expr,
+        nseg: ir.Expr,
+        elen: ir.Expr,
     ) -> None:
         self.plan = plan
         self.level = level

@@ -32,8 +32,8 @@ from hipress.compll.ir import nodes as ir
 from hipress.compll.lower.assemble import assemble
 from hipress.compll.lower.finite import add_flag
 from hipress.compll.lower.fuse import fuse
+from hipress.compll.lower.kernel_plan import KernelPlan
 from hipress.compll.lower.place import place
-from hipress.compll.lower.plan import Plan
 from hipress.compll.lower.sparse import SparseDecode, sparse_decode
 
 
@@ -43,7 +43,7 @@ def lower(
     accumulate: bool = False,
     nonfinite: bool = False,
     unfused: bool = False,
-) -> Plan:
+) -> KernelPlan:
     """Plan ``prog``'s ``fn`` ("encode" or "decode"; decode with or without accumulation);
     with ``nonfinite``, an encode also finds out whether the gradient holds NaN/Inf where its
     first pass can (:mod:`hipress.compll.lower.finite`), for a target that runs the plan's fusions
@@ -65,9 +65,9 @@ class Lowered:
     the program's sparse decode form, if it has one (:mod:`hipress.compll.lower.sparse`).
     """
 
-    encode: Plan
-    decode: Plan
-    decode_acc: Plan
+    encode: KernelPlan
+    decode: KernelPlan
+    decode_acc: KernelPlan
     sparse: SparseDecode | None
 
 

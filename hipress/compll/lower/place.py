@@ -17,7 +17,15 @@ from hipress.compll.ir.fold import fold_deep
 from hipress.compll.ir.types import F32, I32, I64, ArrayType
 from hipress.compll.ir.walk import lambda_exprs, op_exprs, op_lambdas, walk
 from hipress.compll.lower.defer import Deferral, deferrable
-from hipress.compll.lower.plan import CHEAP, Array, Item, ScatterAdd, Special, Target, frozen
+from hipress.compll.lower.kernel_plan import (
+    CHEAP,
+    Array,
+    Destination,
+    Item,
+    ScatterAdd,
+    Special,
+    frozen,
+)
 
 
 @dataclass(frozen=True)
@@ -33,11 +41,11 @@ class Placement:
     ops: Sequence[ir.Op]
     arrays: Mapping[str, Array]
     maps: Mapping[str, ir.Map]
-    homes: Mapping[str, Target]
+    homes: Mapping[str, Destination]
     levels: Mapping[str, int]
     cost: Mapping[str, int]
     deferred: Mapping[str, Deferral]
-    sinks: Mapping[str, tuple[Target, ...]]
+    sinks: Mapping[str, tuple[Destination, ...]]
     loop_items: tuple[tuple[int, Item], ...]
     specials: tuple[Special, ...]
     lets: tuple[tuple[int, ir.Let], ...]
@@ -106,7 +114,7 @@ class _Placer:
         self.maps: dict[str, ir.Map] = {}
         self.scalar_ready: dict[str, int] = {}
         self.levels: dict[str, int] = {}
-        self.homes: dict[str, Target] = {}
+        self.homes: dict[str, Destination] = {}
         self.cost: dict[str, int] = {}
         # deferred maps: filter op index, and the filter's index of its read
         self.pending: dict[str, Deferral] = {}  # not placed yet (read as if virtual)
@@ -171,19 +179,19 @@ class _Placer:
 
     # -- which maps must be stored
 
-    def _sinks(self) -> dict[str, list[Target]]:
-        sinks: dict[str, list[Target]] = {}
+    def _sinks(self) -> dict[str, list[Destination]]:
+        sinks: dict[str, list[Destination]] = {}
         p = self.prog
         if self.fn == "encode":
             for f, v in zip(p.payload, p.encode.fields, strict=True):
                 if isinstance(v, str):
-                    sinks.setdefault(v, []).append(Target("payload", f.name))
+                    sinks.setdefault(v, []).append(Destination("payload", f.name))
             for op in self.ops:
                 if isinstance(op, ir.StoreState) and isinstance(op.value, str):
-                    sinks.setdefault(op.value, []).append(Target("state", op.state))
+                    sinks.setdefault(op.value, []).append(Destination("state", op.state))
         else:
             kind = "outacc" if self.accumulate else "out"
-            sinks.setdefault(p.decode.result, []).append(Target(kind, "out"))
+            sinks.setdefault(p.decode.result, []).append(Destination(kind, "out"))
         return sinks
 
     def _uses(self) -> dict[str, list[tuple[int, bool]]]:
@@ -255,7 +263,7 @@ class _Placer:
             expensive = self.cost[name] > CHEAP
             many = len({k for k, _ in us}) > 1 or any(not al for _, al in us)
             if name in sinks or (expensive and many):
-                self.homes[name] = Target("ws", name)
+                self.homes[name] = Destination("ws", name)
         self.pending, virtual = deferrable(self, sinks, uses)
         for name in virtual:
             del self.homes[name]
@@ -312,7 +320,7 @@ class _Placer:
 
     def _place_scatter(self, op: ir.Scatter) -> int:
         """A scatter: a loop item that stores its initial values, then the sequential adds."""
-        self.homes[op.name] = Target("ws", op.name)
+        self.homes[op.name] = Destination("ws", op.name)
         base = (
             ir.Load(op.base, ir.Ref("__j", I64), op.dtype)
             if op.base is not None
@@ -344,7 +352,7 @@ class _Placer:
                 lv = max(lv, self.read_at.get(x, 0) + 1)
         if isinstance(op, ir.Filter | ir.TopK):
             self.specials.append(Special(lv, op, None))
-            self.homes[op.idx] = Target("ws", op.idx)
+            self.homes[op.idx] = Destination("ws", op.idx)
             self.levels[op.idx] = lv
             self.scalar_ready[op.count] = lv
             for name in [x for x, d in self.pending.items() if d.filter == k]:
@@ -353,7 +361,7 @@ class _Placer:
                 self.loop_items.append((lv, Item("store", self.maps[name])))
         elif isinstance(op, ir.Sort | ir.Scan | ir.SegReduce):
             self.specials.append(Special(lv, op, None))
-            self.homes[op.name] = Target("ws", op.name)
+            self.homes[op.name] = Destination("ws", op.name)
             self.levels[op.name] = lv
         else:  # pragma: no cover - every op kind is placed above
             raise TypeError(f"cannot place {type(op).__name__}")

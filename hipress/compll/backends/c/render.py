@@ -1,4 +1,4 @@
-"""Plan -> C source (OpenMP, vectorisable tile loops): the C target of the C-family renderer.
+"""Kernel plan -> C (OpenMP, vectorisable tile loops): the C target of the C-family renderer.
 
 Python decides what each loop computes and forms the statements; the templates
 (``templates/c_*.j2``) hold the layout of the file, the functions, the loops and the special
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import jinja2
+from jinja2 import Environment
 
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
@@ -22,8 +22,8 @@ from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import DType
 from hipress.compll.ir.walk import walk
+from hipress.compll.lower.kernel_plan import Destination, Item, KernelPlan, Loop, SegFusion, Special
 from hipress.compll.lower.lower import Lowered, lower_program
-from hipress.compll.lower.plan import Item, Loop, Plan, SegFusion, Special, Target
 
 # the C layout: elements per tile of an inner loop, most threads, length below which one thread
 TILE = 2048
@@ -46,7 +46,7 @@ class Tile:
     post: list[str] = field(default_factory=list)
 
 
-def _f16_tile(f: CFamily, tg: Target, dt: DType, ptr: str, v: str) -> str | None:
+def _f16_tile(f: CFamily, tg: Destination, dt: DType, ptr: str, v: str) -> str | None:
     """An f16 store of a converted f32 value: the tile's f32 values are collected and
     converted with F16C after the tile loop."""
     if not (
@@ -70,7 +70,7 @@ class CFunction(CFamily):
     )
 
     def __init__(
-        self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str, tile: bool = False
+        self, env: Environment, prog: ir.Program, plan: KernelPlan, name: str, tile: bool = False
     ) -> None:
         super().__init__(env, prog, plan, name, tile)
         self.f16_tiles: list[tuple[str, str, bool, str]] = []

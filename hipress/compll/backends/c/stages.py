@@ -15,7 +15,7 @@ from hipress.compll.backends.cfamily.syntax import const, ctype, mtype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import F32, I64
-from hipress.compll.lower.plan import FilterFusion, Loop, ScatterAdd, Special
+from hipress.compll.lower.kernel_plan import FilterFusion, Loop, ScatterAdd, Special
 
 
 class CRenderer(FamilyRenderer, Protocol):

@@ -30,7 +30,7 @@ from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import DType
 from hipress.compll.ir.walk import walk
-from hipress.compll.lower.plan import Plan
+from hipress.compll.lower.kernel_plan import KernelPlan
 
 _MINMAX = (ops.MIN.name, ops.MAX.name)
 _DIVISIONS = (ops.DIV.name, ops.MOD.name)
@@ -62,7 +62,7 @@ class Emitter:
 
     def __init__(
         self,
-        plan: Plan,
+        plan: KernelPlan,
         names: Names,
         mem: dict[str, Mem],
         lengths: dict[str, str],

@@ -12,38 +12,38 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import jinja2
+from jinja2 import Environment
 
 from hipress.compll.backends.cfamily.body import Body, Mem
 from hipress.compll.backends.cfamily.expr import Emitter
 from hipress.compll.backends.cfamily.syntax import Names, ctype, mtype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.types import I64, ArrayType, DType
-from hipress.compll.lower.plan import Plan, Target
+from hipress.compll.lower.kernel_plan import Destination, KernelPlan
 from hipress.compll.lower.sparse import SparseDecode
 
 # (function, target, element type, pointer, value) -> the store statement, or None: not this rule
-StoreRule = Callable[["CFamily", Target, DType, str, str], "str | None"]
+StoreRule = Callable[["CFamily", Destination, DType, str, str], "str | None"]
 
 
-def store_outacc(f: CFamily, tg: Target, dt: DType, ptr: str, v: str) -> str | None:
+def store_outacc(f: CFamily, tg: Destination, dt: DType, ptr: str, v: str) -> str | None:
     return f"out[i] = out[i] + {f.scaled(v)};" if tg.kind == "outacc" else None
 
 
-def store_out_tile(f: CFamily, tg: Target, dt: DType, ptr: str, v: str) -> str | None:
+def store_out_tile(f: CFamily, tg: Destination, dt: DType, ptr: str, v: str) -> str | None:
     return f"out[i] = {f.scaled(v)};" if tg.kind == "out" and f.tile else None
 
 
-def store_bool(f: CFamily, tg: Target, dt: DType, ptr: str, v: str) -> str | None:
+def store_bool(f: CFamily, tg: Destination, dt: DType, ptr: str, v: str) -> str | None:
     return f"{ptr}[i] = (uint8_t)({v});" if dt.is_bool else None
 
 
-def store_payload_float(f: CFamily, tg: Target, dt: DType, ptr: str, v: str) -> str | None:
+def store_payload_float(f: CFamily, tg: Destination, dt: DType, ptr: str, v: str) -> str | None:
     # payload floats are stored canonically (one NaN)
     return f"{ptr}[i] = hp_canon_{dt.name}({v});" if tg.kind == "payload" and dt.is_float else None
 
 
-def store_plain(f: CFamily, tg: Target, dt: DType, ptr: str, v: str) -> str | None:
+def store_plain(f: CFamily, tg: Destination, dt: DType, ptr: str, v: str) -> str | None:
     return f"{ptr}[i] = {v};"
 
 
@@ -56,7 +56,7 @@ STORES: tuple[StoreRule, ...] = (
 )
 
 
-def tileable(plan: Plan) -> bool:
+def tileable(plan: KernelPlan) -> bool:
     """Whether ``plan`` is a decode that is one plain map over the output (one loop of stores,
     no reduction, special stage or workspace): then any tile of the output can be decoded on
     its own (a :class:`CFamily` with ``tile=True``), which ``hp_decode_sum`` uses."""
@@ -83,7 +83,7 @@ class CFamily:
     EMITTER: type[Emitter] = Emitter
 
     def __init__(
-        self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str, tile: bool = False
+        self, env: Environment, prog: ir.Program, plan: KernelPlan, name: str, tile: bool = False
     ) -> None:
         if tile and not tileable(plan):
             raise ValueError(f"{name}: only a decode that is one map over the output tiles")
@@ -122,7 +122,7 @@ class CFamily:
             self.length_lines.append(f"const int64_t {var} = hp_len({code});")
         return self.lengths[key]
 
-    def target_ptr(self, t: Target) -> str:
+    def target_ptr(self, t: Destination) -> str:
         """The C pointer stores to ``t`` go through."""
         if t.kind == "ws":
             return self.ws_ptr[t.name]
@@ -311,7 +311,7 @@ class CFamily:
             t = mtype(slot.type)
             self.final.append(f"*({t}*)a->state[{k}] = ({t})({x});")
 
-    def store(self, tg: Target, dt: DType, v: str) -> str:
+    def store(self, tg: Destination, dt: DType, v: str) -> str:
         """The statement storing value ``v`` (element type ``dt``) at ``[i]`` of ``tg``: the
         first of :attr:`STORES` that applies."""
         ptr = self.target_ptr(tg)

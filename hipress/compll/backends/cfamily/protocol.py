@@ -13,7 +13,7 @@ import jinja2
 from hipress.compll.backends.cfamily.expr import Emitter
 from hipress.compll.backends.cfamily.syntax import Names
 from hipress.compll.ir import nodes as ir
-from hipress.compll.lower.plan import Plan, Target
+from hipress.compll.lower.kernel_plan import Destination, KernelPlan
 
 
 class FamilyRenderer(Protocol):
@@ -22,7 +22,7 @@ class FamilyRenderer(Protocol):
 
     env: jinja2.Environment
     prog: ir.Program
-    plan: Plan
+    plan: KernelPlan
     names: Names
     em: Emitter
     hoisted: list[str]
@@ -31,7 +31,7 @@ class FamilyRenderer(Protocol):
 
     def length(self, e: ir.Expr) -> str: ...
 
-    def target_ptr(self, t: Target) -> str: ...
+    def target_ptr(self, t: Destination) -> str: ...
 
     def scratch(self, ctype_: str, count: str, size: object = None) -> str: ...
 

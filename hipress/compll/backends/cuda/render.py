@@ -1,4 +1,4 @@
-"""Plan -> CUDA C: kernels, their launch order and the layouts the host side needs.
+"""Kernel plan -> CUDA C: kernels, their launch order and the layouts the host side needs.
 
 The CUDA target of the C-family renderer (:class:`~hipress.compll.backends.cfamily.family.CFamily`):
 the same statements as the C target, laid out as *pieces*: a piece runs on the whole grid (a loop, grid-stride and coalesced; the phases of
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import jinja2
+from jinja2 import Environment
 
 from hipress.compll.backends.cfamily.body import Body
 from hipress.compll.backends.cfamily.family import CFamily
@@ -39,8 +39,8 @@ from hipress.compll.backends.cuda.stages import STAGES
 from hipress.compll.backends.render import ABI_VERSION, BANNER, environment
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.types import I64, DType
+from hipress.compll.lower.kernel_plan import Destination, KernelPlan, Loop
 from hipress.compll.lower.lower import Lowered, lower_program
-from hipress.compll.lower.plan import Loop, Plan, Target
 
 
 @dataclass
@@ -67,7 +67,7 @@ class CudaFunction(CFamily):
 
     reports_nonfinite = True  # hp_enc_args.nonfinite: a device byte
 
-    def __init__(self, env: jinja2.Environment, prog: ir.Program, plan: Plan, name: str) -> None:
+    def __init__(self, env: Environment, prog: ir.Program, plan: KernelPlan, name: str) -> None:
         super().__init__(env, prog, plan, name)
         self.kernels: list[str] = []
         self.launches: list[Launch] = []
@@ -260,7 +260,7 @@ class CudaFunction(CFamily):
         if fin:
             self.piece(f"combine {titles}", fin, produced, grid=False)
 
-    def _cuda_stores(self, m: ir.Map, targets: tuple[Target, ...], v: str, stores: list[str],
+    def _cuda_stores(self, m: ir.Map, targets: tuple[Destination, ...], v: str, stores: list[str],
                      packs: list[dict[str, object]]) -> None:  # fmt: skip
         """The statements storing ``v`` to each target; packed arrays go through a buffer of
         a thread's group of elements (``packs``)."""

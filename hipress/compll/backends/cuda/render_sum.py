@@ -11,11 +11,11 @@ from hipress.compll.backends.cfamily.family import CFamily, tileable
 from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.backends.cuda.abi import SUM_PAYLOADS
 from hipress.compll.ir import nodes as ir
-from hipress.compll.lower.plan import Plan
+from hipress.compll.lower.kernel_plan import KernelPlan
 from hipress.compll.lower.sparse import SparseDecode
 
 
-def decode_sum_kernel(env: jinja2.Environment, prog: ir.Program, plan: Plan) -> str | None:
+def decode_sum_kernel(env: jinja2.Environment, prog: ir.Program, plan: KernelPlan) -> str | None:
     """``hp_decode_sum`` for a decode that is one map over its output (see module doc)."""
     if not tileable(plan):
         return None
@@ -44,7 +44,7 @@ def decode_sum_kernel(env: jinja2.Environment, prog: ir.Program, plan: Plan) -> 
 
 
 def sparse_kernels(
-    env: jinja2.Environment, prog: ir.Program, plan: Plan, sparse: SparseDecode | None
+    env: jinja2.Environment, prog: ir.Program, plan: KernelPlan, sparse: SparseDecode | None
 ) -> str | None:
     """The ``hp_sparse_*`` kernels for a sparse decode ``sparse`` (of ``prog``, whose decode
     plan is ``plan``), unless the decode is one map over its output."""

@@ -17,7 +17,7 @@ from hipress.compll.backends.cuda.abi import WsEntry
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import BOOL, I64, DType
-from hipress.compll.lower.plan import ScatterAdd, Special, Target
+from hipress.compll.lower.kernel_plan import Destination, ScatterAdd, Special
 
 
 class CudaRenderer(FamilyRenderer, Protocol):
@@ -194,7 +194,7 @@ def _custom(f: CudaRenderer, sp: Special) -> None:
     f.piece("custom reduce", code, {op.name}, grid=False)
 
 
-def _target_spec(t: Target | None, f: CudaRenderer) -> dict[str, object]:
+def _target_spec(t: Destination | None, f: CudaRenderer) -> dict[str, object]:
     """Where a host step writes: a workspace index or a payload field."""
     assert t is not None
     if t.kind == "ws":

@@ -32,7 +32,7 @@ class Array:
 
 
 @dataclass(frozen=True)
-class Target:
+class Destination:
     """Where stored values go: ``ws`` (workspace array ``name``), ``state``, ``payload`` (field
     ``name``), ``out`` (decode output) or ``outacc`` (decode output, accumulated)."""
 
@@ -47,7 +47,7 @@ class Item:
 
     kind: str
     op: ir.Reduce | ir.Map
-    targets: tuple[Target, ...] = ()
+    targets: tuple[Destination, ...] = ()
     copy: bool = False  # a copy of a stored array: read it from memory, never recompute
 
 
@@ -73,7 +73,7 @@ class Special:
 
     level: int
     op: ir.Filter | ir.TopK | ir.Sort | ir.Scan | ir.SegReduce | ScatterAdd | ir.Reduce
-    home: Target | None
+    home: Destination | None
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class SegFusion:
     whole segments together with the loops that consume it (C target; see hipress/compll/lower/fuse.py):
     per block, the segments are reduced, then ``seg_loops`` (one iteration per segment) run over
     the block's segments and ``elem_loops`` (as long as the reduction) over its elements, while
-    they are in cache. The fused loops stay in ``Plan.steps`` too (other targets run them
+    they are in cache. The fused loops stay in ``KernelPlan.steps`` too (other targets run them
     unfused); ``seg`` is the constant segment length (>= 1)."""
 
     level: int
@@ -121,7 +121,7 @@ class FilterFusion:
 
 
 @dataclass(frozen=True)
-class Plan:
+class KernelPlan:
     """The executable structure of encode or decode.
 
     ``homes`` maps every stored array to its target (virtual maps are absent); ``levels`` gives
@@ -134,7 +134,7 @@ class Plan:
     fn: str  # "encode" | "decode"
     arrays: Mapping[str, Array]
     maps: Mapping[str, ir.Map]
-    homes: Mapping[str, Target]
+    homes: Mapping[str, Destination]
     levels: Mapping[str, int]
     steps: tuple[Step, ...]
     ws: tuple[Array, ...]
@@ -163,7 +163,7 @@ class Plan:
 
 
 class Planning(Protocol):
-    """What :func:`inline` needs: a :class:`Plan`, or the planner's placement it is built from."""
+    """What :func:`inline` needs: a :class:`KernelPlan`, or the planner's placement it is built from."""
 
     @property
     def maps(self) -> Mapping[str, ir.Map]: ...
@@ -181,7 +181,7 @@ class Planning(Protocol):
 
 
 def inline(p: Planning, name: str, level: int, aligned: bool) -> bool:
-    """The rule of :meth:`Plan.inline_read`, for the plan and for the planner building it."""
+    """The rule of :meth:`KernelPlan.inline_read`, for the plan and for the planner building it."""
     if p.is_virtual(name):
         return True
     if name not in p.maps or name not in p.levels:
@@ -203,7 +203,7 @@ def frozen(d: Mapping[K, V]) -> Mapping[K, V]:
     return MappingProxyType(dict(d))
 
 
-def replace_loop(plan: Plan, old: Loop, new: Loop) -> Plan:
+def replace_loop(plan: KernelPlan, old: Loop, new: Loop) -> KernelPlan:
     """``plan`` with loop ``old`` (by identity) replaced by ``new`` in its steps and in the
     fusions that run it."""
 
