@@ -15,8 +15,8 @@ from hipress.bench.convergence import (
     summarise,
 )
 from hipress.bench.convergence_train import HeavyBall, fsdp_refusal
-from hipress.bench.models import TabularMLP, tabular_data
 from hipress.bench.tables import convergence_rows
+from hipress.bench.workloads import TabularMLP, tabular_data
 
 
 def test_convergence_rows_and_dgc_momentum() -> None:

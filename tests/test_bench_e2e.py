@@ -23,10 +23,10 @@ from hipress.bench.e2e import (
     fsdp_configs_for,
     run_config,
 )
-from hipress.bench.models import WORKLOADS
 from hipress.bench.netsim import LoopbackNetwork
 from hipress.bench.report import e2e_markdown
 from hipress.bench.timeline import BREAKDOWN
+from hipress.bench.workloads import WORKLOADS
 
 
 def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from hipress.demo.data import (
     tokenize_text,
 )
 from hipress.demo.launch import launch
-from hipress.demo.models import evaluate
+from hipress.demo.wordlm import evaluate
 
 # ---------------------------------------------------------------------------- corpus
 

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hipress.compll",),  # the compiler's API: load, Algorithm, the codegen CLI helpers
     ("hipress.secopa.model",),  # SeCoPa's pure cost model: profiles, formulas, the planner
     # SeCoPa's online profiling (codecs, links, calibration, the plan broadcast) and its API;
-    # below CaSync, whose plan="auto" calls it with CaSync's step probe passed in
+    # below the codec layer and CaSync, whose plan="auto" calls it (CaSync's step probe passed in)
     ("hipress.secopa.measure", "hipress.secopa"),
     ("hipress.codec",),  # what every sync shares: algorithm, flags, checkpoints, errors, plans
     ("hipress.casync",),

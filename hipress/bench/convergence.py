@@ -30,9 +30,9 @@ from hipress.bench.convergence_train import (
     own_momentum,
     train_rank,
 )
-from hipress.bench.models import load_corpus, tabular_data
 from hipress.bench.netsim import LoopbackNetwork, run_in_network
 from hipress.bench.tables import convergence_rows
+from hipress.bench.workloads import load_corpus, tabular_data
 
 __all__ = [
     "ConvergenceOptions",

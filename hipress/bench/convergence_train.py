@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hipress.bench.models import LSTMLM, TabularMLP
+from hipress.bench.workloads import LSTMLM, TabularMLP
 
 if TYPE_CHECKING:
     from hipress.bench.convergence import ConvergenceOptions

@@ -46,7 +46,6 @@ import torch.distributed as dist
 
 from hipress.bench import fsdp as fsdp_bench
 from hipress.bench.fsdp_rows import e2e_configs, finish_block
-from hipress.bench.models import WORKLOADS
 from hipress.bench.netsim import (
     LoopbackNetwork,
     Network,
@@ -57,6 +56,7 @@ from hipress.bench.netsim import (
 from hipress.bench.report import check_fsdp_targets, check_targets
 from hipress.bench.tail import ReadyClock, allreduce_bytes, bytes_sent, exposed_floor_ms
 from hipress.bench.timeline import breakdown, load_traces
+from hipress.bench.workloads import WORKLOADS
 from hipress.casync.trace import Tracer
 
 __all__ = [

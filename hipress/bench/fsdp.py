@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hipress.bench.models import WORKLOADS
 from hipress.bench.netsim import (
     LoopbackNetwork,
     Network,
@@ -38,6 +37,7 @@ from hipress.bench.netsim import (
     run_in_network,
     tx_bytes,
 )
+from hipress.bench.workloads import WORKLOADS
 from hipress.core.torchcompat import fsdp_param_groups
 
 __all__ = [

@@ -7,7 +7,7 @@ without gradient clipping, next to plain DDP with the same optimizer; the eval l
 
 Two tasks: ``mlp``, a 64 -> 2048 -> 10 MLP on a synthetic linear classification task (its first
 weight, 131072 elements, is the tensor the default rule compresses), and ``lm``, the word-level
-LSTM LM of :mod:`hipress.bench.models` on the standard library's sources. All cells of a run share
+LSTM LM of :mod:`hipress.bench.workloads` on the standard library's sources. All cells of a run share
 one launch of the worker processes (they run one after the other, each from the same weights on
 the same batches); the workers talk over loopback, since the network changes nothing computed.
 """
@@ -120,7 +120,7 @@ def _mlp_data(opts: RobustnessOptions, rank: int, world: int) -> dict[str, torch
 def _lm_data(opts: RobustnessOptions, rank: int, world: int) -> dict[str, torch.Tensor]:
     """This rank's windows for every step (rank-strided, in a fixed shuffled order, reused
     when the steps need more than the text has) and the held-out windows."""
-    from hipress.bench.models import load_corpus
+    from hipress.bench.workloads import load_corpus
 
     corpus = load_corpus(opts.vocab, 1 << 20)
 
@@ -140,7 +140,7 @@ def _model(opts: RobustnessOptions, vocab: int) -> nn.Module:
     torch.manual_seed(0)
     if opts.task == "mlp":
         return MLP(opts.features, opts.hidden, opts.classes)
-    from hipress.bench.models import LSTMLM
+    from hipress.bench.workloads import LSTMLM
 
     return LSTMLM(vocab, emb=128, hidden=256, layers=1, cutoffs=(1000, 4000))
 
@@ -220,7 +220,7 @@ def run_cells(rank: int, world: int, cells: list[tuple[str, str]],
         data = _mlp_data(opts, rank, world)
     elif opts.task == "lm":
         data = _lm_data(opts, rank, world)
-        from hipress.bench.models import load_corpus
+        from hipress.bench.workloads import load_corpus
 
         vocab = load_corpus(opts.vocab, 1 << 20).vocab_size
     else:

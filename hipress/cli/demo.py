@@ -17,7 +17,7 @@ from typing import Any
 from hipress.cli.args import RESULTS, parse_rate_mbit
 from hipress.cli.options import add_alias
 from hipress.demo.config import DemoConfig, DemoError, DemoResult, RunResult, default_runs
-from hipress.demo.models import ModelConfig
+from hipress.demo.wordlm import ModelConfig
 
 __all__ = ["add_parser", "cmd_demo", "format_summary", "write_chart"]
 
@@ -258,7 +258,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         config = _config(args)
         corpus = load_corpus(config.model.vocab_size)
         runs = default_runs(args.algorithm, params, plan)
-        from hipress.demo.models import WordLM
+        from hipress.demo.wordlm import WordLM
 
         nparams = WordLM(config.model).num_parameters()
         m = config.model

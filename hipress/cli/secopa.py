@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import torch
 
-from hipress.bench.plan import PLANS, run_bench
+from hipress.bench.prediction import PLANS, run_bench
 from hipress.cli.args import (
     RESULTS,
     parse_bandwidth,

@@ -6,7 +6,7 @@ standard library's own source, uncompressed and with hipress, and compare (``hip
     result = run_demo(config, default_runs("topk"), load_corpus(config.model.vocab_size))
     print(result.runs[1].final.accuracy, result.runs[1].ratio)
 
-Stages: :mod:`~hipress.demo.data` (corpus), :mod:`~hipress.demo.models` (the model),
+Stages: :mod:`~hipress.demo.data` (corpus), :mod:`~hipress.demo.wordlm` (the model),
 :mod:`~hipress.demo.launch` (worker processes), :mod:`~hipress.demo.train` (the runs),
 :mod:`hipress.cli.demo` (the command and its output). See docs/reference/demo.md.
 """
@@ -23,8 +23,8 @@ from hipress.demo.config import (
     default_runs,
 )
 from hipress.demo.data import Corpus, DataError, Vocab, load_corpus
-from hipress.demo.models import ModelConfig, WordLM
 from hipress.demo.train import run_demo
+from hipress.demo.wordlm import ModelConfig, WordLM
 
 __all__ = [
     "Corpus",

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hipress.demo.models import ModelConfig
+from hipress.demo.wordlm import ModelConfig
 
 __all__ = [
     "DemoConfig",

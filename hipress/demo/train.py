@@ -1,4 +1,4 @@
-"""The demo's training job: N local workers train :class:`~hipress.demo.models.WordLM` on the
+"""The demo's training job: N local workers train :class:`~hipress.demo.wordlm.WordLM` on the
 standard-library corpus, once per :class:`~hipress.demo.config.RunSpec` (plain DDP, then hipress).
 
     corpus = load_corpus(config.model.vocab_size)
@@ -27,7 +27,7 @@ from hipress.casync.trace import Tracer
 from hipress.demo.config import DemoConfig, DemoError, DemoResult, EvalPoint, RunResult, RunSpec
 from hipress.demo.data import Corpus, eval_windows, sample_batch, shard
 from hipress.demo.launch import launch
-from hipress.demo.models import WordLM, evaluate
+from hipress.demo.wordlm import WordLM, evaluate
 
 __all__ = ["run_demo"]
 
