@@ -298,3 +298,25 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     return a == b
+
+
+# ---------------------------------------------------------------- kernels built at register
+
+
+def first_step_compiles(rank: int, world_size: int, root: str) -> tuple[int, int]:
+    """(files in a fresh kernel cache after register, files the first step added)."""
+    import os
+    from pathlib import Path
+
+    cache = Path(root) / f"rank{rank}"
+    os.environ["HIPRESS_CACHE_DIR"] = str(cache)
+
+    def files() -> set[Path]:
+        return {p for p in cache.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+    model = shard(grid_model())
+    hipress.fsdp.register(model, "onebit", min_compress_numel=1)
+    built = files()
+    x, t = grid_batch(rank, 0)
+    nn.functional.mse_loss(model(x), t).backward()
+    return len(built), len(files() - built)

@@ -14,6 +14,7 @@ from fsdp_workers import (
     collective_input,
     exact_configs,
     exact_vs_plain,
+    first_step_compiles,
     nonfinite_grads,
     resume,
     train_loss,
@@ -187,3 +188,8 @@ def test_bench_configurations_and_table() -> None:
         in md
     )
     assert "failed: boom" in md
+
+
+def test_register_builds_the_kernels_and_the_first_step_compiles_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for built, added in run_workers(first_step_compiles, 2, str(tmp_path), preload=PRELOAD):
+        assert built > 0 and added == 0

@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
-from hipress.codec.algorithm import resolve_algorithm
+from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError
 from hipress.core.codec import CompressionAlgorithm
 from hipress.core.rule import DefaultRule
@@ -264,6 +264,11 @@ def register(
         if replicate_group is not None:
             replicas[key] = ReplicaAllReduce(key, alg, fb, u.numel // ws, replicate_group, rank,
                                              g.device, compress, seed)  # fmt: skip
+    compressed = [u for u in units.values() if u.compress]
+    try:  # the kernels now, not in the first backward
+        build_kernels(alg, {u.device for u in compressed})
+    except CaSyncError as exc:
+        raise FsdpError(str(exc)) from exc
     for key, m in modules.items():
         m.set_custom_reduce_scatter(units[key])
         if key in replicas:
