@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 
-def launch(cmd: Sequence[str], cwd: Path, what: str, timeout: float = 180,
-           env: Mapping[str, str] | None = None) -> str:  # fmt: skip
-    """Run ``cmd`` in ``cwd``; return its output. Fails the test (with the output's tail) if it
-    exits non-zero or runs past ``timeout`` seconds, after killing every process it started."""
+def run(cmd: Sequence[str], cwd: Path, what: str, timeout: float = 180,
+        env: Mapping[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
+    """Run ``cmd`` in ``cwd``; return its exit status and output. Fails the test (with the
+    output's tail) if it runs past ``timeout`` seconds, after killing every process it started."""
     proc = subprocess.Popen(
         list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True, env=None if env is None else dict(env),
@@ -26,6 +26,14 @@ def launch(cmd: Sequence[str], cwd: Path, what: str, timeout: float = 180,
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"{what} ran past {timeout} s:\n{out[-6000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"{what} exited {proc.returncode}:\n{out[-6000:]}")
+    return proc.returncode, out
+
+
+def launch(cmd: Sequence[str], cwd: Path, what: str, timeout: float = 180,
+           env: Mapping[str, str] | None = None) -> str:  # fmt: skip
+    """:func:`run`, failing the test (with the output's tail) if ``cmd`` exits non-zero;
+    returns its output."""
+    rc, out = run(cmd, cwd, what, timeout, env)
+    if rc != 0:
+        pytest.fail(f"{what} exited {rc}:\n{out[-6000:]}")
     return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from integration_launch import run
 
 HIPRESS = [sys.executable, "-m", "hipress"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -38,20 +38,11 @@ def _torchrun(nproc: int, tmp_path: Path, timeout: float = 300,
     """``torchrun --nproc-per-node nproc -m hipress selftest --quick`` in ``tmp_path``, in a
     session of its own (killed whole past ``timeout``): its exit status, output and every
     rank's JSON report."""
-    proc = subprocess.Popen(
-        [*TORCHRUN, "--nproc-per-node", str(nproc), "-m", "hipress", "selftest", "--quick"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env=_env(**env),
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the selftest under torchrun ran past {timeout} s:\n{out[-6000:]}")
+    rc, out = run([*TORCHRUN, "--nproc-per-node", str(nproc), "-m", "hipress", "selftest",
+                   "--quick"], tmp_path, "the selftest under torchrun", timeout, _env(**env))  # fmt: skip
     results = tmp_path / "hipress-results"
     reports = [json.loads((results / f"selftest-rank{r}.json").read_text()) for r in range(nproc)]
-    return proc.returncode, out, reports
+    return rc, out, reports
 
 
 def _dist_checks(report: dict[str, Any]) -> dict[str, str]:
