@@ -8,4 +8,4 @@ the workloads they share in :mod:`~hipress.bench.workloads`), the kernels
 (:mod:`~hipress.bench.netsim`); what every result records (:mod:`~hipress.bench.provenance`) and
 the tables made from results (:mod:`~hipress.bench.tables`, :mod:`~hipress.bench.report`).
 Results go to ``hipress-results/``; one reference per benchmark is kept in ``docs/results/``.
-See docs/benchmarks.md."""
+See docs/reference/benchmarks.md."""

@@ -71,7 +71,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_ONE_BUCKET_MB = 4096  # powerSGD_hook needs a single DDP bucket on gloo (docs/benchmarks.md)
+_ONE_BUCKET_MB = 4096  # powerSGD_hook needs a single DDP bucket on gloo (docs/reference/benchmarks.md)
 
 
 @dataclass(frozen=True)

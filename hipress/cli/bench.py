@@ -346,11 +346,11 @@ def add_report_parser(bench_sub: Any) -> None:
     """Add ``report``: regenerate the benchmark tables of the docs from reference results."""
     p = bench_sub.add_parser(
         "report",
-        help="regenerate the tables of docs/benchmarks.md from the reference results",
+        help="regenerate the tables of docs/reference/benchmarks.md from the reference results",
         description="Each docs/results/<bench>.json is one benchmark's reference result; its "
         "table in the docs lies between generated-table markers and is rewritten here.",
     )
     p.add_argument("--results", default="docs/results", help="folder of <bench>.json files")
-    p.add_argument("--docs", default="docs/benchmarks.md", help="markdown file to update")
+    p.add_argument("--docs", default="docs/reference/benchmarks.md", help="markdown file to update")
     p.add_argument("--check", action="store_true", help="change nothing; fail if stale")
     p.set_defaults(func=_cmd_report)
