@@ -4,6 +4,8 @@ A script is a fenced ``python`` block whose first line names its file (``# train
 first fenced ``sh`` block after it holds the command that launches it (``torchrun ...`` or
 ``python ...``). Each script runs in a fresh directory; a block without a file name is a
 fragment and is not run.
+
+Every relative link of README.md and docs/ leads to a file (and heading) that exists.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "how-to" / "frameworks.md"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
 NAME = re.compile(r"# (\w+\.py)\n")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CODE = re.compile(r"^```.*?^```$", re.M | re.S)
 
 
 def scripts() -> list[tuple[str, str, list[str]]]:
@@ -72,3 +76,31 @@ def test_import_hipress_needs_no_framework() -> None:
         " 'pytorch_lightning')], sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated heading's numbered from -1."""
+    counts: dict[str, int] = {}
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#+ (.*)$", CODE.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = counts.get(slug, 0)
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+        counts[slug] = n + 1
+    return anchors
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in LINK.findall(CODE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
