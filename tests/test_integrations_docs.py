@@ -1,4 +1,5 @@
-"""The scripts of docs/how-to/frameworks.md run as the page says, on 2 CPU processes.
+"""The scripts of docs/how-to/torchrun.md and frameworks.md run as the pages say, on 2 CPU
+processes.
 
 A script is a fenced ``python`` block whose first line names its file (``# train_x.py``); the
 first fenced ``sh`` block after it holds the command that launches it (``torchrun ...`` or
@@ -21,7 +22,7 @@ import pytest
 from integration_launch import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "how-to" / "frameworks.md"
+PAGES = [ROOT / "docs" / "how-to" / name for name in ("torchrun.md", "frameworks.md")]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
 NAME = re.compile(r"# (\w+\.py)\n")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -29,10 +30,10 @@ CODE = re.compile(r"^```.*?^```$", re.M | re.S)
 
 
 def scripts() -> list[tuple[str, str, list[str]]]:
-    """(file name, source, launch command) of every script on the page, in order."""
+    """(file name, source, launch command) of every script on the pages, in order."""
     found: list[tuple[str, str, list[str]]] = []
     pending: tuple[str, str] | None = None
-    for lang, body in FENCE.findall(PAGE.read_text()):
+    for lang, body in FENCE.findall("".join(page.read_text() for page in PAGES)):
         if lang == "python" and (m := NAME.match(body)):
             pending = (m.group(1), body)
         elif lang == "sh" and pending is not None:
