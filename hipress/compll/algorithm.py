@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from hipress.compll.backends.base import Backend, BackendFactory
-from hipress.compll.backends.select import factories, resolve_backend
+from hipress.compll.backends.base import Backend
+from hipress.compll.backends.select import resolve_backend
 from hipress.compll.frontend import ast
 from hipress.compll.frontend.check import elaborate
 from hipress.compll.frontend.parse import parse
@@ -218,11 +218,6 @@ class Algorithm:
 
 
 # ---------------------------------------------------------------- loading
-
-
-def _backends() -> dict[str, BackendFactory]:
-    """Backend name -> constructor (see :mod:`hipress.compll.backends.select`)."""
-    return factories()
 
 
 def _resolve_backend(name: str, program: ir.Program) -> Backend:
