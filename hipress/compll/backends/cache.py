@@ -191,19 +191,21 @@ class KernelCache:
         """
         return self._entry(key, suffix, build, count=True)[0]
 
-    def text(self, key: str, suffix: str, make: Callable[[], str]) -> str:
-        """The text stored under ``key`` (checked like :meth:`get_or_build`), else ``make()``,
-        stored atomically. Not counted in ``compiles``."""
-        made: list[str] = []
+    def data(self, key: str, suffix: str, make: Callable[[], bytes], count: bool = True) -> bytes:
+        """The bytes stored under ``key`` (checked like :meth:`get_or_build`), else ``make()``,
+        stored atomically; a build is counted in ``compiles`` if ``count``."""
+        made: list[bytes] = []
 
         def write(tmp: Path) -> None:
             made.append(make())
-            tmp.write_text(made[-1], encoding="utf-8")
+            tmp.write_bytes(made[-1])
 
-        data = self._entry(key, suffix, write, count=False)[1]
-        if data is None:
-            return made[-1]
-        return data.decode("utf-8", errors="replace")
+        data = self._entry(key, suffix, write, count)[1]
+        return made[-1] if data is None else data
+
+    def text(self, key: str, suffix: str, make: Callable[[], str]) -> str:
+        """:meth:`data` for UTF-8 text, not counted in ``compiles``."""
+        return self.data(key, suffix, lambda: make().encode(), count=False).decode(errors="replace")
 
     def _entry(
         self, key: str, suffix: str, build: Callable[[Path], None], count: bool

@@ -163,13 +163,8 @@ def device_image(source: str, capability: tuple[int, int], name: str = "kernel.c
         h.update(part.encode())
         h.update(b"\0")
     cache = cache or KernelCache.from_env()
-
-    def build(out: os.PathLike[str]) -> None:
-        with open(out, "wb") as f:
-            f.write(nvrtc_compile(source, arch, name, cubin=cubin))
-
-    path = cache.get_or_build(h.hexdigest(), ".cubin" if cubin else ".ptx", build)
-    return path.read_bytes()
+    return cache.data(h.hexdigest(), ".cubin" if cubin else ".ptx",
+                      lambda: nvrtc_compile(source, arch, name, cubin=cubin))  # fmt: skip
 
 
 def compile_check(program: ir.Program, archs: Sequence[str] = ARCHS) -> dict[str, int]:
