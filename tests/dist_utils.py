@@ -24,6 +24,7 @@ does not finish within ``timeout`` is killed and fails the call; a worker that e
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing
 import os
 import pickle
@@ -69,6 +70,7 @@ def _worker_main(
     kwargs: dict[str, Any],
 ) -> None:
     out = Path(outdir)
+    faulthandler.enable(all_threads=True)  # a crashing worker prints every thread's stack
     try:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(threads)

@@ -71,7 +71,8 @@ class StepEngine:
         self._cache: dict[tuple[Any, ...], tuple[BucketSchedule, Workspace, int]] = {}
         self._pending: list[BucketOp] = []
         self._inflight: list[BucketOp] = []  # this step's buckets
-        self._warm: list[torch.futures.Future[torch.Tensor]] = []  # this warm-up step's
+        # this warm-up step's buckets: each future and the allreduce under it
+        self._warm: list[tuple[torch.futures.Future[torch.Tensor], Any]] = []
 
     def relayout(self, layout: PlanLayout) -> None:
         """Use ``layout`` from now on (between steps: payload sizes may differ); frees every
@@ -150,6 +151,8 @@ class StepEngine:
                 with self.ctx.stats.tracer.span("wait", "wait", what="step's buckets"):
                     for other in self._inflight:
                         other.future.wait()
+                    for other in self._inflight:
+                        other.settle()
             elif op.deferred:
                 self._pending.append(op)
         except BaseException as exc:
@@ -172,15 +175,16 @@ class StepEngine:
         self, buffer: torch.Tensor, last: bool, group: dist.ProcessGroup | None
     ) -> torch.futures.Future[torch.Tensor]:
         """A warm-up step's bucket; the last one waits for the step's allreduces."""
-        fut = self._allreduce_bucket(buffer, last, group)
-        self._warm.append(fut)
+        fut, work = self._allreduce_bucket(buffer, last, group)
+        self._warm.append((fut, work))
         if last:
             warm, self._warm = self._warm, []
             self.end_step()
-            for f in warm:  # raise a failure as the CommError it is (see submit)
+            for f, w in warm:  # raise a failure as the CommError it is (see submit)
                 try:
                     with self.ctx.stats.tracer.span("wait", "wait", what="warm-up allreduce"):
                         f.wait()
+                        w.wait()  # ended on the backend's thread too (see BucketOp.settle)
                 except Exception as exc:
                     cause = exc.__cause__ or exc
                     msg = str(cause).split("CommError: ", 1)[-1]
@@ -189,8 +193,9 @@ class StepEngine:
 
     def _allreduce_bucket(
         self, buffer: torch.Tensor, last: bool, group: dist.ProcessGroup | None
-    ) -> torch.futures.Future[torch.Tensor]:
-        """A warm-up step's bucket: DDP's default hook (divide, then allreduce)."""
+    ) -> tuple[torch.futures.Future[torch.Tensor], Any]:
+        """A warm-up step's bucket: DDP's default hook (divide, then allreduce). Returns the
+        future of the averaged bucket and the allreduce's work."""
         stats = self.ctx.stats
         nbytes = buffer.numel() * buffer.element_size()
         stats.bucket_submitted(last, buffer.device)
@@ -221,7 +226,7 @@ class StepEngine:
             stats.bucket_finished()
             return out
 
-        return work.get_future().then(done)
+        return work.get_future().then(done), work
 
     def end_step(self) -> None:
         """Close the step: settle the unused guard, free the layouts of buckets DDP rebuilt,

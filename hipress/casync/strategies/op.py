@@ -300,6 +300,20 @@ class BucketOp:
             ev.wait(timeout=5.0)
         RETIRED.extend(works)
 
+    def settle(self) -> None:
+        """After :attr:`future` completed: wait until every collective this operation issued
+        has finished on its backend's thread and every completion callback has returned. A
+        future wakes its waiters from inside the completion callback, before the backend ends
+        the collective's profiler range; nothing of the step may still run on another thread
+        once the step's last hook returns (a profiler stopped then reads what that thread is
+        writing)."""
+        works, self._works = self._works, []
+        for w in works:
+            w.wait()
+        ran, self._ran = self._ran, []
+        for ev in ran:
+            ev.wait(timeout=5.0)
+
     def _callback(self, what: str, fn: Callable[[], None]) -> Callable[[Any], None]:
         """A completion callback running ``fn()`` once the collective succeeded, turning any
         failure into :meth:`fail` (callbacks run on the backend's threads: nothing may escape
