@@ -179,7 +179,7 @@ def test_a_step_the_device_never_finishes_is_left_out(monkeypatch: pytest.Monkey
 
 def test_codec_lock_waits_come_out_of_host_figures_only() -> None:
     from hipress.casync.strategies.context import SyncContext
-    from hipress.core.codec import Uncompressed
+    from hipress.core.compression import Uncompressed
 
     def encode_ms(stats: SyncStats) -> tuple[float, float]:
         ctx = SyncContext(0, 1, Uncompressed(), {}, {}, stats)
@@ -332,7 +332,7 @@ class _Slow:
     GPU cycles (a kernel the host launches in microseconds)."""
 
     def __init__(self, cycles: int) -> None:
-        from hipress.core.codec import Uncompressed
+        from hipress.core.compression import Uncompressed
 
         self._alg = Uncompressed()
         self.name, self.params, self.digest = "slow", {}, "slow"

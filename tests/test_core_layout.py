@@ -1,5 +1,5 @@
 """The layout of a compressed tensor's chunks (hipress.core.layout) and the Uncompressed codec
-(hipress.core.codec)."""
+(hipress.core.compression)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from hipress.casync.strategies.context import all_gather
 from hipress.codec.algorithm import resolve_algorithm
 from hipress.codec.errors import CaSyncError, ConfigMismatchError
-from hipress.core.codec import CompressionAlgorithm, compresses
+from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan
 from hipress.core.rule import DefaultRule
 

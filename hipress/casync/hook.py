@@ -33,7 +33,7 @@ from hipress.casync.state import CaSyncState
 from hipress.casync.unused import supported
 from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 
 __all__ = ["CaSyncState", "casync_hook", "register"]

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from hipress.codec.algorithm import init_chunk_states, resolve_algorithm
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import ChunkLayout, layout_plan
 from hipress.core.plan import Plan, Strategy
 

@@ -43,7 +43,7 @@ from hipress.codec.algorithm import build_kernels, init_chunk_states, resolve_al
 from hipress.codec.errors import CaSyncError, CommError
 from hipress.codec.logs import RANK_FILTER
 from hipress.codec.planning import check_plan_arg, resolve_plan
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import PlanLayout, layout_plan
 from hipress.core.plan import Plan
 from hipress.core.rule import DefaultRule

@@ -1,9 +1,9 @@
 """The compression-algorithm helpers every sync relies on (the DDP hook, FSDP, Horovod), and the
 per-chunk states.
 
-They need only the :class:`~hipress.core.codec.CompressionAlgorithm` surface; an object that
+They need only the :class:`~hipress.core.compression.CompressionAlgorithm` surface; an object that
 also has CompLL's ``decode_sum`` averages N payloads in one pass over the output
-(:func:`decode_mean`). "No compression" is :class:`~hipress.core.codec.Uncompressed`.
+(:func:`decode_mean`). "No compression" is :class:`~hipress.core.compression.Uncompressed`.
 
 State keys (:func:`~hipress.core.layout.chunk_key`, on each
 :class:`~hipress.core.layout.ChunkLayout`) and RNG streams are derived in one place, so the
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from hipress.codec.errors import CaSyncError
-from hipress.core.codec import CompressionAlgorithm, Uncompressed
+from hipress.core.compression import CompressionAlgorithm, Uncompressed
 from hipress.core.layout import PlanLayout, layout_plan
 from hipress.core.plan import Plan
 
@@ -76,7 +76,7 @@ def resolve_algorithm(
     Takes a CompLL algorithm name (loaded with ``hipress.compll.load(name, backend=..., **params)``),
     an object that already has the :class:`CompressionAlgorithm` surface (``params`` must then be
     empty), or ``None``/``"none"`` for no compression. Returns the object (for no compression,
-    :class:`~hipress.core.codec.Uncompressed`). Raises :class:`CaSyncError` for an unknown name
+    :class:`~hipress.core.compression.Uncompressed`). Raises :class:`CaSyncError` for an unknown name
     or bad parameters.
     """
     if algorithm is None or algorithm == "none":

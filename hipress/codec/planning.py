@@ -19,7 +19,7 @@ from typing import Any
 
 from hipress.codec.algorithm import recompressible
 from hipress.codec.logs import RANK_FILTER
-from hipress.core.codec import CompressionAlgorithm, Uncompressed, compresses
+from hipress.core.compression import CompressionAlgorithm, Uncompressed, compresses
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.core.rule import DefaultRule
 from hipress.secopa.measure.calibrate import StepProbe
@@ -156,7 +156,7 @@ def resolve_plan(
 ) -> Plan:
     """Return the plan to run and check that it fits.
 
-    ``algorithm`` is the codec (None or :class:`~hipress.core.codec.Uncompressed`: no
+    ``algorithm`` is the codec (None or :class:`~hipress.core.compression.Uncompressed`: no
     compression). Takes a :class:`Plan`, a path to a plan JSON file, ``"auto"`` (SeCoPa
     profiles and plans it on ``device``, a collective call over ``group``: every rank must make
     it; ``probe`` runs CaSync's steps to calibrate the profile) or ``None`` (the

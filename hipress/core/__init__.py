@@ -6,7 +6,7 @@ from ``hipress``.
 
 from __future__ import annotations
 
-from hipress.core.codec import CompressionAlgorithm, Uncompressed, compresses
+from hipress.core.compression import CompressionAlgorithm, Uncompressed, compresses
 from hipress.core.layout import (
     ChunkLayout,
     PlanLayout,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.fsdp.collective import TRAILER, CompressedReduceScatter
 from hipress.secopa.measure.calibrate import SCALE_RANGE
 from hipress.secopa.measure.comm import TorchComm

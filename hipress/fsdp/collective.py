@@ -28,7 +28,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from hipress.codec.algorithm import chunk_tensor_id, rank_seed
 from hipress.codec.flags import FlagMode
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import ChunkLayout, layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
 from hipress.core.torchcompat import premul_sum_factor, reduce_scatter_single

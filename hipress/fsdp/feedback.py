@@ -30,7 +30,7 @@ import torch
 
 from hipress.codec.algorithm import encode_reporting
 from hipress.codec.flags import Flag, FlagMode
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.fsdp.errors import FsdpError
 
 __all__ = ["FEEDBACK", "ChunkCoder", "make_coder", "resolve_feedback"]

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.rule import DefaultRule
 from hipress.fsdp.calibrate import calibrate
 from hipress.fsdp.collective import TRAILER

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from hipress.codec.algorithm import chunk_tensor_id, rank_seed
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import chunk_key
 from hipress.fsdp.feedback import builtin_feedback
 

@@ -33,7 +33,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceS
 
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.rule import DefaultRule
 from hipress.core.torchcompat import fsdp_param_groups
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from hipress.codec.algorithm import chunk_tensor_id, rank_seed
 from hipress.codec.flags import FlagMode
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import chunk_key
 from hipress.fsdp.collective import TRAILER, UnitStats, decode_sum
 from hipress.fsdp.errors import FsdpError

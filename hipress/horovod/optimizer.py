@@ -24,7 +24,7 @@ from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.checkpoint import load_states, save_states
 from hipress.codec.errors import CaSyncError
 from hipress.codec.planning import resolve_plan
-from hipress.core.codec import CompressionAlgorithm, compresses
+from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.core.rule import DefaultRule
 from hipress.horovod.comm import HorovodComm

@@ -31,7 +31,7 @@ import torch
 from hipress.codec.algorithm import decode_mean, encode_reporting, init_chunk_states
 from hipress.codec.errors import ConfigMismatchError
 from hipress.codec.flags import Flag, FlagMode
-from hipress.core.codec import CompressionAlgorithm, compresses
+from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.layout import ChunkLayout, layout_plan
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 

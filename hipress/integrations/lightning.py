@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 
 __all__ = ["HipressCallback"]

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.ring import RingDriver
 from hipress.codec.errors import CaSyncError
-from hipress.core.codec import CompressionAlgorithm
+from hipress.core.compression import CompressionAlgorithm
 
 __all__ = ["RETIRED", "SyncContext", "all_gather"]
 
