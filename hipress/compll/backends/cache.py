@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hipress.compll.backends.files import makedirs_private, remove_dir, write_private
-from hipress.compll.backends.text import numbered
+from hipress.compll.backends.text import explain
 from hipress.compll.ir.source import CllError
 
 log = logging.getLogger(__name__)
@@ -386,16 +386,3 @@ def compile_c(source: str, out: Path, toolchain: Toolchain, name: str = "kernel"
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise CompileError(explain(res.stderr, source, src.name))
-
-
-def explain(log: str, source: str, fname: str) -> str:
-    """A compiler ``log`` for generated ``source`` with the source shown, numbered, around each
-    error line (gcc/clang ``file:LINE:COL: error``, NVRTC ``file(LINE): error``)."""
-    pat = rf"{re.escape(fname)}(?::(\d+):(?:\d+:)?|\((\d+)\):) (?:fatal )?error"
-    lines = sorted({int(m.group(1) or m.group(2)) for m in re.finditer(pat, log)})
-    parts = [f"generated code failed to compile:\n{log.strip()}"]
-    for ln in lines[:3]:
-        parts.append(f"\ngenerated source around line {ln}:\n{numbered(source, ln)}")
-    if not lines:
-        parts.append(f"\ngenerated source:\n{numbered(source)}")
-    return "\n".join(parts)

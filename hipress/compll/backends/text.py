@@ -1,7 +1,9 @@
-"""Plain-text helpers of the backends: generated source shown with line numbers (compile
-errors, see :func:`hipress.compll.backends.cache.explain`)."""
+"""Plain-text helpers of the backends: generated source shown with line numbers, and a
+compiler's log explained with the source around each error."""
 
 from __future__ import annotations
+
+import re
 
 
 def numbered(source: str, around: int | None = None, context: int = 8) -> str:
@@ -14,4 +16,17 @@ def numbered(source: str, around: int | None = None, context: int = 8) -> str:
     return "\n".join(f"{k + 1:>{width}} | {lines[k]}" for k in range(lo, hi))
 
 
-__all__ = ["numbered"]
+def explain(log: str, source: str, fname: str) -> str:
+    """A compiler ``log`` for generated ``source`` with the source shown, numbered, around each
+    error line (gcc/clang ``file:LINE:COL: error``, NVRTC ``file(LINE): error``)."""
+    pat = rf"{re.escape(fname)}(?::(\d+):(?:\d+:)?|\((\d+)\):) (?:fatal )?error"
+    lines = sorted({int(m.group(1) or m.group(2)) for m in re.finditer(pat, log)})
+    parts = [f"generated code failed to compile:\n{log.strip()}"]
+    for ln in lines[:3]:
+        parts.append(f"\ngenerated source around line {ln}:\n{numbered(source, ln)}")
+    if not lines:
+        parts.append(f"\ngenerated source:\n{numbered(source)}")
+    return "\n".join(parts)
+
+
+__all__ = ["explain", "numbered"]

@@ -6,12 +6,9 @@ Sizes of arrays are IR expressions over the element count ``n`` (see :mod:`hipre
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from hipress.compll.ir.nodes import Expr
 
 
 @dataclass(frozen=True)
@@ -99,6 +96,15 @@ def torch_storage_dtype(t: DType) -> torch.dtype:
     }.get(t.name) or _TORCH[t.name]
 
 
+class SizeExpr(Protocol):
+    """What an array length is: an IR scalar expression (any node of
+    :data:`hipress.compll.ir.nodes.Expr`), typed here by the one attribute every node has, so
+    that this module needs nothing of the IR's nodes."""
+
+    @property
+    def dtype(self) -> DType: ...
+
+
 @dataclass(frozen=True)
 class ArrayType:
     """A 1-D array of ``dtype`` with ``length`` elements (an IR size expression of ``n``).
@@ -108,7 +114,7 @@ class ArrayType:
     """
 
     dtype: DType
-    length: Expr
+    length: SizeExpr
     bits: int | None = None
 
     def describe(self) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
-from hipress.compll.ir.fold import fold_deep
+from hipress.compll.ir.fold import segment_count
 from hipress.compll.ir.types import F32, I32, I64, ArrayType
 from hipress.compll.ir.walk import lambda_exprs, op_exprs, op_lambdas, walk
 from hipress.compll.lower.defer import Deferral, deferrable
@@ -155,7 +155,9 @@ class _Placer:
             elif isinstance(op, ir.Sort | ir.Scan | ir.Scatter):
                 self.arrays[op.name] = Array(op.name, op.dtype, op.length, None, "op")
             elif isinstance(op, ir.SegReduce):
-                self.arrays[op.name] = Array(op.name, op.dtype, _nseg(op), None, "op")
+                self.arrays[op.name] = Array(
+                    op.name, op.dtype, segment_count(op.length, op.seg), None, "op"
+                )
         for name, m in self.maps.items():
             self.cost[name] = self._lambda_cost(m.fn, set())
 
@@ -392,16 +394,3 @@ class _Placer:
 
 def _bound(op: ir.Filter | ir.TopK) -> ir.Expr:
     return op.bound if isinstance(op, ir.Filter) else op.k
-
-
-def _nseg(op: ir.SegReduce) -> ir.Expr:
-    # the same expression (and folding) as the checker's type of the result
-    one = ir.Const(1, I64)
-    return fold_deep(
-        ir.Binary(
-            ops.DIV.name,
-            ir.Binary(ops.SUB.name, ir.Binary(ops.ADD.name, op.length, op.seg, I64), one, I64),
-            ir.Binary(ops.MAX.name, op.seg, one, I64),
-            I64,
-        )
-    )

@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
-from hipress.compll.backends.cache import CompileError, KernelCache, explain, find_compiler
+from hipress.compll.backends.cache import CompileError, KernelCache, find_compiler
 from hipress.compll.backends.cuda.abi import NT, CudaSource, Field
+from hipress.compll.backends.text import explain
 from hipress.compll.ir.source import CllError
 
 CXX_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",

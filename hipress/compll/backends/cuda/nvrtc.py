@@ -24,7 +24,8 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from hipress.compll.backends.cache import CompileError, KernelCache, explain
+from hipress.compll.backends.cache import CompileError, KernelCache
+from hipress.compll.backends.text import explain
 from hipress.compll.ir import nodes as ir
 
 ARCHS = ("sm_80", "sm_90")
