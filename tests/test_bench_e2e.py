@@ -25,8 +25,8 @@ from hipress.bench.e2e import (
 )
 from hipress.bench.netsim import LoopbackNetwork
 from hipress.bench.report import e2e_markdown
-from hipress.bench.timeline import BREAKDOWN
 from hipress.bench.workloads import WORKLOADS
+from hipress.timeline import BREAKDOWN
 
 
 def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:

@@ -297,7 +297,7 @@ def _ddp_run(rank: int, world: int, out: str, stand_in: bool) -> dict[str, Any]:
 
 
 def test_a_ddp_run_on_the_stream_ordered_path(tmp_path: Path) -> None:
-    from hipress.bench.timeline import breakdown, load_traces
+    from hipress.timeline import breakdown, load_traces
 
     host = run_workers(_ddp_run, 2, str(tmp_path / "host"), False)
     events = run_workers(_ddp_run, 2, str(tmp_path / "events"), True)

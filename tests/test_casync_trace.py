@@ -1,4 +1,4 @@
-"""Step timelines (hipress.casync.trace) and reading them (hipress.bench.timeline)."""
+"""Step timelines (hipress.casync.trace) and reading them (hipress.timeline)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from dist_utils import run_workers
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hipress.bench.timeline import BREAKDOWN, TimelineError, breakdown, load_traces, render_png
 from hipress.casync import CaSyncError, register
 from hipress.casync.trace import Tracer, trace_path
 from hipress.core.plan import Plan, Strategy, TensorPlan
+from hipress.timeline import BREAKDOWN, TimelineError, breakdown, load_traces, render_png
 
 # "0.weight" 4096, "2.weight" 12288, "4.weight" 768 elements
 LAYOUT = {"0.weight": Strategy.RING, "2.weight": Strategy.ALLGATHER, "4.weight": Strategy.PS}

@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, ...]] = [
     # below the codec layer and CaSync, whose plan="auto" calls it (CaSync's step probe passed in)
     ("hipress.secopa.measure", "hipress.secopa"),
     ("hipress.codec",),  # what every sync shares: algorithm, flags, checkpoints, errors, plans
-    ("hipress.casync",),
+    # CaSync, and the reader of the step timelines its tracer writes (`hipress trace`)
+    ("hipress.casync", "hipress.timeline"),
     ("hipress.horovod", "hipress.integrations", "hipress.fsdp"),  # Horovod, Lightning, ...
     ("hipress.bench", "hipress.demo", "hipress.selftest", "hipress.cli", "hipress"),
 ]

@@ -55,9 +55,9 @@ from hipress.bench.netsim import (
 )
 from hipress.bench.report import check_fsdp_targets, check_targets
 from hipress.bench.tail import ReadyClock, allreduce_bytes, bytes_sent, exposed_floor_ms
-from hipress.bench.timeline import breakdown, load_traces
 from hipress.bench.workloads import WORKLOADS
 from hipress.casync.trace import Tracer
+from hipress.timeline import breakdown, load_traces
 
 __all__ = [
     "BASELINES",

@@ -89,7 +89,7 @@ _RESHARD = {"on": (True,), "off": (False,), "both": (True, False)}
 
 def _breakdowns(results: dict[str, Any]) -> str:
     """Each cell's step breakdown (from the configurations' traces), as markdown."""
-    from hipress.bench.timeline import breakdown_markdown
+    from hipress.timeline import breakdown_markdown
 
     parts = []
     for cell in results["cells"]:

@@ -12,7 +12,7 @@ __all__ = ["add_parser"]
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
-    from hipress.bench.timeline import (
+    from hipress.timeline import (
         TimelineError,
         breakdown,
         breakdown_markdown,

@@ -167,7 +167,7 @@ class RunResult:
         sync: the hook's mean per-step figures (encode_ms, decode_ms, comm_ms, ...), or {}.
         traces: the timeline files of the run (one per rank), if kept.
         breakdown: where a traced step's time went, ms per step, mean over the ranks
-            (:func:`hipress.bench.timeline.breakdown`), or {}.
+            (:func:`hipress.timeline.breakdown`), or {}.
     """
 
     spec: RunSpec

@@ -22,12 +22,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hipress.bench.timeline import breakdown, load_traces
 from hipress.casync.trace import Tracer
 from hipress.demo.config import DemoConfig, DemoError, DemoResult, EvalPoint, RunResult, RunSpec
 from hipress.demo.data import Corpus, eval_windows, sample_batch, shard
 from hipress.demo.launch import launch
 from hipress.demo.wordlm import WordLM, evaluate
+from hipress.timeline import breakdown, load_traces
 
 __all__ = ["run_demo"]
 
