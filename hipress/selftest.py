@@ -27,44 +27,17 @@ import os
 import platform
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hipress.selftest_report import Report
 from hipress.timing import best_of
 
 __all__ = ["THRESHOLD_ENV", "Report", "print_report", "run_selftest"]
 
 THRESHOLD_ENV = "HIPRESS_SELFTEST_MIN_COMPRESS_NUMEL"  # see run_selftest
-
-
-@dataclass
-class Report:
-    """What the self-test found: ``found`` (name -> version or reason), ``checks`` (name ->
-    "pass", "FAIL: ..." or "skipped: ..."), ``figures`` (check name -> what it measured, e.g.
-    ``{"compressed": 2, ...}``; a check records them as it runs, so a failed one has them
-    too), ``speed`` (the device, its copy GB/s, and per algorithm encode and decode GB/s of
-    gradient)."""
-
-    found: dict[str, str] = field(default_factory=dict)
-    checks: dict[str, str] = field(default_factory=dict)
-    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
-    speed: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not any(v.startswith("FAIL") for v in self.checks.values())
-
-    def check(self, name: str, fn: Callable[[], str | None]) -> None:
-        """Run ``fn``: None or "" is a pass, a string a skip reason; an exception a failure."""
-        try:
-            why = fn()
-        except Exception as exc:
-            self.checks[name] = f"FAIL: {type(exc).__name__}: {exc}"[:400]
-            return
-        self.checks[name] = f"skipped: {why}" if why else "pass"
 
 
 # ---------------------------------------------------------------- what is installed

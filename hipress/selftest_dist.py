@@ -3,7 +3,7 @@ CaSync as a DDP hook, and :mod:`hipress.fsdp`'s compressed reduce-scatter.
 
 Every compressed check records what CaSync or hipress.fsdp really compressed, read back from the
 state after the run (``compressed``: tensors or FSDP units), in :attr:`Report.figures
-<hipress.selftest.Report.figures>`, and fails when that is nothing: a compressed check that
+<hipress.selftest_report.Report.figures>`, and fails when that is nothing: a compressed check that
 compressed nothing has checked nothing. ``min_compress_numel`` (default: CaSync's and
 hipress.fsdp's own threshold) is the size under which a tensor or unit stays uncompressed; the
 models here hold tensors above the default.
@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hipress.selftest_report import Report
+
 if TYPE_CHECKING:
     from hipress.casync import CaSyncState
-    from hipress.selftest import Report
 
 __all__ = ["fsdp_checks", "training_checks"]
 

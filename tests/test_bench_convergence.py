@@ -14,7 +14,8 @@ from hipress.bench.convergence import (
     run_convergence,
     summarise,
 )
-from hipress.bench.convergence_train import HeavyBall, fsdp_refusal
+from hipress.bench.convergence_options import fsdp_refusal
+from hipress.bench.convergence_train import HeavyBall
 from hipress.bench.tables import convergence_rows
 from hipress.bench.workloads import TabularMLP, tabular_data
 

@@ -46,8 +46,6 @@ ANNOTATION_CYCLES: tuple[frozenset[str], ...] = (
         f"hipress.casync.strategies.{m}"
         for m in ("allgather", "allreduce", "context", "op", "ps", "ring")
     ),
-    frozenset({"hipress.bench.convergence", "hipress.bench.convergence_train"}),
-    frozenset({"hipress.selftest", "hipress.selftest_dist"}),
 )
 
 # Each target's folder of the backends: its renderer and its runner. A target imports the

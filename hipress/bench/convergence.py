@@ -18,18 +18,18 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hipress.bench.convergence_train import (
+from hipress.bench.convergence_options import (
     TASKS,
+    ConvergenceOptions,
     density_schedule,
     fsdp_refusal,
     own_momentum,
-    train_rank,
 )
+from hipress.bench.convergence_train import train_rank
 from hipress.bench.netsim import LoopbackNetwork, run_in_network
 from hipress.bench.tables import convergence_rows
 from hipress.bench.workloads import load_corpus, tabular_data
@@ -47,86 +47,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 UNCOMPRESSED = "uncompressed"
-
-
-@dataclass(frozen=True)
-class ConvergenceOptions:
-    """The job: ``task`` ("lm" or "tabular", see :data:`~hipress.bench.convergence_train.TASKS`)
-    on ``workers`` ranks for ``epochs`` epochs, once per seed in ``seeds`` (each seed sets the
-    initial weights, the batch order and CaSync's RNG). LM: passes over ``train_tokens`` tokens
-    in windows of ``bptt``, a ``vocab``-word vocabulary, accuracy on ``eval_tokens`` held-out
-    tokens. Tabular: ``train_samples`` and ``eval_samples`` samples. ``batch`` samples (LM:
-    windows) per rank per step, SGD (``lr``, ``momentum``, gradient norm clipped to ``clip``
-    unless it is 0; ``batch``, ``lr`` and ``clip`` None take the task's defaults) with
-    ``lr_schedule`` "constant" or "cosine" (decay to 0 over the run). ``algorithms``: names, or
-    ("all",) for every shipped one. ``plan``: CaSync's plan ("auto", a file, or None for its
-    default rule); CaSync's uncompressed warm-up lasts ``warmup_steps`` plus ``warmup_epochs``
-    epochs; ``density_warmup_epochs``: DGC's warm-up for every sparsifier from the first
-    compressed step on, see :func:`density_schedule`. ``momentum_handover``: an algorithm with
-    its own momentum (dgc) takes over the optimizer's when compression starts, see
-    :mod:`~hipress.bench.convergence_train`; False runs it as before, with no optimizer
-    momentum on any parameter from the first step (for comparison). ``fsdp``: shard the model
-    with FSDP2 instead of DDP (:mod:`~hipress.bench.convergence_fsdp`): uncompressed is plain
-    FSDP2, each algorithm :func:`hipress.fsdp.register` with error feedback ``fsdp_feedback``
-    (or the ``"name:feedback"`` of its entry in ``algorithms``); the warm-up runs the same
-    way, and algorithms that need CaSync's state (a momentum hand-over, a density warm-up)
-    are refused."""
-
-    workers: int = 4
-    algorithms: tuple[str, ...] = ("all",)
-    epochs: int = 2
-    task: str = "lm"
-    seeds: tuple[int, ...] = (0,)
-    plan: str | None = None
-    threads: int = 1
-    batch: int | None = None
-    bptt: int = 32
-    vocab: int = 8192
-    train_tokens: int = 160_000
-    eval_tokens: int = 16_384
-    train_samples: int = 16_384
-    eval_samples: int = 4096
-    lr: float | None = None
-    lr_schedule: str = "constant"
-    momentum: float = 0.9
-    clip: float | None = None
-    warmup_steps: int = 0
-    warmup_epochs: float = 0.0
-    density_warmup_epochs: int = 0
-    momentum_handover: bool = True
-    fsdp: bool = False
-    fsdp_feedback: str = "auto"
-    timeout: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}: choose one of {', '.join(TASKS)}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
-        if not self.fsdp:
-            colon = [a for a in self.algorithms if ":" in a]
-            if colon:
-                raise ValueError(
-                    f"an algorithm:feedback entry ({colon[0]}) needs the FSDP2 mode (--fsdp); "
-                    "CaSync runs each algorithm with its own feedback"
-                )
-        elif self.plan is not None:
-            raise ValueError(
-                f"plan {self.plan!r} is CaSync's; the FSDP2 mode compresses each unit by "
-                "hipress.fsdp's size threshold: leave the plan at its default"
-            )
-
-    def resolved_algorithms(self) -> list[str]:
-        """The algorithm names to run (``all`` expanded to every shipped algorithm)."""
-        if self.algorithms == ("all",):
-            from hipress.compll import algorithms
-
-            return list(algorithms())
-        return list(self.algorithms)
 
 
 def _has_ef(name: str) -> bool:

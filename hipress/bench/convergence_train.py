@@ -31,41 +31,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hipress.bench.convergence_options import (
+    TASKS,
+    ConvergenceOptions,
+    density_schedule,
+    fsdp_refusal,
+    own_momentum,
+)
 from hipress.bench.workloads import LSTMLM, TabularMLP
 
 if TYPE_CHECKING:
-    from hipress.bench.convergence import ConvergenceOptions
     from hipress.bench.convergence_fsdp import FsdpRun
     from hipress.casync import CaSyncState
 
 __all__ = [
-    "TASKS",
     "HeavyBall",
-    "TaskSpec",
-    "fsdp_refusal",
     "hand_over_momentum",
     "lr_at",
     "train_rank",
 ]
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """A convergence task's defaults: ``lr``, ``batch`` (samples per rank per step), ``clip``
-    and a one-line ``description`` for the results."""
-
-    lr: float
-    batch: int
-    clip: float
-    description: str
-
-
-TASKS: dict[str, TaskSpec] = {
-    "lm": TaskSpec(0.5, 8, 1.0, "word-level LSTM LM (adaptive softmax) on Python stdlib sources"),
-    "tabular": TaskSpec(
-        0.05, 32, 1.0, "MLP classifier (32-2048-256-10) on a synthetic teacher-student task"
-    ),
-}
 
 
 def lr_at(opts: ConvergenceOptions, lr: float, step: int, total: int) -> float:
@@ -186,6 +170,146 @@ def _tab_eval(model: TabularMLP, valid: torch.Tensor) -> tuple[float, float]:
 _RUNNERS = {"lm": (_lm_setup, _lm_loss, _lm_eval), "tabular": (_tab_setup, _tab_loss, _tab_eval)}
 
 
+@dataclass
+class _Sync:
+    """How one rank's gradients are exchanged: ``model`` is what training calls (DDP, or the
+    FSDP2-sharded model), ``state`` CaSync's (DDP with an algorithm), ``sharded`` the FSDP2
+    run (FSDP mode), ``eval_model`` the model rank 0 evaluates."""
+
+    model: nn.Module
+    eval_model: nn.Module
+    state: CaSyncState | None = None
+    sharded: FsdpRun | None = None
+
+
+def _sync(
+    model: nn.Module,
+    rank: int,
+    data: dict[str, Any],
+    algorithm: str | None,
+    opts: ConvergenceOptions,
+    seed: int,
+    warmup: int,
+    steps_per_epoch: int,
+) -> _Sync:
+    """Wrap ``model``: FSDP2 (compressed by ``algorithm``, paused for the ``warmup`` steps)
+    with ``opts.fsdp``, else DDP with CaSync running ``algorithm`` (none for None). Raises
+    ValueError for an algorithm FSDP mode refuses."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if opts.fsdp:
+        from hipress.bench.convergence_fsdp import shard
+
+        name, _, feedback = (algorithm or "").partition(":")
+        why = fsdp_refusal(name, opts) if algorithm is not None else None
+        if why is not None:
+            raise ValueError(why)
+        # rank 0 evaluates a plain copy, filled from the shards after every epoch
+        setup = _RUNNERS[opts.task][0]
+        eval_model = setup(data, opts, seed)["model"] if rank == 0 else model
+        sharded = shard(model, opts.task, name or None, feedback or opts.fsdp_feedback, seed)
+        if warmup > 0:
+            sharded.pause()
+        return _Sync(model, eval_model, sharded=sharded)
+    ddp = DDP(model)
+    if algorithm is None:
+        return _Sync(ddp, model)
+    import hipress.casync
+
+    state = hipress.casync.register(
+        ddp, algorithm=algorithm, plan=opts.plan, warmup_steps=warmup, seed=seed,
+        params_schedule=density_schedule(
+            algorithm, opts.density_warmup_epochs, steps_per_epoch, start=warmup
+        ),
+    )  # fmt: skip
+    return _Sync(ddp, model, state=state)
+
+
+def _momentum(
+    model: nn.Module, algorithm: str | None, opts: ConvergenceOptions, state: CaSyncState | None
+) -> tuple[HeavyBall, dict[str, nn.Parameter], bool]:
+    """The optimizer-side momentum, the compressed parameters whose momentum the algorithm
+    takes over when compression starts (name -> parameter), and whether the algorithm keeps
+    a momentum of its own."""
+    own = algorithm is not None and own_momentum(algorithm.partition(":")[0])
+    handed: dict[str, nn.Parameter] = {}
+    if own and state is not None:
+        named = dict(model.named_parameters())
+        handed = {e.name: named[e.name] for e in state.plan.entries if e.compress}
+    # every parameter starts with the optimizer's momentum; dgc's compressed ones lose it to
+    # the algorithm when compression starts (at once without a warm-up)
+    momentum = HeavyBall(list(model.parameters()), opts.momentum)
+    if own and not opts.momentum_handover:  # the old way, for comparison: no momentum but dgc's
+        momentum, handed = HeavyBall([], 0.0), {}
+    return momentum, handed, own
+
+
+def _clip(params: Any, momentum: HeavyBall, clip: float, m: float, after: bool) -> None:
+    """Apply ``momentum`` to the gradients and clip their norm at ``clip`` (none at 0): before
+    momentum, or with ``after`` (the synchronised gradient already holds the algorithm's
+    momentum) after it, at ``clip / (1 - m)``."""
+    if after:
+        # the synchronised gradient of dgc's parameters already holds momentum: clip every
+        # update after momentum, at the bound momentum of clipped gradients reaches,
+        # clip / (1 - m), so clipping caps the same thing as without dgc
+        momentum.apply()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip / (1 - m))
+        return
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    momentum.apply()
+
+
+def _evaluate(sync: _Sync, rank: int, valid: torch.Tensor, task: str) -> tuple[float, float] | None:
+    """Rank 0's (accuracy, loss) on ``valid`` (None on the other ranks); in FSDP mode every
+    rank takes part in gathering the full parameters."""
+    if sync.sharded is not None:
+        sync.sharded.gather(sync.eval_model if rank == 0 else None)
+    if rank != 0:  # the others wait in the next step's first collective
+        return None
+    sync.eval_model.eval()
+    point = _RUNNERS[task][2](sync.eval_model, valid)
+    sync.eval_model.train()
+    return point  # type: ignore[no-any-return]
+
+
+def _result(
+    sync: _Sync,
+    rank: int,
+    seconds: float,
+    losses: list[float],
+    curve: list[tuple[float, float]],
+    momentum: tuple[float, int],
+) -> dict[str, Any]:
+    """:func:`train_rank`'s figures; ``momentum``: the optimizer's momentum on the compressed
+    parameters once compression runs, and the elements handed over to the algorithm."""
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "steps": len(losses),
+        "train_loss": losses[-1],
+        "optimizer_momentum": momentum[0],
+        "momentum_handed_over": momentum[1],
+    }
+    if sync.sharded is not None:
+        out["units"] = sync.sharded.units()
+        if sync.sharded.comp is not None:
+            out["feedback"] = sync.sharded.comp.feedback
+    if rank == 0:
+        acc, vloss = curve[-1]
+        best = max(range(len(curve)), key=lambda e: curve[e][0])
+        out.update(
+            accuracy=acc,
+            valid_loss=vloss,
+            epoch_accuracy=[a for a, _ in curve],
+            epoch_valid_loss=[v for _, v in curve],
+            best_accuracy=curve[best][0],
+            best_epoch=best + 1,
+            finite=bool(all(torch.isfinite(p).all() for p in sync.eval_model.parameters())),
+        )
+    return out
+
+
 def train_rank(
     rank: int,
     world_size: int,
@@ -202,58 +326,19 @@ def train_rank(
     parameters once compression runs) and ``momentum_handed_over`` (elements), under FSDP2
     ``units`` (name -> [padded elements, compressed], None for plain FSDP2) and ``feedback``,
     and on rank 0 the accuracy curve and its summary."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    setup, loss_fn, evaluate = _RUNNERS[opts.task]
-    task = setup(data, opts, seed)
+    spec = TASKS[opts.task]
+    task = _RUNNERS[opts.task][0](data, opts, seed)
     model: nn.Module = task["model"]
-    train, valid = task["train"], task["valid"]
-    batch = opts.batch or TASKS[opts.task].batch
-    per_step = world_size * batch
+    train, valid, loss_fn = task["train"], task["valid"], _RUNNERS[opts.task][1]
+    per_step = world_size * (opts.batch or spec.batch)
     steps_per_epoch = len(train) // per_step
     warmup = opts.warmup_steps + round(opts.warmup_epochs * steps_per_epoch)
-    state = None
-    sharded: FsdpRun | None = None
-    eval_model = model
-    if opts.fsdp:
-        from hipress.bench.convergence_fsdp import shard
-
-        name, _, feedback = (algorithm or "").partition(":")
-        why = fsdp_refusal(name, opts) if algorithm is not None else None
-        if why is not None:
-            raise ValueError(why)
-        # rank 0 evaluates a plain copy, filled from the shards after every epoch
-        eval_model = setup(data, opts, seed)["model"] if rank == 0 else model
-        sharded = shard(model, opts.task, name or None, feedback or opts.fsdp_feedback, seed)
-        if warmup > 0:
-            sharded.pause()
-        ddp: nn.Module = model
-    else:
-        ddp = DDP(model)
-    if algorithm is not None and not opts.fsdp:
-        import hipress.casync
-
-        state = hipress.casync.register(
-            ddp, algorithm=algorithm, plan=opts.plan, warmup_steps=warmup, seed=seed,
-            params_schedule=density_schedule(
-                algorithm, opts.density_warmup_epochs, steps_per_epoch, start=warmup
-            ),
-        )  # fmt: skip
-    own = algorithm is not None and own_momentum(algorithm.partition(":")[0])
-    handed: dict[str, nn.Parameter] = {}
-    if own and state is not None:
-        named = dict(model.named_parameters())
-        handed = {e.name: named[e.name] for e in state.plan.entries if e.compress}
-    lr = opts.lr or TASKS[opts.task].lr
-    clip = TASKS[opts.task].clip if opts.clip is None else opts.clip
-    # every parameter starts with the optimizer's momentum; dgc's compressed ones lose it to
-    # the algorithm when compression starts (at once without a warm-up)
-    momentum = HeavyBall(list(model.parameters()), opts.momentum)
-    if own and not opts.momentum_handover:  # the old way, for comparison: no momentum but dgc's
-        momentum, handed = HeavyBall([], 0.0), {}
+    sync = _sync(model, rank, data, algorithm, opts, seed, warmup, steps_per_epoch)
+    momentum, handed, own = _momentum(model, algorithm, opts, sync.state)
+    lr = opts.lr or spec.lr
+    clip = spec.clip if opts.clip is None else opts.clip
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
-    moved = 0
-    total = opts.epochs * steps_per_epoch
+    moved, total = 0, opts.epochs * steps_per_epoch
     losses: list[float] = []
     curve: list[tuple[float, float]] = []  # rank 0: (accuracy, loss) after each epoch
     t0, t_eval, step = time.perf_counter(), 0.0, 0
@@ -262,120 +347,25 @@ def train_rank(
         order = torch.randperm(len(train), generator=gen)
         for s in range(steps_per_epoch):
             if handed and step == warmup:
-                assert state is not None
-                moved = hand_over_momentum(state, handed, momentum)
-            if sharded is not None and step == warmup:
-                sharded.resume()
+                assert sync.state is not None
+                moved = hand_over_momentum(sync.state, handed, momentum)
+            if sync.sharded is not None and step == warmup:
+                sync.sharded.resume()
             for g in opt.param_groups:
                 g["lr"] = lr_at(opts, lr, step, total)
-            loss = loss_fn(ddp, train[order[s * per_step : (s + 1) * per_step][rank::world_size]])
+            batch = train[order[s * per_step : (s + 1) * per_step][rank::world_size]]
+            loss = loss_fn(sync.model, batch)
             opt.zero_grad(set_to_none=False)
             loss.backward()
-            if handed and step >= warmup:
-                # the synchronised gradient of dgc's parameters already holds momentum: clip
-                # every update after momentum, at the bound momentum of clipped gradients
-                # reaches, clip / (1 - m), so clipping caps the same thing as without dgc
-                momentum.apply()
-                if clip > 0:
-                    torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip / (1 - opts.momentum))
-            else:
-                if clip > 0:
-                    torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
-                momentum.apply()
+            after = bool(handed) and step >= warmup
+            _clip(sync.model.parameters(), momentum, clip, opts.momentum, after)
             opt.step()
             losses.append(float(loss.detach()))
             step += 1
         t = time.perf_counter()
-        if sharded is not None:  # every rank takes part in gathering the full parameters
-            sharded.gather(eval_model if rank == 0 else None)
-        if rank == 0:  # the others wait in the next step's first collective
-            eval_model.eval()
-            curve.append(evaluate(eval_model, valid))
-            eval_model.train()
+        if (point := _evaluate(sync, rank, valid, opts.task)) is not None:
+            curve.append(point)
         t_eval += time.perf_counter() - t
     seconds = time.perf_counter() - t0 - t_eval
     dist.barrier()
-    out: dict[str, Any] = {
-        "seconds": seconds,
-        "steps": len(losses),
-        "train_loss": losses[-1],
-        # the optimizer's momentum on the compressed parameters once compression runs
-        "optimizer_momentum": 0.0 if own else opts.momentum,
-        "momentum_handed_over": moved,
-    }
-    if sharded is not None:
-        out["units"] = sharded.units()
-        if sharded.comp is not None:
-            out["feedback"] = sharded.comp.feedback
-    if rank == 0:
-        acc, vloss = curve[-1]
-        best = max(range(len(curve)), key=lambda e: curve[e][0])
-        out.update(
-            accuracy=acc,
-            valid_loss=vloss,
-            epoch_accuracy=[a for a, _ in curve],
-            epoch_valid_loss=[v for _, v in curve],
-            best_accuracy=curve[best][0],
-            best_epoch=best + 1,
-            finite=bool(all(torch.isfinite(p).all() for p in eval_model.parameters())),
-        )
-    return out
-
-
-_DENSITY_PARAMS = {
-    "s_percent": lambda d: d,
-    "ratio": lambda d: d,
-    "drop_ratio": lambda d: 1.0 - d,
-}
-
-
-def density_schedule(
-    name: str, epochs: int, steps_per_epoch: int, start: int = 0
-) -> list[tuple[int, dict[str, float]]]:
-    """DGC's warm-up (Lin et al. 2018) for sparsifier ``name`` as a CaSync ``params_schedule``:
-    in epoch e < ``epochs`` of compression (which starts at step ``start``, after CaSync's
-    uncompressed warm-up) it sends a fraction ``max(own, 0.25 / 4**e)`` of the elements (75%,
-    93.75%, 98.4375%, 99.6% sparsity ...), from epoch ``epochs`` on its own fraction. Empty for
-    an algorithm without a fraction parameter (``s_percent``, ``ratio``, ``drop_ratio``) or
-    with ``epochs`` 0."""
-    from hipress.compll import load
-
-    params = load(name, backend="reference").params
-    key = next((k for k in _DENSITY_PARAMS if k in params), None)
-    if key is None or epochs <= 0:
-        return []
-    to_value = _DENSITY_PARAMS[key]
-    own = float(params[key]) if key != "drop_ratio" else 1.0 - float(params[key])
-    schedule: list[tuple[int, dict[str, float]]] = []
-    for e in range(epochs + 1):
-        value = to_value(max(own, 0.25 / 4**e) if e < epochs else own)
-        if not schedule or schedule[-1][1][key] != value:  # no entry that changes nothing
-            schedule.append((start + e * steps_per_epoch, {key: value}))
-    return schedule
-
-
-def own_momentum(name: str) -> bool:
-    """Whether algorithm ``name`` keeps a momentum of its own (a ``momentum`` parameter > 0)."""
-    from hipress.compll import load
-
-    return float(load(name, backend="reference").params.get("momentum", 0.0)) > 0.0
-
-
-def fsdp_refusal(algorithm: str, opts: ConvergenceOptions) -> str | None:
-    """Why ``algorithm`` cannot run in FSDP mode with ``opts`` (None: it can). Refused: an
-    algorithm with its own momentum under the momentum hand-over, and a sparsifier under a
-    density warm-up; both need CaSync's state, which FSDP mode does not have."""
-    if opts.momentum_handover and own_momentum(algorithm):
-        return (
-            f"{algorithm} keeps its own momentum, which takes over the optimizer's through "
-            "CaSync's state when compression starts; FSDP mode has no such hand-over: run "
-            f"{algorithm} without --fsdp"
-        )
-    if density_schedule(algorithm, opts.density_warmup_epochs, 1):
-        return (
-            f"{algorithm}'s density warm-up (--density-warmup-epochs "
-            f"{opts.density_warmup_epochs}) switches its parameters through CaSync's "
-            "params_schedule, which FSDP mode does not have: pass --density-warmup-epochs 0 "
-            "to run it at its own density from the first compressed step"
-        )
-    return None
+    return _result(sync, rank, seconds, losses, curve, (0.0 if own else opts.momentum, moved))
