@@ -17,12 +17,10 @@ from hipress.bench.e2e import (
     NOCOMM,
     Config,
     E2EOptions,
-    _derive,
-    _floors,
-    _fsdp_blocks,
     fsdp_configs_for,
     run_config,
 )
+from hipress.bench.e2e_rows import derive, floors, fsdp_blocks
 from hipress.bench.netsim import LoopbackNetwork
 from hipress.bench.report import e2e_markdown
 from hipress.bench.workloads import WORKLOADS
@@ -38,7 +36,7 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     with LoopbackNetwork(2, "test") as net:
         rows = [run_config(net, "lstm-lm", data, c, opts) for c in configs]
     assert [r.get("error") for r in rows] == [None] * 3
-    _derive(rows)
+    derive(rows)
     for row in rows:
         assert set(BREAKDOWN) <= set(row["breakdown"]) and row["breakdown"]["step"] > 0
         assert [Path(t).name for t in row["traces"]] == [
@@ -60,7 +58,7 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     assert min(leads, key=leads.__getitem__) == "embed.weight"
     assert leads["out.head.weight"] > leads["embed.weight"] >= 0
     numels = {e[0]: e[1] for e in onebit["plan"]["entries"]}
-    _floors(rows, numels, 2, 1000.0)
+    floors(rows, numels, 2, 1000.0)
     # onebit's embedding payload (numel / 8 bytes) at 125 kB per ms, less its lead, at the least
     least = numels["embed.weight"] / 8 / 125e3 - leads["embed.weight"]
     assert onebit["network_floor_ms"] >= least - 1e-9
@@ -93,7 +91,7 @@ def test_fsdp_rows_with_memory_traffic_and_speedups() -> None:
     cell = {"model": "resnet", "kind": "compute-heavy", "parameters": 1, "gradient_bytes": 4,
             "batch_per_worker": 32, "unit": "images", "data": "synthetic",
             "network": {"label": "loopback", "shaped": False}, "rows": [compute]}  # fmt: skip
-    cell["fsdp"] = _fsdp_blocks(opts, runs, cell)
+    cell["fsdp"] = fsdp_blocks(opts, runs, cell)
     on, off = cell["fsdp"]
     assert on["reshard_after_forward"] and not off["reshard_after_forward"]
     assert [r.get("error") for r in on["rows"] + off["rows"]] == [None] * 4

@@ -1,0 +1,120 @@
+"""The configurations of ``hipress bench e2e`` (:mod:`hipress.bench.e2e`): each way to train
+(:class:`Config`: compute only, DDP with one of PyTorch's hooks, hipress with an algorithm),
+the baselines, and what a run covers (:class:`E2EOptions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hipress.bench import fsdp as fsdp_bench
+from hipress.bench.fsdp_rows import e2e_configs
+from hipress.bench.workloads import WORKLOADS
+
+__all__ = [
+    "BASELINES",
+    "COMPUTE",
+    "NOCOMM",
+    "Config",
+    "E2EOptions",
+    "configs_for",
+    "fsdp_configs_for",
+]
+
+# powerSGD_hook needs a single DDP bucket on gloo (docs/reference/benchmarks.md)
+_ONE_BUCKET_MB = 4096
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to train. ``kind``: "compute" (no gradient exchange), "ddp" (``hook`` is
+    "allreduce", "fp16" or "powersgd") or "hipress" (``algorithm`` under ``plan``)."""
+
+    name: str
+    kind: str
+    hook: str = "allreduce"
+    algorithm: str | None = None
+    plan: str | None = "auto"
+    bucket_cap_mb: float | None = None
+    powersgd_rank: int = 4
+
+    def describe(self) -> str:
+        """One line for tables."""
+        if self.kind == "compute":
+            return "compute only (no gradient exchange)"
+        if self.kind == "ddp" and self.hook == "noop":
+            return "DDP, no gradient exchange (DDP's own cost)"
+        if self.kind == "ddp":
+            extra = f", rank {self.powersgd_rank}, one bucket" if self.hook == "powersgd" else ""
+            return f"DDP {self.hook}{extra}"
+        return f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"
+
+
+BASELINES = (
+    Config("ddp-fp32", "ddp", "allreduce"),
+    Config("ddp-fp16", "ddp", "fp16"),
+    Config("ddp-powersgd", "ddp", "powersgd", bucket_cap_mb=_ONE_BUCKET_MB),
+)
+COMPUTE = Config("compute-only", "compute")
+# DDP with a hook that exchanges nothing: DDP's own cost (bucketing, autograd hooks), the
+# ceiling of any DDP communication hook
+NOCOMM = Config("ddp-nocomm", "ddp", "noop")
+
+
+@dataclass(frozen=True)
+class E2EOptions:
+    """What :func:`run_matrix` runs: ``models`` x ``rates_mbit`` (None: unshaped veth) x
+    (compute-only, the baselines, hipress with each of ``algorithms``). With ``fsdp``, also the
+    FSDP2 rows (:func:`fsdp_configs_for`) for each ``fsdp_reshard`` setting of
+    ``reshard_after_forward``; ``fsdp_bf16_params`` adds the bfloat16-parameter policy."""
+
+    workers: int = 4
+    rates_mbit: tuple[float | None, ...] = (1000.0, 10000.0)
+    models: tuple[str, ...] = ("lstm-lm", "resnet")
+    algorithms: tuple[str, ...] = ("onebit", "tbq", "terngrad", "dgc", "graddrop")
+    plan: str | None = "auto"
+    steps: int = 10
+    warmup: int = 3
+    repeats: int = 2
+    threads: int = 1
+    powersgd_rank: int = 4
+    shaped: bool = True
+    lr: float = 0.05
+    timeout: float = 900.0
+    trace_dir: str | None = None
+    bucket_view: bool = True
+    fsdp: bool = False
+    fsdp_reshard: tuple[bool, ...] = (True,)
+    fsdp_bf16_params: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.models if m not in WORKLOADS]
+        if unknown:
+            raise ValueError(f"unknown model(s) {unknown}; choose from {sorted(WORKLOADS)}")
+        if self.workers < 2:
+            raise ValueError(f"workers must be >= 2, got {self.workers}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.steps < 1 or self.warmup < 3:
+            raise ValueError("steps must be >= 1 and warmup >= 3 (PowerSGD starts at step 2)")
+        if self.fsdp and not self.fsdp_reshard:
+            raise ValueError("fsdp_reshard needs at least one setting (True, False or both)")
+
+
+def configs_for(opts: E2EOptions) -> list[Config]:
+    """The configurations of one (model, network) cell, compute-only first."""
+    base = [
+        Config(
+            c.name, c.kind, c.hook, bucket_cap_mb=c.bucket_cap_mb, powersgd_rank=opts.powersgd_rank
+        )
+        for c in BASELINES
+    ]
+    ours = [Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan) for a in opts.algorithms]
+    return [COMPUTE, NOCOMM, *base, *ours]
+
+
+def fsdp_configs_for(opts: E2EOptions) -> list[fsdp_bench.FsdpConfig]:
+    """The FSDP2 configurations of one cell (none without ``opts.fsdp``): see
+    :func:`hipress.bench.fsdp_rows.e2e_configs`."""
+    return e2e_configs(opts.algorithms, opts.fsdp_bf16_params) if opts.fsdp else []

@@ -1,0 +1,144 @@
+"""One worker of ``hipress bench e2e`` (:mod:`hipress.bench.e2e`): the model wrapped as a
+:class:`~hipress.bench.e2e_configs.Config` says (DDP with PyTorch's hook, or CaSync), trained for
+the warm-up and the timed steps, with what the rank measured: seconds, bytes on its NIC, losses,
+its step timeline, when each gradient was ready (compute only) and CaSync's plan."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipress.bench.e2e_configs import Config
+from hipress.bench.netsim import tx_bytes
+from hipress.bench.tail import ReadyClock
+from hipress.bench.workloads import WORKLOADS
+from hipress.casync.trace import Tracer
+
+__all__ = ["train", "wrap"]
+
+
+def wrap(
+    model: torch.nn.Module, cfg: Config, bucket_view: bool = True
+) -> tuple[torch.nn.Module, Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if cfg.kind == "compute":
+        return model, None
+    kw = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
+    ddp = DDP(model, gradient_as_bucket_view=bucket_view, **kw)  # type: ignore[arg-type]
+    if cfg.kind == "hipress":
+        import hipress.casync
+
+        state = hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=cfg.plan)
+        _ = state.plan  # plan="auto" plans here, in the set-up, rather than in the first step
+        return ddp, state
+    if cfg.hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif cfg.hook == "powersgd":
+        state = psgd.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=2,
+            use_error_feedback=True,
+            warm_start=True,
+        )
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif cfg.hook == "noop":  # DDP's own cost: buckets and hooks, no gradient exchange
+        ddp.register_comm_hook(None, _noop_hook)
+    elif cfg.hook != "allreduce":
+        raise ValueError(f"unknown DDP hook {cfg.hook!r}")
+    return ddp, None
+
+
+def _noop_hook(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+# DDP checks the hook's annotations against the real types (postponed evaluation leaves strings)
+_noop_hook.__annotations__ = {
+    "_": Any, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor],
+}  # fmt: skip
+
+
+def train(
+    rank: int,
+    world_size: int,
+    model_name: str,
+    data: Any,
+    cfg: Config,
+    warmup: int,
+    steps: int,
+    lr: float,
+    iface: str,
+    trace: str | None = None,
+    bucket_view: bool = True,
+) -> dict[str, Any]:
+    w = WORKLOADS[model_name]
+    t_setup = time.perf_counter()
+    model, state = wrap(w.build(data), cfg, bucket_view)
+    setup_s = time.perf_counter() - t_setup
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    batches = [w.batch(data, rank, s) for s in range(warmup + steps)]
+    losses: list[float] = []
+    tracer = state.tracer if state is not None else Tracer(rank)
+    # compute only (nothing delays backward): when each gradient is ready (hipress.bench.tail)
+    clock = ReadyClock(model) if cfg.kind == "compute" else None
+
+    def step(i: int) -> None:
+        x, y = batches[i]
+        with tracer.span("step", "step"):
+            opt.zero_grad(set_to_none=False)
+            with tracer.span("forward", "compute"):
+                loss = w.loss(model, x, y)
+            with tracer.span("backward", "compute"):
+                loss.backward()
+            if clock is not None:
+                clock.step_done()
+            with tracer.span("optimizer", "compute"):
+                opt.step()
+            losses.append(float(loss.detach()))
+
+    for i in range(warmup):
+        step(i)
+    dist.barrier()
+    if trace is not None:  # the timed steps' timeline
+        tracer.record(trace, steps=None, config=cfg.name, model=model_name)
+    tx0 = tx_bytes(iface)
+    if clock is not None:
+        clock.on = True
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    seconds = time.perf_counter() - t0
+    tx1 = tx_bytes(iface)
+    written = tracer.stop()
+    dist.barrier()
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "setup_s": setup_s,
+        "tx_bytes": None if tx0 is None or tx1 is None else tx1 - tx0,
+        "losses": losses,
+        "trace": None if written is None else str(written),
+    }
+    if clock is not None:
+        out["grad_ready_lead_ms"] = clock.leads()
+    if state is not None:
+        out["casync"] = state.stats.mean()
+        out["compressed_tensors"] = sum(e.compress for e in state.plan.entries)
+        out["tensors"] = len(state.plan.entries)
+        out["plan"] = {
+            "entries": [
+                [e.name, e.numel, e.compress, e.strategy.value, e.partitions]
+                for e in state.plan.entries
+            ],
+            "totals": dict(state.plan.totals),
+            "selection": state.plan.meta.get("selection"),
+        }
+    return out
