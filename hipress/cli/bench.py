@@ -145,8 +145,13 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
 
 
 def add_e2e_parsers(bench_sub: Any) -> None:
-    """Add ``e2e`` and ``convergence`` to the ``hipress bench`` group."""
-    default_out = RESULTS
+    """Add ``e2e``, ``convergence`` and ``fsdp`` to the ``hipress bench`` group."""
+    _add_e2e_parser(bench_sub)
+    _add_convergence_parser(bench_sub)
+    add_fsdp_parser(bench_sub)  # hipress bench fsdp
+
+
+def _add_e2e_parser(bench_sub: Any) -> None:
     e = bench_sub.add_parser(
         "e2e",
         help="training throughput on a shaped network (needs root; else labelled loopback)",
@@ -186,10 +191,12 @@ def add_e2e_parsers(bench_sub: Any) -> None:
     e.add_argument("--fsdp-bf16-params", action="store_true",
                    help="also FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16), plain and "
                    "with each algorithm (bf16 all-gathers and compute)")  # fmt: skip
-    e.add_argument("--out", default=default_out, help="directory for the result files")
+    e.add_argument("--out", default=RESULTS, help="directory for the result files")
     e.add_argument("--name", default="e2e", help="basename of the result files")
     e.set_defaults(func=_cmd_e2e)
 
+
+def _add_convergence_parser(bench_sub: Any) -> None:
     c = bench_sub.add_parser(
         "convergence",
         help="final accuracy of every algorithm (with its error feedback) vs uncompressed",
@@ -236,9 +243,8 @@ def add_e2e_parsers(bench_sub: Any) -> None:
     c.add_argument("--fsdp-feedback", default="auto", metavar="OPTION",
                    help="with --fsdp: error feedback auto, none, fp32, bf16 or int8 (default "
                    "auto); an entry ALG:OPTION in --algorithms sets one algorithm's")  # fmt: skip
-    c.add_argument("--out", default=default_out, help="directory for the result files")
+    c.add_argument("--out", default=RESULTS, help="directory for the result files")
     c.set_defaults(func=_cmd_convergence)
-    add_fsdp_parser(bench_sub)  # hipress bench fsdp
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
