@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -110,12 +111,70 @@ def _plan_summary(state: Any) -> tuple[str, int]:
     return text + (f" ({', '.join(kinds)})" if kinds else ""), len(comp)
 
 
-def _train_run(
-    rank: int, world: int, corpus: Corpus, cfg: DemoConfig, spec: RunSpec
-) -> dict[str, Any]:
-    """Train ``spec`` on this rank (collective: every rank calls it); returns its figures."""
-    show = cfg.progress and rank == 0
-    t_start, cpu_start = time.perf_counter(), time.process_time()
+@dataclass
+class _Tally:
+    """What one run records on this rank, step by step: the loss, the bytes sent (CaSync's
+    count, else the gradient's size), the evaluations ``(step, loss, accuracy)``, CaSync's
+    per-step figures, and the seconds of the timed steps."""
+
+    losses: list[float] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)
+    evals: list[tuple[int, float, float]] = field(default_factory=list)
+    sync_rows: list[dict[str, float]] = field(default_factory=list)
+    train_s: float = 0.0
+
+    def add(self, loss: torch.Tensor, state: Any, grad_bytes: int) -> None:
+        self.losses.append(loss.detach().item())
+        last = state.stats.last if state is not None else None
+        self.sent.append(last.bytes_sent if last is not None else grad_bytes)
+        if last is not None:
+            self.sync_rows.append(last.as_dict())
+
+    def sync(self) -> dict[str, float]:
+        """CaSync's figures, averaged over the steps ({} without CaSync)."""
+        keys = ("encode_ms", "decode_ms", "comm_ms", "wait_ms", "sync_ms", "collectives")
+        rows = self.sync_rows
+        return {k: sum(r[k] for r in rows) / len(rows) for k in keys} if rows else {}
+
+    def info(self) -> str:
+        """The progress bar's text after the last step."""
+        acc = f", val acc {self.evals[-1][2]:.3f}" if self.evals else ""
+        return f"loss {self.losses[-1]:.3f}, {self.sent[-1] / 2**20:.2f} MiB/step{acc}"
+
+
+def _step(
+    ddp: nn.Module, opt: torch.optim.Optimizer, params: list[nn.Parameter], tracer: Tracer,
+    data: torch.Tensor, gen: torch.Generator, cfg: DemoConfig,
+) -> torch.Tensor:  # fmt: skip
+    """One training step on a batch drawn from ``data`` with ``gen``, each phase a span of
+    ``tracer``; returns the loss."""
+    with tracer.span("step", "step"):
+        x, y = sample_batch(data, cfg.batch, cfg.seq_len, gen)
+        with tracer.span("forward", "compute"):
+            out = ddp(x).reshape(-1, cfg.model.vocab_size)
+            loss = nn.functional.cross_entropy(out, y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        with tracer.span("backward", "compute"):
+            loss.backward()
+        with tracer.span("optimizer", "compute"):
+            if cfg.clip:
+                nn.utils.clip_grad_norm_(params, cfg.clip)
+            opt.step()
+    return loss
+
+
+def _evaluate(model: WordLM, windows: Any, step: int) -> tuple[int, float, float]:
+    """``(step, loss, accuracy)`` on the held-out windows of every rank (collective)."""
+    totals = torch.tensor(evaluate(model, windows), dtype=torch.float64)
+    dist.all_reduce(totals)
+    return step, float(totals[0] / totals[2]), float(totals[1] / totals[2])
+
+
+def _setup(
+    cfg: DemoConfig, spec: RunSpec, show: bool
+) -> tuple[WordLM, DistributedDataParallel, Any]:
+    """The model from ``cfg.seed``, wrapped by DDP, with CaSync's hook for ``spec`` (the state,
+    or None for plain DDP)."""
     torch.manual_seed(cfg.seed)
     model = WordLM(cfg.model)
     ddp = DistributedDataParallel(model)
@@ -123,6 +182,16 @@ def _train_run(
     if spec.algorithm is not None:
         _status(show and spec.plan == "auto", f"[{spec.name}] SeCoPa is planning...")
         state = _register_hook(ddp, spec, cfg.seed)
+    return model, ddp, state
+
+
+def _train_run(
+    rank: int, world: int, corpus: Corpus, cfg: DemoConfig, spec: RunSpec
+) -> dict[str, Any]:
+    """Train ``spec`` on this rank (collective: every rank calls it); returns its figures."""
+    show = cfg.progress and rank == 0
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    model, ddp, state = _setup(cfg, spec, show)
     plan, ncomp = _plan_summary(state)
     _status(show and state is not None, f"[{spec.name}] plan: {plan}")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -133,12 +202,7 @@ def _train_run(
     windows = eval_windows(corpus.valid, cfg.seq_len, cfg.eval_tokens, rank, world)
     evals_at = set(cfg.eval_steps())
     untimed = min(cfg.warmup, cfg.steps - 1)
-    vocab = cfg.model.vocab_size
-    losses: list[float] = []
-    sent: list[int] = []
-    evals: list[tuple[int, float, float]] = []
-    sync_rows: list[dict[str, float]] = []
-    train_s = 0.0
+    tally = _Tally()
     bar = _Progress(spec.name, cfg.steps) if show else None
     tracer = state.tracer if state is not None else Tracer(rank)
     traced = range(untimed + 1, untimed + 1 + cfg.trace_steps) if cfg.trace_dir else range(0)
@@ -148,39 +212,19 @@ def _train_run(
                 name = spec.name.replace(" ", "-")
                 tracer.record(f"{cfg.trace_dir}/{name}-rank{{rank}}.json", None, run=spec.name)
             t0 = time.perf_counter()
-            with tracer.span("step", "step"):
-                x, y = sample_batch(data, cfg.batch, cfg.seq_len, gen)
-                with tracer.span("forward", "compute"):
-                    out = ddp(x).reshape(-1, vocab)
-                    loss = nn.functional.cross_entropy(out, y.reshape(-1))
-                opt.zero_grad(set_to_none=True)
-                with tracer.span("backward", "compute"):
-                    loss.backward()
-                with tracer.span("optimizer", "compute"):
-                    if cfg.clip:
-                        nn.utils.clip_grad_norm_(params, cfg.clip)
-                    opt.step()
+            loss = _step(ddp, opt, params, tracer, data, gen, cfg)
             if step > untimed:
-                train_s += time.perf_counter() - t0
+                tally.train_s += time.perf_counter() - t0
             if (traced and step == traced.stop - 1) or step == cfg.steps:
                 tracer.stop()
-            losses.append(loss.detach().item())
-            last = state.stats.last if state is not None else None
-            sent.append(last.bytes_sent if last is not None else grad_bytes)
-            if last is not None:
-                sync_rows.append(last.as_dict())
+            tally.add(loss, state, grad_bytes)
             if step in evals_at:
-                totals = torch.tensor(evaluate(model, windows), dtype=torch.float64)
-                dist.all_reduce(totals)
-                evals.append((step, float(totals[0] / totals[2]), float(totals[1] / totals[2])))
+                tally.evals.append(_evaluate(model, windows, step))
             if bar is not None:
-                acc = f", val acc {evals[-1][2]:.3f}" if evals else ""
-                bar.update(f"loss {losses[-1]:.3f}, {sent[-1] / 2**20:.2f} MiB/step{acc}")
+                bar.update(tally.info())
     finally:
         if bar is not None:
             bar.close()
-    keys = ("encode_ms", "decode_ms", "comm_ms", "wait_ms", "sync_ms", "collectives")
-    sync = {k: sum(r[k] for r in sync_rows) / len(sync_rows) for k in keys} if sync_rows else {}
     dist.barrier()
     return {
         "trace": None if tracer.written is None else str(tracer.written),
@@ -189,13 +233,13 @@ def _train_run(
         "tensors": len(params),
         "wall_s": time.perf_counter() - t_start,
         "cpu_s": time.process_time() - cpu_start,
-        "train_s": train_s,
+        "train_s": tally.train_s,
         "timed_steps": cfg.steps - untimed,
-        "losses": losses,
-        "sent": sent,
+        "losses": tally.losses,
+        "sent": tally.sent,
         "grad_bytes": grad_bytes,
-        "evals": evals,
-        "sync": sync,
+        "evals": tally.evals,
+        "sync": tally.sync(),
         "parameters": model.num_parameters(),
     }
 
