@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 import torch
@@ -190,3 +191,60 @@ def test_build_kernels_for_a_device_the_kernels_cannot_run_on_is_a_clear_error()
         pass
     with pytest.raises(BackendError, match="CUDA backend cannot run here"):
         load("onebit").build_kernels("cuda")
+
+
+def _recompression_ratio(alg: Any, n: int = 1 << 15, trials: int = 4) -> float:
+    """The check recompressible() stands for, measured apart: other seeds and another size."""
+    once = twice = 0.0
+    for t in range(trials):
+        g = torch.randn(n, generator=torch.Generator().manual_seed(500 + t))
+        y1 = alg.decode(alg.encode(g, alg.init_state(n, seed=600 + t)), n)
+        y2 = alg.decode(alg.encode(y1, alg.init_state(n, seed=700 + t)), n)
+        once += float((y1 - g).square().sum())
+        twice += float((y2 - g).square().sum())
+    return twice / once if once > 0 else 1.0
+
+
+# every shipped algorithm at its defaults, and settings where compressing twice costs more
+RECOMPRESSION_CASES = [(name, {}) for name in algorithms()] + [
+    ("randomk", {"memory": False}),
+    ("randomk", {"memory": False, "ratio": 0.5}),
+    ("qsgd", {"maxnorm": False}),
+]
+
+
+def test_recompressible_agrees_with_the_empirical_check() -> None:
+    from hipress.codec.algorithm import RECOMPRESS_VARIANCE_MAX, recompressible, recompression
+
+    verdicts = {}
+    for name, params in RECOMPRESSION_CASES:
+        alg = load(name, backend="reference", **params)
+        measured = _recompression_ratio(alg) <= RECOMPRESS_VARIANCE_MAX
+        verdicts[(name, tuple(params.items()))] = measured
+        assert recompressible(alg) == measured, (name, params, recompression(alg).reason)
+    assert verdicts[("randomk", (("memory", False),))] is False
+    assert sum(verdicts.values()) == len(verdicts) - 1
+
+
+def test_recompression_is_computed_once_per_algorithm_with_its_reason() -> None:
+    from hipress.codec.algorithm import recompression
+
+    unbiased = recompression(load("randomk", backend="reference", memory=False))
+    # the same specialised program on another backend: the figures already measured
+    assert recompression(load("randomk", backend="cpu", memory=False)) is unbiased
+    assert not unbiased.ok and unbiased.twice > 10 * unbiased.once
+    assert "x the squared error of compressing once (at most 4x)" in unbiased.reason
+    assert recompression(load("topk", backend="reference")).ok
+
+
+def test_an_algorithm_the_probe_cannot_run_counts_as_recompressible() -> None:
+    from hipress.codec.algorithm import recompression
+    from hipress.core.compression import Uncompressed
+
+    class Broken(Uncompressed):
+        def encode(self, grad: torch.Tensor, state: Any, out: Any = None) -> torch.Tensor:
+            raise RuntimeError("no encode here")
+
+    r = recompression(Broken())
+    assert r.ok and r.failed == "RuntimeError: no encode here"
+    assert r.reason.startswith("not measured (RuntimeError: no encode here)")

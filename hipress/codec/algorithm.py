@@ -14,9 +14,11 @@ draw exactly the same random numbers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,13 +29,16 @@ from hipress.core.layout import PlanLayout, layout_plan
 from hipress.core.plan import Plan
 
 __all__ = [
+    "Recompression",
     "build_kernels",
     "chunk_tensor_id",
     "decode_mean",
     "encode_reporting",
     "init_chunk_states",
+    "measure_recompression",
     "rank_seed",
     "recompressible",
+    "recompression",
     "resolve_algorithm",
 ]
 
@@ -120,26 +125,55 @@ def build_kernels(alg: CompressionAlgorithm, devices: Iterable[torch.device | st
 
 
 RECOMPRESS_VARIANCE_MAX = 4.0  # the error of compressing twice, against once, in variance
-_RECOMPRESSIBLE: dict[str, bool] = {}
 
 
-def recompressible(alg: CompressionAlgorithm) -> bool:
-    """Whether compressing a decoded payload again (a PS server, each ring hop) keeps the error
-    near that of compressing once: the mean squared error of decode(encode(decode(encode(g))))
-    against g, over a few random g of 16K elements, at most ``RECOMPRESS_VARIANCE_MAX`` times
-    that of decode(encode(g)). Quantisers and error-feedback sparsifiers are (their decodes
-    re-encode almost exactly); an unbiased random sparsifier (randomk with ``memory=False``:
-    n/k times the variance again) is not. Measured once per algorithm digest, on the CPU."""
-    key = str(getattr(alg, "digest", "")) or f"{alg.name}{dict(alg.params)}"
-    if key in _RECOMPRESSIBLE:
-        return _RECOMPRESSIBLE[key]
-    probe: Any = alg
+@dataclass(frozen=True)
+class Recompression:
+    """What compressing a decoded payload again (a PS server, each ring hop) costs an algorithm:
+    ``once`` and ``twice`` are the squared errors, summed over the probes, of
+    decode(encode(g)) and of decode(encode(decode(encode(g)))) against g; ``failed`` says why
+    the probes could not run (the algorithm then counts as recompressible, as before any
+    measurement)."""
+
+    once: float
+    twice: float
+    failed: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether compressing twice keeps the error within ``RECOMPRESS_VARIANCE_MAX`` times
+        that of compressing once."""
+        return self.failed is not None or self.twice <= RECOMPRESS_VARIANCE_MAX * self.once + 1e-30
+
+    @property
+    def reason(self) -> str:
+        """The measurement behind :attr:`ok`, in words."""
+        if self.failed is not None:
+            return f"not measured ({self.failed}): taken as recompressible"
+        ratio = self.twice / self.once if self.once > 0 else float(self.twice > 0) or 1.0
+        return (
+            f"compressing twice: {ratio:.3g}x the squared error of compressing once "
+            f"(at most {RECOMPRESS_VARIANCE_MAX:g}x)"
+        )
+
+
+def _reference(program: Any) -> Any:
+    """A CompLL program on the reference interpreter (CPU tensors, whatever its backend)."""
+    from hipress.compll import Algorithm
+    from hipress.compll.backends.base import ReferenceBackend
+
+    return Algorithm(program, ReferenceBackend(program))
+
+
+def measure_recompression(alg: CompressionAlgorithm) -> Recompression:
+    """Measure :class:`Recompression` for ``alg``: 8 random g of 16K elements (fixed seeds, so
+    the result is a property of the algorithm, not of the call), on the CPU; a CompLL
+    algorithm runs on the reference interpreter, whatever its backend."""
     program = getattr(alg, "program", None)
-    if program is not None:  # the reference on CPU tensors, whatever the algorithm's backend
-        from hipress.compll import Algorithm
-        from hipress.compll.backends.base import ReferenceBackend
+    return _measured(alg if program is None else _reference(program))
 
-        probe = Algorithm(program, ReferenceBackend(program))
+
+def _measured(probe: Any) -> Recompression:
     n, once, twice = 1 << 14, 0.0, 0.0
     try:
         for t in range(8):
@@ -148,11 +182,36 @@ def recompressible(alg: CompressionAlgorithm) -> bool:
             y2 = probe.decode(probe.encode(y1, probe.init_state(n, seed=t + 101)), n)
             once += float((y1 - g).square().sum())
             twice += float((y2 - g).square().sum())
-    except Exception:
-        return True
-    ok = twice <= RECOMPRESS_VARIANCE_MAX * once + 1e-30
-    _RECOMPRESSIBLE[key] = ok
-    return ok
+    except Exception as exc:  # an algorithm the probes cannot run is not refused for it
+        return Recompression(once, twice, failed=f"{type(exc).__name__}: {exc}"[:200])
+    return Recompression(once, twice)
+
+
+# The measurement is a function of the specialised program alone (fixed seeds, the reference
+# interpreter): one per program, however many plans ask.
+@functools.cache
+def _program_recompression(program: Any) -> Recompression:
+    return _measured(_reference(program))
+
+
+def recompression(alg: CompressionAlgorithm) -> Recompression:
+    """:class:`Recompression` of ``alg``: for a CompLL algorithm computed once per specialised
+    program (the same object for every later call, on any backend); another algorithm object
+    is measured on each call."""
+    program = getattr(alg, "program", None)
+    if program is not None:
+        return _program_recompression(program)
+    return measure_recompression(alg)
+
+
+def recompressible(alg: CompressionAlgorithm) -> bool:
+    """Whether compressing a decoded payload again (a PS server, each ring hop) keeps the error
+    near that of compressing once: the mean squared error of decode(encode(decode(encode(g))))
+    against g at most ``RECOMPRESS_VARIANCE_MAX`` times that of decode(encode(g))
+    (:func:`recompression` holds the figures). Quantisers and error-feedback sparsifiers are
+    (their decodes re-encode almost exactly); an unbiased random sparsifier (randomk with
+    ``memory=False``: n/k times the variance again) is not."""
+    return recompression(alg).ok
 
 
 def rank_seed(seed: int, rank: int) -> int:
