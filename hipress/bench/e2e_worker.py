@@ -23,6 +23,9 @@ __all__ = ["train", "wrap"]
 def wrap(
     model: torch.nn.Module, cfg: Config, bucket_view: bool = True
 ) -> tuple[torch.nn.Module, Any]:
+    """``model`` ready to train as ``cfg`` says: itself (compute only), or DDP (with
+    ``gradient_as_bucket_view=bucket_view``) with PyTorch's hook or CaSync's. Returns the module
+    and CaSync's state (None but for hipress, whose plan is made here)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -80,6 +83,11 @@ def train(
     trace: str | None = None,
     bucket_view: bool = True,
 ) -> dict[str, Any]:
+    """One worker's run of ``cfg`` (collective: every rank calls it): ``warmup`` steps, then
+    ``steps`` timed ones, on the interface ``iface`` whose transmit counter it reads; with
+    ``trace`` (a path with ``{rank}``) the timed steps' timeline is written there. Returns
+    ``seconds``, ``setup_s``, ``tx_bytes``, ``losses`` and ``trace``; compute only also
+    ``grad_ready_lead_ms``, hipress also CaSync's figures and plan."""
     w = WORKLOADS[model_name]
     t_setup = time.perf_counter()
     model, state = wrap(w.build(data), cfg, bucket_view)
@@ -130,15 +138,22 @@ def train(
     if clock is not None:
         out["grad_ready_lead_ms"] = clock.leads()
     if state is not None:
-        out["casync"] = state.stats.mean()
-        out["compressed_tensors"] = sum(e.compress for e in state.plan.entries)
-        out["tensors"] = len(state.plan.entries)
-        out["plan"] = {
+        out.update(_casync_figures(state))
+    return out
+
+
+def _casync_figures(state: Any) -> dict[str, Any]:
+    """CaSync's mean step figures and its plan, as a row of results holds them."""
+    return {
+        "casync": state.stats.mean(),
+        "compressed_tensors": sum(e.compress for e in state.plan.entries),
+        "tensors": len(state.plan.entries),
+        "plan": {
             "entries": [
                 [e.name, e.numel, e.compress, e.strategy.value, e.partitions]
                 for e in state.plan.entries
             ],
             "totals": dict(state.plan.totals),
             "selection": state.plan.meta.get("selection"),
-        }
-    return out
+        },
+    }
