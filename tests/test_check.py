@@ -43,9 +43,11 @@ def test_params_fold_to_constants() -> None:
 
 
 def test_literals_adapt_and_default() -> None:
-    p = prog("let a = 1; let b = 2.5; let c = n * 2; return concat(map(n, i => g[i] * b));")
+    p = prog(
+        "let a = 1; let b = 2.5; let c = n * 2; return concat(map(n, i => g[i] * b + f32(c)));"
+    )
     m = next(o for o in p.encode.ops if isinstance(o, ir.Map))
-    assert m.fn.result.b == ir.Const(2.5, F32)
+    assert m.fn.result.a.b == ir.Const(2.5, F32)
     # c = n * 2 is a host let of type i64
     lets = [o for o in p.encode.ops if isinstance(o, ir.Let)]
     assert lets[0].value.dtype == I64

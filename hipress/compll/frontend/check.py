@@ -47,6 +47,7 @@ from hipress.compll.frontend.scope import (
     constant_scope,
 )
 from hipress.compll.ir import nodes as ir
+from hipress.compll.ir.prune import prune
 from hipress.compll.ir.source import CllTypeError, SourceFile, Span
 from hipress.compll.ir.types import F32, SCALAR_TYPES, ArrayType, DType
 
@@ -264,14 +265,16 @@ def elaborate(source: SourceFile, module: ast.Module, params: Mapping[str, Any])
     enc_ir = _encode(cx, enc, top, state, fields)
     cx.hidden_state = {s.name for s in state}
     dec_ir = _decode(cx, dec, top, fields)
-    return ir.Program(
-        name=algo.name,
-        doc=algo.doc,
-        params=tuple(param_values),
-        state=tuple(state),
-        payload=tuple(fields),
-        encode=enc_ir,
-        decode=dec_ir,
+    return prune(
+        ir.Program(
+            name=algo.name,
+            doc=algo.doc,
+            params=tuple(param_values),
+            state=tuple(state),
+            payload=tuple(fields),
+            encode=enc_ir,
+            decode=dec_ir,
+        )
     )
 
 
