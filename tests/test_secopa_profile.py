@@ -13,12 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipress.secopa.model.costfn import AffineFloor, PiecewiseLinear
+from hipress.secopa.model.planner import plan_named
 from hipress.secopa.model.profile import (
     AlphaBeta,
     FittedComm,
     PayloadModel,
     Profile,
     ProfileError,
+    Readiness,
     affine_profile,
     link_network,
 )
@@ -119,6 +121,29 @@ def test_calibration_round_trips_and_older_profiles_load_uncalibrated() -> None:
     assert (old.compute_scale, old.call_ms, old.compute_scale_by_size) == (1.0, 0.0, ())
 
 
+def test_ready_times_round_trip_and_older_profiles_load_without_them(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    ready = Readiness({"w": 12.5, "b": 0.25}, backward_ms=13.0, steps=5, meta={"step_ms": 20.0})
+    p = _profile().with_readiness(ready)
+    p.save(tmp_path / "ready.json")
+    q = Profile.load(tmp_path / "ready.json")
+    assert q.readiness == ready and q.to_dict() == p.to_dict()
+    assert q.readiness is not None and q.readiness.lead("w") == 12.5
+    assert q.readiness.lead("never measured") == 0.0  # counts as ready at the end
+    # a profile without ready times writes what older versions wrote: no key at all
+    d = json.loads(_profile().to_json())
+    assert "readiness" not in d and "readiness" in json.loads(p.to_json())
+    old = Profile.from_dict(d)
+    assert old.readiness is None and old.to_dict() == _profile().to_dict()
+    # ... and plans as before, by the sum of costs, saying so
+    named = [("w", 1 << 22), ("b", 1 << 10)]
+    with caplog.at_level("INFO", logger="hipress.secopa.model.planner"):
+        plan = plan_named(named, old, 4)
+    assert "no gradient ready times" in caplog.text
+    assert "exposure" not in plan.meta and "exposed" not in plan.totals
+    assert plan.meta["planner"]["objective"] == "sum"
+    assert plan_named(named, p, 4).meta["planner"]["objective"] == "exposed"
+
+
 @pytest.mark.parametrize("op", ["encode", "decode", "merge", "decode_acc", "decode_more"])
 def test_compute_scale_multiplies_every_compute_cost(op: str) -> None:
     p = _profile()
@@ -192,6 +217,9 @@ def test_with_link_replaces_only_the_network() -> None:
         (lambda d: d.update(call_ms=float("nan")), "call_ms"),
         (lambda d: d["network"]["allreduce"].update(kind="magic"), "unknown network op"),
         (lambda d: d["compute"]["merge"].update(kind="cubic"), "unknown cost function"),
+        (lambda d: d.update(readiness={"leads": {}}), "malformed readiness"),
+        (lambda d: d.update(readiness={"leads_ms": {"w": -1.0}}), "finite and >= 0"),
+        (lambda d: d.update(readiness={"leads_ms": {"w": 1.0}, "steps": 0}), "steps"),
     ],
 )
 def test_malformed_profiles_are_rejected_with_a_reason(mutate, message: str) -> None:  # type: ignore[no-untyped-def]

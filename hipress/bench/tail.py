@@ -9,57 +9,23 @@ end. Whatever a gradient's bytes take on the link can only start once it exists,
 
 whatever the bucketing, partitioning or overlap (encode, decode and latency only add to it).
 :func:`exposed_floor_ms` computes it from :class:`ReadyClock`'s measurements (each gradient's
-lead over the end of backward, in a compute-only run where nothing delays backward) and the bytes
-each rank sends per gradient (:func:`bytes_sent`); ``efficiency_bound = compute / (compute +
-floor)`` is the best scaling efficiency any schedule of that traffic reaches on that link.
+lead over the end of backward, in a compute-only run where nothing delays backward; the clock is
+SeCoPa's, :mod:`hipress.secopa.measure.readiness`) and the bytes each rank sends per gradient
+(:func:`bytes_sent`); ``efficiency_bound = compute / (compute + floor)`` is the best scaling
+efficiency any schedule of that traffic reaches on that link.
 """
 
 from __future__ import annotations
 
-import functools
-import statistics
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torch import nn
-
 from hipress.core.layout import layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
+from hipress.secopa.measure.readiness import ReadyClock
 from hipress.secopa.model.network import ALGORITHMS
 
 __all__ = ["ReadyClock", "allreduce_bytes", "bytes_sent", "exposed_floor_ms"]
-
-
-class ReadyClock:
-    """When each parameter's gradient is ready in backward: its lead over the end of backward,
-    in ms, per step while :attr:`on` (post-accumulate-grad hooks on ``model``'s parameters).
-
-    Call :meth:`step_done` right after ``backward()`` returns; :meth:`leads` gives the median
-    lead of each parameter over the recorded steps."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.on = False
-        self._now: dict[str, float] = {}
-        self._leads: dict[str, list[float]] = {}
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(functools.partial(self._ready, name))
-
-    def _ready(self, name: str, _p: Any) -> None:
-        if self.on:
-            self._now[name] = time.perf_counter()
-
-    def step_done(self) -> None:
-        """Backward has just returned: record each gradient's lead over now."""
-        end = time.perf_counter()
-        for name, t in self._now.items():
-            self._leads.setdefault(name, []).append(1e3 * (end - t))
-        self._now = {}
-
-    def leads(self) -> dict[str, float]:
-        """Parameter name -> median ms between its gradient being ready and backward's end."""
-        return {n: statistics.median(v) for n, v in self._leads.items()}
 
 
 def _sent(algorithm: str, nbytes: float, world_size: int) -> float:

@@ -8,6 +8,9 @@
   measures the network in the current group and the algorithm's compute costs (a few seconds in
   all), then plans as above. ``hipress.horovod``'s ``plan="auto"`` calls it with ``comm=`` a Horovod
   :class:`~hipress.secopa.measure.comm.Comm`, so the same measurement and broadcast run over Horovod.
+- Either takes the gradients' ready times (``readiness=``, measured by
+  :func:`~hipress.secopa.measure.readiness.measure_readiness`): the profile then holds them and
+  the plan minimises the exposed time of the whole step rather than the sum of per-tensor costs.
 - :func:`load_plan_for_model` / :func:`check_plan` reject a plan that does not fit the model or
   the world size, with a message saying what differs.
 """
@@ -32,6 +35,7 @@ from hipress.secopa.measure.profiler import build_profile, measure_compute
 from hipress.secopa.measure.timed_codec import TimedAlgorithm, as_timed_codec
 from hipress.secopa.model.planner import PlannerConfig, plan_named
 from hipress.secopa.model.profile import Profile
+from hipress.secopa.model.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +135,7 @@ def auto_profile(
     calibrate_step: bool = True,
     device: torch.device | str | None = None,
     probe: StepProbe | None = None,
+    readiness: Readiness | None = None,
 ) -> Profile:
     """Measure a profile in the current process group (or over ``comm``, e.g. Horovod's);
     every rank must call it.
@@ -147,6 +152,8 @@ def auto_profile(
     returns its own profile; the network part and the calibration are identical on all ranks.
     ``device``: where the model trains (default: the group's, :func:`~hipress.secopa.measure.comm.
     default_device`); collectives and kernels are measured there, on a GPU with CUDA events.
+    ``readiness``: the gradients' ready times
+    (:func:`~hipress.secopa.measure.readiness.measure_readiness`), held by the profile.
     """
     if comm is None:
         comm = TorchComm(group, device)
@@ -167,7 +174,7 @@ def auto_profile(
         profile = calibrate(
             codec.alg, profile, group, numel=numel, large=large, device=dev, probe=probe
         )
-    return profile
+    return profile if readiness is None else profile.with_readiness(readiness)
 
 
 def auto_plan(
@@ -181,6 +188,7 @@ def auto_plan(
     comm: Comm | None = None,
     device: torch.device | str | None = None,
     probe: StepProbe | None = None,
+    readiness: Readiness | None = None,
 ) -> Plan:
     """Profile (see :func:`auto_profile`) and plan on rank 0, broadcast to all ranks.
 
@@ -193,6 +201,8 @@ def auto_plan(
             optimizer passes Horovod's, see :mod:`hipress.horovod.comm`).
         device: where the model trains (default: the group's device); profiled there.
         probe: runs real sync steps to calibrate the profile (see :func:`auto_profile`).
+        readiness: the gradients' ready times (rank 0's are used): the plan then minimises
+            the exposed time of the step (:mod:`hipress.secopa.model.exposure`).
     Needs an initialised process group (or ``comm``); every rank must call it. Takes a few
     seconds. Returns the plan, identical on every rank.
     """
@@ -206,7 +216,8 @@ def auto_plan(
     named = named_numels(model)
     top = max((k for _, k in named), default=None)
     profile = auto_profile(
-        algorithm, group, compute_budget_s, max_numel=top, comm=comm, device=device, probe=probe
-    )
+        algorithm, group, compute_budget_s, max_numel=top, comm=comm, device=device, probe=probe,
+        readiness=readiness,
+    )  # fmt: skip
     mine = profile if comm.rank == 0 else None
     return plan_for_model(named, mine, world, config, comm=comm)

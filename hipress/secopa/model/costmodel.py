@@ -92,6 +92,7 @@ class CostModel:
         self.n = world_size
         self.formulas = {f.name: f for f in formulas}
         self.kmax = min(world_size, max_partitions or world_size)
+        self._partitions: dict[tuple[str, int, int], tuple[list[float], list[float]]] = {}
 
     def formula(self, name: str) -> Formula:
         try:
@@ -258,16 +259,17 @@ class CostModel:
             if f.combine == "sum":
                 rounds += [(0.0, self.time(f.name, x.numel, x.k)) for x in mine]
                 continue
+            # each member's partition (all of its partitions are alike): compute terms, sizes
+            per = [self._partition(f, x) for x in mine]
             for r in range(max(x.k for x in mine)):
                 comp, sizes = 0.0, [0.0] * len(f.comm)
-                for x in mine:
+                for x, (terms, xs) in zip(mine, per, strict=True):
                     if x.k <= r:
                         continue
-                    d = self._dims(x.numel, [x.k])
-                    for t in f.compute:
-                        comp += _scalar(self.compute_term(t, d))
-                    for j, t in enumerate(f.comm):
-                        sizes[j] += _scalar(t.size(d))
+                    for v in terms:
+                        comp += v
+                    for j, v in enumerate(xs):
+                        sizes[j] += v
                 d0 = self._dims(1.0, [1])
                 comm = sum(
                     _scalar(np.asarray(t.count(d0)))
@@ -279,6 +281,16 @@ class CostModel:
                 )
                 rounds.append((comp, comm))
         return rounds
+
+    def _partition(self, f: Formula, x: Member) -> tuple[list[float], list[float]]:
+        """One partition of member ``x`` under formula ``f``: the ms of each compute term and
+        the size of each communication term."""
+        key = (f.name, x.numel, x.k)
+        if key not in self._partitions:
+            d = self._dims(x.numel, [x.k])
+            terms = [_scalar(self.compute_term(t, d)) for t in f.compute]
+            self._partitions[key] = (terms, [_scalar(t.size(d)) for t in f.comm])
+        return self._partitions[key]
 
 
 @dataclass(frozen=True)

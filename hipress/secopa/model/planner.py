@@ -8,16 +8,29 @@ totals (``planned``, ``all_uncompressed``, ``all_compressed``, each summed over 
 with every round CaSync issues charged in full), the selection record and the planner's
 settings and network provenance in ``meta``. :class:`Planner` also predicts any plan for the
 same parameters and builds the all-uncompressed and all-compressed baselines.
+
+When the profile holds the gradients' ready times, each compressed tensor's (strategy, K) is
+then chosen by the exposed time of the whole step (:mod:`~hipress.secopa.model.exposure`):
+``totals["exposed"]`` and ``meta["exposure"]`` record it, near ties included. Without them
+(``PlannerConfig.objective="sum"``, or a profile measured without a training step) the plan is
+the sum-of-costs plan, and the planner logs that it plans without ready times.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.model.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
+from hipress.secopa.model.exposure import (
+    Exposure,
+    Tolerance,
+    preference,
+    ready_buckets,
+    refine,
+)
 from hipress.secopa.model.profile import AlphaBeta, MeasuredComm, Profile
 from hipress.secopa.model.selection import Decision, Selector, ddp_buckets
 
@@ -35,6 +48,11 @@ class PlannerConfig:
         strategies: compressed strategies the planner may choose.
         formulas: the cost model's strategy table.
         grid_per_octave: density of the size grid of rule 3.
+        objective: ``"auto"`` (the exposed step time when the profile has ready times, else
+            the sum of per-tensor costs), ``"exposed"`` (needs ready times) or ``"sum"``.
+        tie_rel, tie_abs_ms: with the exposed objective, a tensor's choices within
+            ``max(tie_abs_ms, tie_rel * its own predicted time)`` of the best are tied and the
+            preferred one is taken (:class:`~hipress.secopa.model.exposure.Tolerance`).
     """
 
     bucket_cap_mb: float = 25.0
@@ -45,6 +63,9 @@ class PlannerConfig:
     strategies: tuple[Strategy, ...] = (Strategy.ALLGATHER, Strategy.PS)
     formulas: tuple[Formula, ...] = field(default=CASYNC_FORMULAS, repr=False)
     grid_per_octave: int = 8
+    objective: str = "auto"
+    tie_rel: float = 0.03
+    tie_abs_ms: float = 0.1
 
     def __post_init__(self) -> None:
         if not (self.bucket_cap_mb > 0 and self.first_bucket_mb > 0):
@@ -55,6 +76,10 @@ class PlannerConfig:
             raise PlanError("strategies lists compressed strategies; ALLREDUCE is always allowed")
         if self.grid_per_octave < 1:
             raise PlanError("grid_per_octave must be >= 1")
+        if self.objective not in ("auto", "exposed", "sum"):
+            raise PlanError(f"objective is auto, exposed or sum, not {self.objective!r}")
+        if not (self.tie_rel >= 0 and self.tie_abs_ms >= 0):
+            raise PlanError("tie_rel and tie_abs_ms must be >= 0")
 
 
 class Planner:
@@ -113,27 +138,82 @@ class Planner:
         if bad:
             raise PlanError(f"parameters with no elements: {bad[:5]}")
         assign, record = self.select(numels)
-        entries = []
-        for name, numel in zip(names, numels, strict=True):
-            d = self.decide(numel)
-            c = assign.get(numel)
-            if c is not None and c.strategy is not None:
-                entries.append(
-                    TensorPlan(name, numel, True, c.strategy, c.k, c.ms, d.uncompressed_ms)
-                )
-            else:
-                ms = d.uncompressed_ms
-                entries.append(TensorPlan(name, numel, False, Strategy.ALLREDUCE, 1, ms, ms))
+        members = [self._member(k, assign.get(k)) for k in numels]
         meta = self.meta()
         meta["selection"] = record
-        return Plan(
+        extra: dict[str, float] = {}
+        if self._exposed():
+            members, meta["exposure"] = self.refine(names, members)
+            extra["exposed"] = float(meta["exposure"]["exposed_ms"])  # type: ignore[index]
+        entries = []
+        for name, m in zip(names, members, strict=True):
+            f = self.model.formula(m.formula)
+            u_ms = self.decide(m.numel).uncompressed_ms
+            if f.compressed and f.strategy is not None:
+                ms = self.model.time(m.formula, m.numel, m.k)
+                entries.append(TensorPlan(name, m.numel, True, f.strategy, m.k, ms, u_ms))
+            else:
+                entries.append(TensorPlan(name, m.numel, False, Strategy.ALLREDUCE, 1, u_ms, u_ms))
+        plan = Plan(
             algorithm=self.profile.algorithm,
             params=dict(self.profile.params),
             world_size=self.world_size,
             entries=tuple(entries),
-            totals=self.totals(numels, assign),
             meta=meta,
         )
+        totals = self.totals(numels, assign)
+        if extra:  # the refined plan's own bucket total
+            totals["planned"] = round(self.predict(plan), 6)
+        totals.update(extra)
+        return replace(plan, totals=totals)
+
+    def _member(self, numel: int, c: Choice | None) -> Member:
+        if c is None or c.strategy is None:
+            return Member(self.decide(numel).uncompressed.name, numel, 1)
+        return Member(c.name, numel, c.k)
+
+    def _exposed(self) -> bool:
+        """Whether plans minimise the exposed step time (else the sum of costs); logs why."""
+        objective, ready = self.config.objective, self.profile.readiness
+        if objective == "exposed" and ready is None:
+            raise PlanError(
+                "objective='exposed' needs the gradients' ready times in the profile: measure "
+                "them (hipress.secopa.measure.readiness) or plan with objective='sum'"
+            )
+        if objective == "auto" and ready is None:
+            log.info("plan: the profile has no gradient ready times; planning by the sum of "
+                     "per-tensor costs")  # fmt: skip
+        return objective != "sum" and ready is not None
+
+    def refine(
+        self, names: Sequence[str], members: Sequence[Member]
+    ) -> tuple[list[Member], dict[str, object]]:
+        """Each compressed tensor's (strategy, K) by the exposed step time
+        (:func:`~hipress.secopa.model.exposure.refine`); needs the profile's ready times."""
+        ready = self.profile.readiness
+        if ready is None:
+            raise PlanError("the profile has no gradient ready times")
+        cfg = self.config
+        numels = [m.numel for m in members]
+        leads = [ready.lead(n) for n in names]
+        buckets = ready_buckets(numels, leads, cfg.bucket_cap_mb, cfg.first_bucket_mb)
+        cands: list[list[Choice]] = []
+        for m in members:
+            if not self.model.formula(m.formula).compressed:
+                cands.append([])
+                continue
+            cs = self.selector.candidates(m.numel)
+            if not any((c.name, c.k) == (m.formula, m.k) for c in cs):  # a guard's choice
+                f = self.model.formula(m.formula)
+                ms = self.model.time(f.name, m.numel, m.k)
+                cs.append(Choice(f.name, f.strategy, True, m.k, ms))
+            cands.append(cs)
+        out, record = refine(
+            Exposure(self.model, names, buckets, ready), names, members, cands, ready,
+            preference(cfg.strategies, self.world_size), Tolerance(cfg.tie_rel, cfg.tie_abs_ms),
+        )  # fmt: skip
+        record["unmeasured"] = sum(n not in ready.leads_ms for n in names)
+        return out, record
 
     def totals(self, numels: Sequence[int], assign: dict[int, Choice]) -> dict[str, float]:
         """Predicted ms: ``planned`` (sizes in ``assign`` compressed as it says),
@@ -229,6 +309,9 @@ class Planner:
                 "max_partitions": self.model.kmax,
                 "strategies": [s.value for s in cfg.strategies],
                 "formulas": [f.name for f in cfg.formulas],
+                "objective": "exposed"
+                if self.profile.readiness is not None and cfg.objective != "sum"
+                else "sum",
             },
             "network": {k: v for k, v in dict(net).items() if k != "samples"},
             "allreduce_alpha_ms": (

@@ -16,6 +16,11 @@ A :class:`Profile` holds
   very different sizes (``compute_scale_by_size``), and ``call_ms``, a fixed cost per
   collective CaSync issues beyond the collective itself (the hook's Python, thread hand-offs).
   1 and 0 when not measured.
+- optionally, when each gradient is ready in backward (:class:`~hipress.secopa.model.readiness.
+  Readiness`, measured by :mod:`hipress.secopa.measure.readiness`): with it the planner judges a
+  plan by the exposed time of the whole step (:mod:`~hipress.secopa.model.exposure`), without
+  it (profiles written before it existed, or measured without a training step) by the sum of
+  per-tensor costs.
 
 Profiles are immutable and JSON round-trippable. The profilers measure them (compute:
 :mod:`hipress.secopa.measure.profiler`, network: :mod:`hipress.secopa.measure.netprofiler`);
@@ -48,6 +53,7 @@ from hipress.secopa.model.network import (
     comm_op_from_dict,
     link_network,
 )
+from hipress.secopa.model.readiness import Readiness
 
 __all__ = [
     "ALGORITHMS",
@@ -62,6 +68,7 @@ __all__ = [
     "PayloadModel",
     "Profile",
     "ProfileError",
+    "Readiness",
     "affine_profile",
     "comm_op_from_dict",
     "link_network",
@@ -122,6 +129,7 @@ class Profile:
             (``encode_checked``), so CaSync's allgather and PS read no chunk for it: the
             ``check`` op then costs nothing (else a ``merge``: one read pass).
         meta: provenance (host, backend, measured world size, fit errors); informational.
+        readiness: when each gradient is ready in backward (None: not measured).
     """
 
     algorithm: str
@@ -135,6 +143,7 @@ class Profile:
     call_ms: float = 0.0
     compute_scale_by_size: tuple[tuple[float, float], ...] = ()
     encode_checks_finite: bool = False
+    readiness: Readiness | None = None
 
     def __post_init__(self) -> None:
         missing = [op for op in COMPUTE_OPS if op not in self.compute]
@@ -227,8 +236,14 @@ class Profile:
             meta=meta,
         )
 
+    def with_readiness(self, readiness: Readiness | None) -> Profile:
+        """A copy that holds these gradient ready times (None: drops them)."""
+        return replace(self, readiness=readiness)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """A JSON-ready dict; ``readiness`` appears only when measured, so a profile without it
+        writes what older versions wrote."""
+        d: dict[str, Any] = {
             "version": PROFILE_VERSION,
             "algorithm": self.algorithm,
             "params": dict(self.params),
@@ -245,6 +260,9 @@ class Profile:
             "call_ms": self.call_ms,
             "meta": dict(self.meta),
         }
+        if self.readiness is not None:
+            d["readiness"] = self.readiness.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Profile:
@@ -269,6 +287,9 @@ class Profile:
                     (float(x), float(s)) for x, s in d.get("compute_scale_by_size", ())
                 ),
                 encode_checks_finite=bool(d.get("encode_checks_finite", False)),
+                readiness=None
+                if d.get("readiness") is None
+                else Readiness.from_dict(d["readiness"]),
             )
         except ProfileError:
             raise

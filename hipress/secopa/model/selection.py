@@ -124,6 +124,23 @@ class Selector:
         self._cache[numel] = d
         return d
 
+    def candidates(self, numel: int) -> list[Choice]:
+        """Every compressed (strategy, K) that rule 2 allows for ``numel`` elements (the
+        bandwidth-saving ones of :meth:`decide`), in table order then K."""
+        cm = self.model
+        unc = self.decide(numel).uncompressed
+        wire_u = float(cm.wire_ms(unc.name, numel, [1], bound="min")[0])
+        ks = np.arange(1, cm.kmax + 1)
+        out = []
+        for f in cm.formulas.values():
+            if not f.compressed or f.strategy not in self.strategies:
+                continue
+            t = cm.times(f.name, numel, ks)
+            ok = np.isfinite(t) & (cm.wire_ms(f.name, numel, ks) < wire_u)
+            out += [Choice(f.name, f.strategy, True, int(k), float(ms))
+                    for k, ms, good in zip(ks, t, ok, strict=True) if good]  # fmt: skip
+        return out
+
     def compressed_sizes(self, numels: Sequence[int]) -> set[int]:
         """The sizes (among ``numels``) to compress: rules 1-3."""
         if not numels:
