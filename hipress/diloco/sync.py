@@ -1,0 +1,142 @@
+"""The outer collective of one fragment: every rank's outer gradients in, their mean out, the
+same bits on every rank.
+
+- Uncompressed (no tensor of the fragment has a compressing codec): the outer gradients,
+  flattened into one float32 buffer, are summed with one ``all_reduce`` and divided by the
+  number of ranks: the baseline, what DiLoCo without compression sends.
+- Compressed: each tensor's outer gradient is encoded (:class:`~hipress.diloco.coder.OuterCoder`)
+  into its slot of one message, followed by a trailer of one non-finite flag byte per tensor
+  (padded to 8 bytes, so every slot stays 8-byte aligned as the kernels need); one
+  all-gather delivers every rank's message to every rank, and each rank decodes
+  the N payloads of each tensor in rank order and divides by N
+  (:func:`~hipress.codec.algorithm.decode_mean`). A NaN/Inf on any rank makes that tensor's
+  mean all-NaN on every rank.
+
+:meth:`FragmentSync.start` issues the collective asynchronously and returns a :class:`Pending`;
+:meth:`FragmentSync.finish` waits for it and returns the means. A failed collective (a peer that
+died, a timeout) raises :class:`~hipress.codec.errors.CommError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from hipress.codec.algorithm import decode_mean
+from hipress.codec.flags import FlagMode
+from hipress.core.compression import compresses
+from hipress.diloco.coder import OuterCoder
+from hipress.diloco.errors import CommError
+
+__all__ = ["FragmentSync", "Pending", "guarded"]
+
+T = TypeVar("T")
+# torch 2.13 renames all_gather_into_tensor (kept, deprecated); older releases have only that
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def guarded(what: str, fn: Callable[[], T]) -> T:
+    """``fn()``, a failed collective raised as :class:`CommError` saying ``what`` failed."""
+    try:
+        return fn()
+    except RuntimeError as exc:
+        raise CommError(
+            f"DiLoCo: {what} failed: {exc}\nA peer died or the process group timed out; end "
+            "every worker and resume all of them from the last checkpoint"
+        ) from exc
+
+
+@dataclass
+class Pending:
+    """A fragment's outer collective in flight: the buffer it fills and its ``work`` (None
+    once complete, e.g. after a checkpoint waited for it)."""
+
+    buffer: torch.Tensor
+    work: Any = None
+
+
+class FragmentSync:
+    """Averages the outer gradients of one fragment's tensors (``numels``, each on ``device``)
+    over ``group``, tensor ``i`` with ``coders[i]`` (its codec may be
+    :class:`~hipress.core.compression.Uncompressed`).
+
+    Fields: ``compressed`` (whether the fragment sends payloads), ``message_nbytes`` (bytes each
+    rank sends per sync: the message, or the float32 buffer), ``size`` (ranks in ``group``).
+    """
+
+    def __init__(
+        self,
+        numels: Sequence[int],
+        coders: Sequence[OuterCoder],
+        device: torch.device,
+        group: Any,
+    ) -> None:
+        self.numels, self.coders = list(numels), list(coders)
+        self.device, self.group = device, group
+        self.size = dist.get_world_size(group)
+        self.compressed = any(compresses(c.alg) for c in coders)
+        if self.compressed:
+            self.offsets, off = [], 0
+            for c in self.coders:
+                self.offsets.append(off)
+                off += c.nbytes
+            self.trailer = off
+            self.message_nbytes = off + (len(coders) + 7) // 8 * 8
+        else:
+            self.message_nbytes = 4 * sum(self.numels)
+
+    def start(self, grads: Sequence[torch.Tensor], what: str) -> Pending:
+        """Issue the collective of the outer gradients ``grads`` (flat contiguous float32, one
+        per tensor; not modified). ``what`` names the sync in errors."""
+        if not self.compressed:
+            buf = torch.cat([g.reshape(-1) for g in grads])
+            work = guarded(what, lambda: dist.all_reduce(buf, group=self.group, async_op=True))
+            return Pending(buf, work)
+        mine = torch.empty(self.message_nbytes, dtype=torch.uint8, device=self.device)
+        mode = FlagMode.for_tensor(mine)
+        flags = []
+        for g, c, off in zip(grads, self.coders, self.offsets, strict=True):
+            flags.append(c.encode(g, mine[off : off + c.nbytes], mode))
+        FlagMode.write(mine[self.trailer :], flags)
+        got = torch.empty(self.size * self.message_nbytes, dtype=torch.uint8, device=self.device)
+        work = guarded(
+            what,
+            lambda: _ALL_GATHER(got, mine, group=self.group, async_op=True),
+        )
+        return Pending(got, work)
+
+    def finish(self, p: Pending, what: str) -> list[torch.Tensor]:
+        """Wait for ``p`` and return the mean outer gradient of each tensor (flat float32), the
+        same bits on every rank."""
+        if p.work is not None:
+            work, p.work = p.work, None
+            guarded(what, work.wait)
+        if not self.compressed:
+            mean = p.buffer.div(self.size)
+            return list(mean.split(self.numels))
+        rows = p.buffer.view(self.size, self.message_nbytes)
+        mode = FlagMode.for_tensor(rows)
+        flags = mode.gathered(rows, self.trailer, len(self.coders))
+        out = []
+        for c, off, n, bad in zip(self.coders, self.offsets, self.numels, flags, strict=True):
+            mean = torch.empty(n, dtype=torch.float32, device=self.device)
+            decode_mean(c.alg, [rows[r, off : off + c.nbytes] for r in range(self.size)], n, mean)
+            FlagMode.fill_nan(mean, bad)
+            out.append(mean)
+        return out
+
+    def received_nbytes(self) -> int:
+        """Bytes of the buffer a sync fills (what a checkpoint keeps of a sync in flight)."""
+        return self.message_nbytes * (self.size if self.compressed else 1)
+
+    def wire_bytes(self) -> int:
+        """Bytes one rank sends per sync on a ring: an all-reduce sends 2(N-1)/N of the buffer,
+        an all-gather (N-1)/N of the gathered messages, i.e. (N-1) messages."""
+        n = self.size
+        if not self.compressed:
+            return 2 * (n - 1) * self.message_nbytes // max(1, n)
+        return (n - 1) * self.message_nbytes
