@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hipress.codec",),  # what every sync shares: algorithm, flags, checkpoints, errors, plans
     # CaSync, and the reader of the step timelines its tracer writes (`hipress trace`)
     ("hipress.casync", "hipress.timeline"),
-    ("hipress.horovod", "hipress.integrations", "hipress.fsdp"),  # Horovod, Lightning, ...
+    ("hipress.horovod", "hipress.integrations", "hipress.fsdp", "hipress.diloco"),
     ("hipress.bench", "hipress.demo", "hipress.selftest", "hipress.cli", "hipress"),
 ]
 
@@ -57,7 +57,9 @@ IMPORT_EVERY_TARGET = ("hipress.compll.backends.targets", "hipress.compll.backen
 # The integrations: each builds on the codec layer (hipress.codec), none on another. The framework
 # wrappers (hipress.integrations: Lightning, Accelerate) register the DDP hook, so they alone
 # may import hipress.casync.
-INTEGRATIONS = ("hipress.casync", "hipress.fsdp", "hipress.horovod", "hipress.integrations")
+INTEGRATIONS = (
+    "hipress.casync", "hipress.fsdp", "hipress.horovod", "hipress.integrations", "hipress.diloco",
+)  # fmt: skip
 MAY_IMPORT = {"hipress.integrations": ("hipress.casync",)}
 
 
