@@ -129,6 +129,56 @@ def test_calibration_runs_casync_and_gives_every_rank_the_same_figures() -> None
         assert cal == pytest.approx(s * plain)
 
 
+def _ready_profile_and_plan(rank: int, world: int) -> dict[str, Any]:
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hipress.secopa.measure.readiness import measure_readiness
+    from hipress.secopa.measure.runtime import auto_profile
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(4096, 256), nn.Flatten(), nn.Linear(8 * 256, 512),
+                          nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))  # fmt: skip
+    ddp = DDP(model)
+    gen = torch.Generator().manual_seed(rank)  # each rank its own batches
+    x = torch.randint(0, 4096, (64, 8), generator=gen)
+
+    def step() -> None:
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+
+    ready = measure_readiness(ddp, step, steps=3, warmup=1)
+    prof = auto_profile(timed_cast("fp16"), compute_budget_s=0.3, max_numel=1 << 20,
+                        readiness=ready)  # fmt: skip
+    plan = auto_plan(timed_cast("fp16"), model, world, compute_budget_s=0.3, readiness=ready)
+    return {
+        "leads": ready.leads_ms,
+        "profile_leads": None if prof.readiness is None else dict(prof.readiness.leads_ms),
+        "grad": model[0].weight.grad.sum().item(),  # local: no exchange while measuring
+        "digest": plan.digest(),
+        "objective": plan.meta["planner"]["objective"],
+        "exposure": plan.meta.get("exposure"),
+        "totals": dict(plan.totals),
+    }
+
+
+def test_a_real_group_records_ready_times_and_plans_by_the_exposed_step() -> None:
+    r0, r1 = run_local(_ready_profile_and_plan, 2, timeout_s=240)
+    names = {"0.weight", "2.weight", "2.bias", "4.weight", "4.bias", "6.weight", "6.bias"}
+    for r in (r0, r1):
+        # every parameter measured, by its module's name (as plans name them), not DDP's
+        assert set(r["leads"]) == names and r["profile_leads"] == r["leads"]
+        # backward from the output: the last layer first, the embedding last
+        assert r["leads"]["6.weight"] > r["leads"]["2.weight"] > r["leads"]["0.weight"] >= 0
+    # measured under no_sync: each rank kept its own gradient
+    assert r0["grad"] != r1["grad"]
+    # rank 0 planned with its ready times, every rank holds that plan
+    assert r0["digest"] == r1["digest"] and r0["exposure"] == r1["exposure"]
+    assert r0["objective"] == "exposed" and r0["exposure"]["objective"] == "exposed step"
+    assert r0["totals"]["exposed"] == r0["exposure"]["exposed_ms"] >= 0
+
+
 def _planning_fails_on_rank0(rank: int, world: int) -> str:
     try:
         plan_for_model([("w", 10)], None)  # no profile anywhere: rank 0 cannot plan
