@@ -292,3 +292,15 @@ def test_inf_and_nan_adapt_and_a_program_may_reuse_the_names() -> None:
             decode="return map(n, i => inf);",
             head="state inf: f32;",
         )
+
+
+def test_a_function_never_called_is_checked_all_the_same() -> None:
+    ok = "fn unused(x: f32) -> f32 { return x * 2.0 + uniform(0); }"
+    prog("return concat(map(n, i => g[i]));", head=ok)  # accepted: it is well typed
+    bad = "fn unused(x: f32) -> f32 { return x + true; }"
+    with pytest.raises(CllTypeError, match="mismatched types f32 and bool"):
+        prog("return concat(map(n, i => g[i]));", head=bad)
+    # one reached only through another uncalled function is checked too
+    chain = "fn a(x: f32) -> f32 { return b(x); } fn b(x: f32) -> i32 { return x; }"
+    with pytest.raises(CllTypeError):
+        prog("return concat(map(n, i => g[i]));", head=chain)

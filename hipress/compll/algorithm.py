@@ -36,6 +36,7 @@ from hipress.compll.ir.payload import layout
 from hipress.compll.ir.source import CllError, SourceFile
 from hipress.compll.ir.state import State
 from hipress.compll.ir.types import ArrayType, torch_storage_dtype
+from hipress.compll.lower.lower import reports_nonfinite
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Algorithm:
         self.digest = program.digest()[:16]
         self._sizes: dict[int, int] = {}
         self._specs: dict[int, StateSpec] = {}
+        self._reports: bool | None = None
 
     def __repr__(self) -> str:
         ps = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -137,10 +139,10 @@ class Algorithm:
     def encode_checked(
         self, grad: torch.Tensor, state: State, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, bool | torch.Tensor | None]:
-        """:meth:`encode`, and whether ``grad`` holds NaN/Inf, where the backend finds out in
-        the same pass (the C and CUDA kernels of most algorithms: hipress/compll/lower/finite.py; the
-        reference): a bool, or on the CUDA backend a 0-d bool tensor on the device (reading it
-        waits for the encode); None where it does not (check it yourself then).
+        """:meth:`encode`, and whether ``grad`` holds NaN/Inf, where the algorithm finds out in
+        the same pass on every backend (most algorithms: hipress/compll/lower/finite.py): a
+        bool, or on the CUDA backend a 0-d bool tensor on the device (reading it waits for the
+        encode); None where it does not, on every backend alike (check it yourself then).
 
         Raises :class:`~hipress.compll.ir.calls.CallError` for a state, gradient or buffer the
         kernels cannot use (wrong size, dtype, device, layout), before anything runs."""
@@ -151,7 +153,15 @@ class Algorithm:
             out = torch.empty(nbytes, dtype=torch.uint8, device=grad.device)
         bad = self.backend.encode(flat, state, out)
         state.step += 1
-        return out, bad
+        return out, bad if self.reports_nonfinite else None
+
+    @property
+    def reports_nonfinite(self) -> bool:
+        """Whether :meth:`encode_checked` finds out if the gradient holds NaN/Inf (the same
+        answer on every backend)."""
+        if self._reports is None:
+            self._reports = reports_nonfinite(self.program)
+        return self._reports
 
     def _state_spec(self, state: State) -> StateSpec:
         if not isinstance(state, State):

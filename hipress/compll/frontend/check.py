@@ -25,7 +25,7 @@ from typing import Any
 
 from hipress.compll.frontend import ast
 from hipress.compll.frontend.check_expr import scalar, value
-from hipress.compll.frontend.check_fn import inline
+from hipress.compll.frontend.check_fn import check_uncalled, inline
 from hipress.compll.frontend.check_par import parallel
 from hipress.compll.frontend.check_params import const, declare
 from hipress.compll.frontend.check_params import params as check_params
@@ -256,6 +256,11 @@ def elaborate(source: SourceFile, module: ast.Module, params: Mapping[str, Any])
     cx.top = top
     cx.used[ir.N] = 1
     top.names[ir.N] = Binding(Scalar(N_REF), "builtin")
+    cx.declared = {
+        d.name: d.span
+        for d in module.decls
+        if isinstance(d, ast.ConstDecl | ast.ParamDecl | ast.StateDecl)
+    }
     param_values = check_params(cx, module.decls, top)
     state = _declarations(cx, module.decls, top)
     _recursion_check(cx)
@@ -265,6 +270,7 @@ def elaborate(source: SourceFile, module: ast.Module, params: Mapping[str, Any])
     enc_ir = _encode(cx, enc, top, state, fields)
     cx.hidden_state = {s.name for s in state}
     dec_ir = _decode(cx, dec, top, fields)
+    check_uncalled(cx)
     return prune(
         ir.Program(
             name=algo.name,

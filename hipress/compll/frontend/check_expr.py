@@ -157,6 +157,13 @@ def _name(cx: Elab, e: ast.Name, scope: Scope) -> Scalar:
             e.span,
         )
     if b is None:
+        later = cx.declared.get(e.id)
+        if later is not None and (later.line, later.col) > (e.span.line, e.span.col):
+            raise cx.err(
+                f"`{e.id}` is used before its declaration (line {later.line}); declarations "
+                "are read in order: move it above this use",
+                e.span,
+            )
         raise cx.err(f"unknown name `{e.id}`{suggest(cx, e.id, scope)}", e.span)
     if isinstance(b.value, Array):
         raise cx.err(
@@ -255,4 +262,4 @@ def call(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx) -> Scalar:
         raise cx.err(f"`{f}` is not allowed here", e.span)
     if f in cx.fns:
         return cx.inline(cx, e, scope, ctx)
-    raise cx.err(f"unknown function `{f}`{suggest(cx, f, scope)}", e.func_span)
+    raise cx.err(f"unknown function `{f}`{suggest(cx, f, scope, call=True)}", e.func_span)

@@ -32,7 +32,19 @@ def bind(cx: Elab, scope: Scope, name: str, v: Value, kind: str, span: Span) -> 
         raise cx.err(f"`{name}` is already defined in this block", span)
     if name in SCALAR_TYPES or name in BUILTINS:
         raise cx.err(f"`{name}` is a builtin name and cannot be redefined", span)
+    not_n(cx, name, span)
     scope.names[name] = Binding(v, kind)
+
+
+def not_n(cx: Elab, name: str, span: Span) -> None:
+    """Raise if a local (a let, var, lambda or fn parameter) is named ``n``, which would hide
+    the element count."""
+    if name == ir.N:
+        raise cx.err(
+            "`n` is the tensor's element count; a local of that name would hide it: "
+            "choose another name",
+            span,
+        )
 
 
 def stmt(cx: Elab, s: ast.Stmt, scope: Scope, ctx: Ctx) -> None:

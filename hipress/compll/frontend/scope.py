@@ -34,6 +34,15 @@ N_REF = ir.Ref(ir.N, I64)
 # predeclared values (f32, adapting like float literals); they live in a scope above the
 # program's, so a declaration of the same name (const, param, let, parameter) hides them
 CONSTANTS = {"inf": float("inf"), "nan": float("nan")}
+# functions people reach for that the language leaves out: each backend rounds them differently
+_ROUNDED = "backends round it differently, so it is not in the language"
+MISSING_MATH = {
+    "log2": f"{_ROUNDED}; `exponent(x)` is floor(log2(|x|)), exactly",
+    "exp2": f"{_ROUNDED}; `ldexp(1.0, e)` is 2^e for an integer e, exactly",
+    "log": _ROUNDED,
+    "exp": _ROUNDED,
+    "pow": f"{_ROUNDED}; `ldexp(x, e)` is x * 2^e, exactly",
+}
 MAX_CALL_DEPTH = 32  # functions are inlined: a chain of calls nests that deep
 
 # ---------------------------------------------------------------- values in scope
@@ -153,6 +162,8 @@ class Elab:
     used: dict[str, int] = field(default_factory=dict)
     fns: dict[str, ast.FnDecl] = field(default_factory=dict)
     fn_stack: list[str] = field(default_factory=list)
+    called: set[str] = field(default_factory=set)  # functions some call has inlined
+    declared: dict[str, Span] = field(default_factory=dict)  # top-level declarations
     state_assigned: dict[str, Span] = field(default_factory=dict)
     hidden_state: set[str] = field(default_factory=set)  # state names decode may not read
     payload_fields: dict[str, Scalar | Array] = field(default_factory=dict)
@@ -174,10 +185,13 @@ def arity(cx: Elab, e: ast.Call, n: int) -> None:
         raise cx.err(f"`{e.func}` takes {n} argument(s), got {len(e.args)}", e.span)
 
 
-def suggest(cx: Elab, name: str, scope: Scope) -> str:
-    """``"; did you mean `x`?"`` for the closest known name to ``name``, or ``""``."""
+def suggest(cx: Elab, name: str, scope: Scope, call: bool = False) -> str:
+    """``"; did you mean `x`?"`` for the closest known name to ``name`` (a function's, when
+    ``call``), the reason a function the language leaves out is missing, or ``""``."""
+    if call and name in MISSING_MATH:
+        return f"; {MISSING_MATH[name]}"
     pool: set[str] = set(BUILTINS) | set(SCALAR_TYPES) | set(cx.fns)
-    s: Scope | None = scope
+    s: Scope | None = None if call else scope
     while s is not None:
         pool |= set(s.names)
         s = s.parent

@@ -82,4 +82,15 @@ def lower_program(prog: ir.Program, unfused: bool = False) -> Lowered:
     )
 
 
-__all__ = ["Lowered", "lower", "lower_program"]
+def reports_nonfinite(prog: ir.Program) -> bool:
+    """Whether an encode of ``prog`` finds out if the gradient holds NaN/Inf on every target:
+    its encode lowered for C (fused) and for CUDA (``unfused``) both compute the flag
+    (:mod:`hipress.compll.lower.finite`). Where only one could, the algorithm reports it on
+    none, so it answers alike everywhere."""
+    return all(
+        lower(prog, "encode", nonfinite=True, unfused=u).nonfinite is not None
+        for u in (False, True)
+    )
+
+
+__all__ = ["Lowered", "lower", "lower_program", "reports_nonfinite"]
