@@ -139,7 +139,7 @@ def _rate(net: Network) -> str:
     return "loopback" if rate is None else f"{rate:g}mbit"
 
 
-def _said(progress: Any, res: dict[str, Any]) -> None:
+def _progress_rate(progress: Any, res: dict[str, Any]) -> None:
     if progress is not None and "samples_per_s" in res:
         progress(f"    {res['samples_per_s']:.1f} samples/s")
 
@@ -159,7 +159,7 @@ def _rounds(
                 progress(f"{model_name} | {net.label} | {cfg.name} | round {rnd + 1}")
             res = run_config(net, model_name, data, cfg, opts)
             runs.setdefault(cfg.name, []).append(res)
-            _said(progress, res)
+            _progress_rate(progress, res)
         for reshard in opts.fsdp_reshard if opts.fsdp else ():
             for fc in fsdp_configs_for(opts):
                 if progress is not None:
@@ -170,7 +170,7 @@ def _rounds(
                     reshard=reshard, timeout=opts.timeout, threads=opts.threads,
                 )  # fmt: skip
                 fsdp_runs.setdefault((reshard, fc.name), []).append(res)
-                _said(progress, res)
+                _progress_rate(progress, res)
     return runs, fsdp_runs
 
 
