@@ -12,6 +12,9 @@ out to save. The options, per rank, for a unit of P elements:
   external residual ``e``: ``c = g + e``, send ``encode(c)``, keep ``e = c - decode(encode(c))``.
 - ``"bf16"``: the same memory stored in bfloat16 (2P bytes). An algorithm's own float32 state
   arrays are widened for the encode of one chunk (a transient of one chunk) and narrowed after.
+  Refused for an algorithm whose state tells sent from kept elements by a stored threshold
+  (topk, graddrop, dgc: :mod:`hipress.fsdp.thresholds`), which would lose gradient step after
+  step; elsewhere the residual is rounded to bfloat16 once a step.
 - ``"int8"``: an external residual in int8 with a float32 absmax scale per block of 256
   (about 1.02P bytes), as published low-memory feedback does; not for an algorithm's own state.
 
@@ -32,8 +35,9 @@ from hipress.codec.algorithm import encode_reporting
 from hipress.codec.flags import Flag, FlagMode
 from hipress.core.compression import CompressionAlgorithm
 from hipress.fsdp.errors import FsdpError
+from hipress.fsdp.thresholds import threshold_compare
 
-__all__ = ["FEEDBACK", "ChunkCoder", "make_coder", "resolve_feedback"]
+__all__ = ["FEEDBACK", "ChunkCoder", "check_bf16", "make_coder", "resolve_feedback"]
 
 FEEDBACK = ("auto", "none", "fp32", "bf16", "int8")
 INT8_BLOCK = 256
@@ -59,7 +63,25 @@ def resolve_feedback(alg: CompressionAlgorithm, feedback: str) -> str:
             "(as it is) or 'bf16' (stored in bfloat16), or pick an algorithm without feedback "
             "(signsgd, terngrad, qsgd, int8) for feedback='none' or 'int8'"
         )
+    if own and feedback == "bf16":
+        check_bf16(alg)
     return feedback
+
+
+def check_bf16(alg: CompressionAlgorithm) -> None:
+    """Raise :class:`FsdpError` if ``alg``'s own state cannot be stored in bfloat16 without
+    losing gradient: its encode compares a state array with a stored threshold."""
+    found = threshold_compare(alg)
+    if found is None:
+        return
+    array, scalar = found
+    raise FsdpError(
+        f"feedback='bf16' cannot keep {alg.name}'s error feedback: its state tells the elements "
+        f"it sent from those it kept by comparing `{array}` with the stored threshold "
+        f"`{scalar}`, and rounding `{array}` to bfloat16 moves elements across it (their "
+        "gradient is then dropped or sent twice, more every step); use feedback='fp32', or "
+        "an algorithm whose state rounds safely (onebit, efsignsgd, tbq) with 'bf16'"
+    )
 
 
 def _state_bytes(state: Any, arrays_only: bool = False) -> int:
@@ -259,7 +281,9 @@ def make_coder(
 ) -> ChunkCoder:
     """The coder of one chunk of ``n`` elements under the resolved ``feedback`` option
     (:func:`resolve_feedback`), its state on ``device`` drawing from RNG key ``seed`` and
-    stream ``tensor_id``."""
+    stream ``tensor_id``. Raises :class:`FsdpError` where :func:`check_bf16` does."""
+    if builtin_feedback(alg) and feedback == "bf16":
+        check_bf16(alg)
     state = alg.init_state(n, device=device, seed=seed, tensor_id=tensor_id)
     if builtin_feedback(alg):
         return PackedStateCoder(alg, state, n) if feedback == "bf16" else ChunkCoder(alg, state, n)
