@@ -246,6 +246,8 @@ def register(
                 "pass replicate_group"
             )
         group = g._reduce_scatter_process_group
+        if replicate_group is not None:
+            _check_replicas(key, group, replicate_group)
         ws = group.size()
         numel = ws * sum(fp.padded_sharded_param_size.numel() for fp in g.fsdp_params)
         infos.append(UnitInfo(key, numel, ws, _reduce_dtype(g), group))
@@ -279,6 +281,29 @@ def register(
     if dist.get_rank() == 0:
         log.info("%s", decided.table())
     return FsdpCompression(alg, fb, units, modules, replicas, decided)
+
+
+def _check_replicas(unit: str, shard_group: Any, replicate_group: Any) -> None:
+    """Raise :class:`FsdpError` unless ``replicate_group`` meets ``unit``'s shard group in this
+    rank alone: the replicas of a shard are one rank of each shard group."""
+    shards = dist.get_process_group_ranks(shard_group)
+    try:
+        replicas = dist.get_process_group_ranks(replicate_group)
+    except (RuntimeError, ValueError, KeyError, AttributeError, TypeError):
+        raise FsdpError(
+            f"replicate_group must be a process group this rank belongs to, got {replicate_group!r}"
+        ) from None
+    me = dist.get_rank()
+    both = sorted(set(shards) & set(replicas))
+    if both != [me]:
+        where = (f"shares ranks {both} with" if len(both) > 1
+                 else "does not hold this rank, a member of")  # fmt: skip
+        raise FsdpError(
+            f"replicate_group (ranks {replicas}) {where} {unit}'s shard group (ranks {shards}); "
+            "it must hold the ranks with the same shards as this one, one from each shard "
+            "group, else it averages different shards together. On a (replicate, shard) mesh, "
+            "pass mesh['replicate'].get_group() and shard on mesh['shard']"
+        )
 
 
 def _reduce_dtype(group: Any) -> torch.dtype:
