@@ -117,19 +117,23 @@ class Selector:
         if unc is None:
             raise PlanError(f"no uncompressed option for {numel} elements")
         u_ms = cm.marginal_ms(unc.name, numel)
-        wire_u = float(cm.wire_ms(unc.name, numel, [1], bound="min")[0])
-        comp = cm.best(numel, True, strategies=self.strategies, wire_limit_ms=wire_u)
+        comp = cm.best(
+            numel, True, strategies=self.strategies, wire_limit_ms=self._wire(unc, numel)
+        )
         faster = comp is not None and comp.ms < u_ms
         d = Decision(numel, unc, u_ms, comp, faster)
         self._cache[numel] = d
         return d
 
+    def _wire(self, unc: Choice, numel: int) -> float:
+        """Rule 2's limit: the uncompressed choice's bandwidth time (lower bound)."""
+        return float(self.model.wire_ms(unc.name, numel, [1], bound="min")[0])
+
     def candidates(self, numel: int) -> list[Choice]:
         """Every compressed (strategy, K) that rule 2 allows for ``numel`` elements (the
         bandwidth-saving ones of :meth:`decide`), in table order then K."""
         cm = self.model
-        unc = self.decide(numel).uncompressed
-        wire_u = float(cm.wire_ms(unc.name, numel, [1], bound="min")[0])
+        wire_u = self._wire(self.decide(numel).uncompressed, numel)
         ks = np.arange(1, cm.kmax + 1)
         out = []
         for f in cm.formulas.values():
