@@ -304,3 +304,30 @@ def test_a_function_never_called_is_checked_all_the_same() -> None:
     chain = "fn a(x: f32) -> f32 { return b(x); } fn b(x: f32) -> i32 { return x; }"
     with pytest.raises(CllTypeError):
         prog("return concat(map(n, i => g[i]));", head=chain)
+
+
+def test_param_combinations_cover_every_pair_of_values() -> None:
+    from hipress.compll.frontend.check import param_combinations
+
+    src = SourceFile("t.cll", SRC)
+    combos = param_combinations(parse(src))
+    # ratio's two ends and its default, bits in {1, 2, 4, 8}, flag both ways: 3 x 4 x 2
+    assert len(combos) == 24 == len({tuple(sorted(c.items())) for c in combos})
+    assert {"bits": 8, "ratio": 0.0, "flag": False} in combos
+    assert {"bits": 1, "ratio": 1.0, "flag": True} in combos
+    for c in combos:
+        check_source(src, c)
+    # a value refused only in combination is found: b=true with small=true
+    text = """algorithm t;
+param small: bool = false;
+param b: bool = false;
+const k = small && b ? 0 - 1 : n;
+payload { v: f32[k]; }
+encode(g) { return concat(map(k, i => g[i])); }
+decode(p) { return map(n, i => p.v[i]); }"""
+    one = SourceFile("t.cll", text)
+    for c in param_variants(parse(one)):
+        check_source(one, c)
+    with pytest.raises(CllTypeError, match="negative"):
+        for c in param_combinations(parse(one)):
+            check_source(one, c)

@@ -16,7 +16,7 @@ from hipress.compll import CllError, algorithms, load
 from hipress.compll.algorithm import load_source
 from hipress.compll.backends.render import BANNER, generator_digest
 from hipress.compll.backends.targets import render
-from hipress.compll.frontend.check import check_source, param_variants
+from hipress.compll.frontend.check import check_source, param_combinations
 from hipress.compll.frontend.parse import parse
 from hipress.compll.ir.nodes import show_program
 
@@ -32,7 +32,7 @@ def _check_one(file: str) -> str:
     src = read_source(file)
     module = parse(src)
     prog = check_source(src)
-    variants = param_variants(module)
+    variants = param_combinations(module)
     for v in variants:
         check_source(src, v)
     return (

@@ -20,7 +20,9 @@ concern, each importing only the ones listed before it:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from itertools import product
 from typing import Any
 
 from hipress.compll.frontend import ast
@@ -305,3 +307,36 @@ def param_variants(module: ast.Module) -> list[dict[str, Any]]:
             if isinstance(v, ast.Number | ast.Bool):
                 out.append({d.name: v.value})
     return out
+
+
+MAX_COMBINATIONS = 512  # parameter settings `hipress check` tries at most
+
+
+def param_combinations(module: ast.Module) -> list[dict[str, Any]]:
+    """Every combination of the parameter values worth checking: each value of every
+    set-constrained parameter, both ends of every range and both values of every ``bool``
+    (the defaults of the others included), at most :data:`MAX_COMBINATIONS`; beyond that,
+    :func:`param_variants` (one parameter varied at a time)."""
+    axes: list[tuple[str, list[Any]]] = []
+    for d in module.decls:
+        if not isinstance(d, ast.ParamDecl):
+            continue
+        vals: list[Any] = [d.default.value] if isinstance(d.default, ast.Number | ast.Bool) else []
+        if isinstance(d.type, ast.ScalarTypeAnn) and d.type.name == "bool":
+            vals += [False, True]
+        elif d.constraint is not None:
+            ends = (
+                d.constraint.values
+                if isinstance(d.constraint, ast.SetConstraint)
+                else (d.constraint.lo, d.constraint.hi)
+            )
+            vals += [v.value for v in ends if isinstance(v, ast.Number | ast.Bool)]
+        distinct = list(dict.fromkeys(vals))
+        if len(distinct) > 1:
+            axes.append((d.name, distinct))
+    if not axes:
+        return []
+    if math.prod(len(vs) for _, vs in axes) > MAX_COMBINATIONS:
+        return param_variants(module)
+    names = [name for name, _ in axes]
+    return [dict(zip(names, combo, strict=True)) for combo in product(*(vs for _, vs in axes))]

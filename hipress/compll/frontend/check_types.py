@@ -3,12 +3,14 @@ and the parameters) and when two lengths agree."""
 
 from __future__ import annotations
 
+import torch
+
 from hipress.compll.frontend import ast
 from hipress.compll.frontend.check_expr import scalar
 from hipress.compll.frontend.scope import Ctx, Elab, Scope
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.fold import fold
-from hipress.compll.ir.interp import eval_size
+from hipress.compll.ir.interp import eval_scalar, eval_size
 from hipress.compll.ir.source import Span
 from hipress.compll.ir.types import I64, PACKED_BITS, SCALAR_TYPES, U8, ArrayType, DType
 from hipress.compll.ir.walk import walk
@@ -40,7 +42,34 @@ def size(cx: Elab, e: ast.Expr, scope: Scope, ctx: Ctx | None = None) -> ir.Expr
     static(cx, x, e.span, "an array length")
     if isinstance(x, ir.Const) and int(x.value) < 0:
         raise cx.err(f"array length {x.value} is negative", e.span)
+    _in_range(cx, x, e.span)
     return x
+
+
+MAX_LENGTH = 1 << 48  # elements: more than any machine holds, far from i64's wrap-around
+_SIZE_PROBES = (*range(0, 70), *(1 << k for k in range(6, 31)), (1 << 31) - 1)
+
+
+def _in_range(cx: Elab, x: ir.Expr, span: Span) -> None:
+    """Raise unless length ``x`` is in [0, MAX_LENGTH] at every probed element count (zero up,
+    powers of two to 2^31 - 1): a negative length would silently be an empty array, and a huge
+    one wraps around i64."""
+    if isinstance(x, ir.Const):
+        return
+    for n in _SIZE_PROBES:
+        v = int(eval_scalar(x, {ir.N: torch.tensor(n, dtype=torch.int64)}).item())
+        if v < 0:
+            raise cx.err(
+                f"array length `{x}` is negative at n = {n} ({v}); write `max(0, ...)` if "
+                "an empty array is meant there",
+                span,
+            )
+        if v > MAX_LENGTH:
+            raise cx.err(
+                f"array length `{x}` is {v} at n = {n}, above the limit of 2^48 elements "
+                "(larger lengths wrap around); bound it, e.g. with `min(...)`",
+                span,
+            )
 
 
 def static(cx: Elab, e: ir.Expr, span: Span, what: str) -> None:
