@@ -136,7 +136,7 @@ def _through_ddp(rank: int, world_size: int, alg_name: str, dtype_name: str, ste
     replica = copy.deepcopy(model)
     ddp = _ddp(model, bucket_view)
     state = register(ddp, make_algorithm(alg_name), plan=_plan(alg_name, model, world_size), seed=3)
-    state._ctx.device_flags = device_flags
+    state._rt.ctx.device_flags = device_flags
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     records = []
     for step in range(steps):

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hipress.casync.config import check_optimizer, watch_optimizers
+from hipress.casync.optimizers import check_optimizer, watch_optimizers
 from hipress.casync.state import CaSyncState
 from hipress.casync.unused import supported
 from hipress.codec.errors import CaSyncError

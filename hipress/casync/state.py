@@ -1,20 +1,18 @@
 """The state of the CaSync DDP hook: :class:`CaSyncState`, one per DDP model and rank.
 
 It checks the configuration eagerly (:mod:`hipress.casync.config`), binds to its process group
-when there is one (at construction, else at the first use), lays out the plan's chunks once
-(:class:`~hipress.core.layout.PlanLayout`), holds the per-chunk algorithm states and their
-checkpoints (:mod:`hipress.codec.checkpoint`), checks at the first step that every rank agrees,
-and hands each bucket to its step engine (:mod:`hipress.casync.engine`).
+when there is one (at construction, else at the first use), and once it has a plan holds one
+:class:`~hipress.casync.runtime.Runtime` (the plan's chunk layout, the per-chunk algorithm
+states, the bucket context and the step engine), made in one place; checkpoints
+(:mod:`hipress.casync.persist`) read and restore that runtime. It checks at the first step that
+every rank agrees, and hands each bucket to the runtime's step engine.
 """
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hipress.casync import persist
 from hipress.casync.config import (
     check_agreement,
     check_options,
@@ -31,21 +30,16 @@ from hipress.casync.config import (
     describe,
     params_at,
 )
-from hipress.casync.engine import StepEngine
-from hipress.casync.persist import Checkpoints
 from hipress.casync.probe import StateProbe
+from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.stats import SyncStats
-from hipress.casync.strategies.context import SyncContext
-from hipress.casync.strategies.ring import RingDriver
 from hipress.casync.trace import Tracer
-from hipress.casync.unused import UnusedGuard
-from hipress.codec.algorithm import build_kernels, init_chunk_states, resolve_algorithm
-from hipress.codec.errors import CaSyncError, CommError
+from hipress.codec.algorithm import build_kernels, resolve_algorithm
+from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
 from hipress.codec.planning import check_plan_arg, resolve_plan
 from hipress.core.compression import CompressionAlgorithm
-from hipress.core.layout import PlanLayout, layout_plan
-from hipress.core.plan import Plan
+from hipress.core.plan import Plan, PlanError
 from hipress.core.rule import DefaultRule
 
 __all__ = ["CaSyncState"]
@@ -53,21 +47,11 @@ __all__ = ["CaSyncState"]
 logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
 
-# every live state's ring driver, closed and joined when the interpreter exits: a daemon thread
-# still running then, or a hop still pending when the process group goes, aborts the process
-_RINGS: weakref.WeakSet[RingDriver] = weakref.WeakSet()
+# left out of a pickle (the runtime is rebuilt from the plans and states saved beside it)
+_UNPICKLED = ("process_group", "_rt", "_param_names", "_lock", "_unused_model")
 
 
-@atexit.register
-def _close_rings() -> None:
-    rings = list(_RINGS)
-    for ring in rings:
-        ring.close()
-    for ring in rings:
-        ring.join(timeout=120)
-
-
-class CaSyncState(Checkpoints):
+class CaSyncState:
     """State of :func:`~hipress.casync.hook.casync_hook` for one DDP model on one rank.
 
     Args:
@@ -102,7 +86,7 @@ class CaSyncState(Checkpoints):
         plan: the plan run (a property: see below).
         stats: :class:`~hipress.casync.stats.SyncStats` of this rank.
         worker_states, server_states: per-chunk algorithm states (error feedback, momentum),
-            made with the plan.
+            made with the plan (properties, like ``plan``).
 
     Everything after ``algorithm`` is keyword-only. Validation happens here, eagerly: a bad
     option, algorithm or plan file raises before training starts. The state binds to its
@@ -134,51 +118,63 @@ class CaSyncState(Checkpoints):
         device: torch.device | str | None = None,
     ) -> None:
         check_options(params, seed, rule, check_finite, log_every, warmup_steps, plan)
-        schedule = check_schedule(params_schedule, algorithm, params)
         named = list(named_parameters)
         if not named:
             raise CaSyncError("the model has no parameter that requires a gradient")
         self._numels = [(n, int(p) if isinstance(p, int) else p.numel()) for n, p in named]
-        self._devices, self._trained_on = _devices(named, device)
+        self._devices, self._trained_on = state_devices(named, device)
         self.process_group = process_group
         self.rank: int | None = None
         self.world_size: int | None = None
-        self._spec = (
-            (algorithm, dict(params or {}), backend) if isinstance(algorithm, str) else None
-        )
+        name = algorithm if isinstance(algorithm, str) else None
+        self._spec = (name, dict(params or {}), backend) if name is not None else None
         self.algorithm = resolve_algorithm(algorithm, params, backend)
+        schedule = check_schedule(params_schedule, name, params, self.algorithm)
         build_kernels(self.algorithm, self._devices.values())
         self._plan_arg = check_plan_arg(plan, self.algorithm)
         self._rule = rule
-        self._plan: Plan | None = None
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
         self.warmup_steps = warmup_steps
         self.params_schedule = schedule
         self._base_params = dict(params or {})
         self.stats = SyncStats(log_every=log_every)
+        self._rt: Runtime | None = None
         self._init_local()
         self.bind(named)
         if dist.is_initialized():
             self._attach()
+
+    def _init_local(self) -> None:
+        """What does not pickle and exists before the plan: the binding and the lock."""
+        self._param_names: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._unused_model: DistributedDataParallel | None = None
 
     @property
     def plan(self) -> Plan:
         """The plan this state runs. With ``plan="auto"``, reading it before the first step
         (and before a :meth:`load_state_dict` that brings one) makes it now: every rank must
         then read it."""
-        if self._plan is None:
-            self._ready()
-        assert self._plan is not None
-        return self._plan
+        return self._runtime().plan
 
     @plan.setter
     def plan(self, plan: Plan) -> None:
-        self._plan = plan
+        self._runtime().plan = plan
+
+    @property
+    def worker_states(self) -> dict[str, Any]:
+        """This rank's worker states by chunk key (made with the plan, like :attr:`plan`)."""
+        return self._runtime().worker_states
+
+    @property
+    def server_states(self) -> dict[str, Any]:
+        """This rank's server states by chunk key (made with the plan, like :attr:`plan`)."""
+        return self._runtime().server_states
 
     def _attach(self) -> None:
         """Bind to the process group: rank, world size and, unless it is ``"auto"`` (made at
-        the first step), the plan with its states. Idempotent."""
+        the first step), the plan with its runtime. Idempotent."""
         if self.rank is not None:
             return
         if not dist.is_initialized():
@@ -189,74 +185,45 @@ class CaSyncState(Checkpoints):
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
         if not (isinstance(self._plan_arg, str) and self._plan_arg == "auto"):
-            self._adopt(self._resolve(self._plan_arg))
+            self._adopt(self._plan_arg)
 
-    def _ready(self) -> None:
-        """Bound, with a plan: SeCoPa's for ``"auto"`` (a collective over the group)."""
+    def _runtime(self) -> Runtime:
+        """The runtime, bound and planned first where that is still to do (SeCoPa's plan for
+        ``"auto"``: a collective over the group)."""
         self._attach()
-        if self._plan is None:
-            self._adopt(self._resolve("auto"))
+        return self._rt if self._rt is not None else self._adopt("auto")
 
-    def _resolve(self, plan: Plan | str | Path | None) -> Plan:
-        assert self.world_size is not None
-        return resolve_plan(
+    def _adopt(self, plan: Plan | str | Path | None) -> Runtime:
+        """Resolve ``plan`` (checked) and run it: its runtime, with all-zero states."""
+        assert self.rank is not None and self.world_size is not None
+        resolved = resolve_plan(
             plan, self.algorithm, self._numels, self.world_size, self._rule,
             group=self.process_group, device=self._trained_on, probe=StateProbe(type(self)),
         )  # fmt: skip
-
-    def _adopt(self, plan: Plan) -> None:
-        """Run ``plan`` (checked): lay it out, make its states (all zero) and the runtime."""
-        assert self.rank is not None and self.world_size is not None
-        self._plan = self._base_plan = plan
-        self._relayout()
-        self.worker_states, self.server_states = init_chunk_states(
-            self.algorithm, plan, self.rank, self.world_size, self.seed, self._devices,
-            layout=self._layout,
+        config = config_digest(
+            self.algorithm.digest, resolved.digest(), self.seed, self.check_finite,
+            self.warmup_steps, self.params_schedule,
         )  # fmt: skip
-        self._base_digests = (self.algorithm.digest, plan.digest())
-        self._init_runtime()
-        if self.params_schedule:
-            self._apply_params(params_at(self._base_params, self.params_schedule, 0))
+        rt = self._make_runtime(resolved, resolved, config)
+        self._after_step(0)  # (the schedule's parameters at step 0)
+        logger.info("casync: %s, %d of %d tensors compressed, world size %d", resolved.algorithm,
+                    sum(e.compress for e in resolved.entries), len(resolved.entries),
+                    self.world_size)  # fmt: skip
+        return rt
+
+    def _make_runtime(self, plan: Plan, base_plan: Plan, config: dict[str, str],
+                      states: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Runtime:  # fmt: skip
+        """The one place a runtime is made (a new plan's, or an unpickled state's)."""
+        assert self.rank is not None and self.world_size is not None
+        self._rt = build_runtime(
+            self.algorithm, plan, rank=self.rank, world_size=self.world_size, seed=self.seed,
+            devices=self._devices, stats=self.stats, check_finite=self.check_finite,
+            warmup_steps=self.warmup_steps, config=config, on_step_end=self._after_step,
+            base_plan=base_plan, states=states,
+        )  # fmt: skip
         if self._unused_model is not None:
             self.watch_unused(self._unused_model)
-        compressed = sum(e.compress for e in plan.entries)
-        logger.info(
-            "casync: %s, %d of %d tensors compressed, world size %d",
-            plan.algorithm, compressed, len(plan.entries), self.world_size,
-        )  # fmt: skip
-
-    def _relayout(self) -> None:
-        """Lay out the plan's chunks for the current algorithm (its payload sizes), once."""
-        assert self.world_size is not None
-        self._layout: PlanLayout = layout_plan(
-            self.plan, self.world_size, self.algorithm.payload_nbytes
-        )
-
-    def _init_local(self) -> None:
-        """What does not pickle and exists before the plan: the binding and the lock."""
-        self._param_names: dict[int, str] = {}
-        self._lock = threading.Lock()
-        self._unused_model: DistributedDataParallel | None = None
-
-    def _init_runtime(self) -> None:
-        """What does not pickle and needs the plan: the bucket context and the step engine."""
-        assert self.rank is not None and self.world_size is not None
-        self._ctx = SyncContext(
-            rank=self.rank,
-            world_size=self.world_size,
-            algorithm=self.algorithm,
-            worker_states=self.worker_states,
-            server_states=self.server_states,
-            stats=self.stats,
-            check_finite=self.check_finite,
-        )
-        self.stats.tracer.rank = self.rank
-        # the ring's thread ends with this state (it holds the driver, never the state), and
-        # at the latest when the interpreter exits
-        weakref.finalize(self, self._ctx.ring.close)
-        _RINGS.add(self._ctx.ring)
-        self._engine = StepEngine(self._ctx, self._layout, self.warmup_steps, self._after_step)
-        self._agreed = False
+        return self._rt
 
     # ---- binding and configuration ----------------------------------------------------------
 
@@ -278,36 +245,23 @@ class CaSyncState(Checkpoints):
     def config_digest(self) -> dict[str, str]:
         """What every rank must agree on: algorithm, plan and options, as hex digests (with a
         ``params_schedule``, of the first parameters: the schedule is among the options)."""
-        self._ready()
-        alg_digest, plan_digest = self._base_digests
-        return config_digest(
-            alg_digest, plan_digest, self.seed, self.check_finite, self.warmup_steps,
-            self.params_schedule,
-        )  # fmt: skip
+        return dict(self._runtime().config)
 
-    def _apply_params(self, params: dict[str, Any]) -> None:
-        """Switch to the algorithm with ``params`` (between steps), keeping every state."""
-        if self._spec is None:  # (a schedule needs an algorithm given by name)
+    def _after_step(self, step: int) -> None:
+        """The engine finished a step (or a plan or checkpoint starts at ``step``): switch to
+        the schedule's parameters of ``step``, keeping every state."""
+        if not self.params_schedule or self._spec is None or self._rt is None:
             return
         name, current, backend = self._spec
+        params = params_at(self._base_params, self.params_schedule, step)
         if params == current:
             return
         alg = resolve_algorithm(name, params, backend)
         build_kernels(alg, self._devices.values())
         self._spec = (name, params, backend)
         self.algorithm = alg
-        self.plan = dataclasses.replace(self.plan, params=dict(alg.params))
-        self._relayout()  # payload sizes may differ: new layouts and buffers
-        self._ctx.algorithm = alg
-        self._engine.relayout(self._layout)
-        logger.info(
-            "casync: step %d: %s parameters now %s", self._engine.step, name, dict(alg.params)
-        )
-
-    def _after_step(self, step: int) -> None:
-        """The engine finished a step: switch parameters where the schedule says."""
-        if self.params_schedule:
-            self._apply_params(params_at(self._base_params, self.params_schedule, step))
+        self._rt.switch(alg)  # payload sizes may differ: new layouts and buffers
+        logger.info("casync: step %d: %s parameters now %s", step, name, dict(alg.params))
 
     # ---- synchronisation --------------------------------------------------------------------
 
@@ -323,27 +277,17 @@ class CaSyncState(Checkpoints):
         failed (a peer died or stalled past the process group's timeout).
         """
         with self._lock:
-            self._ready()  # (binds and plans at the first call, where that is still to do)
-            self._engine.open_step()
-            if not self._agreed:
-                self._agree(buffer.device)
-            return self._engine.submit(buffer, names, last, self.process_group)
+            rt = self._runtime()  # (binds and plans at the first call, where still to do)
+            rt.engine.open_step()
+            if not rt.agreed:
+                self._agree(rt, buffer.device)
+            return rt.engine.submit(buffer, names, last, self.process_group)
 
-    def _agree(self, device: torch.device) -> None:
+    def _agree(self, rt: Runtime, device: torch.device) -> None:
         """The first step's check that every rank runs the same configuration."""
-        note = describe(self.algorithm, self.plan, self.seed, self.check_finite, self.warmup_steps)
-        try:
-            check_agreement(self.config_digest(), note, self.world_size, self.process_group,
-                            device)  # fmt: skip
-        except CaSyncError:
-            raise
-        except Exception as exc:  # gloo/NCCL error: a peer died or timed out
-            raise CommError(
-                "CaSync: the first step's configuration check failed (a peer may have "
-                "exited or stalled past the process group's timeout; see the other "
-                f"ranks' logs): {exc}"
-            ) from exc
-        self._agreed = True
+        note = describe(self.algorithm, rt.plan, self.seed, self.check_finite, self.warmup_steps)
+        check_agreement(rt.config, note, self.world_size, self.process_group, device)
+        rt.agreed = True
 
     @property
     def tracer(self) -> Tracer:
@@ -352,45 +296,105 @@ class CaSyncState(Checkpoints):
         return self.stats.tracer
 
     def trace(self, path: str | os.PathLike[str] | None = None, steps: int | None = 10) -> Tracer:
-        """Record a timeline of the next ``steps`` steps and write it to ``path`` (one
-        Chrome trace-event JSON file per rank: ``{rank}`` in ``path`` is filled in, else
-        ``-rank<r>`` is added; a directory gets ``trace-rank<r>.json``) when the last one
-        ends; ``path=None`` keeps the spans in memory (:meth:`Tracer.events
-        <hipress.casync.trace.Tracer.events>`). ``hipress trace FILES`` prints the
-        breakdown and renders a PNG. Returns the tracer."""
+        """Record a timeline of the next ``steps`` steps and write it to ``path`` (one Chrome
+        trace-event JSON file per rank: ``{rank}`` in ``path`` is filled in, else ``-rank<r>``
+        is added; a directory gets ``trace-rank<r>.json``) when the last one ends; ``None``
+        keeps the spans in memory (:meth:`Tracer.events <hipress.casync.trace.Tracer.events>`).
+        ``hipress trace FILES`` prints the breakdown and renders a PNG. Returns the tracer."""
         self.stats.tracer.record(path, steps, algorithm=getattr(self.algorithm, "name", "?"))
         return self.stats.tracer
 
     def close(self) -> None:
         """End the state's ring thread (also done when the state is collected). A closed
         state cannot run ring rounds any more."""
-        if self._plan is not None:
-            self._ctx.ring.close()
+        if self._rt is not None:
+            self._rt.ctx.ring.close()
 
     def watch_unused(self, ddp_model: DistributedDataParallel) -> None:
         """Keep error feedback whole under ``find_unused_parameters=True``: the states of a
         parameter no rank used in a step are restored after it, as if it had not been
         synchronised (DDP leaves its gradient untouched). :func:`register` calls this."""
         self._unused_model = ddp_model
-        if self._plan is None:  # (applied when the plan is made)
+        rt = self._rt
+        if rt is None:  # (applied when the plan is made)
             return
-        engine = self._engine
-        if engine.unused is not None:
-            engine.unused.remove()
-        named = [(self._param_names[id(p)], p) for p in ddp_model.module.parameters()
-                 if id(p) in self._param_names]  # fmt: skip
-        engine.unused = UnusedGuard(ddp_model, named, (self.worker_states, self.server_states))
+        rt.watch_unused(ddp_model, self._param_names)
 
+    # ---- checkpoints and pickling -----------------------------------------------------------
 
-def _devices(
-    named: Sequence[tuple[str, torch.Tensor | int]], device: torch.device | str | None
-) -> tuple[dict[str, torch.device], torch.device | None]:
-    """Where each parameter's states live (its own device; for a count, ``device`` or the
-    CPU), and the device the model trains on (the first parameter's, else ``device``)."""
-    home = torch.device(device) if device is not None else None
-    devices = {
-        n: p.device if isinstance(p, torch.Tensor) else home or torch.device("cpu")
-        for n, p in named
-    }
-    trained_on = next((p.device for _, p in named if isinstance(p, torch.Tensor)), home)
-    return devices, trained_on
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's algorithm states (error feedback, momentum, RNG counters), CPU copies,
+        with the step count and the plan they were trained with.
+
+        States differ per rank: save one per rank and load each into the same rank, or save
+        :meth:`gathered_state_dict` from rank 0.
+        """
+        rt = self._runtime()
+        assert self.rank is not None and self.world_size is not None
+        return persist.save(rt, self.rank, self.world_size)
+
+    def gathered_state_dict(self) -> dict[str, Any]:
+        """Every rank's :meth:`state_dict` in one, returned on every rank: ``format``
+        (``"hipress.casync.gathered/1"``), ``world_size`` and ``ranks`` (the state dicts in
+        rank order). For checkpoints that rank 0 alone writes; :meth:`load_state_dict` takes
+        it on every rank. A collective over the state's group: every rank must call it (on
+        NCCL, with its CUDA device set)."""
+        rt = self._runtime()
+        assert self.rank is not None and self.world_size is not None
+        return persist.gather(rt, self.rank, self.world_size, self.process_group)
+
+    plan_of = staticmethod(persist.plan_of)
+
+    def load_state_dict(self, sd: Mapping[str, Any], *, carry_over: bool = False) -> None:
+        """Restore :meth:`state_dict` or :meth:`gathered_state_dict` (each rank takes its
+        own entry) in place, all or nothing.
+
+        A state whose ``plan="auto"`` is not made yet takes the checkpoint's plan (no
+        profiling). A checkpoint of another plan is refused, unless ``carry_over``: then the
+        states of every parameter whose plan entry (strategy, partitions) is the same in both
+        plans are restored, and the others keep theirs (zero in a new state).
+
+        Raises :class:`CaSyncError` (naming the rank and the entry) if it was saved by another
+        rank or world size, for another algorithm, plan or options (the message says how to
+        resume), or is damaged (a missing entry, a tensor of another shape or dtype, a step
+        that is not an integer >= 0)."""
+        self._attach()
+        assert self.rank is not None and self.world_size is not None
+        sd, step = persist.own(sd, self.rank, self.world_size)
+        planned = self._rt is not None
+        if not planned and (saved := persist.plan_to_adopt(sd, self.rank)) is not None:
+            try:
+                self._adopt(saved)
+            except PlanError as exc:
+                raise CaSyncError(f"rank {self.rank}: the state dict's plan: {exc}") from None
+        persist.load(
+            self._runtime(), sd, step, rank=self.rank, world_size=self.world_size,
+            carry_over=carry_over, check_plan=planned or self._rt is None,
+        )  # fmt: skip
+        self._after_step(step)
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k not in _UNPICKLED}
+        rt = self._rt
+        if rt is not None:
+            d["_saved"] = (rt.plan, rt.base_plan, rt.config, rt.worker_states, rt.server_states)
+        if self._spec is not None:
+            d["algorithm"] = None  # reloaded from the spec: compiled kernels do not pickle
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        saved = d.pop("_saved", None)
+        self.__dict__.update(d)
+        self.process_group = None
+        self._rt = None
+        if self._spec is not None:
+            name, params, backend = self._spec
+            if self.params_schedule:  # the step count does not pickle: start from step 0
+                params = params_at(self._base_params, self.params_schedule, 0)
+                self._spec = (name, params, backend)
+            self.algorithm = resolve_algorithm(name, params, backend)
+            build_kernels(self.algorithm, self._devices.values())
+        self._init_local()
+        if saved is not None:
+            plan, base_plan, config, worker, server = saved
+            self._make_runtime(plan, base_plan, config, (worker, server))
