@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import io
+import os
+import time
 from typing import Any
 
 import torch
 from torch import nn
 
-from hipress.diloco import DiLoCo
+from hipress.diloco import CommError, ConfigMismatchError, DiLoCo, DiLoCoError
 
 # ---------------------------------------------------------------- models and data
 
@@ -123,3 +126,168 @@ def mass(rank: int, world: int, algorithm: str, rounds: int) -> dict[str, Any]:
         d.step()
     moved = [(s - a).reshape(-1) for s, a in zip(start, d.anchors, strict=True)]
     return {"moved": moved, "sent": total, "owed": list(d.owed().values())}
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _build(kw: dict[str, Any]) -> tuple[nn.Module, torch.optim.Optimizer, DiLoCo]:
+    """The small model, AdamW inner steps, and DiLoCo with ``kw`` (``outer``: the keyword
+    arguments of an outer SGD, instead of the default)."""
+    model = small_model()
+    inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+    kw = dict(kw)
+    outer = kw.pop("outer", None)
+    if outer is not None:
+        kw["outer_optimizer"] = torch.optim.SGD(model.parameters(), **outer)
+    return model, inner, DiLoCo(model, inner, **kw)
+
+
+def resume(rank: int, world: int, kw: dict[str, Any], stop: int, total: int,
+           saved: list[bytes] | None, with_diloco: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Train ``total`` inner steps (``with`` block), saving model, inner optimizer and DiLoCo
+    after step ``stop``; or, given ``saved`` (each rank's bytes), load them and train from
+    ``stop``. Returns the bytes saved and the final weights and counters."""
+    model, inner, d = _build(kw)
+    first, blob = 1, b""
+    if saved is not None:
+        sd = torch.load(io.BytesIO(saved[rank]), weights_only=False)
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["inner"])
+        if with_diloco:
+            d.load_state_dict(sd["diloco"])
+        first = stop + 1
+    with d:
+        for step in range(first, total + 1):
+            inner_step(model, inner, rank, step)
+            if step == stop and saved is None:
+                buf = io.BytesIO()
+                torch.save({"model": model.state_dict(), "inner": inner.state_dict(),
+                            "diloco": d.state_dict()}, buf)  # fmt: skip
+                blob = buf.getvalue()
+    return {"saved": blob, "params": [p.detach().clone() for p in model.parameters()],
+            "syncs": d.stats.per_fragment, "inner_steps": d.stats.inner_steps}  # fmt: skip
+
+
+def load_errors(rank: int, world: int) -> list[str]:
+    """Messages of loading damaged or foreign state dicts; checks nothing changed."""
+    model, inner, d = _build({"sync_every": 2, "algorithm": "onebit"})
+    for step in range(1, 5):
+        inner_step(model, inner, rank, step)
+        d.step()
+    good = d.state_dict()
+    stranger = small_model()
+    other = DiLoCo(stranger, torch.optim.SGD(stranger.parameters(), lr=0.1), sync_every=3,
+                   algorithm="onebit")  # fmt: skip
+    bad_anchor = {**good, "anchors": {**good["anchors"], "0.weight": torch.zeros(2)}}
+    bad_codec = dict(good)
+    bad_codec["codecs"] = {**good["codecs"], "2.bias": {"alg": {}, "last": torch.zeros(1)}}
+    msgs = []
+    for sd in ({"format": "x"}, {**good, "rank": 1 - rank}, other.state_dict(), bad_anchor,
+               bad_codec, {k: v for k, v in good.items() if k != "anchors"}):  # fmt: skip
+        before = d.state_dict()
+        try:
+            d.load_state_dict(sd)
+        except DiLoCoError as exc:
+            msgs.append(str(exc))
+        after = d.state_dict()
+        for a, b in zip(before["anchors"].values(), after["anchors"].values(), strict=True):
+            assert torch.equal(a, b)
+        for k in before["codecs"]:
+            assert torch.equal(before["codecs"][k]["alg"]["tensors"]["comp"],
+                               after["codecs"][k]["alg"]["tensors"]["comp"])  # fmt: skip
+    return msgs
+
+
+# ---------------------------------------------------------------- failures
+
+
+def mismatch(rank: int, world: int, kw: dict[str, Any]) -> str:
+    """Rank 1 passes ``kw`` on top of rank 0's options; returns the ConfigMismatchError."""
+    base: dict[str, Any] = {"sync_every": 4, "algorithm": "onebit"}
+    try:
+        _build({**base, **kw} if rank == 1 else base)
+    except ConfigMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def dead_peer(rank: int, world: int, h: int) -> dict[str, Any]:
+    """The last rank exits silently before the first outer sync; the others' sync must raise
+    CommError in bounded time."""
+    model, inner, d = _build({"sync_every": h, "algorithm": "onebit"})
+    began = time.monotonic()
+    try:
+        with d:
+            for step in range(1, 3 * h):
+                if step == h and rank == world - 1:
+                    os._exit(0)
+                inner_step(model, inner, rank, step)
+    except CommError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - began}
+    return {"error": None}
+
+
+def nan_rounds(rank: int, world: int, algorithm: Any) -> dict[str, Any]:
+    """Rank 1 puts a NaN in the first layer's weight just before the first sync; returns which
+    parameters are finite after it and after a second sync."""
+    model, inner, d = _build({"sync_every": 2, "algorithm": algorithm})
+    finite = []
+    for step in range(1, 5):
+        inner_step(model, inner, rank, step)
+        if step == 2 and rank == 1:
+            with torch.no_grad():
+                model[0].weight[0, 0] = float("nan")
+        d.step()
+        if step % 2 == 0:
+            finite.append({n: bool(p.isfinite().all()) for n, p in model.named_parameters()})
+    return {"finite": finite, "nan_weights": int(model[0].weight.isnan().sum())}
+
+
+def bad_arguments(rank: int, world: int) -> list[str]:
+    """The DiLoCoError message of each bad argument (one process)."""
+    model = small_model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    stranger = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    cases: list[dict[str, Any]] = [
+        {"sync_every": 0}, {"sync_every": 4, "algorithm": "nope"},
+        {"sync_every": 4, "algorithm": "topk", "params": {"ratio": 7}},
+        {"sync_every": 4, "fragments": 2, "fragment_sync_delay": 2},
+        {"sync_every": 1, "fragments": 2}, {"sync_every": 4, "fragment_update_alpha": 2},
+        {"sync_every": 4, "outer_optimizer": stranger},
+        {"sync_every": 4, "outer_optimizer": inner},
+        {"sync_every": 4, "algorithm": "onebit", "feedback": "none"},
+        {"sync_every": 4, "feedback": "int4"},
+        {"sync_every": 4, "fragments": [model[0], model[0]]},
+        {"sync_every": 4, "fragments": [model[0]]},
+        {"sync_every": 4, "algorithm": {"0.weight": "onebit"}},
+    ]  # fmt: skip
+    msgs = []
+    for kw in cases:
+        try:
+            DiLoCo(model, inner, **kw)
+            msgs.append(f"no error for {kw}")
+        except DiLoCoError as exc:
+            msgs.append(str(exc))
+    d = DiLoCo(model, inner, sync_every=4)
+    with d:
+        try:
+            d.step()
+        except DiLoCoError as exc:
+            msgs.append(str(exc))
+    return msgs
+
+
+# ---------------------------------------------------------------- training
+
+
+def train_loss(rank: int, world: int, kw: dict[str, Any], steps: int) -> float:
+    """Train with AdamW inner steps; return the mean loss of the final weights on held-out
+    batches (the same on every rank once synchronised)."""
+    model, inner, d = _build(kw)
+    with d:
+        for step in range(1, steps + 1):
+            inner_step(model, inner, rank, step)
+    with torch.no_grad():
+        xs = [batch(99, 10_000 + i, 64) for i in range(4)]
+        return sum(float(nn.functional.mse_loss(model(x), y)) for x, y in xs) / 4

@@ -75,7 +75,8 @@ class DiLoCo:
             those.
         params: the algorithm's parameters (with a name).
         outer_optimizer: an optimizer over exactly the model's trainable parameters (default:
-            SGD, lr 0.7, momentum 0.9, Nesterov).
+            SGD, lr 0.7, momentum 0.9, Nesterov; where a tensor's codec keeps error feedback,
+            SGD, lr 1.0, no momentum).
         fragments: a count, or a list of modules or parameter lists (Streaming DiLoCo).
         fragment_sync_delay: tau, inner steps a fragment's collective overlaps (< H / F).
         fragment_update_alpha: weight of the local weights when mixed with the new global ones
@@ -136,13 +137,12 @@ class DiLoCo:
         self.frags = split_fragments(self.named, fragments)
         self.schedule = Schedule.checked(sync_every, len(self.frags), fragment_sync_delay)
         self.alpha, self.seed = float(alpha), seed
-        self.outer = outer_optimizer if outer_optimizer is not None else torch.optim.SGD(
-            [p for _, p in self.named], lr=0.7, momentum=0.9, nesterov=True)  # fmt: skip
-        self._check_outer()
         names = [n for n, _ in self.named]
         devices = [p.device for _, p in self.named]
         self.codecs = resolve_codecs(algorithm, params, names, devices, backend)
         self.feedback = [resolve_feedback(a, feedback) for a in self.codecs]
+        self.outer = outer_optimizer if outer_optimizer is not None else self._default_outer()
+        self._check_outer()
         self.config_lines = describe(
             names, [tuple(p.shape) for _, p in self.named], self.codecs, self.feedback,
             self.frags, self._options(),
@@ -167,6 +167,17 @@ class DiLoCo:
                     "inner_optimizer holds a parameter that is not one of the model's trainable "
                     "parameters; build it over model.parameters()"
                 )
+
+    def _default_outer(self) -> torch.optim.Optimizer:
+        # error feedback re-sends what a sync left out, and the workers, restarted from the
+        # global weights, find much of it again: with momentum on top the outer step
+        # overshoots (docs/explanation/local-step-training.md has the figures), so the
+        # feedback memory takes momentum's place, as SparseLoCo does
+        params = [p for _, p in self.named]
+        if any(f != "none" for f in self.feedback):
+            log.info("outer optimizer: SGD, lr 1.0, no momentum (the codec keeps error feedback)")
+            return torch.optim.SGD(params, lr=1.0)
+        return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
 
     def _check_outer(self) -> None:
         if not isinstance(self.outer, torch.optim.Optimizer):
