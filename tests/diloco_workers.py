@@ -291,3 +291,54 @@ def train_loss(rank: int, world: int, kw: dict[str, Any], steps: int) -> float:
     with torch.no_grad():
         xs = [batch(99, 10_000 + i, 64) for i in range(4)]
         return sum(float(nn.functional.mse_loss(model(x), y)) for x, y in xs) / 4
+
+
+# ---------------------------------------------------------------- streaming and replicas
+
+
+def streaming(rank: int, world: int, alpha: float, algorithm: Any = None) -> list[dict[str, Any]]:
+    """Two fragments, H = 4, tau = 1, outer SGD lr 1: per inner step, what started and what was
+    applied, the outer gradients at each start, the weights just before the step's syncs and
+    the anchors and weights after."""
+    model = small_model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    d = DiLoCo(model, inner, sync_every=4, algorithm=algorithm, fragments=2,
+               fragment_sync_delay=1, fragment_update_alpha=alpha,
+               outer_optimizer=torch.optim.SGD(model.parameters(), lr=1.0))  # fmt: skip
+    out = []
+    for step in range(1, 13):
+        inner_step(model, inner, rank, step)
+        before = [p.detach().clone() for p in model.parameters()]
+        rec = {"frags": [list(f) for f in d.frags], "starts": d.schedule.starts(step),
+               "applies": d.schedule.applies(step), "sent": outer_gradients(d),
+               "before": before, "anchors_before": [a.clone() for a in d.anchors]}  # fmt: skip
+        d.step()
+        rec["after"] = [p.detach().clone() for p in model.parameters()]
+        rec["anchors"] = [a.clone() for a in d.anchors]
+        out.append(rec)
+    return out
+
+
+def replicas(rank: int, world: int, algorithm: Any, steps: int) -> dict[str, Any]:
+    """Two replicas of two ranks: DDP inside each ({0, 1}, {2, 3}), DiLoCo across them over
+    {0, 2} and {1, 3}. Returns the weights after every step and the final held-out loss."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    inside = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    across = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    replica, local = divmod(rank, 2)
+    torch.manual_seed(replica)  # the replicas start apart: DiLoCo takes rank 0's weights
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    ddp = DDP(model, process_group=inside[replica])
+    inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+    d = DiLoCo(model, inner, sync_every=4, algorithm=algorithm, process_group=across[local])
+    weights = []
+    with d:
+        for step in range(1, steps + 1):
+            x, y = batch(rank, step)
+            inner.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            inner.step()
+            weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    return {"weights": weights, "sent": d.stats.sent_bytes, "syncs": d.stats.syncs}
