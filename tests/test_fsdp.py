@@ -175,7 +175,7 @@ def test_bench_configurations_and_table() -> None:
         "hipress-terngrad-auto",
     ]
     with pytest.raises(ValueError, match="unknown model"):
-        FsdpOptions(model="gpt")
+        FsdpOptions(model="nosuch")
     mem = {"params_shard": 1 << 20, "feedback": 2 << 20, "state": 2 << 20, "peak_rss": 9 << 20}
     row = {"config": "hipress-onebit-bf16", "samples_per_s": 2.0, "step_ms": 500.0,
            "wire_bytes_per_step": 3e6, "final_loss": 1.5, "memory_per_rank": mem,

@@ -4,12 +4,18 @@ collective, in real 2-process gloo runs: every rank registers the same configura
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 import torch.distributed as dist
 from dist_utils import run_workers
-from fsdp_workers import grid_model, shard
+from fsdp_workers import grid_batch, grid_model, shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import hipress.fsdp
+from hipress.codec.errors import CaSyncError, ConfigMismatchError
 from hipress.fsdp import FsdpError
+from hipress.fsdp.errors import FsdpConfigMismatchError
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "hipress.fsdp", "fsdp_workers")
 
@@ -28,3 +34,60 @@ def test_a_replicate_group_that_is_the_shard_group_is_refused() -> None:
     for msg in run_workers(replicate_with_the_shard_group, 2, preload=PRELOAD, timeout=120):
         assert "shares ranks [0, 1] with" in msg, msg
         assert "mesh['replicate'].get_group()" in msg
+
+
+BF16_REDUCE = {"reduce_dtype": torch.bfloat16}
+# (what differs, rank 0's register kwargs, rank 1's, rank 1's MixedPrecisionPolicy kwargs)
+MISMATCHES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
+    ("algorithm", {"algorithm": "onebit"}, {"algorithm": "topk"}, {}),
+    ("algorithm", {"algorithm": "fp16"}, {"algorithm": "bf16"}, {}),
+    ("params", {"algorithm": "topk", "params": {"ratio": 0.1}},
+     {"algorithm": "topk", "params": {"ratio": 0.5}}, {}),
+    ("min_compress_numel", {"min_compress_numel": 1}, {"min_compress_numel": 50}, {}),
+    ("feedback", {"feedback": "fp32"}, {"feedback": "bf16"}, {}),
+    ("seed", {"algorithm": "terngrad", "seed": 1}, {"algorithm": "terngrad", "seed": 2}, {}),
+    ("plan", {"plan": {"0": True}}, {"plan": {"0": False}}, {}),
+    ("reduce dtype", {"algorithm": "fp16"}, {"algorithm": "fp16"}, BF16_REDUCE),
+]  # fmt: skip
+
+
+def mismatched(rank: int, world_size: int) -> list[tuple[str, str]]:
+    """Per case of MISMATCHES, then rank 1 failing on its own, then the same configuration on
+    both ranks: (the error's type, its message), or ("accepted", gradient norm) after a step."""
+    out = []
+    cases = [*MISMATCHES, ("own failure", {}, {"algorithm": "nosuch"}, {}), ("same", {}, {}, {})]
+    for _, mine, other, policy in cases:
+        kwargs = {"algorithm": "onebit", "min_compress_numel": 1, **(mine if rank == 0 else other)}
+        mp = MixedPrecisionPolicy(**(policy if rank == 1 else {}))
+        model = shard(grid_model(), mp_policy=mp)
+        try:
+            hipress.fsdp.register(model, **kwargs)
+        except CaSyncError as exc:
+            out.append((type(exc).__name__, str(exc)))
+            continue
+        x, t = grid_batch(rank, 0)
+        (model(x) * t).sum().backward()
+        out.append(
+            ("accepted", str(sum(float(p.grad.to_local().norm()) for p in model.parameters())))
+        )
+    return out
+
+
+def test_ranks_that_register_differently_all_raise_naming_the_setting() -> None:
+    results = run_workers(mismatched, 2, preload=PRELOAD, timeout=180, pg_timeout=30)
+    for i, (what, *_) in enumerate(MISMATCHES):
+        for rank, r in enumerate(results):
+            kind, msg = r[i]
+            assert kind == "FsdpConfigMismatchError", (what, rank, kind, msg)
+            assert f"disagree on {what}" in msg, (what, msg)
+            assert "rank 0:" in msg and "rank 1:" in msg
+    kind0, msg0 = results[0][-2]
+    kind1, msg1 = results[1][-2]
+    assert kind0 == "FsdpError" and "failed on rank 1" in msg0 and "nosuch" in msg0, msg0
+    assert kind1 == "FsdpError" and "nosuch" in msg1 and "failed on rank" not in msg1, msg1
+    assert all(r[-1][0] == "accepted" for r in results)  # agreeing ranks still train
+
+
+def test_the_mismatch_error_is_both_fsdp_and_config_mismatch() -> None:
+    assert issubclass(FsdpConfigMismatchError, FsdpError)
+    assert issubclass(FsdpConfigMismatchError, ConfigMismatchError)

@@ -245,7 +245,7 @@ def test_auto_mapping_and_callable_decide_per_unit() -> None:
         unknown, notbool, disagree, other = r["errors"]
         assert "['blocks.0']" in unknown and "the units are ['<root>', '0', '3']" in unknown
         assert "True or False" in notbool
-        assert "decide differently" in disagree
+        assert "disagree on plan" in disagree and "rank 1:" in disagree
         assert "the profile is for 'topk'" in other
 
 

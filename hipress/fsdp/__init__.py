@@ -16,7 +16,7 @@ With ``replicate_group``, each reduced shard is also averaged across replicas, c
 from __future__ import annotations
 
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
-from hipress.fsdp.errors import FsdpError
+from hipress.fsdp.errors import FsdpConfigMismatchError, FsdpError
 from hipress.fsdp.feedback import FEEDBACK
 from hipress.fsdp.planning import FsdpPlan, UnitPlan
 from hipress.fsdp.register import FsdpCompression, register
@@ -26,6 +26,7 @@ __all__ = [
     "FEEDBACK",
     "CompressedReduceScatter",
     "FsdpCompression",
+    "FsdpConfigMismatchError",
     "FsdpError",
     "FsdpPlan",
     "ReplicaAllReduce",

@@ -8,10 +8,17 @@ option the algorithm cannot use, a checkpoint from another configuration) is a
 
 from __future__ import annotations
 
-from hipress.codec.errors import CaSyncError
+from hipress.codec.errors import CaSyncError, ConfigMismatchError
 
-__all__ = ["FsdpError"]
+__all__ = ["FsdpConfigMismatchError", "FsdpError"]
 
 
 class FsdpError(CaSyncError):
     """hipress over FSDP2 was misconfigured, or a checkpoint does not fit this configuration."""
+
+
+class FsdpConfigMismatchError(FsdpError, ConfigMismatchError):
+    """Ranks registered different configurations (algorithm, parameters, feedback, sizes,
+    plan, reduce dtype, ...). Raised by :func:`~hipress.fsdp.register` on every rank before
+    the first compressed collective; also a :class:`~hipress.codec.errors.ConfigMismatchError`,
+    as CaSync raises for the same mistake."""

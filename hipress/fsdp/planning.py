@@ -55,6 +55,7 @@ __all__ = [
     "UnitInfo",
     "UnitPlan",
     "check_plan_arg",
+    "local_decisions",
     "plan_units",
     "price_unit",
 ]
@@ -201,16 +202,25 @@ def plan_units(
     plan, a mapping naming no unit, ranks that decide differently, or a profile that cannot
     price ``algorithm``."""
     kind = check_plan_arg(plan, profile)
-    if kind == "default":
-        got = {u.name: _by_rule(u, rule) for u in units}
-    elif kind == "explicit":
-        got = _explicit(plan, units, rule)
-        _check_agreement(got)
-    else:
+    got = local_decisions(plan, units, rule)
+    if got is None:
         fb = resolve_feedback(algorithm, feedback)
         got, meta = _auto(units, algorithm, profile, device, fb, margin)
         return FsdpPlan(kind, got, {"margin": margin, **meta})
+    if kind == "explicit":
+        _check_agreement(got)
     return FsdpPlan(kind, got)
+
+
+def local_decisions(
+    plan: PlanArg, units: Sequence[UnitInfo], rule: DefaultRule
+) -> dict[str, UnitPlan] | None:
+    """This rank's decisions for ``"default"`` and explicit plans, without communicating
+    (None for ``"auto"``, which measures). Raises :class:`FsdpError` as :func:`plan_units`."""
+    kind = check_plan_arg(plan, None)
+    if kind == "default":
+        return {u.name: _by_rule(u, rule) for u in units}
+    return _explicit(plan, units, rule) if kind == "explicit" else None
 
 
 def _dtype(u: UnitInfo) -> str:
@@ -238,7 +248,12 @@ def _explicit(plan: Any, units: Sequence[UnitInfo], rule: DefaultRule) -> dict[s
                 continue
             on = plan[u.name]
         else:
-            on = plan(u.name)
+            try:
+                on = plan(u.name)
+            except Exception as exc:
+                raise FsdpError(
+                    f"the plan callable raised for unit {u.name!r}: {type(exc).__name__}: {exc}"
+                ) from exc
         if not isinstance(on, bool):
             raise FsdpError(f"plan's decision for {u.name} must be True or False, got {on!r}")
         out[u.name] = UnitPlan(u.name, u.numel, u.world_size, _dtype(u), on, "explicit")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,19 @@ from hipress.codec.errors import CaSyncError
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.rule import DefaultRule
 from hipress.core.torchcompat import fsdp_param_groups
+from hipress.fsdp.agree import agree, settings
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import resolve_feedback
-from hipress.fsdp.planning import FsdpPlan, PlanArg, UnitInfo, check_plan_arg, plan_units
+from hipress.fsdp.planning import (
+    FsdpPlan,
+    PlanArg,
+    UnitInfo,
+    UnitPlan,
+    check_plan_arg,
+    local_decisions,
+    plan_units,
+)
 from hipress.fsdp.replicate import ReplicaAllReduce
 from hipress.secopa.model.profile import Profile
 
@@ -201,23 +210,89 @@ def register(
     if given, a :class:`~hipress.secopa.model.profile.Profile` or its JSON file, else on one it
     measures in the units' process group: a second or two, every rank taking part), or a
     mapping ``{unit name: bool}`` (units left out follow the size rule) or callable
-    ``name -> bool``. Call it on every rank, before the first backward. Returns the
+    ``name -> bool``. Call it on every rank, before the first backward, with the same
+    arguments: it is a collective over the default group that checks that every rank
+    registers the same configuration (:mod:`hipress.fsdp.agree`). Returns the
     :class:`FsdpCompression`. Raises :class:`FsdpError` for a model without FSDP2 modules, one
     already registered, an unknown algorithm or bad parameters, a feedback option the algorithm
-    cannot use, a ``replicate_group`` on a model FSDP2 already replicates (HSDP's 2-D mesh), a
-    plan that is none of the above or names no unit, or ranks given different plans.
+    cannot use, a ``replicate_group`` on a model FSDP2 already replicates (HSDP's 2-D mesh) or
+    one that is not the group of this rank's replicas, a plan that is none of the above or
+    names no unit, or a failure of register on another rank;
+    :class:`~hipress.fsdp.errors.FsdpConfigMismatchError` (an :class:`FsdpError`) on every
+    rank if the ranks' configurations differ.
     """
+    try:
+        setup = _prepare(model, algorithm, params, feedback, min_compress_numel, backend,
+                         replicate_group, plan, profile)  # fmt: skip
+    except Exception as exc:
+        agree(None, exc)  # the other ranks raise too, rather than wait for this one
+        raise
+    kind = setup.plan_kind
+    replicas = None if replicate_group is None else replicate_group.size()
+    agree(settings(setup.alg, setup.feedback, min_compress_numel, seed, kind, setup.decisions,
+                   setup.infos, replicas))  # fmt: skip
+    if setup.decisions is not None:
+        decided = FsdpPlan(kind, setup.decisions)
+    else:
+        device = setup.groups[setup.infos[0].name].device
+        decided = plan_units(plan, setup.infos, setup.alg, setup.rule, profile=profile,
+                             device=device, feedback=setup.feedback)  # fmt: skip
+    return _install(setup, decided, seed, replicate_group)
+
+
+@dataclass
+class _Setup:
+    """What :func:`register` found and resolved on this rank, before any collective."""
+
+    alg: CompressionAlgorithm
+    feedback: str
+    rule: DefaultRule
+    infos: list[UnitInfo]
+    groups: dict[str, Any]
+    modules: dict[str, FSDPModule]
+    plan_kind: str
+    decisions: dict[str, UnitPlan] | None  # None for plan="auto", which measures
+
+
+def _prepare(
+    model: nn.Module,
+    algorithm: str | CompressionAlgorithm,
+    params: Mapping[str, Any] | None,
+    feedback: str,
+    min_compress_numel: int,
+    backend: str,
+    replicate_group: dist.ProcessGroup | None,
+    plan: PlanArg,
+    profile: Profile | str | Path | None,
+) -> _Setup:
+    """Check the arguments, resolve the algorithm, find the units and, unless ``plan`` is
+    ``"auto"``, decide them; build the kernels. Local to this rank."""
     if not isinstance(model, nn.Module):
         raise FsdpError(f"register takes an nn.Module, got {type(model).__name__}")
     if algorithm is None or algorithm == "none":
         raise FsdpError("register needs a compression algorithm (for none, do not register)")
-    check_plan_arg(plan, profile)
+    kind = check_plan_arg(plan, profile)
     try:
         alg = resolve_algorithm(algorithm, params, backend)
         rule = DefaultRule(min_compress_numel=min_compress_numel)
     except (CaSyncError, ValueError) as exc:
         raise FsdpError(str(exc)) from exc
     fb = resolve_feedback(alg, feedback)
+    infos, groups, modules = _units(model, replicate_group)
+    decisions = local_decisions(plan, infos, rule)
+    try:  # the kernels now, not in the first backward
+        build_kernels(alg, {g.device for g in groups.values()})
+    except CaSyncError as exc:
+        raise FsdpError(str(exc)) from exc
+    return _Setup(alg, fb, rule, infos, groups, modules, kind, decisions)
+
+
+def _units(
+    model: nn.Module, replicate_group: dist.ProcessGroup | None
+) -> tuple[list[UnitInfo], dict[str, Any], dict[str, FSDPModule]]:
+    """Every FSDP unit of ``model`` with parameters of its own: its :class:`UnitInfo`, its
+    param group and its module, by name. Raises :class:`FsdpError` for a model without any,
+    one already registered, or a ``replicate_group`` that does not fit."""
     found = [
         (name or "<root>", m) for name, m in model.named_modules() if isinstance(m, FSDPModule)
     ]
@@ -254,24 +329,25 @@ def register(
         groups[key], modules[key] = g, m
     if not infos:
         raise FsdpError("no fully_shard-ed module of the model holds parameters")
-    device = groups[infos[0].name].device
-    decided = plan_units(plan, infos, alg, rule, profile=profile, device=device, feedback=fb)
+    return infos, groups, modules
+
+
+def _install(
+    setup: _Setup, decided: FsdpPlan, seed: int, replicate_group: dist.ProcessGroup | None
+) -> FsdpCompression:
+    """Build every unit's reduce-scatter (and replica hook) and put them on the modules."""
+    alg, fb = setup.alg, setup.feedback
     units: dict[str, CompressedReduceScatter] = {}
     replicas: dict[str, ReplicaAllReduce] = {}
-    for u in infos:
-        key, g, compress = u.name, groups[u.name], decided.units[u.name].compress
+    for u in setup.infos:
+        key, g, compress = u.name, setup.groups[u.name], decided.units[u.name].compress
         ws, rank = u.world_size, g._reduce_scatter_process_group.rank()
         units[key] = CompressedReduceScatter(key, alg, fb, u.numel, ws, rank, g.device, compress,
                                              seed, seed_rank=dist.get_rank())  # fmt: skip
         if replicate_group is not None:
             replicas[key] = ReplicaAllReduce(key, alg, fb, u.numel // ws, replicate_group, rank,
                                              g.device, compress, seed)  # fmt: skip
-    compressed = [u for u in units.values() if u.compress]
-    try:  # the kernels now, not in the first backward
-        build_kernels(alg, {u.device for u in compressed})
-    except CaSyncError as exc:
-        raise FsdpError(str(exc)) from exc
-    for key, m in modules.items():
+    for key, m in setup.modules.items():
         m.set_custom_reduce_scatter(units[key])
         if key in replicas:
             m.set_all_reduce_hook(replicas[key])
@@ -280,7 +356,7 @@ def register(
              decided.kind, len(on), len(units))  # fmt: skip
     if dist.get_rank() == 0:
         log.info("%s", decided.table())
-    return FsdpCompression(alg, fb, units, modules, replicas, decided)
+    return FsdpCompression(alg, fb, units, setup.modules, replicas, decided)
 
 
 def _check_replicas(unit: str, shard_group: Any, replicate_group: Any) -> None:
