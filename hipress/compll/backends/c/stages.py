@@ -232,8 +232,19 @@ def _segreduce(f: CRenderer, sp: Special) -> str:
         seg=f.length(op.seg), out_len=out_len, out=home, vt=mtype(op.dtype),
         acc_decls=[f"{a.ctype} {a.name} = {a.init};" for a in red.accs],
         clauses="".join(f" reduction({a.clause}:{a.name})" for a in red.accs),
-        body=body, update=list(red.update), final=final,
+        body=body, update=list(red.update), final=final, short=_short_segment(op.seg),
     )  # fmt: skip
+
+
+SHORT_SEGMENT = 16  # constant segments up to this long reduce one per SIMD lane
+
+
+def _short_segment(seg: ir.Expr) -> int:
+    """The length of a constant segment short enough to reduce one per SIMD lane (a SIMD
+    reduction per segment costs more than its few elements), else 0."""
+    if isinstance(seg, ir.Const) and 1 <= int(seg.value) <= SHORT_SEGMENT:
+        return int(seg.value)
+    return 0
 
 
 def _scatter(f: CRenderer, sp: Special) -> str:
