@@ -292,13 +292,16 @@ class DiLoCo:
         began = time.perf_counter()
         if self.pending[k] is not None:
             raise DiLoCoError(f"fragment {k}: a sync is still pending at inner step {t}")
-        grads = []
-        with torch.no_grad():
-            for i in self.frags[k]:
-                p, a = self.named[i][1], self.anchors[i]
-                grads.append(torch.sub(a.float(), p.float()).reshape(-1))
         sync = self.syncs[k]
-        self.pending[k] = sync.start(grads, f"the outer sync of fragment {k} at inner step {t}")
+        with torch.no_grad():
+            for i, view in zip(self.frags[k], sync.views, strict=True):
+                p, a = self.named[i][1], self.anchors[i]
+                out = view.view(p.shape)
+                if p.dtype == torch.float32:
+                    torch.sub(a, p, out=out)
+                else:  # in float32, not in the parameter's precision
+                    out.copy_(a).sub_(p)
+        self.pending[k] = sync.start(f"the outer sync of fragment {k} at inner step {t}")
         self.stats.sent_bytes += sync.wire_bytes()
         n = self.size
         self.stats.raw_bytes += 2 * (n - 1) * 4 * sum(sync.numels) // max(1, n)

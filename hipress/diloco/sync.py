@@ -12,7 +12,8 @@ same bits on every rank.
   (:func:`~hipress.codec.algorithm.decode_mean`). A NaN/Inf on any rank makes that tensor's
   mean all-NaN on every rank.
 
-:meth:`FragmentSync.start` issues the collective asynchronously and returns a :class:`Pending`;
+:meth:`FragmentSync.start` issues the collective of the outer gradients written into
+:attr:`FragmentSync.views` asynchronously and returns a :class:`Pending`;
 :meth:`FragmentSync.finish` waits for it and returns the means. A failed collective (a peer that
 died, a timeout) raises :class:`~hipress.codec.errors.CommError`.
 """
@@ -65,7 +66,9 @@ class FragmentSync:
     :class:`~hipress.core.compression.Uncompressed`).
 
     Fields: ``compressed`` (whether the fragment sends payloads), ``message_nbytes`` (bytes each
-    rank sends per sync: the message, or the float32 buffer), ``size`` (ranks in ``group``).
+    rank sends per sync: the message, or the float32 buffer), ``size`` (ranks in ``group``),
+    ``views`` (one flat float32 view per tensor: where the caller writes the outer gradients
+    before :meth:`start`).
     """
 
     def __init__(
@@ -78,6 +81,10 @@ class FragmentSync:
         self.numels, self.coders = list(numels), list(coders)
         self.device, self.group = device, group
         self.size = dist.get_world_size(group)
+        # the outer gradients are written here (one buffer, reused by every sync: no
+        # allocation, no page faults, and the uncompressed all-reduce needs no concatenation)
+        self.flat = torch.empty(sum(self.numels), dtype=torch.float32, device=device)
+        self.views = list(self.flat.split(self.numels))
         self.compressed = any(compresses(c.alg) for c in coders)
         if self.compressed:
             self.offsets, off = [], 0
@@ -89,24 +96,22 @@ class FragmentSync:
         else:
             self.message_nbytes = 4 * sum(self.numels)
 
-    def start(self, grads: Sequence[torch.Tensor], what: str) -> Pending:
-        """Issue the collective of the outer gradients ``grads`` (flat contiguous float32, one
-        per tensor; not modified). ``what`` names the sync in errors."""
+    def start(self, what: str) -> Pending:
+        """Issue the collective of the outer gradients held in :attr:`views` (``what`` names
+        the sync in errors). Uncompressed, the all-reduce runs in place on their buffer, which
+        stays in use until :meth:`finish`."""
         if not self.compressed:
-            buf = torch.cat([g.reshape(-1) for g in grads])
+            buf = self.flat
             work = guarded(what, lambda: dist.all_reduce(buf, group=self.group, async_op=True))
             return Pending(buf, work)
         mine = torch.empty(self.message_nbytes, dtype=torch.uint8, device=self.device)
         mode = FlagMode.for_tensor(mine)
         flags = []
-        for g, c, off in zip(grads, self.coders, self.offsets, strict=True):
+        for g, c, off in zip(self.views, self.coders, self.offsets, strict=True):
             flags.append(c.encode(g, mine[off : off + c.nbytes], mode))
         FlagMode.write(mine[self.trailer :], flags)
         got = torch.empty(self.size * self.message_nbytes, dtype=torch.uint8, device=self.device)
-        work = guarded(
-            what,
-            lambda: _ALL_GATHER(got, mine, group=self.group, async_op=True),
-        )
+        work = guarded(what, lambda: _ALL_GATHER(got, mine, group=self.group, async_op=True))
         return Pending(got, work)
 
     def finish(self, p: Pending, what: str) -> list[torch.Tensor]:
@@ -116,8 +121,7 @@ class FragmentSync:
             work, p.work = p.work, None
             guarded(what, work.wait)
         if not self.compressed:
-            mean = p.buffer.div(self.size)
-            return list(mean.split(self.numels))
+            return list(p.buffer.div_(self.size).split(self.numels))
         rows = p.buffer.view(self.size, self.message_nbytes)
         mode = FlagMode.for_tensor(rows)
         flags = mode.gathered(rows, self.trailer, len(self.coders))

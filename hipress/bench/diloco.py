@@ -1,0 +1,228 @@
+"""Local-step training on a simulated cluster: hipress's DiLoCo (per algorithm and H), the same
+uncompressed, PyTorch's post-local SGD (``PeriodicModelAverager`` in a
+``PostLocalSGDOptimizer``) and per-step DDP, against the model's compute-only rate, in one
+shaped network (:mod:`hipress.bench.netsim`) and one run.
+
+    python -m hipress.bench.diloco --workers 4 --rate 1000 --hs 4,16 --out diloco.json
+
+Each row runs in fresh worker processes: build the model (:mod:`hipress.bench.workloads`), warm
+up for one period of H steps (so the timed steps hold whole periods), then time ``steps``
+steps. Figures per row: samples/s (all workers), ``utilisation`` (samples/s over compute-only:
+the same N processes exchanging nothing, so CPU sharing is not charged to the network), bytes
+each worker put on its wire per step (its NIC's transmit counter), seconds per outer sync (in
+all, and the part the inner loop stood waiting), the final training loss and each rank's peak
+resident memory. The bound is the link: at H inner steps per sync a row cannot use less than
+``bytes per sync / H`` of the link per step; every row prints its bytes so the bound can be
+checked against the rate.
+
+torchft's ``DiLoCo`` needs its lighthouse and manager processes around the training loop; this
+benchmark does not run it (the report says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipress.bench.netsim import LoopbackNetwork, open_network, run_in_network, tx_bytes
+from hipress.bench.workloads import WORKLOADS
+
+__all__ = ["Row", "rows_for", "run", "train"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration: ``kind`` ("compute", "ddp", "diloco" or "postlocal"), ``h`` (inner
+    steps per sync; 1 for compute and DDP), ``algorithm`` (DiLoCo's codec; None uncompressed)."""
+
+    kind: str
+    h: int = 1
+    algorithm: str | None = None
+
+    @property
+    def name(self) -> str:
+        if self.kind == "diloco":
+            return f"diloco-{self.algorithm or 'none'}-H{self.h}"
+        return f"{self.kind}-H{self.h}" if self.kind == "postlocal" else self.kind
+
+
+def rows_for(hs: tuple[int, ...], algorithms: tuple[str, ...]) -> list[Row]:
+    """Compute-only, DDP, then per H: DiLoCo uncompressed, per algorithm, post-local SGD."""
+    out = [Row("compute"), Row("ddp")]
+    for h in hs:
+        out.append(Row("diloco", h))
+        out.extend(Row("diloco", h, a) for a in algorithms)
+        out.append(Row("postlocal", h))
+    return out
+
+
+def _wrap(model: torch.nn.Module, row: Row, lr: float) -> tuple[Any, Any, Any]:
+    """(module to call, optimizer to step, DiLoCo or None)."""
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hipress.diloco import DiLoCo
+
+    inner = torch.optim.SGD(model.parameters(), lr=lr)
+    if row.kind == "ddp":
+        return DDP(model), inner, None
+    if row.kind == "diloco":
+        return model, inner, DiLoCo(model, inner, row.h, row.algorithm)
+    if row.kind == "postlocal":
+        averager = PeriodicModelAverager(period=row.h, warmup_steps=0)
+        return model, PostLocalSGDOptimizer(inner, averager), None
+    return model, inner, None
+
+
+def train(rank: int, world: int, model_name: str, data: Any, row: Row, steps: int, lr: float,
+          iface: str) -> dict[str, Any]:  # fmt: skip
+    """One worker's run of ``row`` (collective): H warm-up steps, then ``steps`` timed ones."""
+    w = WORKLOADS[model_name]
+    module, opt, diloco = _wrap(w.build(data), row, lr)
+    warm = max(2, row.h)
+    batches = [w.batch(data, rank, s) for s in range(warm + steps)]
+    losses: list[float] = []
+
+    def step(i: int) -> None:
+        x, y = batches[i]
+        opt.zero_grad()
+        loss = w.loss(module, x, y)
+        loss.backward()
+        opt.step()
+        if diloco is not None:
+            diloco.step()
+        losses.append(float(loss.detach()))
+
+    for i in range(warm):
+        step(i)
+    dist.barrier()
+    outer0 = (diloco.stats.outer_s, diloco.stats.wait_s, diloco.stats.syncs) if diloco else None
+    tx0, t0 = tx_bytes(iface), time.perf_counter()
+    for i in range(warm, warm + steps):
+        step(i)
+    seconds = time.perf_counter() - t0
+    tx1 = tx_bytes(iface)
+    dist.barrier()
+    out: dict[str, Any] = {
+        "seconds": seconds, "losses": losses,
+        "tx_bytes": None if tx0 is None or tx1 is None else tx1 - tx0,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }  # fmt: skip
+    if diloco is not None and outer0 is not None:
+        s = diloco.stats
+        syncs = max(1, s.syncs - outer0[2])
+        out["outer_sync_s"] = (s.outer_s - outer0[0]) / syncs
+        out["outer_wait_s"] = (s.wait_s - outer0[1]) / syncs
+        out["payload_bytes_per_sync"] = s.sent_bytes / max(1, s.syncs)
+    return out
+
+
+def _summarise(row: Row, per_rank: list[dict[str, Any]], batch: int, steps: int,
+               loopback: bool) -> dict[str, Any]:  # fmt: skip
+    seconds = max(r["seconds"] for r in per_rank)
+    tx = [r["tx_bytes"] for r in per_rank]
+    res: dict[str, Any] = {
+        "row": row.name, **asdict(row),
+        "samples_per_s": batch * steps * len(per_rank) / seconds,
+        "step_ms": 1000 * seconds / steps,
+        "wire_bytes_per_step": None if loopback or None in tx else sum(tx) / len(tx) / steps,
+        "final_loss": sum(sum(r["losses"][-row.h:]) / row.h for r in per_rank) / len(per_rank),
+        "max_rss_mb": max(r["max_rss_mb"] for r in per_rank),
+    }  # fmt: skip
+    for k in ("outer_sync_s", "outer_wait_s", "payload_bytes_per_sync"):
+        if k in per_rank[0]:
+            res[k] = sum(r[k] for r in per_rank) / len(per_rank)
+    return res
+
+
+def run(workers: int, rate_mbit: float | None, model_name: str, rows: list[Row], steps: int,
+        lr: float = 0.05, timeout: float = 900.0) -> dict[str, Any]:  # fmt: skip
+    """Every row on one network; returns ``{"meta": ..., "rows": [...]}`` with ``utilisation``
+    filled in against the compute-only row. ``steps`` must be a multiple of every H."""
+    bad = [r.name for r in rows if steps % r.h]
+    if bad:
+        raise ValueError(f"steps={steps} is not a multiple of the H of {', '.join(bad)}")
+    w = WORKLOADS[model_name]
+    data = w.prepare()
+    results = []
+    with open_network(workers, rate_mbit) as net:
+        loopback = isinstance(net, LoopbackNetwork)
+        for row in rows:
+            t = time.perf_counter()
+            try:
+                per_rank = run_in_network(net, train, model_name, data, row, steps, lr,
+                                          net.iface, timeout=timeout)  # fmt: skip
+            except Exception as exc:  # one broken row is a result, not a lost run
+                log.error("diloco bench: %s failed: %s", row.name, exc)
+                results.append({"row": row.name, "error": str(exc)[-2000:]})
+                continue
+            res = _summarise(row, per_rank, w.batch_size, steps, loopback)
+            res["wall_s"] = time.perf_counter() - t
+            results.append(res)
+            log.info("diloco bench: %s %.1f samples/s", row.name, res["samples_per_s"])
+        network = getattr(net, "label", type(net).__name__)
+    compute = next((r for r in results if r["row"] == "compute" and "error" not in r), None)
+    for r in results:
+        if compute is not None and "samples_per_s" in r:
+            r["utilisation"] = r["samples_per_s"] / compute["samples_per_s"]
+    meta = {"workers": workers, "rate_mbit": rate_mbit, "model": model_name, "steps": steps,
+            "network": str(network), "torch": torch.__version__, "threads": 1,
+            "torchft": "not run (needs its lighthouse and manager; see the module doc)"}  # fmt: skip
+    return {"meta": meta, "rows": results}
+
+
+def _table(result: dict[str, Any]) -> str:
+    head = f"{'row':<22}{'samples/s':>10}{'util':>7}{'wire B/step':>13}{'sync s':>8}" \
+           f"{'wait s':>8}{'loss':>8}{'RSS MB':>8}"  # fmt: skip
+    lines = [head]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"{r['row']:<22} failed: {r['error'].splitlines()[-1][:60]}")
+            continue
+
+        def f(k: str, fmt: str, r: dict[str, Any] = r) -> str:
+            v = r.get(k)
+            return "-" if v is None else format(v, fmt)
+
+        lines.append(f"{r['row']:<22}{f('samples_per_s', '.1f'):>10}{f('utilisation', '.3f'):>7}"
+                     f"{f('wire_bytes_per_step', '.3g'):>13}{f('outer_sync_s', '.3f'):>8}"
+                     f"{f('outer_wait_s', '.3f'):>8}{f('final_loss', '.3f'):>8}"
+                     f"{f('max_rss_mb', '.0f'):>8}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hipress.bench.diloco", description=__doc__)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--rate", type=float, default=1000.0, help="Mbit/s per NIC (0: unshaped)")
+    p.add_argument("--model", default="lstm-lm", choices=sorted(WORKLOADS))
+    p.add_argument("--hs", default="4,16", help="inner steps per sync, comma-separated")
+    p.add_argument("--algorithms", default="onebit,topk")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    hs = tuple(int(h) for h in a.hs.split(","))
+    rows = rows_for(hs, tuple(x for x in a.algorithms.split(",") if x))
+    result = run(a.workers, a.rate or None, a.model, rows, a.steps)
+    print(_table(result))
+    if a.out is not None:
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
