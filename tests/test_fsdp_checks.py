@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from dist_utils import run_workers
 from fsdp_workers import grid_batch, grid_model, shard
+from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import hipress.fsdp
@@ -91,3 +93,55 @@ def test_ranks_that_register_differently_all_raise_naming_the_setting() -> None:
 def test_the_mismatch_error_is_both_fsdp_and_config_mismatch() -> None:
     assert issubclass(FsdpConfigMismatchError, FsdpError)
     assert issubclass(FsdpConfigMismatchError, ConfigMismatchError)
+
+
+# ---------------------------------------------------------------- checkpoints of another run
+
+
+def _registered(algorithm: str, plan: dict[str, bool]) -> Any:
+    torch.manual_seed(0)
+    model = shard(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)))
+    comp = hipress.fsdp.register(model, algorithm, min_compress_numel=1, plan=plan)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(dist.get_rank()))
+    model(x).square().sum().backward()  # every compressed unit holds a residual now
+    return comp
+
+
+def _load(path: str, algorithm: str, plan: dict[str, bool]) -> tuple[str, str]:
+    """(the error's type, its message) of loading ``path`` into a fresh registration."""
+    comp = _registered(algorithm, plan)
+    try:
+        dcp.load({"hipress": comp}, checkpoint_id=path)
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        return type(exc).__name__, str(exc)[:600]
+    return "loaded", ""
+
+
+BOTH = {"0": True, "2": True}
+LOADS = [("onebit", {"0": True, "2": False}), ("onebit", {"0": False, "2": True}),
+         ("efsignsgd", BOTH), ("onebit", BOTH)]  # fmt: skip
+
+
+def save_then_load_other(rank: int, world_size: int, root: str) -> list[tuple[str, str]]:
+    """Save onebit with both units compressed (world_size 2 only), then load it with each of
+    LOADS; the last is the same configuration."""
+    path = f"{root}/ckpt"
+    if world_size == 2:
+        dcp.save({"hipress": _registered("onebit", BOTH)}, checkpoint_id=path)
+        return [_load(path, alg, plan) for alg, plan in LOADS]
+    return [_load(path, "onebit", BOTH)]
+
+
+def test_a_checkpoint_of_another_plan_algorithm_or_world_size_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root = str(tmp_path)
+    for got in run_workers(save_then_load_other, 2, root, preload=PRELOAD, timeout=120):
+        (k1, m1), (k2, m2), (k3, m3), (k4, _) = got
+        assert k1 == "FsdpError" and "units ['2']" in m1 and "plan={" in m1, (k1, m1)
+        assert k2 == "FsdpError" and "units ['0']" in m2, (k2, m2)
+        assert k3 == "FsdpError" and "algorithm is 'onebit'" in m3, (k3, m3)
+        assert k4 == "loaded"
+    for n in (4, 1):  # more ranks, fewer ranks
+        for ((kind, msg),) in run_workers(
+            save_then_load_other, n, root, preload=PRELOAD, timeout=120
+        ):
+            assert kind == "FsdpError" and "world_size is 2" in msg, (n, kind, msg)

@@ -19,8 +19,9 @@ from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpConfigMismatchError, FsdpError
 from hipress.fsdp.feedback import FEEDBACK
 from hipress.fsdp.planning import FsdpPlan, UnitPlan
-from hipress.fsdp.register import FsdpCompression, register
+from hipress.fsdp.register import register
 from hipress.fsdp.replicate import ReplicaAllReduce
+from hipress.fsdp.state import FsdpCompression
 
 __all__ = [
     "FEEDBACK",

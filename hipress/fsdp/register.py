@@ -11,17 +11,15 @@ gives the user's decisions. The decisions are ``FsdpCompression.plan``. With
 reduced shard across replicas, compressed where the unit's reduce-scatter is (hierarchical
 data parallelism).
 
-The state object reports per-rank memory and counters and checkpoints through
-``state_dict``/``load_state_dict``; it is a ``Stateful``, so ``torch.distributed.checkpoint``
-saves and loads it next to the model (each rank's entries under its global rank: same world
-size and layout to load).
+The state object (:mod:`hipress.fsdp.state`) reports per-rank memory and counters and
+checkpoints.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ from hipress.core.compression import CompressionAlgorithm
 from hipress.core.rule import DefaultRule
 from hipress.core.torchcompat import fsdp_param_groups
 from hipress.fsdp.agree import agree, settings
-from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
+from hipress.fsdp.collective import CompressedReduceScatter
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import resolve_feedback
 from hipress.fsdp.planning import (
@@ -50,123 +48,12 @@ from hipress.fsdp.planning import (
     plan_units,
 )
 from hipress.fsdp.replicate import ReplicaAllReduce
+from hipress.fsdp.state import FsdpCompression
 from hipress.secopa.model.profile import Profile
 
 __all__ = ["FsdpCompression", "register"]
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 1
-
-
-class FsdpCompression:
-    """The compression state of one model on one rank: a :class:`CompressedReduceScatter` per
-    FSDP unit (``units``, by module name; the root module is ``"<root>"``) and, with replicas,
-    a :class:`ReplicaAllReduce` per unit (``replicas``).
-
-    Fields: ``algorithm``, ``feedback`` (resolved), ``rank`` and ``world_size`` (global),
-    ``units``, ``replicas``, ``plan`` (the :class:`~hipress.fsdp.planning.FsdpPlan`: which
-    units compress and why; ``print(comp.plan)`` shows its table).
-    """
-
-    def __init__(
-        self,
-        algorithm: CompressionAlgorithm,
-        feedback: str,
-        units: dict[str, CompressedReduceScatter],
-        modules: dict[str, FSDPModule],
-        replicas: dict[str, ReplicaAllReduce] | None = None,
-        plan: FsdpPlan | None = None,
-    ) -> None:
-        self.algorithm, self.feedback, self.units = algorithm, feedback, units
-        self.replicas = replicas or {}
-        self.plan = plan or FsdpPlan("default", {})
-        self._modules = modules
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-
-    def __repr__(self) -> str:
-        on = sum(u.compress for u in self.units.values())
-        extra = f", {len(self.replicas)} replica hooks" if self.replicas else ""
-        return (
-            f"FsdpCompression({self.algorithm.name}, feedback={self.feedback}, "
-            f"plan={self.plan.kind}, {on}/{len(self.units)} units compressed{extra})"
-        )
-
-    def stats(self) -> dict[str, Any]:
-        """Counters of the reduce-scatters summed over units, and per unit (``"units"``);
-        the replica all-reduces' under ``"replicas"``; as plain dicts."""
-        per = {name: asdict(u.stats) for name, u in self.units.items()}
-        total = {k: sum(s[k] for s in per.values()) for k in asdict(UnitStats())}
-        reps = {name: asdict(h.stats) for name, h in self.replicas.items()}
-        return {**total, "units": per, "replicas": reps}
-
-    def memory(self) -> dict[str, int]:
-        """Per-rank memory in bytes: ``params_shard`` (this rank's shards of the units'
-        parameters, what plain FSDP2 keeps, and again for their gradients), ``feedback`` (error
-        feedback memory) and ``state`` (all compression state, feedback included)."""
-        shard = 0
-        for m in self._modules.values():
-            for p in _own_params(m):
-                local = p.to_local() if hasattr(p, "to_local") else p
-                shard += local.numel() * local.element_size()
-        parts = [*self.units.values(), *self.replicas.values()]
-        return {
-            "params_shard": shard,
-            "feedback": sum(u.feedback_bytes() for u in parts),
-            "state": sum(u.state_bytes() for u in parts),
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's compression state (CPU copies) under ``"rank{r}"`` (global rank), with
-        the configuration it belongs to. Distinct keys per rank let
-        ``torch.distributed.checkpoint`` save every rank's entries."""
-        mine: dict[str, Any] = {}
-        for name, u in self.units.items():
-            mine[name] = {"chunks": u.state_dict()}
-            if name in self.replicas:
-                mine[name]["replica"] = self.replicas[name].state_dict()
-        return {
-            "version": STATE_VERSION,
-            "algorithm": self.algorithm.name,
-            "digest": str(getattr(self.algorithm, "digest", "")),
-            "feedback": self.feedback,
-            "world_size": self.world_size,
-            f"rank{self.rank}": mine,
-        }
-
-    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict` (this rank's entry). Raises :class:`FsdpError` if
-        it was saved with another algorithm, feedback option, world size or model."""
-        want = self.state_dict()
-        for key in ("version", "algorithm", "digest", "feedback", "world_size"):
-            if sd.get(key) != want[key]:
-                raise FsdpError(
-                    f"the checkpoint's {key} is {sd.get(key)!r}, this run's {want[key]!r}; "
-                    "load it into the same configuration (resharding is not supported)"
-                )
-        mine = sd.get(f"rank{self.rank}")
-        if not isinstance(mine, Mapping) or set(mine) != set(self.units):
-            raise FsdpError(
-                f"the checkpoint has no matching entry for rank {self.rank}'s units "
-                f"{sorted(self.units)}"
-            )
-        for name, u in self.units.items():
-            entry = mine[name]
-            if not isinstance(entry, Mapping) or "chunks" not in entry:
-                raise FsdpError(f"the checkpoint's entry for {name} is malformed")
-            u.load_state_dict(dict(entry["chunks"]))
-            if name in self.replicas:
-                self.replicas[name].load_state_dict(dict(entry.get("replica") or {}))
-
-    def remove(self) -> None:
-        """Give every unit back FSDP2's default reduce-scatter (a replica hook stays: FSDP2
-        has no call to remove one)."""
-        for m in self._modules.values():
-            m.set_custom_reduce_scatter(DefaultReduceScatter())
-
-
-def _own_params(module: FSDPModule) -> list[torch.Tensor]:
-    groups = fsdp_param_groups(module._get_fsdp_state())
-    return [fp.sharded_param for g in groups for fp in g.fsdp_params]
 
 
 def _unit(module: FSDPModule, name: str) -> Any:
