@@ -1,21 +1,26 @@
 """Benchmark workloads: a communication-heavy word-level LSTM language model on a corpus made from
-Python's own standard-library sources, a compute-heavy small ResNet on synthetic images, and a
-tabular classifier (:class:`TabularMLP`) on a synthetic teacher-student task
-(:func:`tabular_data`) for accuracy.
+Python's own standard-library sources, a GPT-2-style transformer LM on the same corpus with tied
+(``gpt``) or untied (``gpt-untied``) input/output embeddings (:mod:`hipress.bench.gpt`), a
+compute-heavy small ResNet on synthetic images, and a tabular classifier (:class:`TabularMLP`)
+on a synthetic teacher-student task (:func:`tabular_data`) for accuracy.
 
     spec = WORKLOADS["lstm-lm"]
     model = spec.build()                     # same weights on every rank (seeded)
     x, y = spec.batch(rank, step)            # this rank's mini-batch for this step
     loss = spec.loss(model(x), y)
 
-The LM's vocabulary is large (its embedding and softmax hold most of its parameters: many
-gradient bytes per unit of compute, like the LSTM/Transformer LMs of the papers). The ResNet's
+The LSTM LM's vocabulary is large (its embedding and softmax hold most of its parameters: many
+gradient bytes per unit of compute, like the LSTM/Transformer LMs of the papers). The GPT's
+token embedding holds most of its parameters too; tied, its gradient is dense (the head's
+contribution reaches every row), untied, the input embedding's gradient is non-zero only in the
+rows of the batch's tokens and the head is a separate dense matrix. The ResNet's
 inputs are synthetic random images: fine for throughput, meaningless for accuracy.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import sysconfig
 from collections.abc import Callable
@@ -27,7 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from hipress.bench.gpt import GPT, GPTConfig, lm_loss
+
 __all__ = [
+    "GPT_BATCH",
+    "GPT_CONTEXT",
+    "GPT_VOCAB",
     "LSTMLM",
     "WORKLOADS",
     "Corpus",
@@ -255,6 +265,37 @@ def _lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     return model(x, y)  # type: ignore[no-any-return]
 
 
+GPT_VOCAB, GPT_BATCH, GPT_CONTEXT = 16384, 2, 128
+
+
+def _gpt_build(tied: bool, corpus: Corpus) -> nn.Module:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=corpus.vocab_size, context=GPT_CONTEXT, tied=tied))
+
+
+def _gpt_batch(corpus: Corpus, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return lm_batch(corpus.train, rank, step, GPT_BATCH, GPT_CONTEXT)
+
+
+def _gpt_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return lm_loss(model(x), y)
+
+
+def _gpt(name: str, tied: bool) -> Workload:
+    how = "tied" if tied else "untied"
+    return Workload(
+        name,
+        "communication-heavy",
+        GPT_BATCH,
+        f"sequences of {GPT_CONTEXT} tokens",
+        f"Python stdlib sources, {GPT_VOCAB}-word vocabulary; {how} input/output embeddings",
+        lambda: load_corpus(GPT_VOCAB),
+        functools.partial(_gpt_build, tied),
+        _gpt_batch,
+        _gpt_loss,
+    )
+
+
 RES_BATCH = 32
 
 
@@ -285,6 +326,8 @@ WORKLOADS: dict[str, Workload] = {
         lambda c, r, s: lm_batch(c.train, r, s),
         _lm_loss,
     ),
+    "gpt": _gpt("gpt", tied=True),
+    "gpt-untied": _gpt("gpt-untied", tied=False),
     "resnet": Workload(
         "resnet",
         "compute-heavy",
