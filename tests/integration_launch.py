@@ -4,8 +4,11 @@ processes behind: the launch gets a session of its own, killed whole on timeout.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import socket
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -37,3 +40,25 @@ def launch(cmd: Sequence[str], cwd: Path, what: str, timeout: float = 180,
     if rc != 0:
         pytest.fail(f"{what} exited {rc}:\n{out[-6000:]}")
     return out
+
+
+def run_ranks(script: Sequence[str], cwd: Path, what: str, world_size: int = 2,
+              timeout: float = 180) -> tuple[int, str]:  # fmt: skip
+    """Start ``python script...`` once per rank, each an independent process with the
+    environment a cluster's launcher gives (``MASTER_ADDR``/``MASTER_PORT`` on a free port,
+    ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``): no launcher watches them, so a rank that exits
+    leaves the others running, as on separate machines. Returns rank 0's exit status and every
+    rank's output (rank 0's first); fails the test past ``timeout`` seconds, as :func:`run`."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    py = " ".join(shlex.quote(a) for a in [sys.executable, *script])
+    rest = " ".join(
+        f"RANK={r} LOCAL_RANK={r} {py} > rank{r}.log 2>&1 &" for r in range(1, world_size)
+    )
+    shell = f"{rest} RANK=0 LOCAL_RANK=0 {py} > rank0.log 2>&1; rc=$?; wait; exit $rc"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": str(world_size), "NODE_RANK": "0"}  # fmt: skip
+    rc, _ = run(["sh", "-c", shell], cwd, what, timeout, env)
+    logs = [(cwd / f"rank{r}.log").read_text(errors="replace") for r in range(world_size)]
+    return rc, "\n".join(logs)

@@ -212,3 +212,42 @@ def _log_rank(rank: int, world_size: int) -> None:
     state_module.logger.setLevel(logging.INFO)
     CaSyncState("onebit", named_parameters=_model(0).named_parameters())
     assert seen and all(m.startswith(f"[rank {rank}] casync:") for m in seen), seen
+
+
+# ---- a checkpoint that lacks a rank (a peer was gone, or rank 0 saved alone) -----------------
+
+
+def _partial(rank: int, world_size: int) -> tuple[list[str], int, bool, str]:
+    model = _model(0)
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    state = register(ddp, "onebit", plan=_plan(model, world_size), log_every=0)
+    _train(ddp, torch.optim.SGD(model.parameters(), lr=0.05), rank, range(2))
+    # what an emergency checkpoint holds after a failed collective: this rank's state only
+    state.comm_error = hipress.casync.CommError("CaSync: a peer exited (test)")
+    partial = state.gathered_state_dict()
+    state.comm_error = None
+    mine = partial["ranks"][rank]
+    assert partial["missing"] == [1 - rank] and partial["ranks"][1 - rank] is None
+    # each rank loads the other's partial checkpoint: its own entry is missing there
+    theirs: list[dict] = [{}] * world_size
+    dist.all_gather_object(theirs, partial)
+    fresh = CaSyncState("onebit", named_parameters=model.named_parameters(), plan="auto",
+                        log_every=0)  # fmt: skip
+    fresh.load_state_dict(theirs[1 - rank])  # takes the plan and step, keeps zero states
+    zero = all(bool((t == 0).all()) for s in fresh.worker_states.values()
+               for t in s.tensors.values() if t.is_floating_point())  # fmt: skip
+    # a stand-in saved under another configuration is refused, like any foreign state
+    other = CaSyncState("onebit", named_parameters=model.named_parameters(),
+                        plan=_plan(model, world_size), seed=9, log_every=0)  # fmt: skip
+    with pytest.raises(CaSyncError) as info:
+        other.load_state_dict(theirs[1 - rank])
+    return partial["missing"], mine["rank"], zero, f"{info.value}|{fresh.plan.digest()}"
+
+
+def test_a_rank_missing_from_a_gathered_checkpoint_resumes_with_its_own_states() -> None:
+    for rank, (missing, own_rank, zero, text) in enumerate(run_workers(_partial, 2)):
+        assert missing == [1 - rank] and own_rank == rank
+        assert zero  # (the other rank's error feedback is not this rank's)
+        refused, digest = text.split("|")
+        assert "saved with a different options" in refused
+        assert digest  # the plan came from the checkpoint

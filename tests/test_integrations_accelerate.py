@@ -5,7 +5,8 @@ One launch of tests/integration_workers/accelerate_train.py trains every variant
 without hipress but with ``DistributedDataParallelKwargs(comm_hook=casync_hook)``, with
 ``algorithm=None``, with onebit, the same onebit job in a plain DDP loop, and 4 steps with onebit
 followed by ``save_state``); a second launch, in fresh processes, resumes that state. The tests
-compare the parameters each run wrote.
+compare the parameters each run wrote. Two more launches save from the main process alone
+(``if accelerator.is_main_process: accelerator.save_state(...)``) and resume that state.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ WORKER = Path(__file__).parent / "integration_workers" / "accelerate_train.py"
 RANKS = (0, 1)
 
 
-def _launch(out: Path, mode: str) -> None:
+def _launch(out: Path, mode: str, timeout: float = 180) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--standalone", str(WORKER), str(out), mode]  # fmt: skip
-    launch(cmd, out, f"the {mode} run")
+    return launch(cmd, out, f"the {mode} run", timeout)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("accelerate")
     _launch(out, "full")
     _launch(out, "resume")
-    return {p.stem: torch.load(p) for p in out.glob("*.pt")}
+    files = {p.stem: torch.load(p) for p in out.glob("*.pt")}
+    rank1 = out / "state" / hipress_accelerate.FILE.format(rank=1)
+    return files | {"saved-by-rank1": torch.load(rank1) if rank1.exists() else None}
 
 
 def _same(runs: dict[str, Any], a: str, b: str, rank: int) -> bool:
@@ -79,6 +82,25 @@ def test_resume_from_save_state_is_bit_exact(runs: dict[str, Any], rank: int) ->
     assert _same(runs, "resumed", "onebit", rank)
     # the control: without the compression state, the same resume ends elsewhere
     assert not _same(runs, "forgotten", "onebit", rank)
+
+
+def test_a_save_by_the_main_process_alone_finishes_and_resumes(tmp_path: Path) -> None:
+    # no collective in save_state: rank 1 trains on while rank 0 saves (each rank gives up
+    # after 60 s, the group after 20 s: a hang fails here, bounded)
+    _launch(tmp_path, "rank0-save", timeout=150)
+    saved = sorted(p.name for p in (tmp_path / "rank0-state").iterdir())
+    assert "custom_checkpoint_0.pkl" in saved
+    assert hipress_accelerate.FILE.format(rank=1) not in saved  # (rank 1 did not save)
+    out = _launch(tmp_path, "rank0-resume", timeout=150)
+    assert "the checkpoint holds no compression state of rank 1" in out
+    for rank in RANKS:  # both resumed at the saved step and trained two more
+        assert torch.load(tmp_path / f"rank0-resume-rank{rank}.pt")["step"] == 6
+
+
+def test_every_rank_that_saves_writes_its_own_state(runs: dict[str, Any]) -> None:
+    # the all-rank save of the full run: rank 1's state in a file of its own (the resume
+    # from it is bit-exact: test_resume_from_save_state_is_bit_exact)
+    assert runs["saved-by-rank1"] is not None and runs["saved-by-rank1"]["rank"] == 1
 
 
 def test_a_model_without_ddp_is_refused() -> None:

@@ -5,7 +5,8 @@ script run again).
 One launch of tests/integration_workers/lightning_train.py trains every variant (Lightning
 without hipress, with ``algorithm=None``, with onebit, the same onebit job in a plain DDP loop,
 and one epoch with onebit followed by a checkpoint); a second launch, in fresh processes,
-resumes that checkpoint. The tests compare the parameters each run wrote.
+resumes that checkpoint. The tests compare the parameters each run wrote. A third launch, of two
+independent processes, has rank 1 exit mid-training under ``OnExceptionCheckpoint``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from integration_launch import launch
+from integration_launch import launch, run_ranks
 
 pytest.importorskip("lightning")
 
@@ -77,6 +78,23 @@ def test_checkpoint_holds_every_ranks_state(runs: Any) -> None:
     assert saved["world_size"] == 2
     assert [sd["rank"] for sd in saved["ranks"]] == [0, 1]
     assert CaSyncState.plan_of(saved).algorithm == "onebit"
+
+
+def test_a_dead_peer_leaves_an_emergency_checkpoint_and_the_comm_error(tmp_path: Path) -> None:
+    # rank 1 exits in its third step; rank 0 must write OnExceptionCheckpoint's file with its
+    # own compression state (a gather from the dead rank would fail) and end with CaSync's
+    # CommError, not the backend's error from a later collective
+    rc, out = run_ranks([str(WORKER), str(tmp_path), "peer-dies"], tmp_path, "the peer-dies run",
+                        timeout=150)  # fmt: skip
+    assert rc == 0, out[-6000:]
+    died = torch.load(tmp_path / "died-rank0.pt")
+    assert died["error"] == "CommError", died
+    assert "a peer may have exited" in died["message"]
+    saved = torch.load(tmp_path / "emergency.ckpt", weights_only=False)
+    hipress_state = saved["callbacks"]["HipressCallback"]
+    assert hipress_state["world_size"] == 2 and hipress_state["missing"] == [1]
+    assert hipress_state["ranks"][0]["rank"] == 0 and hipress_state["ranks"][1] is None
+    assert "compression state only, ranks [1] are missing" in out
 
 
 def test_a_strategy_without_ddp_is_refused(tmp_path: Path) -> None:

@@ -40,11 +40,30 @@ def save(rt: Runtime, rank: int, world_size: int) -> dict[str, Any]:
     return sd
 
 
-def gather(rt: Runtime, rank: int, world_size: int, group: Any) -> dict[str, Any]:
-    """Every rank's :func:`save` in one, on every rank (a collective over ``group``)."""
-    out: list[Any] = [None] * world_size
-    dist.all_gather_object(out, save(rt, rank, world_size), group=group)
-    return gathered(out, world_size)
+def gather(
+    rt: Runtime, rank: int, world_size: int, group: Any, failed: BaseException | None
+) -> dict[str, Any]:
+    """Every rank's :func:`save` in one, on every rank (a collective over ``group``). After a
+    failed collective (``failed``), or if this gather fails, this rank's own only (a peer is
+    gone: a collective would fail or wait out the group's timeout), with ``missing``, the
+    other ranks, and a warning saying so."""
+    mine = save(rt, rank, world_size)
+    if failed is None:
+        out: list[Any] = [None] * world_size
+        try:
+            dist.all_gather_object(out, mine, group=group)
+            return gathered(out, world_size)
+        except Exception as exc:  # gloo/NCCL error: a peer exited or stalled
+            failed = exc
+    missing = [r for r in range(world_size) if r != rank]
+    logger.warning(
+        "casync: the gathered state dict holds rank %d's compression state only, ranks %s are "
+        "missing (their error feedback starts from zero when resumed): a collective failed: %s",
+        rank, missing, failed,
+    )  # fmt: skip
+    sd = gathered([mine if r == rank else None for r in range(world_size)], world_size)
+    sd["missing"] = missing
+    return sd
 
 
 def plan_of(sd: Mapping[str, Any]) -> Plan:
@@ -64,16 +83,25 @@ def plan_of(sd: Mapping[str, Any]) -> Plan:
         raise CaSyncError(f"damaged CaSync state dict: its `plan`: {exc}") from None
 
 
-def own(sd: Any, rank: int, world_size: int) -> tuple[Any, int]:
-    """This rank's state dict in ``sd`` (its entry, if gathered) and the step it holds.
-    Raises :class:`CaSyncError` for another world size or a step that is not an integer
-    >= 0."""
+def own(sd: Any, rank: int, world_size: int) -> tuple[Any, int, bool]:
+    """This rank's state dict in ``sd`` (its entry, if gathered), the step it holds, and
+    whether this rank is among a gathered ``sd``'s ``missing`` ranks: then another rank's
+    entry stands in, for its plan, step and configuration only. Raises :class:`CaSyncError`
+    for another world size or a step that is not an integer >= 0."""
+    stand_in = False
     if is_gathered(sd):
-        sd = own_entry(sd, rank, world_size, CaSyncError)
+        entry = own_entry(sd, rank, world_size, CaSyncError)
+        missing = sd.get("missing")
+        if entry is None and isinstance(missing, list | tuple) and rank in missing:
+            present = [e for e in sd["ranks"] if e is not None]
+            if not present:
+                raise CaSyncError(f"rank {rank}: damaged gathered state dict: no rank's entry")
+            entry, stand_in = present[0], True
+        sd = entry
     step = sd.get("step", 0) if isinstance(sd, Mapping) else 0
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CaSyncError(f"rank {rank}: state dict `step` must be an integer >= 0, got {step!r}")
-    return sd, step
+    return sd, step, stand_in
 
 
 def plan_to_adopt(sd: Any, rank: int) -> Plan | None:
@@ -85,12 +113,17 @@ def plan_to_adopt(sd: Any, rank: int) -> Plan | None:
     return plan_of(sd) if "plan" in sd else None
 
 
-def load(rt: Runtime, sd: Any, step: int, *, rank: int, world_size: int,
-         carry_over: bool, check_plan: bool = True) -> None:  # fmt: skip
+def load(rt: Runtime, sd: Any, step: int, *, rank: int, world_size: int, carry_over: bool,
+         check_plan: bool = True, stand_in: bool = False) -> None:  # fmt: skip
     """Restore ``rt`` from ``sd`` (this rank's state dict) in place, all or nothing, and set its
     step count to ``step``. A state dict of another plan is refused (``check_plan``), saying
     how to resume, unless ``carry_over``: then the states of parameters planned alike in both
-    plans are restored and the others kept."""
+    plans are restored and the others kept. ``stand_in``: ``sd`` is another rank's (this
+    rank's is missing, see :func:`own`): its configuration is checked, the states are kept."""
+    if stand_in:
+        _check_stand_in(rt, sd, rank)
+        rt.engine.step = step
+        return
     ours = isinstance(sd, Mapping) and sd.get("format") == FORMAT
     saved = plan_of(sd) if check_plan and ours and "plan" in sd else None
     if saved is not None and saved.digest() != rt.base_plan.digest():
@@ -111,6 +144,22 @@ def load(rt: Runtime, sd: Any, step: int, *, rank: int, world_size: int,
     if rt.engine.unused is not None:
         rt.engine.unused.forget()
     rt.engine.step = step  # where warm-up and the schedule stand
+
+
+def _check_stand_in(rt: Runtime, sd: Any, rank: int) -> None:
+    """Refuse another rank's entry standing in for this rank's unless it was saved under the
+    configuration ``rt`` runs; log what this rank resumes without."""
+    config = sd.get("config") if isinstance(sd, Mapping) else None
+    if not isinstance(sd, Mapping) or sd.get("format") != FORMAT or not isinstance(config, Mapping):
+        raise CaSyncError(f"rank {rank}: damaged gathered state dict: not a CaSync state dict")
+    differ = sorted(k for k in rt.config if config.get(k) != rt.config[k])
+    if differ:
+        raise CaSyncError(f"state dict was saved with a different {', '.join(differ)}")
+    logger.warning(
+        "casync: the checkpoint holds no compression state of rank %d (it was saved without "
+        "it); this rank resumes at step %s with its states as they are (zero in a new state)",
+        rank, sd.get("step", 0),
+    )  # fmt: skip
 
 
 def _carried(rt: Runtime, sd: Mapping[str, Any], saved: Plan, rank: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from hipress.casync.config import check_agreement
 from hipress.casync.engine import StepEngine
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.context import SyncContext
@@ -77,6 +78,12 @@ class Runtime:
     def parts(self) -> dict[str, dict[str, Any]]:
         """The states by part, as checkpoints name them (``worker``, ``server``)."""
         return {"worker": self.worker_states, "server": self.server_states}
+
+    def agree(self, note: str, group: Any, device: torch.device) -> None:
+        """The first step's check that every rank runs the same configuration (``note``
+        describes this rank's): see :func:`~hipress.casync.config.check_agreement`."""
+        check_agreement(self.config, note, self.ctx.world_size, group, device)
+        self.agreed = True
 
     def watch_unused(self, ddp_model: DistributedDataParallel, names: Mapping[int, str]) -> None:
         """Guard the states of ``ddp_model``'s parameters (``names``: parameter id -> name)

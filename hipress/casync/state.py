@@ -23,7 +23,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync import persist
 from hipress.casync.config import (
-    check_agreement,
     check_options,
     check_schedule,
     config_digest,
@@ -35,7 +34,7 @@ from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.stats import SyncStats
 from hipress.casync.trace import Tracer
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
-from hipress.codec.errors import CaSyncError
+from hipress.codec.errors import CaSyncError, CommError
 from hipress.codec.logs import RANK_FILTER
 from hipress.codec.planning import check_plan_arg, resolve_plan
 from hipress.core.compression import CompressionAlgorithm
@@ -73,12 +72,11 @@ class CaSyncState:
             DGC's warm-up). The step count is kept in :meth:`state_dict`.
         params_schedule: ``(step, params)`` pairs, steps ascending: from that step on, the
             algorithm runs with ``params`` updating the earlier ones, keeping every state
-            (error feedback, momentum, RNG counters). E.g. DGC's warm-up, which sends a larger
-            fraction in the first epochs: ``[(0, {"s_percent": 0.25}), (500, {"s_percent":
-            0.0625}), ...]``. Part of the configuration every rank must agree on; only for an
-            algorithm given by name, and only parameters that leave its state layout as it is.
-            The plan keeps its decisions. A restored :meth:`state_dict` resumes with the
-            parameters of its step.
+            (error feedback, momentum, RNG counters), e.g. DGC's warm-up: ``[(0, {"s_percent":
+            0.25}), (500, {"s_percent": 0.0625}), ...]``. Part of the configuration every rank
+            must agree on; only for an algorithm given by name, and only parameters that leave
+            its state layout as it is. The plan keeps its decisions. A restored
+            :meth:`state_dict` resumes with the parameters of its step.
 
     Fields:
         algorithm, seed: as resolved at construction.
@@ -87,17 +85,16 @@ class CaSyncState:
         stats: :class:`~hipress.casync.stats.SyncStats` of this rank.
         worker_states, server_states: per-chunk algorithm states (error feedback, momentum),
             made with the plan (properties, like ``plan``).
+        comm_error: the :class:`CommError` a collective of this state raised, else None.
 
-    Everything after ``algorithm`` is keyword-only. Validation happens here, eagerly: a bad
-    option, algorithm or plan file raises before training starts. The state binds to its
-    process group at construction if ``torch.distributed`` is initialised, else at its first
-    use (the first hook call, :meth:`load_state_dict`, :meth:`state_dict`): so it can be built
-    before ``init_process_group``, e.g. for Lightning's
-    ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=casync_hook)``; a plan that does not fit
-    the world size raises then. With ``plan="auto"``, SeCoPa plans at the first step (every
-    rank takes part), unless :meth:`load_state_dict` brought the plan of a checkpoint first.
-    The state pickles without its process group, parameter binding, buffers and in-flight
-    work; after unpickling, :meth:`bind` it to the model and register it again.
+    Everything after ``algorithm`` is keyword-only, and checked here: a bad option, algorithm or
+    plan file raises before training starts. The state binds to its process group at
+    construction if ``torch.distributed`` is initialised, else at its first use (so it can be
+    made before ``init_process_group``, e.g. for Lightning's ``DDPStrategy(ddp_comm_state=...)``;
+    a plan that does not fit the world size raises then). With ``plan="auto"``, SeCoPa plans at
+    the first step (every rank takes part), unless :meth:`load_state_dict` brought a checkpoint's
+    plan first. The state pickles without its process group, parameter binding, buffers and
+    in-flight work; after unpickling, :meth:`bind` it to the model and register it again.
     """
 
     def __init__(
@@ -139,6 +136,7 @@ class CaSyncState:
         self.params_schedule = schedule
         self._base_params = dict(params or {})
         self.stats = SyncStats(log_every=log_every)
+        self.comm_error: CommError | None = None
         self._rt: Runtime | None = None
         self._init_local()
         self.bind(named)
@@ -279,15 +277,15 @@ class CaSyncState:
         with self._lock:
             rt = self._runtime()  # (binds and plans at the first call, where still to do)
             rt.engine.open_step()
-            if not rt.agreed:
-                self._agree(rt, buffer.device)
-            return rt.engine.submit(buffer, names, last, self.process_group)
-
-    def _agree(self, rt: Runtime, device: torch.device) -> None:
-        """The first step's check that every rank runs the same configuration."""
-        note = describe(self.algorithm, rt.plan, self.seed, self.check_finite, self.warmup_steps)
-        check_agreement(rt.config, note, self.world_size, self.process_group, device)
-        rt.agreed = True
+            try:
+                if not rt.agreed:  # (the first step: every rank runs the same configuration)
+                    note = describe(self.algorithm, rt.plan, self.seed, self.check_finite,
+                                    self.warmup_steps)  # fmt: skip
+                    rt.agree(note, self.process_group, buffer.device)
+                return rt.engine.submit(buffer, names, last, self.process_group)
+            except CommError as exc:
+                self.comm_error = exc
+                raise
 
     @property
     def tracer(self) -> Tracer:
@@ -336,18 +334,20 @@ class CaSyncState:
     def gathered_state_dict(self) -> dict[str, Any]:
         """Every rank's :meth:`state_dict` in one, returned on every rank: ``format``
         (``"hipress.casync.gathered/1"``), ``world_size`` and ``ranks`` (the state dicts in
-        rank order). For checkpoints that rank 0 alone writes; :meth:`load_state_dict` takes
+        rank order), for checkpoints that rank 0 alone writes; :meth:`load_state_dict` takes
         it on every rank. A collective over the state's group: every rank must call it (on
-        NCCL, with its CUDA device set)."""
+        NCCL, with its CUDA device set). After a :attr:`comm_error`, or if the gather fails,
+        it holds this rank's state only (``missing`` lists the other ranks, logged as a
+        warning); a rank missing from a checkpoint resumes with its states as they are."""
         rt = self._runtime()
         assert self.rank is not None and self.world_size is not None
-        return persist.gather(rt, self.rank, self.world_size, self.process_group)
+        return persist.gather(rt, self.rank, self.world_size, self.process_group, self.comm_error)
 
     plan_of = staticmethod(persist.plan_of)
 
     def load_state_dict(self, sd: Mapping[str, Any], *, carry_over: bool = False) -> None:
         """Restore :meth:`state_dict` or :meth:`gathered_state_dict` (each rank takes its
-        own entry) in place, all or nothing.
+        own entry; one missing from it keeps its states) in place, all or nothing.
 
         A state whose ``plan="auto"`` is not made yet takes the checkpoint's plan (no
         profiling). A checkpoint of another plan is refused, unless ``carry_over``: then the
@@ -360,7 +360,7 @@ class CaSyncState:
         that is not an integer >= 0)."""
         self._attach()
         assert self.rank is not None and self.world_size is not None
-        sd, step = persist.own(sd, self.rank, self.world_size)
+        sd, step, stand_in = persist.own(sd, self.rank, self.world_size)
         planned = self._rt is not None
         if not planned and (saved := persist.plan_to_adopt(sd, self.rank)) is not None:
             try:
@@ -369,7 +369,7 @@ class CaSyncState:
                 raise CaSyncError(f"rank {self.rank}: the state dict's plan: {exc}") from None
         persist.load(
             self._runtime(), sd, step, rank=self.rank, world_size=self.world_size,
-            carry_over=carry_over, check_plan=planned or self._rt is None,
+            carry_over=carry_over, check_plan=planned or self._rt is None, stand_in=stand_in,
         )  # fmt: skip
         self._after_step(step)
 

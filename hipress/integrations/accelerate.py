@@ -14,44 +14,95 @@ so a custom hook passed there is never registered. ``prepare`` creates the
 all CaSync needs.
 
 Checkpoints: ``accelerator.save_state`` writes registered objects from the main process only,
-while compression state differs per rank. :func:`register` therefore registers a
-:class:`GatheredCheckpoint` for checkpointing, whose ``state_dict`` gathers every rank's state
-(Accelerate calls it on every rank); ``accelerator.load_state`` gives each rank its own.
+while compression state differs per rank, and it may be called on the main process alone
+(``if accelerator.is_main_process: accelerator.save_state(...)``). So nothing in it is a
+collective: :func:`register` registers a :class:`GatheredCheckpoint` whose ``state_dict`` is
+this rank's state (the main process's, in the checkpoint), and a ``save_state`` hook with which
+every other rank that saves writes its own file beside it (``hipress_casync_rank<r>.pt``);
+``accelerator.load_state`` gives each rank its own. A rank whose state the checkpoint lacks
+(the main process saved alone) resumes with its states as they are, and says so in the log.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import accelerate
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
+from hipress.codec.checkpoint import gathered, is_gathered
 from hipress.core.compression import CompressionAlgorithm
 
-__all__ = ["GatheredCheckpoint", "register"]
+__all__ = ["FILE", "GatheredCheckpoint", "register"]
+
+# a rank's own state file in a save_state folder (every rank but the main process's)
+FILE = "hipress_casync_rank{rank}.pt"
 
 
 class GatheredCheckpoint:
     """What ``accelerator.register_for_checkpointing`` keeps of a :class:`CaSyncState`.
 
-    ``state_dict()`` is a collective returning every rank's state dict (call it on every rank);
-    ``load_state_dict()`` restores this rank's part, all or nothing, with the checks of
-    :meth:`CaSyncState.load_state_dict` (rank, world size, algorithm, plan, options).
+    ``state_dict()`` is this rank's state in the gathered form (``missing``: every other rank,
+    whose states :meth:`save_hook` writes to files of their own), no collective;
+    ``load_state_dict()`` restores this rank's part, all or nothing, from the gathered form or
+    this rank's file, with the checks of :meth:`CaSyncState.load_state_dict` (rank, world
+    size, algorithm, plan, options). Checkpoints that gathered every rank's state load too.
     """
 
     def __init__(self, state: CaSyncState) -> None:
         self.state = state
+        self._input_dir: Path | None = None
+
+    def _file(self, folder: str | os.PathLike[str]) -> Path:
+        return Path(folder) / FILE.format(rank=self.state.rank)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's compression state (a collective)."""
-        return self.state.gathered_state_dict()
+        """This rank's compression state, as the gathered form of this rank alone."""
+        mine = self.state.state_dict()
+        rank, n = mine["rank"], mine["world_size"]
+        sd = gathered([mine if r == rank else None for r in range(n)], n)
+        sd["missing"] = [r for r in range(n) if r != rank]
+        return sd
+
+    def save_hook(self, models: Any, weights: Any, output_dir: str) -> None:
+        """``save_state``'s pre-hook: a rank other than the main process writes its own state
+        to ``output_dir/hipress_casync_rank<r>.pt`` (the main process's goes in
+        :meth:`state_dict`)."""
+        if self.state.rank in (None, 0):
+            return
+        path = self._file(output_dir)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.state.state_dict(), tmp)
+        os.replace(tmp, path)  # (whole or absent)
+
+    def load_hook(self, models: Any, input_dir: str) -> None:
+        """``load_state``'s pre-hook: remember the folder, where this rank's file may be."""
+        self._input_dir = Path(input_dir)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore this rank's compression state from :meth:`state_dict`'s result."""
-        self.state.load_state_dict(state_dict)
+        """Restore this rank's compression state from :meth:`state_dict`'s result, or from
+        this rank's file beside it where the result does not hold it."""
+        self.state.load_state_dict(self._own(state_dict))
+
+    def _own(self, sd: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``sd``, or this rank's file where ``sd`` lacks this rank's entry."""
+        rank, ranks = self.state.rank, sd.get("ranks") if is_gathered(sd) else None
+        lacks = isinstance(ranks, list) and rank is not None and rank < len(ranks)
+        if not lacks or ranks[rank] is not None or self._input_dir is None:  # type: ignore[index]
+            return sd
+        path = self._file(self._input_dir)
+        if not path.exists():
+            return sd  # (the main process saved alone: load_state_dict says what is missing)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CaSyncError(f"rank {rank}: cannot read {path}: {exc}") from exc
 
 
 def register(
@@ -84,5 +135,8 @@ def register(
         )
     state = hipress.casync.register(model, algorithm, **options)
     if checkpoint:
-        accelerator.register_for_checkpointing(GatheredCheckpoint(state))
+        kept = GatheredCheckpoint(state)
+        accelerator.register_for_checkpointing(kept)
+        accelerator.register_save_state_pre_hook(kept.save_hook)
+        accelerator.register_load_state_pre_hook(kept.load_hook)
     return state

@@ -15,7 +15,10 @@ backward, on CPUs and GPUs alike, with any launcher (``ddp``, ``ddp_spawn``, tor
 Checkpoints: Lightning writes its checkpoint from rank 0 only, while compression state differs
 per rank. The callback's :meth:`~HipressCallback.state_dict` therefore gathers every rank's
 state (a collective: Lightning calls it on every rank when saving) and stores it in the
-checkpoint; on resume each rank loads its own.
+checkpoint; on resume each rank loads its own. After a peer exited (CaSync raised
+:class:`~hipress.casync.CommError`), an emergency checkpoint (``OnExceptionCheckpoint``) holds
+what rank 0 has, its own state, and the log says which ranks are missing; those resume with
+their states as they are.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
@@ -94,10 +98,28 @@ class HipressCallback(pl.Callback):
             self.state.load_state_dict(pending)
             logger.info("hipress: compression state restored from the checkpoint")
 
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """After CaSync's :class:`~hipress.casync.CommError` (a peer exited or stalled), end
+        this rank's part in the broken process group, so that Lightning's own barriers (after
+        an ``OnExceptionCheckpoint`` writes) return at once instead of raising the backend's
+        error in place of the CommError, or waiting out the group's timeout."""
+        state = self.state
+        if state is None or state.comm_error is None or not dist.is_initialized():
+            return
+        if state.process_group not in (None, dist.group.WORLD):
+            return  # (not the group Lightning's barriers use)
+        logger.warning(
+            "hipress: a peer is gone (%s); leaving the process group so that the checkpoint "
+            "callbacks can still write this rank's files", state.comm_error,
+        )  # fmt: skip
+        dist.destroy_process_group()
+
     def state_dict(self) -> dict[str, Any]:
         """Every rank's compression state (:meth:`CaSyncState.gathered_state_dict`, with the
         plan), for the checkpoint. A collective: Lightning calls it on every rank when it
-        saves, and rank 0 writes the file."""
+        saves, and rank 0 writes the file; after a peer is gone, this rank's only."""
         if self.state is None:  # no fit has started: keep what a resumed checkpoint held
             return dict(self._pending) if self._pending is not None else {}
         return self.state.gathered_state_dict()

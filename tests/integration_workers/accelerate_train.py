@@ -6,18 +6,23 @@ casync_hook)``, which Accelerate ignores), with ``algorithm=None``, with onebit,
 in a plain DDP loop, and 4 steps with onebit followed by ``save_state``; MODE ``resume`` loads
 that state in fresh processes and trains to step 12, once as saved (with ``plan="auto"``,
 which takes the saved plan) and once with the compression state reset after loading (the
-control). Each run writes ``OUT/<run>-rank<r>.pt``.
+control). Each run writes ``OUT/<run>-rank<r>.pt``. MODE ``rank0-save`` trains 6 steps with
+onebit and saves after step 4 from the main process only (``if accelerator.is_main_process:
+accelerator.save_state(...)``); MODE ``rank0-resume`` loads that state on both ranks and trains
+to step 6. Every rank of these two gives up after 60 s (a hang fails the test, never CI).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import toy
-from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -100,9 +105,30 @@ def plain_ddp(out: Path, name: str, algorithm: str | None) -> None:
     toy.save_params(net, out, name)
 
 
+def rank0_checkpoint(out: Path, mode: str) -> None:
+    """Save from the main process only after step 4 (``rank0-save``), or resume that state on
+    every rank (``rank0-resume``); train to step 6 either way."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    short = InitProcessGroupKwargs(timeout=timedelta(seconds=20))
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[short])
+    net = toy.net()
+    model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    state = hipress_accelerate.register(accelerator, model, "onebit", rule=toy.RULE)
+    if mode == "rank0-save":
+        train(model, opt, 0, CHECKPOINT_AT, accelerator.backward)
+        if accelerator.is_main_process:
+            accelerator.save_state(str(out / "rank0-state"))
+    else:
+        accelerator.load_state(str(out / "rank0-state"))
+    train(model, opt, CHECKPOINT_AT, CHECKPOINT_AT + 2, accelerator.backward)
+    toy.save_params(net, out, mode, step=state._rt.engine.step if state._rt else -1)
+
+
 def main(out: Path, mode: str) -> None:
     state_dir = out / "state"
-    if mode == "full":
+    if mode.startswith("rank0-"):
+        rank0_checkpoint(out, mode)
+    elif mode == "full":
         ignored = DistributedDataParallelKwargs(comm_hook=casync_hook)
         run(out, "plain", None, hipress=False, kwargs_handlers=[ignored])
         run(out, "none", None)

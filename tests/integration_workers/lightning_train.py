@@ -4,18 +4,25 @@ Lightning's ``ddp`` strategy starts rank 1 by running this script again. MODE ``
 3 epochs without hipress, with ``algorithm=None``, with onebit, 1 epoch with onebit followed by
 a checkpoint, and 3 epochs with onebit in a plain DDP loop (no Lightning); MODE ``resume``
 resumes the checkpoint to epoch 3 (with ``plan="auto"``, which takes the saved plan). Each run
-writes ``OUT/<run>-rank<r>.pt``.
+writes ``OUT/<run>-rank<r>.pt``. MODE ``peer-dies``: rank 1 exits in its third step, and rank 0,
+under ``OnExceptionCheckpoint``, writes ``OUT/emergency.ckpt`` and what ``fit`` raised to
+``OUT/died-rank0.pt``.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import toy
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -72,6 +79,44 @@ def fit(
     return trainer
 
 
+class Dying(Module):
+    """Rank 1 exits at the start of its third step, as a crashed peer would."""
+
+    def training_step(self, batch: Any, i: int) -> torch.Tensor:
+        if self.global_step == 2 and self.trainer.global_rank == 1:
+            os._exit(3)
+        return super().training_step(batch, i)
+
+
+def peer_dies(out: Path) -> None:
+    """Train until rank 1 dies; rank 0 records what ``fit`` raised (and the exceptions it
+    chains) and exits at once, as a supervisor would see it. A rank still running after 120 s
+    prints every thread's stack and exits (a hang fails the test, never CI)."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
+        max_epochs=EPOCHS, logger=False, default_root_dir=out, enable_progress_bar=False,
+        enable_model_summary=False, use_distributed_sampler=False,
+        callbacks=[HipressCallback("onebit", rule=toy.RULE),
+                   OnExceptionCheckpoint(dirpath=out, filename="emergency")],
+    )  # fmt: skip
+    try:
+        trainer.fit(Dying())
+    except BaseException as exc:  # (what the test examines)
+        chain: list[str] = []
+        seen: set[int] = set()
+        e: BaseException | None = exc
+        while e is not None and id(e) not in seen:  # (a chain may loop)
+            seen.add(id(e))
+            chain.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__ or e.__context__
+        torch.save({"error": type(exc).__name__, "message": str(exc), "chain": chain},
+                   out / "died-rank0.pt")  # fmt: skip
+        print(f"rank 0: fit raised {type(exc).__name__}: {exc}", flush=True)
+        os._exit(0)
+    os._exit(4)  # (fit must not end normally with a peer gone)
+
+
 def plain_ddp(out: Path, name: str, algorithm: str | None) -> None:
     """The same job in a plain DDP loop with hipress.casync.register: the expected result."""
     module = Module()
@@ -89,7 +134,9 @@ def plain_ddp(out: Path, name: str, algorithm: str | None) -> None:
 
 def main(out: Path, mode: str) -> None:
     ckpt = out / "epoch1.ckpt"
-    if mode == "full":
+    if mode == "peer-dies":
+        peer_dies(out)
+    elif mode == "full":
         fit(out, "plain", EPOCHS)
         fit(out, "none", EPOCHS, HipressCallback(None))
         fit(out, "onebit", EPOCHS, HipressCallback("onebit", rule=toy.RULE))
