@@ -120,6 +120,7 @@ def _restore(d: DiLoCo, sd: Mapping[str, Any]) -> None:
         c.load_state_dict(sd["codecs"][n], f"rank {d.rank}, {n}")
     d.stats.inner_steps = sd["inner_steps"]
     d.stats.per_fragment = list(sd["syncs"])
+    d.stats.syncs = sum(d.stats.per_fragment)
     d.pending = [None] * len(d.frags)
     for k, buf in sd["pending"].items():
         d.pending[k] = Pending(buf.to(d.syncs[k].device, copy=True))
