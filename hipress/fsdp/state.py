@@ -36,8 +36,10 @@ __all__ = ["SPARE_RANKS", "STATE_VERSION", "FsdpCompression"]
 STATE_VERSION = 2
 # rank 0 saves an empty entry for every rank from the world size up to this one, so that a run on
 # more ranks finds its key in a torch.distributed.checkpoint and is refused by load_state_dict
-# (a key missing from the checkpoint would fail inside torch's loader, as a CheckpointException)
-SPARE_RANKS = 1024
+# (a key missing from the checkpoint would fail inside torch's loader, as a CheckpointException).
+# Each entry costs torch's checkpointing about 0.4 ms to save and to load: 256 cover the usual
+# jobs for about 0.1 s a checkpoint
+SPARE_RANKS = 256
 
 
 class FsdpCompression:
