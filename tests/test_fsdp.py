@@ -156,6 +156,15 @@ def test_user_errors_are_typed_and_clear() -> None:
         hipress.fsdp.register(nn.Linear(4, 4), "onebit", feedback="fp8")
     with pytest.raises(FsdpError, match="keeps its own error feedback"):
         hipress.fsdp.register(nn.Linear(4, 4), "onebit", feedback="none")
+    for bad in ("abc", None, 1.5):
+        with pytest.raises(FsdpError, match=r"min_compress_numel must be an integer"):
+            hipress.fsdp.register(nn.Linear(4, 4), "onebit", min_compress_numel=bad)  # type: ignore[arg-type]
+    with pytest.raises(FsdpError, match=r"seed must be an integer, got '1'"):
+        hipress.fsdp.register(nn.Linear(4, 4), "onebit", seed="1")  # type: ignore[arg-type]
+    with pytest.raises(
+        FsdpError, match=r"replicate_group must be a torch.distributed ProcessGroup"
+    ):
+        hipress.fsdp.register(nn.Linear(4, 4), "onebit", replicate_group=[0, 1])  # type: ignore[arg-type]
     with pytest.raises(FsdpError, match="MAX"):
         divisor(dist.ReduceOp.MAX, 2)
     with pytest.raises(FsdpError, match="do not split"):

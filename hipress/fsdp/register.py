@@ -109,7 +109,7 @@ def register(
     rank if the ranks' configurations differ.
     """
     try:
-        setup = _prepare(model, algorithm, params, feedback, min_compress_numel, backend,
+        setup = _prepare(model, algorithm, params, feedback, min_compress_numel, seed, backend,
                          replicate_group, plan, profile)  # fmt: skip
     except Exception as exc:
         agree(None, exc)  # the other ranks raise too, rather than wait for this one
@@ -147,6 +147,7 @@ def _prepare(
     params: Mapping[str, Any] | None,
     feedback: str,
     min_compress_numel: int,
+    seed: int,
     backend: str,
     replicate_group: dist.ProcessGroup | None,
     plan: PlanArg,
@@ -159,6 +160,14 @@ def _prepare(
     if algorithm is None or algorithm == "none":
         raise FsdpError("register needs a compression algorithm (for none, do not register)")
     kind = check_plan_arg(plan, profile)
+    for name, value in (("min_compress_numel", min_compress_numel), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FsdpError(f"{name} must be an integer, got {value!r}")
+    if replicate_group is not None and not isinstance(replicate_group, dist.ProcessGroup):
+        raise FsdpError(
+            "replicate_group must be a torch.distributed ProcessGroup (e.g. "
+            f"mesh['replicate'].get_group()), got {type(replicate_group).__name__}"
+        )
     try:
         alg = resolve_algorithm(algorithm, params, backend)
         rule = DefaultRule(min_compress_numel=min_compress_numel)
