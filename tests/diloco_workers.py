@@ -342,3 +342,29 @@ def replicas(rank: int, world: int, algorithm: Any, steps: int) -> dict[str, Any
             inner.step()
             weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
     return {"weights": weights, "sent": d.stats.sent_bytes, "syncs": d.stats.syncs}
+
+
+# ---------------------------------------------------------------- devices
+
+
+def on_device(rank: int, world: int, device: str, algorithm: Any, nan: bool) -> list[Any]:
+    """Three outer syncs of hand-set local weights on ``device`` ("cuda": this rank's GPU);
+    with ``nan`` the second round's outer gradient of the first weight holds a NaN. Returns the
+    weights after each round (CPU) and the codec memory after the last."""
+    dev = torch.device(device if device == "cpu" else f"cuda:{torch.cuda.current_device()}")
+    model = small_model().to(dev)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    d = DiLoCo(model, inner, sync_every=1, algorithm=algorithm)
+    params = list(model.parameters())
+    out: list[Any] = []
+    for t in range(3):
+        g = torch.Generator().manual_seed(100 * t + rank)
+        with torch.no_grad():
+            for p, a in zip(params, d.anchors, strict=True):
+                p.copy_(a - (torch.randint(-64, 65, p.shape, generator=g).float() / 64).to(dev))
+            if nan and t == 1:
+                params[0][0, 0] = float("nan")
+        d.step()
+        out.append([p.detach().cpu().clone() for p in params])
+    out.append({n: v.cpu() for n, v in d.owed().items()})
+    return out
