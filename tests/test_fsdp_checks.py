@@ -145,3 +145,20 @@ def test_a_checkpoint_of_another_plan_algorithm_or_world_size_is_refused(tmp_pat
             save_then_load_other, n, root, preload=PRELOAD, timeout=120
         ):
             assert kind == "FsdpError" and "world_size is 2" in msg, (n, kind, msg)
+
+
+def one_rank_registers(rank: int, world_size: int) -> str:
+    """Rank 0 registers; rank 1 does not and leaves: rank 0's error type and message."""
+    model = shard(grid_model())
+    if rank == 1:
+        return ""
+    try:
+        hipress.fsdp.register(model, "onebit", min_compress_numel=1)
+    except CaSyncError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+def test_a_rank_that_does_not_register_is_a_comm_error_not_a_hang() -> None:
+    got = run_workers(one_rank_registers, 2, preload=PRELOAD, timeout=90, pg_timeout=10)
+    assert got[0].startswith("CommError: ") and "did a rank exit" in got[0], got[0]

@@ -17,6 +17,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,13 +107,15 @@ def register(
     one that is not the group of this rank's replicas, a plan that is none of the above or
     names no unit, or a failure of register on another rank;
     :class:`~hipress.fsdp.errors.FsdpConfigMismatchError` (an :class:`FsdpError`) on every
-    rank if the ranks' configurations differ.
+    rank if the ranks' configurations differ; :class:`~hipress.codec.errors.CommError` if that
+    check cannot complete (a rank exited or does not call register).
     """
     try:
         setup = _prepare(model, algorithm, params, feedback, min_compress_numel, seed, backend,
                          replicate_group, plan, profile)  # fmt: skip
     except Exception as exc:
-        agree(None, exc)  # the other ranks raise too, rather than wait for this one
+        with contextlib.suppress(CaSyncError):  # this rank's error is the one to report
+            agree(None, exc)  # the other ranks raise too, rather than wait for this one
         raise
     kind = setup.plan_kind
     replicas = None if replicate_group is None else replicate_group.size()
