@@ -24,7 +24,7 @@ from hipress.casync.config import check_agreement
 from hipress.casync.engine import StepEngine
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.context import SyncContext
-from hipress.casync.strategies.ring import RingDriver
+from hipress.casync.strategies.driver import RingDriver
 from hipress.casync.unused import UnusedGuard
 from hipress.codec.algorithm import init_chunk_states
 from hipress.core.compression import CompressionAlgorithm

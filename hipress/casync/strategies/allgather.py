@@ -3,22 +3,17 @@ all-gathered, and every worker decodes the N payloads of each chunk and averages
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
 import torch.distributed as dist
 
 from hipress.casync.strategies.context import all_gather
+from hipress.casync.strategies.surface import Operation, RoundIO
 from hipress.codec.algorithm import decode_mean
 from hipress.codec.flags import Flag, FlagMode
-
-if TYPE_CHECKING:
-    from hipress.casync.strategies.op import BucketOp, RoundIO
 
 __all__ = ["start"]
 
 
-def start(op: BucketOp, io: RoundIO, group: dist.ProcessGroup | None) -> None:
+def start(op: Operation, io: RoundIO, group: dist.ProcessGroup | None) -> None:
     """Encode the round's chunks into its block (with their flags) and all-gather it."""
     ctx, buf, rnd, send = op.ctx, op.buffer, io.round, io.send
     with ctx.stats.timed("encode_ms"):
@@ -34,7 +29,7 @@ def start(op: BucketOp, io: RoundIO, group: dist.ProcessGroup | None) -> None:
     )  # fmt: skip
 
 
-def _finish(op: BucketOp, io: RoundIO) -> None:
+def _finish(op: Operation, io: RoundIO) -> None:
     """Every block arrived: decode and average each chunk (all-NaN where a rank flagged it)."""
     ctx, alg, buf, n = op.ctx, op.ctx.algorithm, op.buffer, op.ctx.world_size
     rnd = io.round
@@ -46,10 +41,7 @@ def _finish(op: BucketOp, io: RoundIO) -> None:
             if flags[idx] is True:
                 region.fill_(float("nan"))
                 continue
-            out = region if region.dtype == torch.float32 else io.scratch[: c.numel]
-            with ctx.codec("decode_ms"):
-                decode_mean(alg, [blocks[r, off : off + c.slot] for r in range(n)], c.numel, out)
-            if out is not region:
-                region.copy_(out)
+            payloads = [blocks[r, off : off + c.slot] for r in range(n)]
+            ctx.decode_into(region, io.scratch, decode_mean, alg, payloads, c.numel)
             FlagMode.fill_nan(region, flags[idx])
     op.part_done()

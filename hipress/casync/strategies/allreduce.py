@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from hipress.casync.strategies.op import BucketOp
+from hipress.casync.strategies.surface import Operation
 
 __all__ = ["start"]
 
 
-def start(op: BucketOp, group: dist.ProcessGroup | None) -> None:
+def start(op: Operation, group: dist.ProcessGroup | None) -> None:
     """Issue the allreduce of ``op``'s uncompressed ranges (staged into one buffer when there
     are several), divided by N first, like DDP, so low-precision sums do not overflow."""
     ranges, buf = op.schedule.allreduce_ranges, op.buffer
@@ -34,7 +31,7 @@ def start(op: BucketOp, group: dist.ProcessGroup | None) -> None:
     )  # fmt: skip
 
 
-def _finish(op: BucketOp, flat: torch.Tensor) -> None:
+def _finish(op: Operation, flat: torch.Tensor) -> None:
     """The allreduce arrived: copy staged ranges back."""
     ranges = op.schedule.allreduce_ranges
     if len(ranges) > 1:

@@ -16,14 +16,15 @@ import atexit
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from hipress.casync.stats import SyncStats
-from hipress.casync.strategies.ring import RingDriver
+from hipress.casync.strategies.driver import RingDriver
 from hipress.codec.errors import CaSyncError
 from hipress.core.compression import CompressionAlgorithm
 
@@ -83,6 +84,18 @@ class SyncContext:
 
     def __post_init__(self) -> None:
         _IN_USE.set()
+
+    def decode_into(
+        self, region: torch.Tensor, scratch: torch.Tensor, decode: Callable[..., None], *args: Any
+    ) -> None:
+        """Run ``decode(*args, out=out)`` under the codec lock so that ``region`` ends up
+        holding what it writes: ``out`` is ``region`` itself where it is float32, else the
+        float32 ``scratch`` (at least ``region``'s size), copied (cast) into ``region`` after."""
+        out = region if region.dtype == torch.float32 else scratch[: region.numel()]
+        with self.codec("decode_ms"):
+            decode(*args, out=out)
+        if out is not region:
+            region.copy_(out)
 
     @contextlib.contextmanager
     def codec(self, figure: str) -> Iterator[None]:

@@ -50,12 +50,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
 from hipress.casync.clock import Lap, Mark
-from hipress.casync.strategies import allgather, allreduce, ps
+from hipress.casync.strategies import allgather, allreduce, ps, ring
 from hipress.casync.strategies.context import RETIRED, SyncContext
+from hipress.casync.strategies.surface import Group, RoundIO
 from hipress.casync.trace import NETWORK_LANE
 from hipress.codec.algorithm import encode_reporting
 from hipress.codec.errors import CaSyncError, CommError
@@ -63,26 +63,6 @@ from hipress.codec.flags import Flag, FlagMode
 from hipress.core.plan import Strategy
 
 __all__ = ["BucketOp", "RoundIO"]
-
-Group = dist.ProcessGroup | None
-
-
-@dataclass(frozen=True)
-class RoundIO:
-    """Round ``index`` of an operation: its layout and the buffers of its layout's workspace.
-
-    Fields:
-        index: the round's index in the schedule.
-        round: its layout (chunks, slots, flag positions).
-        send, recv: its message buffers (see :class:`~hipress.casync.bulk.Workspace`).
-        scratch: its float32 scratch.
-    """
-
-    index: int
-    round: Round
-    send: torch.Tensor
-    recv: torch.Tensor
-    scratch: torch.Tensor
 
 
 @dataclass
@@ -353,16 +333,20 @@ class BucketOp:
         ctx.stats.add(bytes_uncompressed=buf.numel() * buf.element_size())
         if self.schedule.allreduce_ranges:
             allreduce.start(self, group)
-        ring = []
+        ring_rounds = []
         for i, rnd in enumerate(rounds):
             if rnd.strategy is Strategy.PS:
                 ps.start(self, self.round_io(i), group)
             elif rnd.strategy is Strategy.RING:
-                ring.append(i)
+                ring_rounds.append(i)
             else:
                 allgather.start(self, self.round_io(i), group)
-        if ring:
-            ctx.ring.submit(self, ring, group)
+        if ring_rounds:
+            ctx.ring.submit(self, ring_rounds, group)
+
+    def run_ring(self, rounds: list[int], group: Group) -> None:
+        """Run ring rounds ``rounds`` (on the context's ring thread, which calls this)."""
+        ring.run_rounds(self, rounds, group)
 
     def advance(self, group: Group) -> None:
         """Run the deferred second phases (PS: wait for each all_to_all, merge the shard this

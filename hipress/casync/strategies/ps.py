@@ -9,22 +9,17 @@ of its shard, re-encodes the aggregate with its server state and all-gathers it
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
 import torch.distributed as dist
 
 from hipress.casync.strategies.context import all_gather
+from hipress.casync.strategies.surface import Operation, RoundIO
 from hipress.codec.algorithm import decode_mean
 from hipress.codec.flags import Flag, FlagMode
-
-if TYPE_CHECKING:
-    from hipress.casync.strategies.op import BucketOp, RoundIO
 
 __all__ = ["start"]
 
 
-def start(op: BucketOp, io: RoundIO, group: dist.ProcessGroup | None) -> None:
+def start(op: Operation, io: RoundIO, group: dist.ProcessGroup | None) -> None:
     """Encode every shard of the round's chunks into the block of the worker serving it (a
     chunk's flag: any of its shards) and issue the all_to_all; its second phase is deferred."""
     ctx, buf, rnd = op.ctx, op.buffer, io.round
@@ -49,7 +44,7 @@ def start(op: BucketOp, io: RoundIO, group: dist.ProcessGroup | None) -> None:
     )  # fmt: skip
 
 
-def _serve(op: BucketOp, io: RoundIO, group: dist.ProcessGroup | None) -> None:
+def _serve(op: Operation, io: RoundIO, group: dist.ProcessGroup | None) -> None:
     """The all_to_all arrived: merge and average the shard this rank serves, re-encode it
     into this rank's own block and all-gather the blocks."""
     ctx, alg, n, rank = op.ctx, op.ctx.algorithm, op.ctx.world_size, op.ctx.rank
@@ -76,7 +71,7 @@ def _serve(op: BucketOp, io: RoundIO, group: dist.ProcessGroup | None) -> None:
     )  # fmt: skip
 
 
-def _finish(op: BucketOp, io: RoundIO) -> None:
+def _finish(op: Operation, io: RoundIO) -> None:
     """Every aggregate arrived: decode each shard into the bucket."""
     ctx, alg, buf, n = op.ctx, op.ctx.algorithm, op.buffer, op.ctx.world_size
     rnd = io.round
@@ -88,11 +83,7 @@ def _finish(op: BucketOp, io: RoundIO) -> None:
                 c.region(buf).fill_(float("nan"))
                 continue
             for j, (s, nbytes) in enumerate(zip(c.shards, c.layout.payloads, strict=True)):
-                region = c.shard_region(buf, j)
-                out = region if region.dtype == torch.float32 else io.scratch[:s]
-                with ctx.codec("decode_ms"):
-                    alg.decode(blocks[j, off : off + nbytes], s, out=out)
-                if out is not region:
-                    region.copy_(out)
+                payload = blocks[j, off : off + nbytes]
+                ctx.decode_into(c.shard_region(buf, j), io.scratch, alg.decode, payload, s)
             FlagMode.fill_nan(c.region(buf), flags[idx])
     op.part_done()

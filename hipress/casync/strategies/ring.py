@@ -16,7 +16,7 @@ Every block of the round lives in one buffer of N blocks (the round's ``recv``):
 shard s's payload as it passes through this rank, first the partial sums, then the aggregate.
 A block is received into only once the send out of it has completed.
 
-The hops run on a :class:`RingDriver` thread, not on the hook's thread: they depend on each
+The hops run on a :class:`~hipress.casync.strategies.driver.RingDriver` thread, not on the hook's thread: they depend on each
 other, so issuing them from the hook would stall backward. Point-to-point messages in gloo are
 matched by peer and tag, not by issue order among collectives, so this thread never disturbs
 the order of the hook's collectives. Rounds are pipelined: the driver takes one hop of each
@@ -28,8 +28,7 @@ cycle for N >= 3), and NCCL, which ignores tags, matches the k-th message on a l
 k-th one expected, the same on every rank. On CUDA buffers the driver thread sets the buffer's
 device and works on a stream of its own that first waits for the hook's stream (the bucket is
 ready), so the ring's encodes and decodes overlap backward; the op's future then waits for it.
-The thread ends with the :class:`RingDriver` (:meth:`RingDriver.close`, called when its state
-is collected).
+The thread ends with the driver (``RingDriver.close``, called when its state is collected).
 
 Non-finite flags travel with the partial sums (each rank ORs in its own), so the aggregate
 carries the flags of every rank. A chunk that is non-finite anywhere comes out all-NaN on every
@@ -39,107 +38,21 @@ rank, and every state that encoded any of its shards is reset afterwards.
 from __future__ import annotations
 
 import contextlib
-import queue
-import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
 from hipress.casync.clock import Lap, Mark
+from hipress.casync.strategies.driver import RingDriver
+from hipress.casync.strategies.surface import Operation
 from hipress.casync.trace import NETWORK_LANE
-from hipress.codec.errors import CaSyncError
 from hipress.codec.flags import Flag, FlagMode
 
-if TYPE_CHECKING:
-    from hipress.casync.strategies.op import BucketOp
-
-__all__ = ["RingDriver"]
+__all__ = ["RingDriver", "run_rounds"]  # (RingDriver: re-exported from .driver)
 
 # a round's messages are told apart by tag (rounds of one bucket may be in flight together)
 _TAG_BASE = 0x4850  # "HP"
-
-
-class RingDriver:
-    """A daemon thread running the ring rounds of bucket operations, in submission order.
-
-    Every rank submits the same operations in the same order (the hook's bucket order), so the
-    k-th message rank r sends to r+1 is the k-th one r+1 expects. After a failure every later
-    operation fails at once with the same error instead of waiting out the timeout again.
-    :meth:`close` ends the thread (idempotent; the owner calls it when it is collected).
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[
-            tuple[BucketOp, list[int], dist.ProcessGroup | None, torch.cuda.Event | None] | None
-        ] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-        self._broken: CaSyncError | None = None
-        self._closed = False
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def submit(self, op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
-        """Run ``op``'s ring rounds (indices into its schedule) on the driver thread."""
-        if self._closed:
-            raise CaSyncError("the CaSync state's ring thread was closed")
-        ready = None
-        if op.buffer.is_cuda:  # the bucket is complete on the hook's current stream
-            ready = torch.cuda.current_stream(op.buffer.device).record_event()
-        with self._start_lock:
-            if self._closed:
-                raise CaSyncError("the CaSync state's ring thread was closed")
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=_drive, args=(self._queue, self), name="hipress-casync-ring",
-                    daemon=True,
-                )  # fmt: skip
-                self._thread.start()
-        self._queue.put((op, rounds, group, ready))
-
-    def close(self) -> None:
-        """End the thread once the rounds queued before are done."""
-        with self._start_lock:
-            if self._closed:
-                return
-            self._closed = True
-            if self._thread is not None:
-                self._queue.put(None)
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-
-def _drive(jobs: queue.SimpleQueue, driver: RingDriver) -> None:  # type: ignore[type-arg]
-    streams: dict[torch.device, torch.cuda.Stream] = {}
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        op, rounds, group, ready = job
-        if driver._broken is not None:
-            op.fail(driver._broken, "ring")
-        else:
-            try:
-                if ready is None:
-                    _run_rounds(op, rounds, group)
-                else:
-                    dev = op.buffer.device
-                    torch.cuda.set_device(dev)
-                    stream = streams.setdefault(dev, torch.cuda.Stream(dev))
-                    with torch.cuda.stream(stream):
-                        stream.wait_event(ready)
-                        _run_rounds(op, rounds, group)
-            except BaseException as exc:
-                driver._broken = op.fail(exc, "ring transfer")
-        # hold nothing while idle: the op's buffers and the group belong to the hook
-        del op, rounds, group, ready, job
 
 
 class _Hop:
@@ -161,7 +74,7 @@ class _Hop:
             w.wait()
 
 
-def _run_rounds(op: BucketOp, rounds: list[int], group: dist.ProcessGroup | None) -> None:
+def run_rounds(op: Operation, rounds: list[int], group: dist.ProcessGroup | None) -> None:
     """Drive the rounds' hops round-robin: wait for one round's receive, run its next hop."""
     stats = op.ctx.stats
     tracer, clock = stats.tracer, stats.clock
@@ -189,7 +102,7 @@ class _RingRound:
     """Round ``i`` of ``op`` on this rank: its 2(N-1) hops (:meth:`hops`) over the round's
     blocks (block s: shard s of every chunk, as it passes through this rank)."""
 
-    def __init__(self, op: BucketOp, i: int, group: dist.ProcessGroup | None) -> None:
+    def __init__(self, op: Operation, i: int, group: dist.ProcessGroup | None) -> None:
         io = op.round_io(i)
         self.op, self.ctx, self.buf, self.group = op, op.ctx, op.buffer, group
         self.n, self.r = op.ctx.world_size, op.ctx.rank
@@ -275,13 +188,11 @@ class _RingRound:
             for idx, c, off in self.rnd.slots():
                 if flags[idx] is True:
                     continue
-                out = c.shard_region(self.buf, s)
                 size, nbytes = c.shards[s], c.layout.payloads[s]
-                target = out if out.dtype == torch.float32 else self.scratch[:size]
-                with ctx.codec("decode_ms"):
-                    ctx.algorithm.decode(self.blocks[s, off : off + nbytes], size, out=target)
-                if target is not out:
-                    out.copy_(target)
+                payload = self.blocks[s, off : off + nbytes]
+                ctx.decode_into(
+                    c.shard_region(self.buf, s), self.scratch, ctx.algorithm.decode, payload, size
+                )
 
     def hops(self) -> Iterator[tuple[_Hop, Mark, Mark | None]]:
         """The round's hops; yields each receive to be waited for before going on, with the
