@@ -90,8 +90,12 @@ def test_a_save_by_the_main_process_alone_finishes_and_resumes(tmp_path: Path) -
     _launch(tmp_path, "rank0-save", timeout=150)
     saved = sorted(p.name for p in (tmp_path / "rank0-state").iterdir())
     assert "custom_checkpoint_0.pkl" in saved
-    assert hipress_accelerate.FILE.format(rank=1) not in saved  # (rank 1 did not save)
+    # rank 1's file is from the earlier save into the same folder (step 2): it is left out
+    assert (
+        torch.load(tmp_path / "rank0-state" / hipress_accelerate.FILE.format(rank=1))["step"] == 2
+    )
     out = _launch(tmp_path, "rank0-resume", timeout=150)
+    assert "holds step 2, the checkpoint step [4]: left out" in out
     assert "the checkpoint holds no compression state of rank 1" in out
     for rank in RANKS:  # both resumed at the saved step and trained two more
         assert torch.load(tmp_path / f"rank0-resume-rank{rank}.pt")["step"] == 6

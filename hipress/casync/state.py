@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
 
 # left out of a pickle (the runtime is rebuilt from the plans and states saved beside it)
-_UNPICKLED = ("process_group", "_rt", "_param_names", "_lock", "_unused_model")
+_UNPICKLED = ("process_group", "_rt", "_param_names", "_lock", "_unused_model", "comm_error")
 
 
 class CaSyncState:
@@ -136,7 +136,6 @@ class CaSyncState:
         self.params_schedule = schedule
         self._base_params = dict(params or {})
         self.stats = SyncStats(log_every=log_every)
-        self.comm_error: CommError | None = None
         self._rt: Runtime | None = None
         self._init_local()
         self.bind(named)
@@ -144,7 +143,8 @@ class CaSyncState:
             self._attach()
 
     def _init_local(self) -> None:
-        """What does not pickle and exists before the plan: the binding and the lock."""
+        """What does not pickle and exists before the plan: the binding, the lock, the error."""
+        self.comm_error: CommError | None = None
         self._param_names: dict[int, str] = {}
         self._lock = threading.Lock()
         self._unused_model: DistributedDataParallel | None = None

@@ -25,6 +25,7 @@ every other rank that saves writes its own file beside it (``hipress_casync_rank
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +41,8 @@ from hipress.codec.checkpoint import gathered, is_gathered
 from hipress.core.compression import CompressionAlgorithm
 
 __all__ = ["FILE", "GatheredCheckpoint", "register"]
+
+logger = logging.getLogger(__name__)
 
 # a rank's own state file in a save_state folder (every rank but the main process's)
 FILE = "hipress_casync_rank{rank}.pt"
@@ -100,9 +103,17 @@ class GatheredCheckpoint:
         if not path.exists():
             return sd  # (the main process saved alone: load_state_dict says what is missing)
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            own = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise CaSyncError(f"rank {rank}: cannot read {path}: {exc}") from exc
+        steps = {e.get("step") for e in ranks if isinstance(e, Mapping)}  # type: ignore[union-attr]
+        if isinstance(own, Mapping) and steps and own.get("step") not in steps:
+            logger.warning(
+                "hipress: %s holds step %s, the checkpoint step %s: left out, as from an "
+                "earlier save into the same folder", path, own.get("step"), sorted(steps),
+            )  # fmt: skip
+            return sd
+        return own
 
 
 def register(

@@ -7,8 +7,8 @@ in a plain DDP loop, and 4 steps with onebit followed by ``save_state``; MODE ``
 that state in fresh processes and trains to step 12, once as saved (with ``plan="auto"``,
 which takes the saved plan) and once with the compression state reset after loading (the
 control). Each run writes ``OUT/<run>-rank<r>.pt``. MODE ``rank0-save`` trains 6 steps with
-onebit and saves after step 4 from the main process only (``if accelerator.is_main_process:
-accelerator.save_state(...)``); MODE ``rank0-resume`` loads that state on both ranks and trains
+onebit, saves after step 2 from every rank and after step 4 from the main process only (``if
+accelerator.is_main_process: accelerator.save_state(...)``), into the same folder; MODE ``rank0-resume`` loads that state on both ranks and trains
 to step 6. Every rank of these two gives up after 60 s (a hang fails the test, never CI).
 """
 
@@ -115,8 +115,10 @@ def rank0_checkpoint(out: Path, mode: str) -> None:
     model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
     state = hipress_accelerate.register(accelerator, model, "onebit", rule=toy.RULE)
     if mode == "rank0-save":
-        train(model, opt, 0, CHECKPOINT_AT, accelerator.backward)
-        if accelerator.is_main_process:
+        train(model, opt, 0, 2, accelerator.backward)
+        accelerator.save_state(str(out / "rank0-state"))  # every rank: a file of rank 1's
+        train(model, opt, 2, CHECKPOINT_AT, accelerator.backward)
+        if accelerator.is_main_process:  # into the same folder: rank 1's file is stale now
             accelerator.save_state(str(out / "rank0-state"))
     else:
         accelerator.load_state(str(out / "rank0-state"))
