@@ -81,3 +81,11 @@ def test_the_refusal_names_the_comparison_and_the_way_out() -> None:
     assert resolve_feedback(load("topk"), "fp32") == "fp32"
     assert resolve_feedback(load("onebit"), "bf16") == "bf16"
     assert threshold_compare(object()) is None  # not a CompLL algorithm: nothing to find
+
+
+def test_the_reference_model_refuses_what_the_collective_refuses() -> None:
+    from hipress.fsdp.reference import ReferenceReduceScatter
+
+    with pytest.raises(FsdpError, match="feedback='fp32'"):
+        ReferenceReduceScatter("u", load("dgc"), "bf16", 64, 2)
+    assert ReferenceReduceScatter("u", load("onebit"), "bf16", 64, 2).feedback == "bf16"

@@ -17,7 +17,7 @@ import torch
 from hipress.codec.algorithm import chunk_tensor_id, rank_seed
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import chunk_key
-from hipress.fsdp.feedback import builtin_feedback
+from hipress.fsdp.feedback import builtin_feedback, check_bf16
 
 __all__ = ["ReferenceReduceScatter"]
 
@@ -28,7 +28,9 @@ class ReferenceReduceScatter:
     ``feedback`` is ``"none"``/``"fp32"`` (the algorithm's own state, or an external float32
     residual for an algorithm without feedback of its own), ``"bf16"`` (the residual, or the
     algorithm's float32 state arrays, rounded to bfloat16 after each step) or ``"int8"`` (the
-    residual rounded to int8 steps of its block's absmax / 127, blocks of 256)."""
+    residual rounded to int8 steps of its block's absmax / 127, blocks of 256). Raises
+    :class:`~hipress.fsdp.errors.FsdpError` for ``"bf16"`` where the collective does
+    (:func:`~hipress.fsdp.feedback.check_bf16`)."""
 
     def __init__(
         self,
@@ -39,6 +41,8 @@ class ReferenceReduceScatter:
         world_size: int,
         seed: int = 0,
     ) -> None:
+        if feedback == "bf16" and builtin_feedback(algorithm):
+            check_bf16(algorithm)
         self.alg, self.feedback, self.n = algorithm, feedback, world_size
         self.rows = numel // world_size
         self.states = [
