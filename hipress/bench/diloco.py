@@ -15,13 +15,15 @@ resident memory. The bound is the link: at H inner steps per sync a row cannot u
 ``bytes per sync / H`` of the link per step; every row prints its bytes so the bound can be
 checked against the rate.
 
-torchft's ``DiLoCo`` needs its lighthouse and manager processes around the training loop; this
-benchmark does not run it (the report says so).
+torchft's ``DiLoCo`` (where torchft imports; :mod:`~hipress.bench.diloco_torchft`) runs with
+Nesterov SGD (lr 0.7, momentum 0.9) as the outer optimizer, uncompressed (on CPU its
+quantisation is not available); its version is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import resource
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hipress.bench.diloco_torchft import version
 from hipress.bench.netsim import LoopbackNetwork, open_network, run_in_network, tx_bytes
 from hipress.bench.workloads import WORKLOADS
 
@@ -43,32 +46,45 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Row:
-    """One configuration: ``kind`` ("compute", "ddp", "diloco" or "postlocal"), ``h`` (inner
+    """One configuration: ``kind`` ("compute", "ddp", "diloco", "postlocal" or "torchft"), ``h`` (inner
     steps per sync; 1 for compute and DDP), ``algorithm`` (DiLoCo's codec; None uncompressed)."""
 
     kind: str
     h: int = 1
     algorithm: str | None = None
+    fragments: int = 1
+    delay: int = 0
 
     @property
     def name(self) -> str:
         if self.kind == "diloco":
-            return f"diloco-{self.algorithm or 'none'}-H{self.h}"
-        return f"{self.kind}-H{self.h}" if self.kind == "postlocal" else self.kind
+            streaming = f"-F{self.fragments}-tau{self.delay}" if self.fragments > 1 else ""
+            return f"diloco-{self.algorithm or 'none'}-H{self.h}{streaming}"
+        return f"{self.kind}-H{self.h}" if self.kind in ("postlocal", "torchft") else self.kind
 
 
-def rows_for(hs: tuple[int, ...], algorithms: tuple[str, ...]) -> list[Row]:
-    """Compute-only, DDP, then per H: DiLoCo uncompressed, per algorithm, post-local SGD."""
+def rows_for(hs: tuple[int, ...], algorithms: tuple[str, ...],
+             streaming: tuple[int, int] | None = None) -> list[Row]:  # fmt: skip
+    """Compute-only, DDP, then per H: DiLoCo uncompressed, per algorithm (and with
+    ``streaming`` = (F, tau) each again as Streaming DiLoCo), post-local SGD, torchft's DiLoCo
+    (where torchft imports); compute-only again at the end (the better of the two is the
+    reference: other load on the machine slows one of them)."""
     out = [Row("compute"), Row("ddp")]
     for h in hs:
         out.append(Row("diloco", h))
         out.extend(Row("diloco", h, a) for a in algorithms)
+        if streaming is not None and h >= streaming[0] and streaming[1] < h // streaming[0]:
+            out.extend(Row("diloco", h, a, *streaming) for a in (None, *algorithms))
         out.append(Row("postlocal", h))
+        if version() is not None:
+            out.append(Row("torchft", h))
+    out.append(Row("compute"))
     return out
 
 
-def _wrap(model: torch.nn.Module, row: Row, lr: float) -> tuple[Any, Any, Any]:
-    """(module to call, optimizer to step, DiLoCo or None)."""
+def _wrap(model: torch.nn.Module, row: Row, lr: float, rank: int, world: int,
+          addresses: list[str]) -> tuple[Any, Any, Any, Any]:  # fmt: skip
+    """(module to call, optimizer to step, DiLoCo or None, the context to train in)."""
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
     from torch.distributed.optim import PostLocalSGDOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -77,20 +93,37 @@ def _wrap(model: torch.nn.Module, row: Row, lr: float) -> tuple[Any, Any, Any]:
 
     inner = torch.optim.SGD(model.parameters(), lr=lr)
     if row.kind == "ddp":
-        return DDP(model), inner, None
+        return DDP(model), inner, None, contextlib.nullcontext()
+    if row.kind == "torchft":
+        from hipress.bench.diloco_torchft import build
+
+        tft, close = build(model, inner, row.h, rank, world, addresses)
+        stack = contextlib.ExitStack()
+        stack.callback(close)
+        stack.enter_context(tft)
+        return model, inner, None, stack
     if row.kind == "diloco":
-        return model, inner, DiLoCo(model, inner, row.h, row.algorithm)
+        d = DiLoCo(model, inner, row.h, row.algorithm, fragments=row.fragments,
+                   fragment_sync_delay=row.delay)  # fmt: skip
+        return model, inner, d, d
     if row.kind == "postlocal":
         averager = PeriodicModelAverager(period=row.h, warmup_steps=0)
-        return model, PostLocalSGDOptimizer(inner, averager), None
-    return model, inner, None
+        return model, PostLocalSGDOptimizer(inner, averager), None, contextlib.nullcontext()
+    return model, inner, None, contextlib.nullcontext()
 
 
 def train(rank: int, world: int, model_name: str, data: Any, row: Row, steps: int, lr: float,
-          iface: str) -> dict[str, Any]:  # fmt: skip
-    """One worker's run of ``row`` (collective): H warm-up steps, then ``steps`` timed ones."""
+          iface: str, addresses: list[str]) -> dict[str, Any]:  # fmt: skip
+    """One worker's run of ``row`` (collective): H warm-up steps, then ``steps`` timed ones.
+    ``addresses[r]``: rank r's address (torchft's servers listen there)."""
     w = WORKLOADS[model_name]
-    module, opt, diloco = _wrap(w.build(data), row, lr)
+    module, opt, diloco, ctx = _wrap(w.build(data), row, lr, rank, world, addresses)
+    with ctx:
+        return _timed(rank, w, data, module, opt, diloco, row, steps, iface)
+
+
+def _timed(rank: int, w: Any, data: Any, module: Any, opt: Any, diloco: Any, row: Row,
+           steps: int, iface: str) -> dict[str, Any]:  # fmt: skip
     warm = max(2, row.h)
     batches = [w.batch(data, rank, s) for s in range(warm + steps)]
     losses: list[float] = []
@@ -100,9 +133,7 @@ def train(rank: int, world: int, model_name: str, data: Any, row: Row, steps: in
         opt.zero_grad()
         loss = w.loss(module, x, y)
         loss.backward()
-        opt.step()
-        if diloco is not None:
-            diloco.step()
+        opt.step()  # DiLoCo's and torchft's outer syncs run here (their step hooks)
         losses.append(float(loss.detach()))
 
     for i in range(warm):
@@ -159,11 +190,12 @@ def run(workers: int, rate_mbit: float | None, model_name: str, rows: list[Row],
     results = []
     with open_network(workers, rate_mbit) as net:
         loopback = isinstance(net, LoopbackNetwork)
+        addresses = list(getattr(net, "addresses", ["127.0.0.1"] * workers))
         for row in rows:
             t = time.perf_counter()
             try:
                 per_rank = run_in_network(net, train, model_name, data, row, steps, lr,
-                                          net.iface, timeout=timeout)  # fmt: skip
+                                          net.iface, addresses, timeout=timeout)  # fmt: skip
             except Exception as exc:  # one broken row is a result, not a lost run
                 log.error("diloco bench: %s failed: %s", row.name, exc)
                 results.append({"row": row.name, "error": str(exc)[-2000:]})
@@ -173,13 +205,13 @@ def run(workers: int, rate_mbit: float | None, model_name: str, rows: list[Row],
             results.append(res)
             log.info("diloco bench: %s %.1f samples/s", row.name, res["samples_per_s"])
         network = getattr(net, "label", type(net).__name__)
-    compute = next((r for r in results if r["row"] == "compute" and "error" not in r), None)
+    computes = [r["samples_per_s"] for r in results if r["row"] == "compute" and "error" not in r]
     for r in results:
-        if compute is not None and "samples_per_s" in r:
-            r["utilisation"] = r["samples_per_s"] / compute["samples_per_s"]
+        if computes and "samples_per_s" in r:
+            r["utilisation"] = r["samples_per_s"] / max(computes)
     meta = {"workers": workers, "rate_mbit": rate_mbit, "model": model_name, "steps": steps,
             "network": str(network), "torch": torch.__version__, "threads": 1,
-            "torchft": "not run (needs its lighthouse and manager; see the module doc)"}  # fmt: skip
+            "torchft": version() or "not installed"}  # fmt: skip
     return {"meta": meta, "rows": results}
 
 
@@ -210,12 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="lstm-lm", choices=sorted(WORKLOADS))
     p.add_argument("--hs", default="4,16", help="inner steps per sync, comma-separated")
     p.add_argument("--algorithms", default="onebit,topk")
+    p.add_argument("--streaming", default="", help="F,tau: Streaming DiLoCo rows too")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     hs = tuple(int(h) for h in a.hs.split(","))
-    rows = rows_for(hs, tuple(x for x in a.algorithms.split(",") if x))
+    ft = tuple(int(x) for x in a.streaming.split(",")) if a.streaming else None
+    if ft is not None and len(ft) != 2:
+        p.error("--streaming takes F,tau")
+    rows = rows_for(hs, tuple(x for x in a.algorithms.split(",") if x),
+                    None if ft is None else (ft[0], ft[1]))  # fmt: skip
     result = run(a.workers, a.rate or None, a.model, rows, a.steps)
     print(_table(result))
     if a.out is not None:
