@@ -22,13 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync import persist
-from hipress.casync.config import (
-    check_options,
-    check_schedule,
-    config_digest,
-    describe,
-    params_at,
-)
+from hipress.casync.config import check_options, check_schedule, config_digest, describe, params_at
 from hipress.casync.probe import StateProbe
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.stats import SyncStats
