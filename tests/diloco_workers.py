@@ -269,6 +269,14 @@ def bad_arguments(rank: int, world: int) -> list[str]:
             msgs.append(f"no error for {kw}")
         except DiLoCoError as exc:
             msgs.append(str(exc))
+    from torch.distributed.fsdp import fully_shard
+
+    sharded = small_model()
+    fully_shard(sharded)
+    try:
+        DiLoCo(sharded, torch.optim.SGD(sharded.parameters(), lr=0.1), sync_every=4)
+    except DiLoCoError as exc:
+        msgs.append(str(exc))
     d = DiLoCo(model, inner, sync_every=4)
     with d:
         try:

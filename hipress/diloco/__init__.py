@@ -19,6 +19,7 @@ the codec layer (:mod:`hipress.codec`), not on the DDP hook. See docs/reference/
 - :mod:`~hipress.diloco.coder` -- one tensor's codec and error feedback.
 - :mod:`~hipress.diloco.config` -- codecs per parameter, what ranks agree on.
 - :mod:`~hipress.diloco.checkpoint` -- the state dict.
+- :mod:`~hipress.diloco.stats` -- the counters of the outer syncs.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,34 +31,13 @@ from hipress.diloco.coder import OuterCoder, resolve_feedback
 from hipress.diloco.config import Choice, describe, digest, resolve_codecs
 from hipress.diloco.errors import ConfigMismatchError, DiLoCoError
 from hipress.diloco.fragments import Fragments, Schedule, split_fragments
+from hipress.diloco.stats import DiLoCoStats
 from hipress.diloco.sync import FragmentSync, Pending, guarded
 
 __all__ = ["DiLoCo", "DiLoCoStats"]
 
 log = logging.getLogger(__name__)
 log.addFilter(RANK_FILTER)
-
-
-@dataclass
-class DiLoCoStats:
-    """Counters of this rank's outer syncs.
-
-    Fields:
-        inner_steps: inner optimizer steps seen.
-        syncs: outer syncs applied (each fragment's counts once).
-        sent_bytes: bytes this rank sent for them (on a ring; payloads and flags).
-        raw_bytes: bytes an uncompressed all-reduce of the same outer gradients would send.
-        wait_s: seconds the inner loop stood waiting for outer collectives.
-        outer_s: seconds spent in outer syncs in all (encode, wait, decode, outer step).
-    """
-
-    inner_steps: int = 0
-    syncs: int = 0
-    sent_bytes: int = 0
-    raw_bytes: int = 0
-    wait_s: float = 0.0
-    outer_s: float = 0.0
-    per_fragment: list[int] = field(default_factory=list)
 
 
 class DiLoCo:
@@ -131,6 +109,12 @@ class DiLoCo:
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.named:
             raise DiLoCoError("the model has no trainable parameter")
+        sharded = [n for n, p in self.named if hasattr(p, "placements")]
+        if sharded:
+            raise DiLoCoError(
+                f"{sharded[0]} is a DTensor (FSDP2 or tensor parallelism): DiLoCo averages "
+                "whole parameters; wrap the model in DDP inside a replica instead"
+            )
         self._check_inner()
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)

@@ -1,0 +1,29 @@
+"""The counters a :class:`~hipress.diloco.DiLoCo` keeps of its outer syncs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["DiLoCoStats"]
+
+
+@dataclass
+class DiLoCoStats:
+    """Counters of this rank's outer syncs.
+
+    Fields:
+        inner_steps: inner optimizer steps seen.
+        syncs: outer syncs applied (each fragment's counts once).
+        sent_bytes: bytes this rank sent for them (on a ring; payloads and flags).
+        raw_bytes: bytes an uncompressed all-reduce of the same outer gradients would send.
+        wait_s: seconds the inner loop stood waiting for outer collectives.
+        outer_s: seconds spent in outer syncs in all (encode, wait, decode, outer step).
+    """
+
+    inner_steps: int = 0
+    syncs: int = 0
+    sent_bytes: int = 0
+    raw_bytes: int = 0
+    wait_s: float = 0.0
+    outer_s: float = 0.0
+    per_fragment: list[int] = field(default_factory=list)
