@@ -331,7 +331,8 @@ def _pickle_and_validate(rank: int, world_size: int) -> None:
         ({"log_every": "10"}, "log_every must be an integer >= 0"),
         ({"check_finite": 1}, "check_finite must be True or False"),
         ({"plan": "AUTO"}, "plan='auto'"),
-        ({"plan": 3}, "plan must be a Plan, a path"),
+        ({"plan": 3}, "plan must be .default. .or None: the default rule., .auto."),
+        ({"plan": "Default"}, "did you mean plan=.default."),
         ({"params_schedule": "0:0.1"}, "params_schedule must be a list of"),
         ({"params": 2}, "params must be a dict"),
     ]:

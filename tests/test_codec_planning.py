@@ -86,3 +86,35 @@ def test_randomk_is_never_compressed_twice_by_default(caplog: pytest.LogCaptureF
     with caplog.at_level("WARNING"):
         resolve_plan(explicit, unbiased, named, 4)
     assert "randomk loses accuracy when compressed twice" in caplog.text
+
+
+def test_plan_words_mean_the_same_on_every_entry_point(tmp_path: Path) -> None:
+    from hipress.codec.planning import check_plan_arg
+    from hipress.fsdp.errors import FsdpError
+    from hipress.fsdp.planning import FsdpPlan, UnitInfo, local_decisions
+
+    alg = load("onebit")
+    by_rule = resolve_plan(None, alg, NAMED, 2)
+    # DDP's hook and Horovod (both resolve with resolve_plan): "default" is the default rule
+    assert check_plan_arg("default", alg) is None
+    assert resolve_plan("default", alg, NAMED, 2) == by_rule
+    with pytest.raises(PlanError, match="needs a compression algorithm"):
+        check_plan_arg("auto", None)
+    # a file really named "default" is read when the path says it is one
+    (tmp_path / "default").write_text(by_rule.to_json())
+    assert check_plan_arg(tmp_path / "default", alg) == by_rule
+    # FSDP: "default" and None are the size rule, an FsdpPlan makes its decisions again
+    import torch
+
+    units = [UnitInfo("a", 1 << 20, 2, torch.float32), UnitInfo("b", 8, 2, torch.float32)]
+    rule = DefaultRule()
+    default = local_decisions("default", units, rule)
+    assert default is not None and local_decisions(None, units, rule) == default
+    assert [u.compress for u in default.values()] == [True, False]
+    flipped = local_decisions(FsdpPlan("explicit", local_decisions({"a": False}, units, rule)),
+                              units, rule)  # fmt: skip
+    assert flipped is not None and not flipped["a"].compress
+    with pytest.raises(FsdpError, match=r"per-parameter plan .* is for DDP and Horovod"):
+        local_decisions(by_rule, units, rule)
+    with pytest.raises(FsdpError, match=r"per-parameter plan .* is for DDP and Horovod"):
+        local_decisions(str(tmp_path / "default"), units, rule)

@@ -27,6 +27,7 @@ from hipress.casync.optimizers import (  # (re-exported: the optimizer checks li
 from hipress.casync.strategies.context import all_gather
 from hipress.codec.algorithm import resolve_algorithm
 from hipress.codec.errors import CaSyncError, CommError, ConfigMismatchError
+from hipress.codec.planning import PLAN_WORDS
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan
 from hipress.core.rule import DefaultRule
@@ -80,11 +81,13 @@ def check_options(params: Any, seed: Any, rule: Any, check_finite: Any, log_ever
         raise CaSyncError(f"check_finite must be True or False, got {check_finite!r}")
     if rule is not None and not isinstance(rule, DefaultRule):
         raise CaSyncError(f"rule must be a DefaultRule or None, got {rule!r}")
-    if isinstance(plan, str) and plan != "auto" and plan.strip().lower() == "auto":
-        raise CaSyncError(f"plan={plan!r}: SeCoPa's automatic plan is plan='auto'")
+    word = plan.strip().lower() if isinstance(plan, str) else None
+    if word in PLAN_WORDS and plan != word:
+        raise CaSyncError(f"plan={plan!r}: did you mean plan={word!r}?")
     if plan is not None and not isinstance(plan, Plan | str | Path):
         raise CaSyncError(
-            f"plan must be a Plan, a path to a plan file, 'auto' or None, got {plan!r}"
+            "plan must be 'default' (or None: the default rule), 'auto' (SeCoPa's plan), a path "
+            f"to a plan file or a Plan, got {plan!r}"
         )
 
 

@@ -52,7 +52,7 @@ class CaSyncState:
         params: the algorithm's hyper-parameters (with a name only).
         named_parameters: (name, parameter) pairs of every parameter that receives a gradient,
             or (name, numel) pairs when there is no model (benchmarks).
-        plan: a :class:`~hipress.core.plan.Plan`, a plan file, ``"auto"`` or None (default rule).
+        plan: ``"default"`` or None (the default rule), ``"auto"``, a plan file or a Plan.
         process_group: group to synchronise over (None: the default group).
         seed: base RNG seed; each rank mixes its rank in.
         backend: CompLL backend for a named algorithm ("auto", "cpu", "reference").

@@ -2,6 +2,11 @@
 :class:`~hipress.core.plan.Plan`, one loaded from a file, SeCoPa's automatic plan, or the default
 rule (:class:`~hipress.core.rule.DefaultRule`).
 
+Every entry point takes the same words for ``plan=``: ``"default"`` (or None) for the default
+rule, ``"auto"`` for SeCoPa's plan, a path to a plan file or a :class:`Plan` (:data:`PLAN_WORDS`).
+A plan file that is really named ``default`` or ``auto`` is read when given as a
+:class:`~pathlib.Path` or with a directory (``"./default"``).
+
 PS and the ring compress an aggregate again (the server's shard, each hop's partial sum). An
 algorithm that does not survive that (:func:`~hipress.codec.algorithm.recompressible`: an
 unbiased random sparsifier such as randomk with ``memory=False`` multiplies its variance by n/k)
@@ -27,11 +32,13 @@ from hipress.secopa.measure.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.measure.runtime import check_plan as check_plan_fits_model
 from hipress.secopa.model.planner import PlannerConfig
 
-__all__ = ["check_plan_arg", "resolve_plan"]
+__all__ = ["PLAN_WORDS", "check_plan_arg", "resolve_plan"]
 
 log = logging.getLogger(__name__)
 log.addFilter(RANK_FILTER)
 _TWICE = (Strategy.PS, Strategy.RING)
+# the plan arguments that are words, not paths: the default rule and SeCoPa's plan
+PLAN_WORDS = ("default", "auto")
 
 
 def _default_plan(
@@ -124,9 +131,12 @@ def check_plan(
 def check_plan_arg(
     plan: Plan | str | Path | None, algorithm: CompressionAlgorithm | None
 ) -> Plan | str | None:
-    """``plan`` as far as it can be checked before the process group exists: a plan file is
-    read (a missing one says so and names ``"auto"``); ``"auto"`` needs a compression
-    algorithm. Returns the :class:`Plan` read, or ``plan``. Raises :class:`PlanError`."""
+    """``plan`` as far as it can be checked before the process group exists: ``"default"``
+    becomes None (the default rule); a plan file is read (a missing one says so and names
+    ``"auto"``); ``"auto"`` needs a compression algorithm. Returns the :class:`Plan` read, None,
+    or ``"auto"``. Raises :class:`PlanError`."""
+    if isinstance(plan, str) and plan == "default":
+        return None
     if isinstance(plan, str) and plan == "auto":
         if algorithm is None or not compresses(algorithm):
             raise PlanError("plan='auto' needs a compression algorithm")
@@ -159,15 +169,15 @@ def resolve_plan(
     ``algorithm`` is the codec (None or :class:`~hipress.core.compression.Uncompressed`: no
     compression). Takes a :class:`Plan`, a path to a plan JSON file, ``"auto"`` (SeCoPa
     profiles and plans it on ``device``, a collective call over ``group``: every rank must make
-    it; ``probe`` runs CaSync's steps to calibrate the profile) or ``None`` (the
-    :class:`DefaultRule`); ``named_numels`` are the (name, numel) pairs of every parameter
+    it; ``probe`` runs CaSync's steps to calibrate the profile) or ``"default"``/None (the
+    :class:`DefaultRule` ``rule``); ``named_numels`` are the (name, numel) pairs of every parameter
     that receives a gradient. Raises :class:`PlanError` if the plan does not cover exactly these
     parameters, was made for another world size or algorithm, or asks for partitions too small
     to split.
     """
     if algorithm is None:
         algorithm = Uncompressed()
-    if plan is None:
+    if plan is None or (isinstance(plan, str) and plan == "default"):
         resolved = _default_plan(algorithm, named_numels, world_size, rule or DefaultRule())
     elif isinstance(plan, Plan):
         resolved = plan
@@ -176,6 +186,9 @@ def resolve_plan(
     elif isinstance(plan, (str, Path)):
         resolved = load_plan_for_model(plan, named_numels, world_size)
     else:
-        raise PlanError(f"plan must be a Plan, a path, 'auto' or None, got {type(plan).__name__}")
+        raise PlanError(
+            f"plan must be 'default', 'auto', a path to a plan file or a Plan, got "
+            f"{type(plan).__name__}"
+        )
     check_plan(resolved, algorithm, named_numels, world_size)
     return resolved

@@ -15,8 +15,12 @@ Three ways to decide, chosen by ``plan``:
   (:mod:`hipress.fsdp.calibrate`) in place of CaSync's steps. A unit is compressed only where
   the compressed prediction is at least ``margin`` (10%) below the plain one. Global rank 0's
   decisions are broadcast, so every rank runs the same collective.
-- a mapping ``{unit name: bool}`` (units it leaves out follow the size rule) or a callable
-  ``unit name -> bool``: the user's decisions, checked to be the same on every rank.
+- a mapping ``{unit name: bool}`` (units it leaves out follow the size rule), a callable
+  ``unit name -> bool``, or an :class:`FsdpPlan` (its decisions, made again): the user's
+  decisions, checked to be the same on every rank.
+
+None means ``"default"``, as for the DDP hook. A per-parameter
+:class:`~hipress.core.plan.Plan` (or its file) is DDP's and Horovod's: FSDP refuses it, saying so.
 
 The result is an :class:`FsdpPlan`: a :class:`UnitPlan` per unit, with the modelled times where
 SeCoPa priced it, and a table to print.
@@ -35,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from hipress.core.compression import CompressionAlgorithm
+from hipress.core.plan import Plan
 from hipress.core.rule import DefaultRule
 from hipress.fsdp.calibrate import calibrate
 from hipress.fsdp.collective import TRAILER
@@ -65,8 +70,6 @@ PLANS = ("default", "auto")
 # one below it: the model's errors then do not flip units whose two costs are close
 MARGIN = 0.1
 PROFILE_BUDGET_S = 1.0  # compute-profiling budget of "auto" at registration
-
-PlanArg = str | Mapping[str, bool] | Callable[[str], bool]
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,10 @@ class FsdpPlan:
         return self.table()
 
 
+# what register's ``plan=`` takes (see the module docstring); None is "default"
+PlanArg = str | FsdpPlan | Mapping[str, bool] | Callable[[str], bool] | None
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -166,14 +173,23 @@ def check_plan_arg(plan: Any, profile: Any) -> str:
     """The kind of ``plan`` (``"default"``, ``"auto"`` or ``"explicit"``), checked before
     anything is built. Raises :class:`FsdpError` naming the choices, or if ``profile`` is
     given without ``plan="auto"``."""
-    if isinstance(plan, str) and plan in PLANS:
+    if plan is None:
+        kind = "default"
+    elif isinstance(plan, str) and plan in PLANS:
         kind = plan
-    elif isinstance(plan, Mapping) or (callable(plan) and not isinstance(plan, str)):
+    elif isinstance(plan, Mapping | FsdpPlan) or (callable(plan) and not isinstance(plan, str)):
         kind = "explicit"
     else:
+        why = ""
+        if isinstance(plan, str) and plan.strip().lower() in PLANS:
+            why = f"did you mean plan={plan.strip().lower()!r}? "
+        elif isinstance(plan, str | Path | Plan):
+            why = "a per-parameter plan (a Plan or plan file) is for DDP and Horovod; FSDP "
+            why += "decides per unit, so "
         raise FsdpError(
-            f"plan must be 'default' (the size rule), 'auto' (SeCoPa decides per unit), a "
-            f"mapping {{unit name: bool}} or a callable unit name -> bool; got {plan!r}"
+            f"{why}plan must be 'default' (or None: the size rule), 'auto' (SeCoPa decides per "
+            f"unit), an FsdpPlan, a mapping {{unit name: bool}} or a callable unit name -> bool; "
+            f"got {plan!r}"
         )
     if profile is not None and kind != "auto":
         raise FsdpError(f"profile= is what plan='auto' prices with; plan={plan!r} does not use it")
@@ -218,6 +234,8 @@ def local_decisions(
     """This rank's decisions for ``"default"`` and explicit plans, without communicating
     (None for ``"auto"``, which measures). Raises :class:`FsdpError` as :func:`plan_units`."""
     kind = check_plan_arg(plan, None)
+    if isinstance(plan, FsdpPlan):
+        plan = plan.mapping()
     if kind == "default":
         return {u.name: _by_rule(u, rule) for u in units}
     return _explicit(plan, units, rule) if kind == "explicit" else None

@@ -97,8 +97,8 @@ def register(
     ``"auto"`` (SeCoPa prices each unit's plain and compressed reduce-scatter, on ``profile``
     if given, a :class:`~hipress.secopa.model.profile.Profile` or its JSON file, else on one it
     measures in the units' process group: a second or two, every rank taking part), or a
-    mapping ``{unit name: bool}`` (units left out follow the size rule) or callable
-    ``name -> bool``. Call it on every rank, before the first backward, with the same
+    mapping ``{unit name: bool}`` (units left out follow the size rule), a callable
+    ``name -> bool`` or an earlier :class:`FsdpPlan`; None is ``"default"``. Call it on every rank, before the first backward, with the same
     arguments: it is a collective over the default group that checks that every rank
     registers the same configuration (:mod:`hipress.fsdp.agree`). Returns the
     :class:`FsdpCompression`. Raises :class:`FsdpError` for a model without FSDP2 modules, one

@@ -315,8 +315,8 @@ def DistributedOptimizer(
     applies to the uncompressed allreduce entries; ``op`` must be Average; ``num_groups``,
     ``groups`` and ``process_set`` other than the default raise), plus CaSync's, keyword-only:
     ``algorithm`` (CompLL name, algorithm object or
-    None), ``params``, ``plan`` (a :class:`~hipress.core.plan.Plan`, a plan JSON path, ``"auto"``
-    or None for the :class:`DefaultRule` ``rule``), ``seed``, ``backend``. Call after
+    None), ``params``, ``plan`` (``"default"`` or None for the :class:`DefaultRule` ``rule``,
+    ``"auto"``, a plan JSON path or a :class:`~hipress.core.plan.Plan`), ``seed``, ``backend``. Call after
     ``hvd.init()``, with the same arguments on every rank. ``plan="auto"`` is SeCoPa's, as in
     the DDP hook: every rank profiles the network with Horovod's operations and the algorithm's
     compute costs (a few seconds), rank 0 plans, and every rank gets rank 0's plan.

@@ -47,7 +47,8 @@ class HipressCallback(pl.Callback):
 
     Args:
         algorithm: a CompLL algorithm name, an algorithm object, or None (no compression).
-        plan: a :class:`~hipress.core.plan.Plan`, a plan file, ``"auto"`` or None (default rule).
+        plan: ``"default"`` or None (the default rule), ``"auto"`` (SeCoPa's plan), a plan file
+            or a :class:`~hipress.core.plan.Plan`.
             With ``"auto"``, a run resumed from a checkpoint takes the plan saved in it instead
             of measuring again: a new measurement may plan differently, and the saved states
             would not match it.
