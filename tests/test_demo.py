@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hipress.bench.gpt import GPTConfig
 from hipress.bench.netsim import ShapedNetwork, shaping_unavailable_reason
 from hipress.cli import main
 from hipress.cli.demo import format_summary
@@ -38,6 +39,7 @@ from hipress.demo.data import (
     tokenize_text,
 )
 from hipress.demo.launch import launch
+from hipress.demo.models import model_config, model_name
 from hipress.demo.wordlm import evaluate
 
 # ---------------------------------------------------------------------------- corpus
@@ -250,3 +252,40 @@ def test_summary_compares_runs_and_explains_an_empty_plan() -> None:
     assert "29.0% vs 30.0%" in text and "SeCoPa compressed nothing" not in text
     assert "SeCoPa compressed nothing" in format_summary(_result(0))
     assert "Try --bandwidth 1gbit" in format_summary(_result(0))  # on loopback: a slower network
+
+
+# ---------------------------------------------------------------------------- the GPT option
+
+
+def test_model_configs_by_name() -> None:
+    lstm = model_config("lstm", 2048, 32)
+    assert isinstance(lstm, ModelConfig) and (lstm.emb_dim, lstm.layers) == (384, 1)
+    gpt = model_config("gpt", 2048, 64)
+    assert isinstance(gpt, GPTConfig) and gpt.tied and (gpt.context, gpt.dim) == (64, 128)
+    assert not model_config("gpt-untied", 2048, 64, emb_dim=32, layers=1).tied
+    assert [model_name(c) for c in (lstm, gpt)] == ["lstm", "gpt"]
+    with pytest.raises(ValueError, match="LSTM's width"):
+        model_config("gpt", 2048, 64, hidden=64)
+    with pytest.raises(ValueError, match="unknown model"):
+        model_config("bert", 2048, 64)
+    with pytest.raises(DemoError, match="longer than the GPT's context"):
+        DemoConfig(seq_len=65, model=gpt)
+
+
+def test_demo_trains_the_untied_gpt(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    args = [
+        *("demo", "--model", "gpt-untied", "--workers", "2", "--steps", "3", "--batch", "2"),
+        *("--seq-len", "16", "--vocab", "2048", "--emb-dim", "32", "--layers", "1"),
+        *("--plan", "default", "--algorithm", "onebit", "--bandwidth", "loopback"),
+        *("--out", str(tmp_path), "--quiet", "--no-chart", "--no-trace", "--timeout", "240"),
+    ]
+    assert main(args) == 0
+    assert "GPT-2-style transformer LM" in capsys.readouterr().out
+    data = json.loads((tmp_path / "demo.json").read_text())
+    assert data["model"] == "gpt-untied" and data["config"]["model"]["context"] == 16
+    # embedding, position embedding, one block, final LayerNorm, head
+    assert data["parameters"] == 2 * 2048 * 32 + 16 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32
+    base, hip = data["runs"]
+    assert hip["train_loss"][0] == pytest.approx(base["train_loss"][0], rel=1e-6)
+    assert all(math.isfinite(v) for v in hip["train_loss"])
+    assert hip["ratio"] < 0.25  # onebit on the embedding and the head

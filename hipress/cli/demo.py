@@ -1,5 +1,6 @@
-"""``hipress demo``: train a word-level LSTM language model on local workers, uncompressed and
-with hipress, then print a comparison, write ``demo.json`` and (with matplotlib) ``demo.png``.
+"""``hipress demo``: train a language model (a word-level LSTM, or with ``--model gpt`` a
+GPT-2-style transformer) on local workers, uncompressed and with hipress, then print a
+comparison, write ``demo.json`` and (with matplotlib) ``demo.png``.
 
 The CLI owns all output: the settings, rank 0's progress bars (on stderr), the summary table and
 the chart. See docs/reference/demo.md.
@@ -15,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hipress.cli.args import RESULTS, parse_rate_mbit
+from hipress.cli.demo_chart import write_chart
 from hipress.cli.options import add_alias
-from hipress.demo.config import DemoConfig, DemoError, DemoResult, RunResult, default_runs
+from hipress.demo.config import DemoConfig, DemoError, DemoResult, default_runs
+from hipress.demo.models import MODELS, defaults, model_config
 from hipress.demo.wordlm import ModelConfig
 
 __all__ = ["add_parser", "cmd_demo", "format_summary", "write_chart"]
@@ -109,86 +112,20 @@ def format_summary(result: DemoResult) -> str:
     return "\n".join(out)
 
 
-def _smooth(values: list[float], window: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, v in enumerate(values):
-        acc += v
-        if i >= window:
-            acc -= values[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
-
-
-def write_chart(result: DemoResult, path: Path) -> bool:
-    """Draw training loss per step and validation points of every run, bytes sent per step,
-    and final validation accuracy into a PNG at ``path``. Returns False (and draws nothing) if
-    matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    runs: list[RunResult] = result.runs
-    fig, (ax_loss, ax_bytes, ax_acc) = plt.subplots(
-        1, 3, figsize=(13, 4), gridspec_kw={"width_ratios": [2.2, 1, 1]}
-    )
-    colors = [f"C{i}" for i in range(len(runs))]
-    window = max(1, len(runs[0].train_loss) // 30)
-    for r, c in zip(runs, colors, strict=True):
-        steps = range(1, len(r.train_loss) + 1)
-        ax_loss.plot(steps, _smooth(r.train_loss, window), color=c, label=f"{r.spec.name} train")
-        ax_loss.plot(
-            [e.step for e in r.evals],
-            [e.loss for e in r.evals],
-            "o--",
-            color=c,
-            label=f"{r.spec.name} validation",
-        )
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("next-token loss (nats)")
-    ax_loss.set_title(f"loss ({window}-step moving average)")
-    ax_loss.legend(fontsize=8)
-    ax_loss.grid(alpha=0.3)
-    names = [r.spec.name for r in runs]
-    mib = [r.bytes_per_step / 2**20 for r in runs]
-    bars = ax_bytes.bar(names, mib, color=colors)
-    ax_bytes.bar_label(bars, labels=[f"{m:.2f}" for m in mib], fontsize=8)
-    ax_bytes.set_ylabel("MiB sent per step per worker")
-    ax_bytes.set_title("gradient bytes sent")
-    acc = [100 * r.final.accuracy for r in runs]
-    bars = ax_acc.bar(names, acc, color=colors)
-    ax_acc.bar_label(bars, labels=[f"{a:.1f}%" for a in acc], fontsize=8)
-    ax_acc.set_ylabel("validation next-token accuracy (%)")
-    ax_acc.set_title(f"after {len(runs[0].train_loss)} steps")
-    for ax in (ax_bytes, ax_acc):
-        ax.tick_params(axis="x", labelsize=8, rotation=10)
-    speeds = ", ".join(f"{r.spec.name} {r.samples_per_s:.0f} samples/s" for r in runs)
-    fig.suptitle(
-        f"hipress demo: word LSTM LM on Python stdlib source, {result.config.workers} workers, "
-        f"{result.network}\nthroughput: {speeds}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def _config(args: argparse.Namespace) -> DemoConfig:
+    d = defaults(args.model)
+    seq_len = d["seq_len"] if args.seq_len is None else args.seq_len
     try:
-        model = ModelConfig(
-            vocab_size=args.vocab, emb_dim=args.emb_dim, hidden=args.hidden, layers=args.layers
+        model = model_config(
+            args.model, args.vocab, seq_len, args.emb_dim, args.layers, args.hidden
         )
     except ValueError as exc:
         raise DemoError(str(exc)) from None
     return DemoConfig(
         workers=args.workers,
         steps=args.steps,
-        batch=args.batch,
-        seq_len=args.seq_len,
+        batch=d["batch"] if args.batch is None else args.batch,
+        seq_len=seq_len,
         model=model,
         lr=args.lr,
         seed=args.seed,
@@ -258,17 +195,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         config = _config(args)
         corpus = load_corpus(config.model.vocab_size)
         runs = default_runs(args.algorithm, params, plan)
-        from hipress.demo.wordlm import WordLM
+        from hipress.demo.models import build_model, describe_model
 
-        nparams = WordLM(config.model).num_parameters()
-        m = config.model
+        model = build_model(config.model)
+        nparams = sum(p.numel() for p in model.parameters())
         print(
             f"hipress demo: {config.workers} worker processes (gloo, "
             f"{config.worker_threads()} torch thread(s) each), {config.steps} steps per run\n"
             f"data:  {corpus.describe()}\n"
-            f"model: word-level LSTM LM, {nparams / 1e6:.2f} M parameters (embedding "
-            f"{m.vocab_size}x{m.emb_dim}, LSTM {m.layers}x{m.hidden}, output "
-            f"{m.hidden}x{m.vocab_size}); {_mib(4 * nparams)} of gradient per step\n"
+            f"model: {describe_model(config.model, nparams)}; {_mib(4 * nparams)} of gradient "
+            "per step\n"
             f"batch: {config.batch} x {config.seq_len} tokens per worker per step, Adam "
             f"lr {config.lr:g}\n"
             f"runs:  uncompressed (DDP allreduce), then hipress {args.algorithm} "
@@ -307,10 +243,11 @@ def add_parser(sub: Any) -> None:
     d = sub.add_parser(
         "demo",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="train an LSTM LM on local workers, uncompressed and with hipress; compare",
+        help="train a language model on local workers, uncompressed and with hipress; compare",
         description=(
-            "Start N local worker processes (gloo) and train a word-level LSTM language model "
-            "on the Python standard library's source, once with plain DDP allreduce and once "
+            "Start N local worker processes (gloo) and train a language model (a word-level "
+            "LSTM, or a GPT-2-style transformer with --model gpt) on the Python standard "
+            "library's source, once with plain DDP allreduce and once "
             "with hipress (CaSync hook, SeCoPa plan). Prints throughput, bytes sent and "
             "validation loss/accuracy, and writes demo.json and demo.png."
         ),
@@ -337,12 +274,21 @@ def add_parser(sub: Any) -> None:
     )
     add_alias(d, "--net-mbit", "net_mbit", "--bandwidth 1gbit (or loopback)", type=float)
     d.add_argument("--out", default=RESULTS, help="directory for demo.json/demo.png")
-    d.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
-    d.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
+    d.add_argument("--model", choices=MODELS, default="lstm",
+                   help="lstm: word-level LSTM LM; gpt: GPT-2-style transformer LM with tied "
+                   "input/output embeddings (a dense embedding gradient); gpt-untied: the same "
+                   "untied (a row-sparse input-embedding gradient)")  # fmt: skip
+    d.add_argument("--batch", type=int, default=None,
+                   help="sequences per worker per step (default: lstm 16, gpt 4)")  # fmt: skip
+    d.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence; a GPT's context (default: lstm 32, gpt 128)")  # fmt: skip
     d.add_argument("--vocab", type=int, default=ModelConfig.vocab_size, help="vocabulary size")
-    d.add_argument("--emb-dim", type=int, default=ModelConfig.emb_dim, help="embedding width")
-    d.add_argument("--hidden", type=int, default=ModelConfig.hidden, help="LSTM hidden size")
-    d.add_argument("--layers", type=int, default=ModelConfig.layers, help="LSTM layers")
+    d.add_argument("--emb-dim", type=int, default=None,
+                   help="embedding width; a GPT's model width (default: lstm 384, gpt 128)")  # fmt: skip
+    d.add_argument("--hidden", type=int, default=None,
+                   help="LSTM hidden size (lstm only; default 128)")  # fmt: skip
+    d.add_argument("--layers", type=int, default=None,
+                   help="LSTM layers or transformer blocks (default: lstm 1, gpt 4)")  # fmt: skip
     d.add_argument("--lr", type=float, default=DemoConfig.lr, help="Adam learning rate")
     d.add_argument("--seed", type=int, default=0, help="random seed of data and weights")
     d.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")

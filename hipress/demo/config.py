@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from hipress.bench.gpt import GPTConfig
+from hipress.demo.models import model_name
 from hipress.demo.wordlm import ModelConfig
 
 __all__ = [
@@ -71,7 +73,9 @@ class DemoConfig:
         steps: optimizer steps per run.
         batch: sequences per worker per step.
         seq_len: tokens per sequence (truncated BPTT length).
-        model: the model's shape (its ``vocab_size`` must match the corpus).
+        model: the model's shape: :class:`~hipress.demo.wordlm.ModelConfig` (the LSTM) or
+            :class:`~hipress.bench.gpt.GPTConfig` (the GPT, whose ``context`` must hold
+            ``seq_len``); its ``vocab_size`` must match the corpus.
         lr: Adam learning rate.
         clip: gradient-norm clipping (0: off), applied to the synchronised gradient.
         eval_points: validations per run, evenly spaced, the last at the final step.
@@ -90,7 +94,7 @@ class DemoConfig:
     steps: int = 300
     batch: int = 16
     seq_len: int = 32
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig | GPTConfig = field(default_factory=ModelConfig)
     lr: float = 2e-3
     clip: float = 1.0
     eval_points: int = 3
@@ -122,6 +126,10 @@ class DemoConfig:
         if bad:
             vals = ", ".join(f"{k}={getattr(self, k)!r}" for k in bad)
             raise DemoError(f"invalid demo settings: {vals}")
+        if isinstance(self.model, GPTConfig) and self.seq_len > self.model.context:
+            raise DemoError(
+                f"seq_len {self.seq_len} is longer than the GPT's context ({self.model.context})"
+            )
 
     def worker_threads(self) -> int:
         """Torch threads each worker uses."""
@@ -222,6 +230,7 @@ class DemoResult:
     def as_dict(self) -> dict[str, Any]:
         return {
             "config": asdict(self.config),
+            "model": model_name(self.config.model),
             "corpus": self.corpus,
             "corpus_digest": self.corpus_digest,
             "parameters": self.parameters,

@@ -1,5 +1,6 @@
-"""The demo's training job: N local workers train :class:`~hipress.demo.wordlm.WordLM` on the
-standard-library corpus, once per :class:`~hipress.demo.config.RunSpec` (plain DDP, then hipress).
+"""The demo's training job: N local workers train the demo's model (:mod:`~hipress.demo.models`:
+the LSTM or the GPT) on the standard-library corpus, once per
+:class:`~hipress.demo.config.RunSpec` (plain DDP, then hipress).
 
     corpus = load_corpus(config.model.vocab_size)
     result = run_demo(config, default_runs("topk"), corpus)   # DemoResult, JSON-able
@@ -27,7 +28,8 @@ from hipress.casync.trace import Tracer
 from hipress.demo.config import DemoConfig, DemoError, DemoResult, EvalPoint, RunResult, RunSpec
 from hipress.demo.data import Corpus, eval_windows, sample_batch, shard
 from hipress.demo.launch import launch
-from hipress.demo.wordlm import WordLM, evaluate
+from hipress.demo.models import build_model
+from hipress.demo.wordlm import evaluate
 from hipress.timeline import breakdown, load_traces
 
 __all__ = ["run_demo"]
@@ -163,7 +165,7 @@ def _step(
     return loss
 
 
-def _evaluate(model: WordLM, windows: Any, step: int) -> tuple[int, float, float]:
+def _evaluate(model: nn.Module, windows: Any, step: int) -> tuple[int, float, float]:
     """``(step, loss, accuracy)`` on the held-out windows of every rank (collective)."""
     totals = torch.tensor(evaluate(model, windows), dtype=torch.float64)
     dist.all_reduce(totals)
@@ -172,11 +174,11 @@ def _evaluate(model: WordLM, windows: Any, step: int) -> tuple[int, float, float
 
 def _setup(
     cfg: DemoConfig, spec: RunSpec, show: bool
-) -> tuple[WordLM, DistributedDataParallel, Any]:
+) -> tuple[nn.Module, DistributedDataParallel, Any]:
     """The model from ``cfg.seed``, wrapped by DDP, with CaSync's hook for ``spec`` (the state,
     or None for plain DDP)."""
     torch.manual_seed(cfg.seed)
-    model = WordLM(cfg.model)
+    model = build_model(cfg.model)
     ddp = DistributedDataParallel(model)
     state = None
     if spec.algorithm is not None:
@@ -240,7 +242,7 @@ def _train_run(
         "grad_bytes": grad_bytes,
         "evals": tally.evals,
         "sync": tally.sync(),
-        "parameters": model.num_parameters(),
+        "parameters": sum(p.numel() for p in params),
     }
 
 
