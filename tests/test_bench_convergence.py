@@ -3,6 +3,9 @@ tabular classifier), over seeds, the momentum hand-over to dgc, and the FSDP2 mo
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,10 +17,11 @@ from hipress.bench.convergence import (
     run_convergence,
     summarise,
 )
-from hipress.bench.convergence_options import fsdp_refusal
+from hipress.bench.convergence_options import TASKS, fsdp_refusal
 from hipress.bench.convergence_train import HeavyBall
 from hipress.bench.tables import convergence_rows
 from hipress.bench.workloads import TabularMLP, tabular_data
+from hipress.cli import main
 
 
 def test_convergence_rows_and_dgc_momentum() -> None:
@@ -216,3 +220,41 @@ def test_options_are_checked() -> None:
         ConvergenceOptions(task="imagenet")
     with pytest.raises(ValueError, match="seeds"):
         ConvergenceOptions(seeds=(0, 0))
+
+
+def test_gpt_task_from_the_command_line(tmp_path: Path) -> None:
+    """``--task gpt``: the GPT-2-style LM (tied) in 128-token windows, uncompressed and with an
+    algorithm, written as convergence-gpt.json."""
+    args = [
+        *("bench", "convergence", "--task", "gpt", "--workers", "2", "--algorithms", "topk"),
+        *("--epochs", "1", "--train-tokens", "2048", "--batch", "2", "--out", str(tmp_path)),
+    ]
+    assert main(args) == 0
+    res = json.loads((tmp_path / "convergence-gpt.json").read_text())
+    m = res["meta"]
+    assert m["task_name"] == "gpt" and m["bptt"] == 128 and m["lr"] == TASKS["gpt"].lr
+    base, topk = res["rows"]
+    assert [r["algorithm"] for r in res["rows"]] == ["uncompressed", "topk"]
+    for r in res["rows"]:
+        assert "error" not in r, r.get("error")
+        assert r["finite"] and 0.0 <= r["accuracy"] <= 1.0
+        assert r["steps"] == (2047 // 128) // (2 * 2)  # 15 windows, 4 per step
+    # the same weights and batches: only the gradient exchange differs
+    assert topk["runs"][0]["train_loss"] != base["runs"][0]["train_loss"]
+    assert "128-token windows" in (tmp_path / "convergence-gpt.md").read_text()
+
+
+def test_gpt_untied_task_sharded_by_fsdp() -> None:
+    """The untied GPT under FSDP2: the token embedding, each block and the head are units,
+    compressed where they pass the size threshold; the tied one's embedding stays in the
+    root (the head computes with it outside the embedding's forward)."""
+    kw = dict(workers=2, epochs=1, train_tokens=2048, eval_tokens=1024, batch=2, timeout=300,
+              vocab=2048, fsdp=True, algorithms=("onebit:bf16",))  # fmt: skip
+    rows = run_convergence(ConvergenceOptions(task="gpt-untied", **kw))["rows"]
+    assert [r.get("error") for r in rows] == [None, None]
+    units = rows[1]["runs"][0]["units"]
+    assert units["embed"] == [2048 * 128, True] and units["head"] == [2048 * 128, True]
+    assert {f"blocks.{i}" for i in range(4)} <= set(units)
+    tied = run_convergence(ConvergenceOptions(task="gpt", **kw))["rows"]
+    assert [r.get("error") for r in tied] == [None, None]
+    assert not {"embed", "head"} & set(tied[1]["runs"][0]["units"])

@@ -120,3 +120,25 @@ def test_fsdp_rows_with_memory_traffic_and_speedups() -> None:
     line = next(x for x in md.splitlines() if x.startswith("| fsdp-hipress-onebit |"))
     assert line.count("|") == 14 and "at most" in md
     json.dumps(cell)  # the JSON holds it all
+
+
+def test_the_command_line_takes_the_gpt_models(tmp_path: Path, monkeypatch: Any) -> None:
+    import hipress.bench.e2e as e2e
+    from hipress.bench import report
+    from hipress.cli import main
+
+    seen: list[E2EOptions] = []
+
+    def fake(opts: E2EOptions, progress: Any = None) -> dict[str, Any]:
+        seen.append(opts)
+        return {"meta": {"workers": opts.workers, "steps": opts.steps, "warmup": opts.warmup,
+                         "threads_per_worker": 1, "torch": "t", "date": "d"}, "cells": []}  # fmt: skip
+
+    monkeypatch.setattr(e2e, "run_matrix", fake)
+    monkeypatch.setattr(report, "e2e_png", lambda *a: None)  # no cells to draw
+    args = ["bench", "e2e", "--models", "gpt,gpt-untied", "--workers", "2", "--loopback",
+            "--out", str(tmp_path), "--no-trace"]  # fmt: skip
+    assert main(args) == 0
+    assert seen[0].models == ("gpt", "gpt-untied") and seen[0].workers == 2
+    assert {"gpt", "gpt-untied"} <= set(WORKLOADS)
+    assert WORKLOADS["gpt"].kind == WORKLOADS["gpt-untied"].kind == "communication-heavy"

@@ -1,7 +1,7 @@
-"""Convergence under compression: the same data-parallel training job (a word-level LSTM LM on
-the standard library's sources, N workers, a fixed number of epochs) run uncompressed and with
-every shipped algorithm (each with its own error feedback, where it has one); next-word accuracy
-on held-out text side by side, after the last epoch and at the best epoch (measured after every
+"""Convergence under compression: the same data-parallel training job (a word-level LSTM LM or a
+GPT-2-style transformer LM on the standard library's sources, or a tabular classifier; N
+workers, a fixed number of epochs) run uncompressed and with every shipped algorithm (each with
+its own error feedback, where it has one); accuracy on held-out data side by side, after the last epoch and at the best epoch (measured after every
 epoch: with a long enough run the uncompressed baseline overfits, and its final accuracy alone
 would flatter the others).
 
@@ -200,6 +200,7 @@ def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str,
         **{k: v for k, v in vars(opts).items() if k not in ("algorithms", "task")},
         "seeds": list(opts.seeds),
         "batch": opts.batch or spec.batch,
+        "bptt": opts.window() if spec.window else None,
         "lr": opts.lr or spec.lr,
         "clip": spec.clip if opts.clip is None else opts.clip,
     }

@@ -4,7 +4,10 @@ reduce-scattered plainly (float32) or compressed by :func:`hipress.fsdp.register
 
 Units: the LSTM LM's embedding and LSTM each a unit, the root holding the adaptive softmax
 (its forward sums the tail's parameters outside the tail's own forward, which FSDP2 has
-resharded by then); the tabular classifier's three linear layers each a unit. Units follow
+resharded by then); the GPT's transformer blocks each a unit, untied also its token embedding
+and its head, the root holding the rest (tied, the head computes with the token embedding's
+matrix outside the embedding's own forward); the tabular classifier's three linear layers each
+a unit. Units follow
 :func:`hipress.fsdp.register`'s threshold (CaSync's default rule), so small ones stay plain.
 
 The uncompressed warm-up of CaSync is mirrored by switching the compressed units' collectives
@@ -31,6 +34,10 @@ def _unit_modules(model: nn.Module, task: str) -> list[nn.Module]:
     """The modules that become FSDP units below the root, for ``task``."""
     if task == "tabular":
         return [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if task == "gpt":
+        return list(model.blocks)  # type: ignore[arg-type]
+    if task == "gpt-untied":
+        return [model.embed, *model.blocks, model.head]  # type: ignore[misc]
     return [model.embed, model.lstm]  # type: ignore[list-item]
 
 

@@ -19,19 +19,40 @@ __all__ = [
 ]
 
 
+GPT_LR = 0.1
+
+
 @dataclass(frozen=True)
 class TaskSpec:
-    """A convergence task's defaults: ``lr``, ``batch`` (samples per rank per step), ``clip``
-    and a one-line ``description`` for the results."""
+    """A convergence task's defaults: ``lr``, ``batch`` (samples per rank per step), ``clip``,
+    a one-line ``description`` for the results and, for a language model, ``window`` (tokens
+    per training window; 0 for other tasks)."""
 
     lr: float
     batch: int
     clip: float
     description: str
+    window: int = 0
 
 
 TASKS: dict[str, TaskSpec] = {
-    "lm": TaskSpec(0.5, 8, 1.0, "word-level LSTM LM (adaptive softmax) on Python stdlib sources"),
+    "lm": TaskSpec(
+        0.5, 8, 1.0, "word-level LSTM LM (adaptive softmax) on Python stdlib sources", 32
+    ),
+    "gpt": TaskSpec(
+        GPT_LR,
+        4,
+        1.0,
+        "GPT-2-style LM (4 x 128 wide, tied embeddings) on Python stdlib sources",
+        128,
+    ),
+    "gpt-untied": TaskSpec(
+        GPT_LR,
+        4,
+        1.0,
+        "GPT-2-style LM (4 x 128 wide, untied embeddings) on Python stdlib sources",
+        128,
+    ),
     "tabular": TaskSpec(
         0.05, 32, 1.0, "MLP classifier (32-2048-256-10) on a synthetic teacher-student task"
     ),
@@ -40,10 +61,11 @@ TASKS: dict[str, TaskSpec] = {
 
 @dataclass(frozen=True)
 class ConvergenceOptions:
-    """The job: ``task`` ("lm" or "tabular", see :data:`TASKS`)
+    """The job: ``task`` ("lm", "gpt", "gpt-untied" or "tabular", see :data:`TASKS`)
     on ``workers`` ranks for ``epochs`` epochs, once per seed in ``seeds`` (each seed sets the
-    initial weights, the batch order and CaSync's RNG). LM: passes over ``train_tokens`` tokens
-    in windows of ``bptt``, a ``vocab``-word vocabulary, accuracy on ``eval_tokens`` held-out
+    initial weights, the batch order and CaSync's RNG). Language models: passes over
+    ``train_tokens`` tokens in windows of ``bptt`` tokens (None: the task's window, see
+    :meth:`window`), a ``vocab``-word vocabulary, accuracy on ``eval_tokens`` held-out
     tokens. Tabular: ``train_samples`` and ``eval_samples`` samples. ``batch`` samples (LM:
     windows) per rank per step, SGD (``lr``, ``momentum``, gradient norm clipped to ``clip``
     unless it is 0; ``batch``, ``lr`` and ``clip`` None take the task's defaults) with
@@ -69,7 +91,7 @@ class ConvergenceOptions:
     plan: str | None = None
     threads: int = 1
     batch: int | None = None
-    bptt: int = 32
+    bptt: int | None = None
     vocab: int = 8192
     train_tokens: int = 160_000
     eval_tokens: int = 16_384
@@ -90,6 +112,8 @@ class ConvergenceOptions:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}: choose one of {', '.join(TASKS)}")
+        if self.bptt is not None and self.bptt < 1:
+            raise ValueError(f"bptt must be >= 1, got {self.bptt}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
         if not 0.0 <= self.momentum < 1.0:
@@ -108,6 +132,10 @@ class ConvergenceOptions:
                 f"plan {self.plan!r} is CaSync's; the FSDP2 mode compresses each unit by "
                 "hipress.fsdp's size threshold: leave the plan at its default"
             )
+
+    def window(self) -> int:
+        """Tokens per training window of a language-model task: ``bptt``, or the task's."""
+        return self.bptt if self.bptt is not None else TASKS[self.task].window
 
     def resolved_algorithms(self) -> list[str]:
         """The algorithm names to run (``all`` expanded to every shipped algorithm)."""

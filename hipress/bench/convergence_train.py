@@ -1,7 +1,8 @@
 """One rank's training run of ``hipress bench convergence``
-(:mod:`~hipress.bench.convergence`): the tasks (a word-level LSTM LM, a tabular classifier),
-the learning-rate schedule, and the hand-over of momentum from the optimizer to an algorithm
-with its own momentum correction (DGC) when compression starts.
+(:mod:`~hipress.bench.convergence`): the task's model and data
+(:mod:`~hipress.bench.convergence_tasks`) wrapped and trained, the learning-rate schedule, and
+the hand-over of momentum from the optimizer to an algorithm with its own momentum correction
+(DGC) when compression starts.
 
 Momentum, once per parameter: SGD's momentum buffer ``b <- m b + g`` and DGC's ``u <- m u + g``
 are the same recurrence, so a parameter must go through exactly one of them. Parameters the plan
@@ -38,7 +39,7 @@ from hipress.bench.convergence_options import (
     fsdp_refusal,
     own_momentum,
 )
-from hipress.bench.workloads import LSTMLM, TabularMLP
+from hipress.bench.convergence_tasks import RUNNERS
 
 if TYPE_CHECKING:
     from hipress.bench.convergence_fsdp import FsdpRun
@@ -122,54 +123,6 @@ def hand_over_momentum(
     return moved
 
 
-def _lm_setup(data: dict[str, Any], opts: ConvergenceOptions, seed: int) -> dict[str, Any]:
-    def windows(ids: torch.Tensor) -> torch.Tensor:
-        n = (len(ids) - 1) // opts.bptt
-        return torch.stack([ids[i * opts.bptt : i * opts.bptt + opts.bptt + 1] for i in range(n)])
-
-    torch.manual_seed(seed)
-    model = LSTMLM(data["vocab"], emb=128, hidden=256, layers=1, cutoffs=(1000, 4000))
-    return {"model": model, "train": windows(data["train"]), "valid": windows(data["valid"])}
-
-
-def _lm_loss(ddp: nn.Module, chunk: torch.Tensor) -> torch.Tensor:
-    return ddp(chunk[:, :-1], chunk[:, 1:])  # type: ignore[no-any-return]
-
-
-@torch.no_grad()
-def _lm_eval(model: LSTMLM, windows: torch.Tensor) -> tuple[float, float]:
-    correct = total = 0
-    loss_sum = 0.0
-    for chunk in windows.split(64):
-        x, y = chunk[:, :-1], chunk[:, 1:]
-        correct += int((model.predict(x) == y).sum())
-        loss_sum += float(model(x, y)) * y.numel()
-        total += y.numel()
-    return correct / total, loss_sum / total
-
-
-def _tab_setup(data: dict[str, Any], opts: ConvergenceOptions, seed: int) -> dict[str, Any]:
-    torch.manual_seed(seed)
-    model = TabularMLP(data["features"], data["classes"])
-    train = torch.cat([data["train_x"], data["train_y"][:, None].float()], 1)
-    valid = torch.cat([data["valid_x"], data["valid_y"][:, None].float()], 1)
-    return {"model": model, "train": train, "valid": valid}
-
-
-def _tab_loss(ddp: nn.Module, chunk: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(ddp(chunk[:, :-1]), chunk[:, -1].long())
-
-
-@torch.no_grad()
-def _tab_eval(model: TabularMLP, valid: torch.Tensor) -> tuple[float, float]:
-    logits, y = model(valid[:, :-1]), valid[:, -1].long()
-    acc = float((logits.argmax(1) == y).float().mean())
-    return acc, float(nn.functional.cross_entropy(logits, y))
-
-
-_RUNNERS = {"lm": (_lm_setup, _lm_loss, _lm_eval), "tabular": (_tab_setup, _tab_loss, _tab_eval)}
-
-
 @dataclass
 class _Sync:
     """How one rank's gradients are exchanged: ``model`` is what training calls (DDP, or the
@@ -205,7 +158,7 @@ def _sync(
         if why is not None:
             raise ValueError(why)
         # rank 0 evaluates a plain copy, filled from the shards after every epoch
-        setup = _RUNNERS[opts.task][0]
+        setup = RUNNERS[opts.task].setup
         eval_model = setup(data, opts, seed)["model"] if rank == 0 else model
         sharded = shard(model, opts.task, name or None, feedback or opts.fsdp_feedback, seed)
         if warmup > 0:
@@ -269,7 +222,7 @@ def _evaluate(sync: _Sync, rank: int, valid: torch.Tensor, task: str) -> tuple[f
     if rank != 0:  # the others wait in the next step's first collective
         return None
     sync.eval_model.eval()
-    point = _RUNNERS[task][2](sync.eval_model, valid)
+    point = RUNNERS[task].evaluate(sync.eval_model, valid)
     sync.eval_model.train()
     return point  # type: ignore[no-any-return]
 
@@ -327,9 +280,9 @@ def train_rank(
     ``units`` (name -> [padded elements, compressed], None for plain FSDP2) and ``feedback``,
     and on rank 0 the accuracy curve and its summary."""
     spec = TASKS[opts.task]
-    task = _RUNNERS[opts.task][0](data, opts, seed)
+    task = RUNNERS[opts.task].setup(data, opts, seed)
     model: nn.Module = task["model"]
-    train, valid, loss_fn = task["train"], task["valid"], _RUNNERS[opts.task][1]
+    train, valid, loss_fn = task["train"], task["valid"], RUNNERS[opts.task].loss
     per_step = world_size * (opts.batch or spec.batch)
     steps_per_epoch = len(train) // per_step
     warmup = opts.warmup_steps + round(opts.warmup_epochs * steps_per_epoch)

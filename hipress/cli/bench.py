@@ -167,7 +167,8 @@ def _add_e2e_parser(bench_sub: Any) -> None:
                    "default 1gbit,10gbit")  # fmt: skip
     add_alias(e, "--rates", "rates", "--bandwidth 1gbit,10gbit", convert=_floats)
     e.add_argument("--models", default="lstm-lm,resnet",
-                   help="models, comma-separated (default lstm-lm,resnet)")  # fmt: skip
+                   help="models, comma-separated: lstm-lm, gpt (GPT-2-style, tied "
+                   "embeddings), gpt-untied, resnet (default lstm-lm,resnet)")  # fmt: skip
     e.add_argument("--algorithms", default="onebit,tbq,terngrad,dgc,graddrop",
                    help="CompLL algorithms, comma-separated")  # fmt: skip
     e.add_argument("--plan", default="auto", help="auto (SeCoPa), default (CaSync's rule), FILE")
@@ -204,18 +205,21 @@ def _add_convergence_parser(bench_sub: Any) -> None:
     c.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     c.add_argument("--algorithms", default="all", help="comma list, or all shipped algorithms")
     c.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
-    c.add_argument("--task", choices=("lm", "tabular"), default="lm",
-                   help="lm: word-level LSTM LM on Python's sources; tabular: MLP classifier "
-                   "on a synthetic teacher-student task (default lm)")  # fmt: skip
+    c.add_argument("--task", choices=("lm", "gpt", "gpt-untied", "tabular"), default="lm",
+                   help="lm: word-level LSTM LM on Python's sources; gpt: GPT-2-style "
+                   "transformer LM on the same text (tied embeddings; gpt-untied: untied); "
+                   "tabular: MLP classifier on a synthetic teacher-student task (default lm)")  # fmt: skip
     c.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="run every configuration with seeds 0..N-1 (weights, batch order, "
                    "CaSync's RNG); report mean and range (default 1)")  # fmt: skip
-    c.add_argument("--train-tokens", type=int, default=160_000, help="lm: tokens per epoch")
+    c.add_argument("--train-tokens", type=int, default=160_000,
+                   help="lm, gpt: tokens per epoch")  # fmt: skip
     c.add_argument("--train-samples", type=int, default=16_384, help="tabular: samples per epoch")
     c.add_argument("--batch", type=int, default=None,
-                   help="samples (lm: windows) per worker per step (default: lm 8, tabular 32)")  # fmt: skip
+                   help="samples (lm, gpt: windows) per worker per step (default: lm 8, gpt 4, "
+                   "tabular 32)")  # fmt: skip
     c.add_argument("--lr", type=float, default=None,
-                   help="SGD learning rate (default: lm 0.5, tabular 0.05)")  # fmt: skip
+                   help="SGD learning rate (default: lm 0.5, gpt 0.1, tabular 0.05)")  # fmt: skip
     c.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="constant, or cosine decay to 0 over the run (default constant)")  # fmt: skip
     c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
