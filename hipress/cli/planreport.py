@@ -19,26 +19,7 @@ def _fmt_ms(ms: float) -> str:
 
 def print_plan(plan: Plan, model: str, profile: Profile, out: TextIO) -> None:
     """The plan as a table, then its totals."""
-    rows = [("parameter", "elements", "decision", "strategy", "K", "pred ms", "plain ms")]
-    for e in plan.entries:
-        rows.append(
-            (
-                e.name,
-                f"{e.numel:,}",
-                "compress" if e.compress else "plain",
-                e.strategy.value,
-                str(e.partitions),
-                _fmt_ms(e.predicted_ms),
-                _fmt_ms(e.uncompressed_ms),
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        cells = [
-            c.ljust(w) if i in (0, 2, 3) else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        ]
-        print("  ".join(cells).rstrip(), file=out)
+    print(plan.table(heading=False), file=out)
     t = plan.totals
     comp = [e for e in plan.entries if e.compress]
     share = sum(e.numel for e in comp) / max(1, sum(e.numel for e in plan.entries))

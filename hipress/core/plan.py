@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 
+def _ms(ms: float) -> str:
+    return f"{ms:.3f}" if ms < 100 else f"{ms:.1f}"
+
+
 class PlanError(ValueError):
     """A plan is malformed or does not match the model it is applied to."""
 
@@ -113,6 +117,8 @@ class Plan:
             ``all_compressed``), informational.
         meta: how the plan was made (planner settings, network source), informational;
             JSON-serialisable, not part of :meth:`digest`.
+
+    ``str()`` is :meth:`table`; ``repr()`` is the dataclass's, every field.
     """
 
     algorithm: str
@@ -213,6 +219,33 @@ class Plan:
         except UnicodeDecodeError:
             raise PlanError(f"plan {path} is not a text (UTF-8 JSON) file") from None
         return cls.from_json(text)
+
+    def table(self, heading: bool = True) -> str:
+        """A fixed-width table of the decisions, one line per parameter (with its predicted
+        times in ms where the plan has any), after a heading line (``heading``) that names the
+        algorithm, the world size and how many tensors are compressed."""
+        rows = [("parameter", "elements", "decision", "strategy", "K", "pred ms", "plain ms")]
+        for e in self.entries:
+            rows.append((e.name, f"{e.numel:,}", "compress" if e.compress else "plain",
+                         e.strategy.value, str(e.partitions), _ms(e.predicted_ms),
+                         _ms(e.uncompressed_ms)))  # fmt: skip
+        if not any(e.predicted_ms or e.uncompressed_ms for e in self.entries):
+            rows = [r[:5] for r in rows]  # a plan without predictions (the default rule's)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = []
+        for r in rows:
+            cells = [c.ljust(w) if i in (0, 2, 3) else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(r, widths, strict=True))]  # fmt: skip
+            lines.append("  ".join(cells).rstrip())
+        if heading:
+            n = sum(e.compress for e in self.entries)
+            params = f" {dict(self.params)}" if self.params else ""
+            lines.insert(0, f"plan for {self.algorithm}{params}, {self.world_size} workers: "
+                            f"{n} of {len(self.entries)} tensors compressed")  # fmt: skip
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
 
     def digest(self) -> str:
         """A content hash of the decisions (not of predictions), equal on every rank."""
