@@ -48,3 +48,36 @@ def test_abandoned_steps_are_dropped_and_stats_pickle() -> None:
     clone.bucket_submitted(last=True)  # its lock was recreated
     clone.bucket_finished()
     assert clone.last.step == 3
+
+
+def _resumed_counts(rank: int, world_size: int, warmup: int) -> tuple[list[int], list[int]]:
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hipress.casync import register
+
+    def run(steps: int, sd: dict | None) -> tuple[list[int], dict]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(256, 300), nn.ReLU(), nn.Linear(300, 4))
+        ddp = DDP(model)
+        state = register(ddp, "onebit", warmup_steps=warmup, log_every=0)
+        if sd is not None:
+            state.load_state_dict(sd)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            ddp(torch.randn(8, 256, generator=gen)).square().mean().backward()
+        return [s.step for s in state.stats.steps], state.state_dict()
+
+    before, sd = run(3, None)
+    after, _ = run(2, sd)
+    return before, after
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_the_step_counter_continues_after_a_checkpoint_resume(warmup: int) -> None:
+    from dist_utils import run_workers
+
+    for before, after in run_workers(_resumed_counts, 2, warmup):
+        assert before == [0, 1, 2]  # warm-up steps are counted too
+        assert after == [3, 4]

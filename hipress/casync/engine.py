@@ -228,6 +228,12 @@ class StepEngine:
 
         return work.get_future().then(done), work
 
+    def resume_at(self, step: int) -> None:
+        """Continue from a checkpoint's ``step`` count: warm-up and the schedule stand there,
+        and the statistics number the next step ``step``."""
+        self.step = step
+        self.ctx.stats.resume(step)
+
     def end_step(self) -> None:
         """Close the step: settle the unused guard, free the layouts of buckets DDP rebuilt,
         count the step and call ``on_step_end``."""

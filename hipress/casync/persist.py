@@ -122,7 +122,7 @@ def load(rt: Runtime, sd: Any, step: int, *, rank: int, world_size: int, carry_o
     rank's is missing, see :func:`own`): its configuration is checked, the states are kept."""
     if stand_in:
         _check_stand_in(rt, sd, rank)
-        rt.engine.step = step
+        rt.engine.resume_at(step)
         return
     ours = isinstance(sd, Mapping) and sd.get("format") == FORMAT
     saved = plan_of(sd) if check_plan and ours and "plan" in sd else None
@@ -143,7 +143,7 @@ def load(rt: Runtime, sd: Any, step: int, *, rank: int, world_size: int, carry_o
     )  # fmt: skip
     if rt.engine.unused is not None:
         rt.engine.unused.forget()
-    rt.engine.step = step  # where warm-up and the schedule stand
+    rt.engine.resume_at(step)  # where warm-up, the schedule and the statistics stand
 
 
 def _check_stand_in(rt: Runtime, sd: Any, rank: int) -> None:

@@ -41,7 +41,8 @@ class StepStats:
     """Figures of one synchronisation step on this rank.
 
     Fields:
-        step: index of the step (0-based, counted by this state).
+        step: index of the step (0-based, counted by this state, warm-up steps included; a
+            state restored from a checkpoint counts on from the checkpoint's step).
         buckets: buckets synchronised.
         collectives: collectives issued.
         bytes_sent: bytes this rank handed to collectives as input (allreduce: the uncompressed
@@ -359,6 +360,12 @@ class SyncStats:
                 closed.decode_ms,
                 closed.sync_ms,
             )
+
+    def resume(self, step: int) -> None:
+        """Count on from ``step`` (a checkpoint's step count): the next step closed is
+        numbered ``step``."""
+        with self._lock:
+            self._step = step
 
     def abandon_step(self) -> None:
         """Drop the open step (after a failed bucket), so the next bucket opens a new one."""
