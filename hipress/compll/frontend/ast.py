@@ -168,7 +168,18 @@ class Return:
     span: Span = span_field()
 
 
-Stmt = Union[Let, LetTuple, VarDecl, Assign, If, Return]
+@dataclass(frozen=True)
+class For:
+    """``for var in range(start, stop) { body }`` (``range(stop)``: start None)."""
+
+    var: str
+    start: Expr | None
+    stop: Expr
+    body: Block
+    span: Span = span_field()
+
+
+Stmt = Union[Let, LetTuple, VarDecl, Assign, If, For, Return]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Elaboration of statements: ``let``, ``var``, tuple unpacking, assignment (to variables and
-to state), ``if``/``else`` (branches merge assigned variables with selects) and blocks."""
+to state), ``if``/``else`` (branches merge assigned variables with selects), ``for`` (unrolled:
+its bounds are constants of the specialised program) and blocks."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from hipress.compll.frontend.scope import (
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.fold import fold
 from hipress.compll.ir.source import Span
-from hipress.compll.ir.types import BOOL, SCALAR_TYPES, ArrayType
+from hipress.compll.ir.types import BOOL, I64, SCALAR_TYPES, ArrayType
 
 
 def bind(cx: Elab, scope: Scope, name: str, v: Value, kind: str, span: Span) -> None:
@@ -64,6 +65,9 @@ def stmt(cx: Elab, s: ast.Stmt, scope: Scope, ctx: Ctx) -> None:
     if isinstance(s, ast.If):
         if_(cx, s, scope, ctx)
         return
+    if isinstance(s, ast.For):
+        for_(cx, s, scope, ctx)
+        return
     if isinstance(s, ast.Return):
         raise cx.err("`return` must be the last statement of its block", s.span)
     raise cx.err("unsupported statement", getattr(s, "span", None))  # pragma: no cover
@@ -73,8 +77,6 @@ def _let(cx: Elab, s: ast.Let | ast.VarDecl, scope: Scope, ctx: Ctx) -> None:
     kind = "let" if isinstance(s, ast.Let) else "var"
     want = type_of(cx, s.type, scope) if s.type is not None else None
     if isinstance(want, ArrayType):
-        if kind == "var":
-            raise cx.err("`var` holds scalars only; use `let` for arrays", s.span)
         v = value(cx, s.value, scope, ctx, s.name, want)
         if not isinstance(v, Array) or not same_type(v.type, want):
             got = v.type.describe() if isinstance(v, Array) else "a scalar"
@@ -86,8 +88,6 @@ def _let(cx: Elab, s: ast.Let | ast.VarDecl, scope: Scope, ctx: Ctx) -> None:
         return
     v = value(cx, s.value, scope, ctx, s.name)
     if isinstance(v, Array):
-        if kind == "var":
-            raise cx.err("`var` holds scalars only; use `let` for arrays", s.span)
         if want is not None:
             raise cx.err(f"`{s.name}` is declared {want} but the value is an array", s.value.span)
         bind(cx, scope, s.name, v, kind, s.span)
@@ -111,7 +111,7 @@ def _let_tuple(cx: Elab, s: ast.LetTuple, scope: Scope, ctx: Ctx) -> None:
 
 def _assign_state(cx: Elab, s: ast.Assign, b: Binding, scope: Scope, ctx: Ctx) -> None:
     """``state = value`` at the top level of encode, once per state entry."""
-    if ctx.in_branch or not ctx.host:
+    if ctx.in_branch or ctx.in_loop or not ctx.host:
         raise cx.err("state can only be assigned at the top level of encode", s.span)
     if s.op != "=":
         raise cx.err("state arrays are assigned with `=` only", s.span)
@@ -154,6 +154,9 @@ def assign(cx: Elab, s: ast.Assign, scope: Scope, ctx: Ctx) -> None:
     owner = scope.owner(s.name)
     if not scope.owned_inside(s.name):
         raise cx.err(f"cannot assign to `{s.name}` here: it belongs to the enclosing code", s.span)
+    if isinstance(b.value, Array):
+        _assign_array(cx, s, b.value, scope, ctx)
+        return
     assert isinstance(b.value, Scalar)
     rhs = scalar(cx, s.value, scope, ctx)
     if s.op != "=":
@@ -162,6 +165,24 @@ def assign(cx: Elab, s: ast.Assign, scope: Scope, ctx: Ctx) -> None:
     new = emit_scalar(cx, s.name, rhs, ctx)
     # an assignment inside an `if` branch shadows the variable there; the `if` merges it
     scope.names[s.name] = Binding(new, "var" if owner is scope else "assigned")
+
+
+def _assign_array(cx: Elab, s: ast.Assign, old: Array, scope: Scope, ctx: Ctx) -> None:
+    """``x = e`` to an array ``var``: ``e`` must have ``x``'s type; not under ``if``."""
+    if s.op != "=":
+        raise cx.err("an array `var` is assigned with `=` only", s.span)
+    if ctx.in_branch:
+        raise cx.err(
+            "an array `var` cannot be assigned under `if`; choose per element with "
+            "`map(len, i => c ? a[i] : b[i])`",
+            s.span,
+        )
+    v = value(cx, s.value, scope, ctx, s.name, old.type)
+    if not isinstance(v, Array) or not same_type(v.type, old.type):
+        got = v.type.describe() if isinstance(v, Array) else "a scalar"
+        raise cx.err(f"`{s.name}` is {old.type.describe()}, the value is {got}", s.value.span)
+    owner = scope.owner(s.name)
+    scope.names[s.name] = Binding(v, "var" if owner is scope else "assigned")
 
 
 def top_state_scope(cx: Elab, scope: Scope) -> Scope:
@@ -235,3 +256,51 @@ def body(cx: Elab, body: ast.Block | ast.Expr, scope: Scope, ctx: Ctx, what: str
     if not isinstance(body, ast.Block):
         return scalar(cx, body, scope, ctx)
     return scalar(cx, host_block(cx, body, scope, ctx, what).value, scope, ctx)
+
+
+MAX_UNROLLED = 4096  # loop iterations one program may unroll to, all its loops together
+
+
+def for_(cx: Elab, s: ast.For, scope: Scope, ctx: Ctx) -> None:
+    """``for k in range(a, b) { ... }``: the body elaborated once per ``k`` in [a, b) (the
+    bounds are constants of the specialised program), in order, with ``k`` an integer
+    constant; a ``var`` the body assigns carries its value into the next iteration and out."""
+    start = _loop_bound(cx, s.start, scope, ctx) if s.start is not None else 0
+    stop = _loop_bound(cx, s.stop, scope, ctx)
+    if s.var in SCALAR_TYPES or s.var in BUILTINS:
+        raise cx.err(f"`{s.var}` is a builtin name and cannot be redefined", s.span)
+    not_n(cx, s.var, s.span)
+    cx.unrolled += max(0, stop - start)
+    if cx.unrolled > MAX_UNROLLED:
+        raise cx.err(
+            f"loops run more than {MAX_UNROLLED} iterations in all (each is compiled as its "
+            "own code); use a parallel operator over the iterations instead",
+            s.span,
+        )
+    was = ctx.in_loop
+    ctx.in_loop = True
+    try:
+        for k in range(start, stop):
+            sub = Scope(scope)
+            sub.names[s.var] = Binding(Scalar(ir.Const(k, I64), lit=True), "loop")
+            for st in s.body.stmts:
+                stmt(cx, st, sub, ctx)
+            for name, b in sub.names.items():
+                if b.kind == "assigned" and scope.lookup(name) is not None:
+                    here = name in scope.names and scope.names[name].kind == "var"
+                    scope.names[name] = Binding(b.value, "var" if here else "assigned")
+    finally:
+        ctx.in_loop = was
+
+
+def _loop_bound(cx: Elab, e: ast.Expr, scope: Scope, ctx: Ctx) -> int:
+    """A loop bound: an integer constant of the specialised program."""
+    v = scalar(cx, e, scope, ctx)
+    if not v.dtype.is_int or not isinstance(v.expr, ir.Const):
+        what = f"an integer, got {v.dtype}" if not v.dtype.is_int else "not a constant"
+        raise cx.err(
+            f"a loop bound must be an integer constant (literals, parameters and consts "
+            f"computed from them; not n): this one is {what}",
+            e.span,
+        )
+    return int(v.expr.value)

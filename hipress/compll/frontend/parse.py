@@ -131,6 +131,10 @@ class _Build(Transformer):
     def else_if(self, meta, c):
         return c[0]
 
+    def for_stmt(self, meta, c):
+        start, stop = (c[1], c[2]) if c[2] is not None else (None, c[1])
+        return ast.For(str(c[0]), start, stop, c[3], _span(meta))
+
     def return_stmt(self, meta, c):
         return ast.Return(c[0], _span(meta))
 

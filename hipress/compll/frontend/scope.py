@@ -83,6 +83,7 @@ Value = Scalar | Array | Tuple_
 class Binding:
     value: Value
     kind: str  # "let" | "var" | "assigned" | "state" | "param" | "const" | "payload" | "builtin"
+    # | "loop" (a loop's counter)
 
 
 class Scope:
@@ -136,6 +137,7 @@ class Ctx:
         self.ops = ops  # host: list[ir.Op]; lambda: list[tuple[str, ir.Expr]]
         self.in_branch = False  # inside an `if` branch
         self.no_parallel = False  # inside an inlined fn
+        self.in_loop = False  # inside a `for` body
 
 
 # ---------------------------------------------------------------- the checker's state
@@ -164,6 +166,7 @@ class Elab:
     fn_stack: list[str] = field(default_factory=list)
     called: set[str] = field(default_factory=set)  # functions some call has inlined
     declared: dict[str, Span] = field(default_factory=dict)  # top-level declarations
+    unrolled: int = 0  # loop iterations unrolled so far
     state_assigned: dict[str, Span] = field(default_factory=dict)
     hidden_state: set[str] = field(default_factory=set)  # state names decode may not read
     payload_fields: dict[str, Scalar | Array] = field(default_factory=dict)
