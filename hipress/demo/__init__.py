@@ -1,14 +1,16 @@
-"""The demo: local worker processes train a word-level LSTM language model on the Python
-standard library's own source, uncompressed and with hipress, and compare (``hipress demo``).
+"""The demo: local worker processes train a language model (a word-level LSTM, or a GPT-2-style
+transformer: :mod:`~hipress.demo.models`) on the Python standard library's own source,
+uncompressed and with hipress, and compare (``hipress demo``).
 
     from hipress.demo import DemoConfig, default_runs, load_corpus, run_demo
     config = DemoConfig(steps=100)
     result = run_demo(config, default_runs("topk"), load_corpus(config.model.vocab_size))
     print(result.runs[1].final.accuracy, result.runs[1].ratio)
 
-Stages: :mod:`~hipress.demo.data` (corpus), :mod:`~hipress.demo.wordlm` (the model),
-:mod:`~hipress.demo.launch` (worker processes), :mod:`~hipress.demo.train` (the runs),
-:mod:`hipress.cli.demo` (the command and its output). See docs/reference/demo.md.
+Stages: :mod:`~hipress.demo.data` (corpus), :mod:`~hipress.demo.wordlm` (the LSTM),
+:mod:`~hipress.demo.models` (the models by name), :mod:`~hipress.demo.launch` (worker
+processes), :mod:`~hipress.demo.train` (the runs), :mod:`hipress.cli.demo` (the command and its
+output). See docs/reference/demo.md.
 """
 
 from __future__ import annotations
