@@ -33,7 +33,7 @@ _TOKEN = re.compile(
 )
 
 KEYWORDS = ("algorithm", "param", "const", "state", "payload", "fn", "encode", "decode", "let",
-            "var", "if", "else", "return", "uint", "true", "false", "in")  # fmt: skip
+            "var", "if", "else", "return", "uint", "true", "false", "in", "for", "range")  # fmt: skip
 BUILTIN_NAMES = ("map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter",
                  "gather", "concat", "extract", "sum", "min", "max", "absmax", "any", "all",
                  "count", "abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "isnan",
@@ -371,7 +371,15 @@ class _Gen:
             inner.scalars.append((name, lt))
         v = self.fresh("v")
         lines.append(f"var {v}: {t} = {self.expr(t, inner, depth)};")
-        lines.append(self.if_stmt(v, t, inner, depth))
+        if self.chance(0.3):  # a bounded loop around the update, its counter in scope
+            k, lo = self.fresh("k"), self.draw(st.integers(0, 2))
+            hi = lo + self.draw(st.integers(0, 3))
+            body_sc = inner.inner()
+            body_sc.scalars.append((k, "i64"))
+            step = self.if_stmt(v, t, body_sc, depth)
+            lines.append(f"for {k} in range({lo}, {hi}) {{ {step} }}")
+        else:
+            lines.append(self.if_stmt(v, t, inner, depth))
         inner.scalars.append((v, t))
         return "{ " + " ".join(lines) + f" return {self.expr(t, inner, depth)}; }}"
 

@@ -66,6 +66,8 @@ def value(
         return b.value
     if isinstance(e, ast.Call) and e.func == "concat":
         raise cx.err("concat is only allowed as `return concat(...)` in encode", e.span)
+    if isinstance(e, ast.Call) and e.func in cx.fns:
+        return cx.inline(cx, e, scope, ctx, name_hint)
     if isinstance(e, ast.Name):
         b = scope.lookup(e.id)
         if b is not None and isinstance(b.value, Array | Tuple_) and b.kind != "payload":
@@ -261,5 +263,8 @@ def call(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx) -> Scalar:
     if f in ("concat", "extract"):
         raise cx.err(f"`{f}` is not allowed here", e.span)
     if f in cx.fns:
-        return cx.inline(cx, e, scope, ctx)
+        v = cx.inline(cx, e, scope, ctx, f)
+        if not isinstance(v, Scalar):
+            raise cx.err(f"`{f}` returns an array; bind it with `let`", e.span)
+        return v
     raise cx.err(f"unknown function `{f}`{suggest(cx, f, scope, call=True)}", e.func_span)

@@ -4,18 +4,29 @@ parallel operators)."""
 from __future__ import annotations
 
 from hipress.compll.frontend import ast
-from hipress.compll.frontend.check_expr import scalar
-from hipress.compll.frontend.check_stmt import body, not_n
-from hipress.compll.frontend.check_types import type_of
+from hipress.compll.frontend.check_expr import scalar, value
+from hipress.compll.frontend.check_stmt import body, host_block, not_n
+from hipress.compll.frontend.check_types import same_type, type_of
 from hipress.compll.frontend.coerce import coerce, concrete, emit_scalar
-from hipress.compll.frontend.scope import MAX_CALL_DEPTH, Binding, Ctx, Elab, Scalar, Scope
+from hipress.compll.frontend.scope import (
+    MAX_CALL_DEPTH,
+    Array,
+    Binding,
+    Ctx,
+    Elab,
+    Scalar,
+    Scope,
+    Value,
+)
 from hipress.compll.ir import nodes as ir
-from hipress.compll.ir.types import DType
+from hipress.compll.ir.types import ArrayType, DType
 
 
-def inline(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx) -> Scalar:
+def inline(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx, name_hint: str = "t") -> Value:
     """The value of a call of user function ``e.func``: its arguments bound (converted to the
-    parameter types) and its body elaborated in place, no parallel operators allowed."""
+    parameter types) and its body elaborated in place. A function that takes or returns an
+    array runs in host code only, and may use parallel operators; any other function may not.
+    ``name_hint`` names an array result."""
     fn = cx.fns[e.func]
     if e.func in cx.fn_stack:
         raise cx.err(f"function `{e.func}` calls itself; recursion is not supported", e.span)
@@ -28,12 +39,29 @@ def inline(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx) -> Scalar:
         )
     if len(e.args) != len(fn.params):
         raise cx.err(f"`{fn.name}` takes {len(fn.params)} argument(s), got {len(e.args)}", e.span)
+    host = _takes_arrays(cx, fn)
+    if host and (not ctx.host or ctx.no_parallel):
+        raise cx.err(
+            f"`{fn.name}` takes or returns arrays: call it in encode or decode (or another "
+            "such function), not inside a lambda or a scalar fn",
+            e.span,
+        )
     cx.called.add(e.func)
     fscope = Scope(cx.top, boundary=True)
     for p, a in zip(fn.params, e.args, strict=True):
-        v = coerce(cx, scalar(cx, a, scope, ctx), _param_type(cx, p), a.span)
-        fscope.names[p.name] = Binding(emit_scalar(cx, p.name, v, ctx), "let")
-    return _body(cx, fn, fscope, ctx)
+        t = _param_type(cx, p)
+        if isinstance(t, ArrayType):
+            v = value(cx, a, scope, ctx)
+            if not isinstance(v, Array) or not same_type(v.type, t):
+                got = v.type.describe() if isinstance(v, Array) else "a scalar"
+                raise cx.err(
+                    f"argument `{p.name}` of `{fn.name}` is {t.describe()}, got {got}", a.span
+                )
+            fscope.names[p.name] = Binding(v, "let")
+            continue
+        sv = coerce(cx, scalar(cx, a, scope, ctx), t, a.span)
+        fscope.names[p.name] = Binding(emit_scalar(cx, p.name, sv, ctx), "let")
+    return _body(cx, fn, fscope, ctx, host, name_hint)
 
 
 def check_uncalled(cx: Elab) -> None:
@@ -43,38 +71,57 @@ def check_uncalled(cx: Elab) -> None:
     for name, fn in cx.fns.items():
         if name in cx.called:
             continue
+        host = _takes_arrays(cx, fn)
         fscope = Scope(cx.top, boundary=True)
-        ctx = Ctx(host=False, in_encode=True, ops=[])
+        ctx = Ctx(host=host, in_encode=True, ops=[])
         for p in fn.params:
-            fscope.names[p.name] = Binding(
-                Scalar(ir.Ref(cx.fresh(p.name), _param_type(cx, p))), "let"
+            t = _param_type(cx, p)
+            v: Value = (
+                Array(cx.fresh(p.name), t)
+                if isinstance(t, ArrayType)
+                else Scalar(ir.Ref(cx.fresh(p.name), t))
             )
-        _body(cx, fn, fscope, ctx)
+            fscope.names[p.name] = Binding(v, "let")
+        _body(cx, fn, fscope, ctx, host, name)
 
 
-def _param_type(cx: Elab, p: ast.FnParam) -> DType:
+def _takes_arrays(cx: Elab, fn: ast.FnDecl) -> bool:
+    """Whether ``fn`` takes or returns an array (its body then runs as host code)."""
+    anns = [p.type for p in fn.params] + [fn.ret]
+    return any(not isinstance(a, ast.ScalarTypeAnn) for a in anns)
+
+
+def _param_type(cx: Elab, p: ast.FnParam) -> DType | ArrayType:
     not_n(cx, p.name, p.span)
-    t = type_of(cx, p.type, cx.top)
-    if not isinstance(t, DType):
-        raise cx.err("fn parameters must be scalars", p.span)
-    return t
+    return type_of(cx, p.type, cx.top)
 
 
-def _body(cx: Elab, fn: ast.FnDecl, fscope: Scope, ctx: Ctx) -> Scalar:
-    """The value of ``fn``'s body with its parameters bound in ``fscope``, converted to its
-    return type."""
+def _body(cx: Elab, fn: ast.FnDecl, fscope: Scope, ctx: Ctx, host: bool, name_hint: str) -> Value:
+    """The value of ``fn``'s body with its parameters bound in ``fscope``, of its return type
+    (``host``: it may hold parallel operators and return an array)."""
     ret_t = type_of(cx, fn.ret, cx.top)
-    if not isinstance(ret_t, DType):
-        raise cx.err("fn must return a scalar", fn.ret.span)
+    what = f"fn `{fn.name}`"
     cx.fn_stack.append(fn.name)
     was = ctx.no_parallel
-    ctx.no_parallel = True
+    ctx.no_parallel = not host
     try:
-        result = body(cx, fn.body, fscope, ctx, f"fn `{fn.name}`")
+        if not host:
+            assert isinstance(ret_t, DType)
+            return coerce(cx, body(cx, fn.body, fscope, ctx, what), ret_t, fn.body.span)
+        ret = host_block(cx, fn.body, fscope, ctx, what)
+        expect = ret_t if isinstance(ret_t, ArrayType) else None
+        v = value(cx, ret.value, fscope, ctx, name_hint, expect)
     finally:
         cx.fn_stack.pop()
         ctx.no_parallel = was
-    return coerce(cx, result, ret_t, fn.body.span)
+    if isinstance(ret_t, DType):
+        if not isinstance(v, Scalar):
+            raise cx.err(f"{what} returns {ret_t}, not an array", ret.value.span)
+        return coerce(cx, v, ret_t, ret.value.span)
+    if not isinstance(v, Array) or not same_type(v.type, ret_t):
+        got = v.type.describe() if isinstance(v, Array) else "a scalar"
+        raise cx.err(f"{what} returns {ret_t.describe()}, got {got}", ret.value.span)
+    return v
 
 
 def lambda_(

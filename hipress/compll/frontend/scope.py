@@ -146,8 +146,8 @@ class Ctx:
 ParallelFn = Callable[
     ["Elab", ast.Call, Scope, Ctx, str, ArrayType | None, tuple[str, ...] | None], Value
 ]
-# inline(cx, call, scope, ctx): a call of a user function, inlined
-InlineFn = Callable[["Elab", ast.Call, Scope, Ctx], Scalar]
+# inline(cx, call, scope, ctx, name_hint): a call of a user function, inlined
+InlineFn = Callable[["Elab", ast.Call, Scope, Ctx, str], Value]
 
 
 @dataclass
