@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import subprocess
 import sys
 
 import pytest
 
+import hipress
 import hipress.cli
 from hipress.cli import build_parser, main
 
@@ -76,3 +78,30 @@ def test_console_entry_points_run() -> None:
     assert r.returncode == 0, r.stderr
     for name in BENCHES:
         assert name in r.stdout
+
+
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version_flags_print_the_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([flag])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"hipress {hipress.__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "argv", [["algorithms"], ["show", "onebit"], ["plan", "--model", "mlp", "--workers", "4",
+                                                  "--bandwidth", "1gbit", "--budget", "0.1",
+                                                  "--threads", "1", "--json"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_output_into_a_closed_pipe_ends_quietly(argv: list[str]) -> None:
+    from hipress.cli.commands import EXIT_BROKEN_PIPE
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line, as `| head` is after it
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.run([sys.executable, "-m", "hipress", *argv], stdout=write,
+                          stderr=subprocess.PIPE, text=True, env=env, check=False)  # fmt: skip
+    os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == EXIT_BROKEN_PIPE

@@ -79,3 +79,24 @@ def test_far_extrapolation_warns_by_how_much_and_how_to_measure_further(
     covered.save(path)
     assert main(["plan", "--model", "mlp", "--workers", "4", "--profile", str(path)]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_plan_chosen_by_exposed_time_prints_it_beside_the_sums(
+    saved_profile: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from hipress.cli.planreport import print_plan
+    from hipress.core.plan import Strategy, TensorPlan
+
+    entries = (TensorPlan("w", 1 << 20, True, Strategy.ALLGATHER, 1, 2.0, 5.0),)
+    totals = {"planned": 2.0, "all_uncompressed": 5.0, "all_compressed": 2.0, "exposed": 0.4}
+    plan = Plan("terngrad", {}, 4, entries, totals=totals)
+    print_plan(plan, "m", Profile.load(saved_profile), sys.stdout)
+    lines = capsys.readouterr().out.splitlines()
+    exposed = next(x for x in lines if x.strip().startswith("exposed"))
+    assert "0.400" in exposed and "waits for after backward" in exposed
+    assert any("none hidden behind backward" in x for x in lines)
+    print_plan(Plan("terngrad", {}, 4, entries, totals={"planned": 2.0}),
+               "m", Profile.load(saved_profile), sys.stdout)  # fmt: skip
+    assert "exposed" not in capsys.readouterr().out

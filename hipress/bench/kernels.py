@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,7 @@ import torch
 from hipress.bench.provenance import cpu_name, stamp
 from hipress.bench.torch_ops import Fn, torch_versions
 from hipress.bench.traffic import grad_reads
+from hipress.cli.waitpolicy import reexec_passive
 from hipress.compll import Algorithm, algorithms, load, load_source
 from hipress.compll.backends.base import decode_sum_by_parts
 from hipress.compll.ir.source import SourceFile
@@ -153,21 +153,12 @@ def _line(name: str, n: int, row: dict[str, Any]) -> str:
             f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f}")  # fmt: skip
 
 
-def _reexec_passive() -> None:
-    """libgomp reads ``OMP_WAIT_POLICY`` once, when torch loads it: set it and run this
-    command again (``python -m hipress`` or the ``hipress`` script, the same arguments)."""
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    print("[bench kernels] re-running with OMP_WAIT_POLICY=PASSIVE", flush=True)
-    argv = sys.orig_argv if Path(sys.argv[0]).name == "__main__.py" else [sys.executable, *sys.argv]
-    os.execv(sys.executable, argv)
-
-
 def run(args: argparse.Namespace) -> int:
     """Handler of ``hipress bench kernels``: prints the table, writes the JSON, returns 0."""
     kind, device, make = _setup(getattr(args, "device", "auto"))
     gpu = kind == "cuda"
     if kind == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
-        _reexec_passive()
+        reexec_passive("bench kernels")
     sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
     names = [a for a in args.algorithms.split(",") if a] or algorithms()
     results: dict[str, Any] = {

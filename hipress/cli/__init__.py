@@ -7,7 +7,8 @@ per area adds its parsers: :mod:`~hipress.cli.compll` (check, show, algorithms, 
 :mod:`~hipress.cli.selftest`; :mod:`~hipress.cli.args` reads the arguments they share,
 :mod:`~hipress.cli.options` holds the option conventions (one name per concept, comma lists,
 deprecated aliases), :mod:`~hipress.cli.progress` shows long steps' progress and
-:mod:`~hipress.cli.planreport` prints plans, profiles and what a plan's costs rest on.
+:mod:`~hipress.cli.planreport` prints plans, profiles and what a plan's costs rest on, and
+:mod:`~hipress.cli.waitpolicy` times kernels under OpenMP's passive wait.
 """
 
 from __future__ import annotations

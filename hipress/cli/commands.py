@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -14,7 +15,10 @@ from hipress.cli import bench, casync, compll, demo, secopa, selftest, trace
 from hipress.cli.options import add_verbose_everywhere, print_deprecations
 from hipress.compll import CllError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "build_parser", "main"]
+
+# the shell's status of a command ended by SIGPIPE (128 + 13), as `yes | head -1` gives `yes`
+EXIT_BROKEN_PIPE = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     p.add_argument(
-        "--version", action="version", version=f"%(prog)s {hipress.__version__}",
+        "-V", "--version", action="version", version=f"%(prog)s {hipress.__version__}",
         help="print the version and exit",
     )  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -46,18 +50,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so the interpreter's last flush does not fail again on
+    the closed pipe (and print a traceback of its own)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # not a file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``hipress ARGV`` (default: the process's arguments); returns the exit status."""
+    """Run ``hipress ARGV`` (default: the process's arguments); returns the exit status
+    (:data:`EXIT_BROKEN_PIPE` when the output's reader closed it, e.g. ``| head``)."""
+    own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     args.invocation = shlex.join(["hipress", *argv])
+    args.own_process = own_process  # may execute itself again (hipress.cli.waitpolicy)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at exit
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except CllError as exc:
         print(str(exc), file=sys.stderr)
         return 1

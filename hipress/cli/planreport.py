@@ -36,6 +36,11 @@ def print_plan(plan: Plan, model: str, profile: Profile, out: TextIO) -> None:
         if key in t:
             speed = f"  ({base / t[key]:.2f}x vs uncompressed)" if t[key] > 0 and base else ""
             print(f"  {key:<17} {_fmt_ms(t[key]):>10}{speed}", file=out)
+    if "exposed" in t:
+        print("  (the three above: every bucket's sync in full, none hidden behind backward)",
+              file=out)  # fmt: skip
+        print(f"  {'exposed':<17} {_fmt_ms(t['exposed']):>10}  (what the step waits for after "
+              "backward, as the plan was chosen by)", file=out)  # fmt: skip
 
 
 def _network_summary(profile: Profile) -> str:

@@ -27,6 +27,7 @@ from hipress.cli.args import (
 from hipress.cli.options import add_alias, spelled
 from hipress.cli.planreport import print_plan, print_profile, print_sources, warn_extrapolation
 from hipress.cli.progress import phase
+from hipress.cli.waitpolicy import before_timing
 from hipress.core.plan import PlanError, Strategy
 from hipress.secopa.measure.localgroup import LocalGroupError, measure_local
 from hipress.secopa.measure.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
@@ -213,6 +214,8 @@ def _codec_profile(
     meta: dict[str, Any],
     largest: int | None = None,
 ) -> Profile:
+    before_timing(f"hipress {args.command}", may_reexec=getattr(args, "own_process", False),
+                  err=sys.stderr)  # fmt: skip
     codec = load_timed_codec(args.algorithm or "terngrad", dict(args.param), args.backend)
     threads = torch.get_num_threads()
     if args.threads:
