@@ -133,3 +133,16 @@ def test_trains_on_one_and_two_processes_as_the_benchmark_does(corpus: Corpus, n
     # the input embedding is the last gradient backward produces, tied or not
     leads = alone["grad_ready_lead_ms"]
     assert min(leads, key=leads.__getitem__) == "embed.weight"
+
+
+def test_fsdp2_shards_the_tied_gpt(corpus: Corpus) -> None:
+    """``bench e2e --fsdp``: the tied GPT's embedding stays in the root unit (its head uses the
+    matrix outside the embedding's forward); every block is a unit of its own."""
+    from hipress.bench import fsdp as fsdp_bench
+
+    with LoopbackNetwork(2, "test") as net:
+        row = fsdp_bench.measure(net, "gpt", corpus, fsdp_bench.BASELINES[0], warmup=1,
+                                 steps=1, lr=0.05, reshard=True, timeout=300, threads=1)  # fmt: skip
+    assert row.get("error") is None, row.get("error")
+    units = [name for name, _ in row["traffic"]["gathers_per_unit"]]
+    assert sorted(units) == ["<root>", *(f"blocks.{i}" for i in range(4)), "ln_f", "pos"]

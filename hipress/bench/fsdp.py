@@ -54,9 +54,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# blocks used outside their own forward (LSTMLM.forward sums out.tail's parameters) stay in the
-# root unit: FSDP2 has resharded a block's parameters once its forward returns
-_ROOT_HELD = {"lstm-lm": ("out",)}
+# blocks used outside their own forward (LSTMLM.forward sums out.tail's parameters; the tied
+# GPT's head computes with embed's matrix) stay in the root unit: FSDP2 has resharded a block's
+# parameters once its forward returns
+_ROOT_HELD = {"lstm-lm": ("out",), "gpt": ("embed",)}
 
 
 @dataclass(frozen=True)
