@@ -118,3 +118,32 @@ def test_plan_words_mean_the_same_on_every_entry_point(tmp_path: Path) -> None:
         local_decisions(by_rule, units, rule)
     with pytest.raises(FsdpError, match=r"per-parameter plan .* is for DDP and Horovod"):
         local_decisions(str(tmp_path / "default"), units, rule)
+
+
+def test_one_default_algorithm_on_every_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    import inspect
+
+    import hipress.casync
+    import hipress.fsdp
+    import hipress.horovod
+    from hipress.casync import CaSyncState
+    from hipress.cli import main
+    from hipress.codec.planning import DEFAULT_ALGORITHM, check_plan
+
+    entry_points = [hipress.casync.register, CaSyncState, hipress.fsdp.register,
+                    hipress.horovod.DistributedOptimizer]  # fmt: skip
+    for module in ("lightning", "accelerate"):
+        try:
+            mod = __import__(f"hipress.integrations.{module}", fromlist=["_"])
+        except ImportError:
+            continue
+        entry_points.append(getattr(mod, "HipressCallback", None) or mod.register)
+    for fn in entry_points:
+        default = inspect.signature(fn).parameters["algorithm"].default
+        assert default == DEFAULT_ALGORITHM == "onebit", fn
+    # `hipress plan` without --algorithm plans for it, and the hook's default accepts that plan
+    argv = ["plan", "--model", "mlp", "--workers", "2", "--bandwidth", "1gbit", "--budget", "0.1"]
+    assert main([*argv, "--threads", "1", "--json"]) == 0
+    plan = Plan.from_json(capsys.readouterr().out)
+    assert plan.algorithm == DEFAULT_ALGORITHM
+    check_plan(plan, load(DEFAULT_ALGORITHM), [(e.name, e.numel) for e in plan.entries], 2)

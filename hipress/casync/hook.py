@@ -33,6 +33,7 @@ from hipress.casync.state import CaSyncState
 from hipress.casync.unused import supported
 from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
+from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 
@@ -62,7 +63,7 @@ casync_hook.__annotations__ = {
 
 def register(
     ddp_model: DistributedDataParallel,
-    algorithm: str | CompressionAlgorithm | None = "terngrad",
+    algorithm: str | CompressionAlgorithm | None = DEFAULT_ALGORITHM,
     *,
     params: Mapping[str, Any] | None = None,
     plan: Plan | str | Path | None = None,

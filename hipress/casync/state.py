@@ -30,7 +30,7 @@ from hipress.casync.trace import Tracer
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError, CommError
 from hipress.codec.logs import RANK_FILTER
-from hipress.codec.planning import check_plan_arg, resolve_plan
+from hipress.codec.planning import DEFAULT_ALGORITHM, check_plan_arg, resolve_plan
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan, PlanError
 from hipress.core.rule import DefaultRule
@@ -93,7 +93,7 @@ class CaSyncState:
 
     def __init__(
         self,
-        algorithm: str | CompressionAlgorithm | None = "terngrad",
+        algorithm: str | CompressionAlgorithm | None = DEFAULT_ALGORITHM,
         *,
         params: Mapping[str, Any] | None = None,
         named_parameters: Iterable[tuple[str, torch.Tensor | int]],

@@ -28,6 +28,7 @@ from hipress.cli.options import add_alias, spelled
 from hipress.cli.planreport import print_plan, print_profile, print_sources, warn_extrapolation
 from hipress.cli.progress import phase
 from hipress.cli.waitpolicy import before_timing
+from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.plan import PlanError, Strategy
 from hipress.secopa.measure.localgroup import LocalGroupError, measure_local
 from hipress.secopa.measure.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
@@ -51,7 +52,8 @@ MODEL_HELP = (
 
 
 def _add_algorithm_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algorithm", default=None, help="CompLL algorithm (default terngrad)")
+    p.add_argument("--algorithm", default=None,
+                   help=f"CompLL algorithm (default {DEFAULT_ALGORITHM})")  # fmt: skip
     p.add_argument(
         "--param",
         action="append",
@@ -216,7 +218,7 @@ def _codec_profile(
 ) -> Profile:
     before_timing(f"hipress {args.command}", may_reexec=getattr(args, "own_process", False),
                   err=sys.stderr)  # fmt: skip
-    codec = load_timed_codec(args.algorithm or "terngrad", dict(args.param), args.backend)
+    codec = load_timed_codec(args.algorithm or DEFAULT_ALGORITHM, dict(args.param), args.backend)
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -32,13 +32,17 @@ from hipress.secopa.measure.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.measure.runtime import check_plan as check_plan_fits_model
 from hipress.secopa.model.planner import PlannerConfig
 
-__all__ = ["PLAN_WORDS", "check_plan_arg", "resolve_plan"]
+__all__ = ["DEFAULT_ALGORITHM", "PLAN_WORDS", "check_plan_arg", "resolve_plan"]
 
 log = logging.getLogger(__name__)
 log.addFilter(RANK_FILTER)
 _TWICE = (Strategy.PS, Strategy.RING)
 # the plan arguments that are words, not paths: the default rule and SeCoPa's plan
 PLAN_WORDS = ("default", "auto")
+# The algorithm every entry point runs (and `hipress plan` plans for) when none is named: the DDP
+# hook, Horovod, FSDP, the Lightning and Accelerate helpers. onebit keeps error feedback, so
+# what it drops in one step is sent in later ones.
+DEFAULT_ALGORITHM = "onebit"
 
 
 def _default_plan(

@@ -32,6 +32,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceS
 
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError
+from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.rule import DefaultRule
 from hipress.core.torchcompat import fsdp_param_groups
@@ -73,7 +74,7 @@ def _unit(module: FSDPModule, name: str) -> Any:
 
 def register(
     model: nn.Module,
-    algorithm: str | CompressionAlgorithm = "onebit",
+    algorithm: str | CompressionAlgorithm = DEFAULT_ALGORITHM,
     params: Mapping[str, Any] | None = None,
     *,
     feedback: str = "auto",

@@ -23,7 +23,7 @@ import torch
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.checkpoint import load_states, save_states
 from hipress.codec.errors import CaSyncError
-from hipress.codec.planning import resolve_plan
+from hipress.codec.planning import DEFAULT_ALGORITHM, resolve_plan
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.core.rule import DefaultRule
@@ -301,7 +301,7 @@ def DistributedOptimizer(
     sparse_as_dense: bool = False,
     process_set: Any = None,
     *,
-    algorithm: Any = "terngrad",
+    algorithm: Any = DEFAULT_ALGORITHM,
     params: Mapping[str, Any] | None = None,
     plan: Plan | str | Path | None = None,
     seed: int = 0,

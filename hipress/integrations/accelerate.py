@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
 from hipress.codec.checkpoint import gathered, is_gathered
+from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 
 __all__ = ["FILE", "GatheredCheckpoint", "register"]
@@ -119,7 +120,7 @@ class GatheredCheckpoint:
 def register(
     accelerator: accelerate.Accelerator,
     model: DistributedDataParallel,
-    algorithm: str | CompressionAlgorithm | None = "terngrad",
+    algorithm: str | CompressionAlgorithm | None = DEFAULT_ALGORITHM,
     *,
     checkpoint: bool = True,
     **options: Any,

@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
+from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 
@@ -67,7 +68,7 @@ class HipressCallback(pl.Callback):
 
     def __init__(
         self,
-        algorithm: str | CompressionAlgorithm | None = "terngrad",
+        algorithm: str | CompressionAlgorithm | None = DEFAULT_ALGORITHM,
         *,
         plan: Plan | str | Path | None = None,
         **options: Any,

@@ -439,7 +439,8 @@ def check_unsupported_options() -> None:
     ))  # fmt: skip
     try:
         hipress.horovod.DistributedOptimizer(
-            torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), plan=ring
+            torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), plan=ring,
+            algorithm="terngrad",
         )
     except PlanError as exc:
         if "4.weight" not in str(exc) or "point-to-point" not in str(exc):
