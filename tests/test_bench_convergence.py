@@ -125,8 +125,8 @@ def test_fsdp_options_are_checked() -> None:
     with pytest.raises(ValueError, match="unknown algorithm"):
         check_convergence(ConvergenceOptions(algorithms=("nope",), fsdp=True))
     assert check_convergence(
-        ConvergenceOptions(algorithms=("terngrad", "topk:bf16"), fsdp=True, fsdp_feedback="int8")
-    ) == {"terngrad": "int8", "topk:bf16": "bf16"}
+        ConvergenceOptions(algorithms=("terngrad", "onebit:bf16"), fsdp=True, fsdp_feedback="int8")
+    ) == {"terngrad": "int8", "onebit:bf16": "bf16"}
     assert fsdp_refusal("topk", ConvergenceOptions(density_warmup_epochs=1)) is not None
     assert fsdp_refusal("topk", ConvergenceOptions()) is None
     assert fsdp_refusal("dgc", ConvergenceOptions(momentum_handover=False)) is None
