@@ -238,11 +238,11 @@ def run(ops: tuple[ir.Op, ...], env: Env, state_out: dict[str, torch.Tensor]) ->
             count = int(_eval(op.count, env).item())
             j = torch.arange(idx.shape[0], device=env.device)
             ok = (j < count) & (idx >= 0) & (idx < length)
-            if op.dtype.is_int:
+            if op.dtype.is_int:  # (wrapping sums do not depend on the order)
                 out.index_put_((idx[ok],), vals[ok], accumulate=True)
                 out = semantics.wrap(out, op.dtype)
             else:
-                out.index_put_((idx[ok],), vals[ok], accumulate=True)
+                _scatter_in_order(out, idx[ok], vals[ok])
             env.arrays[op.name] = out
         elif isinstance(op, ir.StoreState):
             if isinstance(op.value, str):
@@ -251,6 +251,29 @@ def run(ops: tuple[ir.Op, ...], env: Env, state_out: dict[str, torch.Tensor]) ->
                 state_out[op.state] = _eval(op.value, env)
         else:  # pragma: no cover
             raise TypeError(op)
+
+
+def _scatter_in_order(out: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
+    """``out[idx[j]] += vals[j]`` for j in ascending order, one rounded add at a time: the
+    language's order of a float scatter. Round r adds each index's r-th value, so no index
+    repeats within a round."""
+    if idx.numel() == 0:
+        return
+    order = torch.sort(idx, stable=True).indices
+    s = idx[order]
+    pos = torch.arange(s.numel(), device=s.device)
+    first = torch.ones_like(s, dtype=torch.bool)
+    first[1:] = s[1:] != s[:-1]
+    start = torch.where(first, pos, torch.zeros_like(pos)).cummax(0).values
+    rank = torch.empty_like(pos)
+    rank[order] = pos - start  # how many values at the same index come before j
+    by_round = torch.sort(rank, stable=True).indices
+    ends = torch.bincount(rank).cumsum(0).tolist()
+    lo = 0
+    for hi in ends:
+        sel = by_round[lo:hi]
+        out.index_put_((idx[sel],), vals[sel], accumulate=True)
+        lo = hi
 
 
 def _scan(op: ir.Scan, env: Env, n: int) -> torch.Tensor:
