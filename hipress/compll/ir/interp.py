@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from hipress.compll.ir import nodes as ir
@@ -258,6 +259,12 @@ def _scatter_in_order(out: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) 
     language's order of a float scatter. Round r adds each index's r-th value, so no index
     repeats within a round."""
     if idx.numel() == 0:
+        return
+    if out.dtype in (torch.float32, torch.float64):
+        # numpy's unbuffered add.at adds in index-array order, each add rounded in out's type
+        host = out.cpu().numpy()
+        np.add.at(host, idx.cpu().numpy(), vals.to(out.dtype).cpu().numpy())
+        out.copy_(torch.from_numpy(host))
         return
     order = torch.sort(idx, stable=True).indices
     s = idx[order]
