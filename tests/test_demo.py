@@ -165,7 +165,7 @@ def test_config_is_validated() -> None:
 
 
 def test_cli_rejects_unknown_algorithm(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--algorithm", "no-such-alg"]) == 1
+    assert main(["demo", "--algorithm", "no-such-alg"]) == 2  # a usage error, before any work
     assert "no-such-alg" in capsys.readouterr().err
 
 

@@ -22,8 +22,9 @@ far below what the traffic model alone would allow a read-mostly kernel); "% roo
 a kernel gets (passes a kernel makes beyond those counted, e.g. a selection's second look at its
 keys, and work that is not memory traffic, e.g. random numbers, are what keeps it below).
 
-OpenMP threads: the run re-executes itself with ``OMP_WAIT_POLICY=PASSIVE`` unless that variable
-is set. With libgomp's default (spin before sleeping), every parallel region on a small machine
+OpenMP threads: run as ``hipress`` (or ``python -m hipress``), the command re-executes itself
+with ``OMP_WAIT_POLICY=PASSIVE`` unless that variable is set; called in-process
+(``hipress.cli.main([...])``) it warns instead (:mod:`hipress.cli.waitpolicy`). With libgomp's default (spin before sleeping), every parallel region on a small machine
 shared with other processes waits for a spinning or descheduled thread, which can slow a copy
 or a kernel by an order of magnitude. The policy in force and the load average are recorded in
 the JSON.
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,7 @@ import torch
 from hipress.bench.provenance import cpu_name, stamp
 from hipress.bench.torch_ops import Fn, torch_versions
 from hipress.bench.traffic import grad_reads
-from hipress.cli.waitpolicy import reexec_passive
+from hipress.cli.waitpolicy import before_timing
 from hipress.compll import Algorithm, algorithms, load, load_source
 from hipress.compll.backends.base import decode_sum_by_parts
 from hipress.compll.ir.source import SourceFile
@@ -157,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``hipress bench kernels``: prints the table, writes the JSON, returns 0."""
     kind, device, make = _setup(getattr(args, "device", "auto"))
     gpu = kind == "cuda"
-    if kind == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
-        reexec_passive("bench kernels")
+    if kind == "cpu":  # re-executed with the passive wait only when run as `hipress`
+        before_timing("hipress bench kernels", may_reexec=getattr(args, "own_process", False),
+                      err=sys.stderr)  # fmt: skip
     sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
     names = [a for a in args.algorithms.split(",") if a] or algorithms()
     results: dict[str, Any] = {

@@ -7,6 +7,7 @@ it expects."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def parse_bandwidth(text: str) -> float:
     Raises ``argparse.ArgumentTypeError`` with examples on anything else.
     """
     m = _RATE.match(text)
-    if not m or float(m.group(1)) <= 0:
+    if not m or not 0 < float(m.group(1)) < math.inf:
         raise argparse.ArgumentTypeError(
             f"bad bandwidth {text!r}: use e.g. 10gbit, 25Gbps, 100mbit/s or 1.25GB/s"
         )

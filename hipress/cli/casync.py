@@ -24,7 +24,7 @@ def _size(text: str) -> int:
     num = t.rstrip("KMGB")
     try:
         value = int(float(num) * _UNITS[t[len(num) :]])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 1K, 256KB, 64M") from None
     if value < 8 or value % 4:
         raise argparse.ArgumentTypeError(f"size {text!r} must be >= 8 bytes, a multiple of 4")

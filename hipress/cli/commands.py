@@ -12,7 +12,10 @@ from collections.abc import Sequence
 
 import hipress
 from hipress.cli import bench, casync, compll, demo, secopa, selftest, trace
+from hipress.cli.checks import check_args
+from hipress.cli.checktable import RULES
 from hipress.cli.options import add_verbose_everywhere, print_deprecations
+from hipress.cli.waitpolicy import started_as_hipress
 from hipress.compll import CllError
 
 __all__ = ["EXIT_BROKEN_PIPE", "build_parser", "main"]
@@ -65,7 +68,7 @@ def _quiet_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``hipress ARGV`` (default: the process's arguments); returns the exit status
     (:data:`EXIT_BROKEN_PIPE` when the output's reader closed it, e.g. ``| head``)."""
-    own_process = argv is None
+    own_process = argv is None and started_as_hipress()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -76,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        refused = check_args(parser, args, RULES)  # every option, before any work starts
+        if refused is not None:
+            return refused
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at exit
         return status

@@ -83,7 +83,11 @@ class Deprecated(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         _deprecated(namespace, f"{option_string} is deprecated; use {self.new}")
-        setattr(namespace, self.dest, self.convert(values) if self.convert else values)
+        try:
+            value = self.convert(values) if self.convert else values
+        except (argparse.ArgumentTypeError, ValueError, OverflowError) as exc:
+            parser.error(f"argument {option_string}: {exc}")
+        setattr(namespace, self.dest, value)
         _remember(namespace, self.dest, option_string)
 
 

@@ -17,9 +17,19 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-__all__ = ["VARIABLE", "before_timing", "reexec_passive"]
+__all__ = ["VARIABLE", "before_timing", "reexec_passive", "started_as_hipress"]
 
 VARIABLE = "OMP_WAIT_POLICY"
+
+
+def started_as_hipress() -> bool:
+    """Whether this process is the ``hipress`` command itself (its console script, or
+    ``python -m hipress``), the only case in which executing it again re-runs the command and
+    nothing else of a caller's program."""
+    first = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if first.name == "__main__.py":
+        return first.parent.name == "hipress"
+    return first.name == "hipress"
 
 
 def reexec_passive(command: str, out: TextIO | None = None) -> NoReturn:
