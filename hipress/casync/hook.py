@@ -20,7 +20,7 @@ last bucket's call returns once every bucket of the step is synchronised.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ from hipress.codec.logs import RANK_FILTER
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
+from hipress.core.rule import Selection, Shapes, embedding_names
 
-__all__ = ["CaSyncState", "casync_hook", "register"]
+__all__ = ["CaSyncState", "casync_hook", "register", "selection_for"]
 
 logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
@@ -61,6 +62,21 @@ casync_hook.__annotations__ = {
 }
 
 
+def selection_for(
+    model: torch.nn.Module,
+    include: str | Sequence[str] | None,
+    exclude: str | Sequence[str] | None,
+    shapes: Shapes,
+) -> Selection:
+    """The :class:`~hipress.core.rule.Selection` of ``include``/``exclude``/``shapes`` for
+    ``model`` (its embedding weights found by module type). Raises :class:`CaSyncError` naming
+    the argument that is wrong."""
+    try:
+        return Selection(include or (), exclude or (), shapes, embedding_names(model))
+    except ValueError as exc:
+        raise CaSyncError(str(exc)) from None
+
+
 def register(
     ddp_model: DistributedDataParallel,
     algorithm: str | CompressionAlgorithm | None = DEFAULT_ALGORITHM,
@@ -68,6 +84,9 @@ def register(
     params: Mapping[str, Any] | None = None,
     plan: Plan | str | Path | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    shapes: Shapes = "all",
     **options: Any,
 ) -> CaSyncState:
     """Create a :class:`CaSyncState` for ``ddp_model`` and register :func:`casync_hook` on it.
@@ -76,6 +95,14 @@ def register(
     hyper-parameters, a dict), ``plan``, ``optimizer`` and ``options``, :class:`CaSyncState`'s
     keyword arguments (``process_group`` defaults to the model's). Call before the first
     backward. Returns the state (stats, checkpoints).
+
+    ``include``, ``exclude`` and ``shapes`` say which parameters may be compressed at all
+    (:class:`~hipress.core.rule.Selection`; patterns match ``module.named_parameters()``
+    names): ``exclude`` keeps the parameters it matches plain, ``shapes="matrices"`` keeps
+    every tensor without exactly two dimensions plain (a callable ``(name, shape) -> bool``
+    decides otherwise), and the default rule and ``plan="auto"`` also keep the model's
+    embedding weights (``nn.Embedding``/``nn.EmbeddingBag``, by module type) and 1-D tensors
+    plain unless ``include`` matches them.
 
     Some algorithms cannot train with some optimizers (dgc's own momentum on top of the
     optimizer's compounds the two): given the ``optimizer``, such a combination raises
@@ -88,6 +115,7 @@ def register(
         )
     options.setdefault("process_group", ddp_model.process_group)
     named = [(n, p) for n, p in ddp_model.module.named_parameters() if p.requires_grad]
+    options["selection"] = selection_for(ddp_model.module, include, exclude, shapes)
     state = CaSyncState(algorithm, params=params, named_parameters=named, plan=plan, **options)
     if optimizer is not None:
         try:

@@ -33,7 +33,7 @@ from hipress.codec.logs import RANK_FILTER
 from hipress.codec.planning import DEFAULT_ALGORITHM, check_plan_arg, resolve_plan
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan, PlanError
-from hipress.core.rule import DefaultRule
+from hipress.core.rule import DefaultRule, Selection, named_shapes
 
 __all__ = ["CaSyncState"]
 
@@ -71,6 +71,7 @@ class CaSyncState:
             must agree on; only for an algorithm given by name, and only parameters that leave
             its state layout as it is. The plan keeps its decisions. A restored
             :meth:`state_dict` resumes with the parameters of its step.
+        selection: which tensors stay plain (:class:`~hipress.core.rule.Selection`).
 
     Fields:
         algorithm, seed: as resolved at construction.
@@ -107,12 +108,14 @@ class CaSyncState:
         warmup_steps: int = 0,
         params_schedule: Sequence[tuple[int, Mapping[str, Any]]] = (),
         device: torch.device | str | None = None,
+        selection: Selection | None = None,
     ) -> None:
         check_options(params, seed, rule, check_finite, log_every, warmup_steps, plan)
         named = list(named_parameters)
         if not named:
             raise CaSyncError("the model has no parameter that requires a gradient")
         self._numels = [(n, int(p) if isinstance(p, int) else p.numel()) for n, p in named]
+        self._select, self._shapes = selection, named_shapes(named)
         self._devices, self._trained_on = state_devices(named, device)
         self.process_group = process_group
         self.rank: int | None = None
@@ -191,6 +194,7 @@ class CaSyncState:
         resolved = resolve_plan(
             plan, self.algorithm, self._numels, self.world_size, self._rule,
             group=self.process_group, device=self._trained_on, probe=StateProbe(type(self)),
+            selection=self._select, shapes=self._shapes,
         )  # fmt: skip
         config = config_digest(
             self.algorithm.digest, resolved.digest(), self.seed, self.check_finite,

@@ -12,6 +12,12 @@ algorithm that does not survive that (:func:`~hipress.codec.algorithm.recompress
 unbiased random sparsifier such as randomk with ``memory=False`` multiplies its variance by n/k)
 is planned with the all-gather by the default rule and by ``plan="auto"``; an explicit plan that
 asks otherwise is run, with a warning that says why and what to change.
+
+A :class:`~hipress.core.rule.Selection` (``include=``, ``exclude=``, ``shapes=``) is applied to
+every plan: the default rule's and SeCoPa's keep what it rejects plain, embeddings and 1-D
+tensors included (:func:`keep_plain`, the reasons recorded in ``plan.meta["kept_plain"]``); a
+plan given explicitly keeps only what ``exclude``/``shapes`` reject, and compressing an
+embedding with it logs a warning.
 """
 
 from __future__ import annotations
@@ -26,13 +32,16 @@ from hipress.codec.algorithm import recompressible
 from hipress.codec.logs import RANK_FILTER
 from hipress.core.compression import CompressionAlgorithm, Uncompressed, compresses
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
-from hipress.core.rule import DefaultRule
+from hipress.core.rule import DefaultRule, Selection
 from hipress.secopa.measure.calibrate import StepProbe
 from hipress.secopa.measure.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.measure.runtime import check_plan as check_plan_fits_model
 from hipress.secopa.model.planner import PlannerConfig
 
-__all__ = ["DEFAULT_ALGORITHM", "PLAN_WORDS", "check_plan_arg", "resolve_plan"]
+__all__ = [
+    "DEFAULT_ALGORITHM", "PLAN_WORDS", "check_plan_arg", "keep_plain", "resolve_plan",
+    "warn_lossy_embeddings",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 log.addFilter(RANK_FILTER)
@@ -63,6 +72,49 @@ def _default_plan(
             for e in entries
         )
     return Plan(algorithm.name, dict(algorithm.params), world_size, entries)
+
+
+def keep_plain(plan: Plan, reasons: Mapping[str, str]) -> Plan:
+    """``plan`` with the entries named in ``reasons`` (``{name: why}``) uncompressed (other
+    fields, e.g. a lossless synchronisation, kept), their predictions set to the uncompressed
+    time where known, and ``meta["kept_plain"]`` recording every reason (the plan's own and
+    these). Returns ``plan`` itself when nothing changes."""
+    changed, delta, entries = False, 0.0, []
+    for e in plan.entries:
+        if e.compress and e.name in reasons:
+            ms = e.uncompressed_ms or e.predicted_ms
+            delta += ms - e.predicted_ms
+            e = dataclasses.replace(
+                e, compress=False, strategy=Strategy.ALLREDUCE, partitions=1, predicted_ms=ms
+            )
+            changed = True
+        entries.append(e)
+    kept = {n: why for n, why in reasons.items() if n in {e.name for e in plan.entries}}
+    if not changed and not kept:
+        return plan
+    totals = dict(plan.totals)
+    if "planned" in totals:
+        totals["planned"] = round(totals["planned"] + delta, 6)
+    meta = {**plan.meta, "kept_plain": {**dict(plan.meta.get("kept_plain", {})), **kept}}
+    return dataclasses.replace(plan, entries=tuple(entries), totals=totals, meta=meta)
+
+
+def warn_lossy_embeddings(
+    plan: Plan, algorithm: CompressionAlgorithm, embeddings: Sequence[str]
+) -> list[str]:
+    """Log one warning if ``plan`` puts the lossy ``algorithm`` on any of ``embeddings``;
+    return the names it does."""
+    names = set(embeddings)
+    hit = [e.name for e in plan.entries if e.compress and e.name in names]
+    if hit and compresses(algorithm):
+        log.warning(
+            "%s is lossy and the plan puts it on the embedding weight%s %s: a quantised or "
+            "sparsified token embedding costs accuracy (its gradient is sparse); keep it plain "
+            "(leave it out of include=, or exclude=[...] it)",
+            algorithm.name, "s" if len(hit) > 1 else "", ", ".join(hit[:4]) + (
+                f" and {len(hit) - 4} more" if len(hit) > 4 else ""),
+        )  # fmt: skip
+    return hit
 
 
 def _auto_plan(
@@ -167,6 +219,8 @@ def resolve_plan(
     group: Any = None,
     device: Any = None,
     probe: StepProbe | None = None,
+    selection: Selection | None = None,
+    shapes: Sequence[tuple[str, tuple[int, ...] | None]] = (),
 ) -> Plan:
     """Return the plan to run and check that it fits.
 
@@ -177,7 +231,9 @@ def resolve_plan(
     :class:`DefaultRule` ``rule``); ``named_numels`` are the (name, numel) pairs of every parameter
     that receives a gradient. Raises :class:`PlanError` if the plan does not cover exactly these
     parameters, was made for another world size or algorithm, or asks for partitions too small
-    to split.
+    to split. ``selection`` (default: :class:`Selection`'s defaults) says which tensors are kept
+    plain, judged with their ``shapes`` (``(name, shape)`` pairs; a name left out has an
+    unknown shape).
     """
     if algorithm is None:
         algorithm = Uncompressed()
@@ -194,5 +250,12 @@ def resolve_plan(
             f"plan must be 'default', 'auto', a path to a plan file or a Plan, got "
             f"{type(plan).__name__}"
         )
+    sel = selection or Selection()
+    known = dict(shapes)
+    pairs = [(n, known.get(n)) for n, _ in named_numels]
+    explicit = isinstance(plan, Plan | Path) or (isinstance(plan, str) and plan not in PLAN_WORDS)
+    if compresses(algorithm):
+        resolved = keep_plain(resolved, sel.reasons(pairs, implicit=not explicit))
+    warn_lossy_embeddings(resolved, algorithm, [n for n, s in pairs if sel.is_embedding(n, s)])
     check_plan(resolved, algorithm, named_numels, world_size)
     return resolved
