@@ -990,10 +990,12 @@ int hp_decode_acc(const hp_dec_args* a) {
 
 
 
-/* fp16: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
- * (hp_decode_sum runs the tiles) */
-static inline void hp_decode_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl, const float hp_d) {
+/* fp16: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by the
+ * divisor: hp_d itself, or (hp_pw, a constant at each call) multiplied by hp_d = 1 / divisor
+ * where the divisor is a power of two, which rounds the same (hp_decode_sum runs the tiles) */
+static inline __attribute__((always_inline)) void hp_decode_tile(
+    const uint8_t* const pay, float* const out, const int64_t n, const int64_t i0,
+    const int64_t tl, const float hp_d, const int hp_pw) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   const uint16_t* const f_h = (const uint16_t*)(pay + po0);
@@ -1007,7 +1009,7 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const uint16_t r1 = f_h[i];
-          out[i] = (hp_f16_to_f32(r1)) / hp_d;
+          out[i] = (hp_pw ? (hp_f16_to_f32(r1)) * hp_d : (hp_f16_to_f32(r1)) / hp_d);
         }
   }
 
@@ -1016,10 +1018,12 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
 
 
 
-/* fp16: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
- * (hp_decode_sum runs the tiles) */
-static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl, const float hp_d) {
+/* fp16: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by the
+ * divisor: hp_d itself, or (hp_pw, a constant at each call) multiplied by hp_d = 1 / divisor
+ * where the divisor is a power of two, which rounds the same (hp_decode_sum runs the tiles) */
+static inline __attribute__((always_inline)) void hp_decode_acc_tile(
+    const uint8_t* const pay, float* const out, const int64_t n, const int64_t i0,
+    const int64_t tl, const float hp_d, const int hp_pw) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   const uint16_t* const f_h = (const uint16_t*)(pay + po0);
@@ -1033,7 +1037,7 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const uint16_t r1 = f_h[i];
-          out[i] = out[i] + (hp_f16_to_f32(r1)) / hp_d;
+          out[i] = out[i] + (hp_pw ? (hp_f16_to_f32(r1)) * hp_d : (hp_f16_to_f32(r1)) / hp_d);
         }
   }
 
@@ -1072,12 +1076,28 @@ int hp_decode_sum(const hp_decsum_args* a) {
   float* const out = a->out;
   if (a->k < 1) return 1;
   (void)divide;
+  /* x / d == x * (1 / d) exactly when d is a power of two whose reciprocal is a normal
+   * float (both are the one rounding of the same real number): a multiply, not a divide */
+  uint32_t db;
+  memcpy(&db, &d, 4);
+  const uint32_t de = (db >> 23) & 255u;
+  if ((db & 0x7fffffu) == 0 && de >= 1 && de <= 253) {
+    const float m = 1.0f / d;
+    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+    for (int64_t tb = 0; tb < ntiles; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
+      hp_decode_tile(a->payloads[0], out, n, i0, tl, m, 1);
+      for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, m, 1);
+    }
+    return 0;
+  }
   #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
   for (int64_t tb = 0; tb < ntiles; tb++) {
     const int64_t i0 = tb * HP_TILE;
     const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-    hp_decode_tile(a->payloads[0], out, n, i0, tl, d);
-    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d);
+    hp_decode_tile(a->payloads[0], out, n, i0, tl, d, 0);
+    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d, 0);
   }
   return 0;
 }

@@ -1157,10 +1157,12 @@ int hp_decode_acc(const hp_dec_args* a) {
 
 
 
-/* qsgd: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
- * (hp_decode_sum runs the tiles) */
-static inline void hp_decode_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl, const float hp_d) {
+/* qsgd: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by the
+ * divisor: hp_d itself, or (hp_pw, a constant at each call) multiplied by hp_d = 1 / divisor
+ * where the divisor is a power of two, which rounds the same (hp_decode_sum runs the tiles) */
+static inline __attribute__((always_inline)) void hp_decode_tile(
+    const uint8_t* const pay, float* const out, const int64_t n, const int64_t i0,
+    const int64_t tl, const float hp_d, const int hp_pw) {
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))), INT64_C(1)), hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
   const int64_t L2 = hp_len(n);
   const int64_t po0 = 0;
@@ -1203,7 +1205,7 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
           const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d;
+          out[i] = (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
         }
         } else {
         #pragma omp simd
@@ -1212,7 +1214,7 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
           const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d;
+          out[i] = (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
         }
         }
   }
@@ -1222,10 +1224,12 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
 
 
 
-/* qsgd: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
- * (hp_decode_sum runs the tiles) */
-static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl, const float hp_d) {
+/* qsgd: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by the
+ * divisor: hp_d itself, or (hp_pw, a constant at each call) multiplied by hp_d = 1 / divisor
+ * where the divisor is a power of two, which rounds the same (hp_decode_sum runs the tiles) */
+static inline __attribute__((always_inline)) void hp_decode_acc_tile(
+    const uint8_t* const pay, float* const out, const int64_t n, const int64_t i0,
+    const int64_t tl, const float hp_d, const int hp_pw) {
   const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))), INT64_C(1)), hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))));
   const int64_t L2 = hp_len(n);
   const int64_t po0 = 0;
@@ -1268,7 +1272,7 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
           const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = out[i] + (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d;
+          out[i] = out[i] + (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
         }
         } else {
         #pragma omp simd
@@ -1277,7 +1281,7 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
           const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = out[i] + (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d;
+          out[i] = out[i] + (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
         }
         }
   }
@@ -1317,12 +1321,28 @@ int hp_decode_sum(const hp_decsum_args* a) {
   float* const out = a->out;
   if (a->k < 1) return 1;
   (void)divide;
+  /* x / d == x * (1 / d) exactly when d is a power of two whose reciprocal is a normal
+   * float (both are the one rounding of the same real number): a multiply, not a divide */
+  uint32_t db;
+  memcpy(&db, &d, 4);
+  const uint32_t de = (db >> 23) & 255u;
+  if ((db & 0x7fffffu) == 0 && de >= 1 && de <= 253) {
+    const float m = 1.0f / d;
+    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+    for (int64_t tb = 0; tb < ntiles; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
+      hp_decode_tile(a->payloads[0], out, n, i0, tl, m, 1);
+      for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, m, 1);
+    }
+    return 0;
+  }
   #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
   for (int64_t tb = 0; tb < ntiles; tb++) {
     const int64_t i0 = tb * HP_TILE;
     const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-    hp_decode_tile(a->payloads[0], out, n, i0, tl, d);
-    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d);
+    hp_decode_tile(a->payloads[0], out, n, i0, tl, d, 0);
+    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d, 0);
   }
   return 0;
 }

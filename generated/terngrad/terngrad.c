@@ -1115,10 +1115,12 @@ int hp_decode_acc(const hp_dec_args* a) {
 
 
 
-/* terngrad: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
- * (hp_decode_sum runs the tiles) */
-static inline void hp_decode_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl, const float hp_d) {
+/* terngrad: hp_decode_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by the
+ * divisor: hp_d itself, or (hp_pw, a constant at each call) multiplied by hp_d = 1 / divisor
+ * where the divisor is a power of two, which rounds the same (hp_decode_sum runs the tiles) */
+static inline __attribute__((always_inline)) void hp_decode_tile(
+    const uint8_t* const pay, float* const out, const int64_t n, const int64_t i0,
+    const int64_t tl, const float hp_d, const int hp_pw) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   float s_p_lo;
@@ -1144,7 +1146,7 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = r3;
-          out[i] = ((s_p_lo + (((float)(l1)) * s_gap_1))) / hp_d;
+          out[i] = (hp_pw ? ((s_p_lo + (((float)(l1)) * s_gap_1))) * hp_d : ((s_p_lo + (((float)(l1)) * s_gap_1))) / hp_d);
         }
   }
 
@@ -1153,10 +1155,12 @@ static inline void hp_decode_tile(const uint8_t* const pay, float* const out, co
 
 
 
-/* terngrad: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by hp_d
- * (hp_decode_sum runs the tiles) */
-static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out, const int64_t n,
-                              const int64_t i0, const int64_t tl, const float hp_d) {
+/* terngrad: hp_decode_acc_tile, one tile: elements [i0, i0 + tl) of n, serially, each value divided by the
+ * divisor: hp_d itself, or (hp_pw, a constant at each call) multiplied by hp_d = 1 / divisor
+ * where the divisor is a power of two, which rounds the same (hp_decode_sum runs the tiles) */
+static inline __attribute__((always_inline)) void hp_decode_acc_tile(
+    const uint8_t* const pay, float* const out, const int64_t n, const int64_t i0,
+    const int64_t tl, const float hp_d, const int hp_pw) {
   const int64_t L1 = hp_len(n);
   const int64_t po0 = 0;
   float s_p_lo;
@@ -1182,7 +1186,7 @@ static inline void hp_decode_acc_tile(const uint8_t* const pay, float* const out
           const int64_t i = i0 + t;
           const uint8_t r3 = unp2[t];
           const uint8_t l1 = r3;
-          out[i] = out[i] + ((s_p_lo + (((float)(l1)) * s_gap_1))) / hp_d;
+          out[i] = out[i] + (hp_pw ? ((s_p_lo + (((float)(l1)) * s_gap_1))) * hp_d : ((s_p_lo + (((float)(l1)) * s_gap_1))) / hp_d);
         }
   }
 
@@ -1221,12 +1225,28 @@ int hp_decode_sum(const hp_decsum_args* a) {
   float* const out = a->out;
   if (a->k < 1) return 1;
   (void)divide;
+  /* x / d == x * (1 / d) exactly when d is a power of two whose reciprocal is a normal
+   * float (both are the one rounding of the same real number): a multiply, not a divide */
+  uint32_t db;
+  memcpy(&db, &d, 4);
+  const uint32_t de = (db >> 23) & 255u;
+  if ((db & 0x7fffffu) == 0 && de >= 1 && de <= 253) {
+    const float m = 1.0f / d;
+    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
+    for (int64_t tb = 0; tb < ntiles; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
+      hp_decode_tile(a->payloads[0], out, n, i0, tl, m, 1);
+      for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, m, 1);
+    }
+    return 0;
+  }
   #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
   for (int64_t tb = 0; tb < ntiles; tb++) {
     const int64_t i0 = tb * HP_TILE;
     const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-    hp_decode_tile(a->payloads[0], out, n, i0, tl, d);
-    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d);
+    hp_decode_tile(a->payloads[0], out, n, i0, tl, d, 0);
+    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d, 0);
   }
   return 0;
 }

@@ -75,6 +75,12 @@ class CFunction(CFamily):
         super().__init__(env, prog, plan, name, tile)
         self.f16_tiles: list[tuple[str, str, bool, str]] = []
 
+    def scaled(self, v: str) -> str:
+        """A decoded value as a tile function stores it: divided by the divisor, or multiplied
+        by its reciprocal where the caller says the divisor is a power of two (``hp_pw``, a
+        constant at each inlined call, so each variant's loop has one operation)."""
+        return f"(hp_pw ? ({v}) * hp_d : ({v}) / hp_d)" if self.tile else v
+
     def render(self) -> str:
         """The C function: its loops, stages and host lets, level by level (fused loops run
         by their segment reduction or filter)."""
