@@ -6,10 +6,8 @@ writes its results under ``hipress-results/`` (``--out``)."""
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from hipress.cli.args import RESULTS, parse_latency, parse_rate_mbit
@@ -42,10 +40,6 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # so the network context managers tear everything down
-
-
 def _cmd_e2e(args: argparse.Namespace) -> int:
     from hipress.bench.e2e import E2EOptions, run_matrix
     from hipress.bench.provenance import stamp
@@ -70,7 +64,6 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         fsdp_bf16_params=args.fsdp_bf16_params,
         extra={"command": invocation(args)},
     )
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = stamp(run_matrix(opts, progress=step_line), invocation(args))
     out = Path(args.out)
     write_json(results, out / f"{args.name}.json")
@@ -131,7 +124,6 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hipress bench convergence: {exc}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = run_convergence(opts, progress=step_line)
     results["meta"]["command"] = invocation(args)
     stamp(results, invocation(args))
@@ -308,7 +300,6 @@ def _cmd_robustness(args: argparse.Namespace) -> int:
         workers=args.workers, task=args.task, algorithms=_names(args.algorithms),
         optimizers=_names(args.optimizers), steps=args.steps, threads=args.threads,
     )  # fmt: skip
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     results = run_robustness(opts, progress=step_line)
     results["meta"]["command"] = invocation(args)
     stamp(results, invocation(args))

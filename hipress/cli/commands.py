@@ -15,6 +15,7 @@ from hipress.cli import bench, casync, compll, demo, secopa, selftest, trace
 from hipress.cli.checks import check_args
 from hipress.cli.checktable import RULES
 from hipress.cli.options import add_verbose_everywhere, print_deprecations
+from hipress.cli.signals import stop_on_signals, stopped_message
 from hipress.cli.waitpolicy import started_as_hipress
 from hipress.compll import CllError
 
@@ -82,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         refused = check_args(parser, args, RULES)  # every option, before any work starts
         if refused is not None:
             return refused
-        status = int(args.func(args) or 0)
+        with stop_on_signals():  # SIGTERM and SIGINT unwind: workers, namespaces, temp files
+            status = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at exit
         return status
     except BrokenPipeError:
@@ -91,8 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CllError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        name = " ".join(
+            ["hipress", *(str(v) for v in (args.command, getattr(args, "bench", None)) if v)]
+        )
+        text, status = stopped_message(name, exc)
+        print(text, file=sys.stderr)
+        return status
     finally:
         print_deprecations(args)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hipress.bench.netsim import STORE_PORT, run_rank
+from hipress.bench.netsim import STORE_PORT, deferred_signals, run_rank
 from hipress.demo.config import DemoError
 
 __all__ = ["launch"]
@@ -123,7 +123,7 @@ def launch(
             for r in range(world_size)
         ]
         try:
-            with _quiet_store_lookups(net is not None):
+            with _quiet_store_lookups(net is not None), deferred_signals():
                 for p in procs:
                     p.start()
             deadline = time.monotonic() + timeout

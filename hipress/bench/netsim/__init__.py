@@ -38,7 +38,7 @@ from hipress.bench.netsim.network import (
     shaping_unavailable_reason,
     tx_bytes,
 )
-from hipress.bench.netsim.run import run_in_network, run_rank
+from hipress.bench.netsim.run import deferred_signals, run_in_network, run_rank
 
 __all__ = [
     "NETNS_DIR",
@@ -51,6 +51,7 @@ __all__ = [
     "ShapedNetwork",
     "WorkerFailed",
     "cleanup_stale",
+    "deferred_signals",
     "list_namespaces",
     "open_network",
     "run_in_network",
