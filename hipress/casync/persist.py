@@ -9,15 +9,27 @@ The state dict formats are in :mod:`hipress.codec.checkpoint`;
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from hipress.casync.config import FORMAT
+from hipress.casync.reshard import reshard
 from hipress.casync.runtime import Runtime
-from hipress.codec.checkpoint import gathered, is_gathered, load_states, own_entry, save_states
+from hipress.codec.checkpoint import (
+    check_entry,
+    check_rank,
+    gathered,
+    is_gathered,
+    load_states,
+    own_entry,
+    save_states,
+)
 from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
 from hipress.core.plan import Plan, PlanError
@@ -25,7 +37,7 @@ from hipress.core.plan import Plan, PlanError
 logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
 
-__all__ = ["gather", "load", "own", "plan_of", "plan_to_adopt", "save"]
+__all__ = ["gather", "load", "own", "plan_of", "plan_to_adopt", "read", "save"]
 
 
 def save(rt: Runtime, rank: int, world_size: int) -> dict[str, Any]:
@@ -34,10 +46,24 @@ def save(rt: Runtime, rank: int, world_size: int) -> dict[str, Any]:
     engine = rt.engine
     if engine.unused is not None and not engine.open:
         engine.unused.settle()
-    sd = save_states(FORMAT, rank, world_size, rt.config, rt.parts())
-    sd["step"] = engine.step
-    sd["plan"] = rt.base_plan.to_dict()
-    return sd
+    extra = {"step": engine.step, "plan": rt.base_plan.to_dict()}
+    return save_states(FORMAT, rank, world_size, rt.config, rt.parts(), extra)
+
+
+def read(path: str | Path) -> Any:
+    """``torch.load`` of the checkpoint file ``path`` (to the CPU, tensors and plain values
+    only). Raises :class:`CaSyncError` naming the file if it is missing or cannot be read
+    (truncated, damaged, not written by ``torch.save``); its CaSync state is checked by
+    ``load_state_dict``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CaSyncError(f"{path}: no such checkpoint file") from None
+    except Exception as exc:  # any unpickling or zip error: the file is damaged
+        raise CaSyncError(
+            f"{path}: not a readable checkpoint (truncated, damaged or not written by "
+            f"torch.save): {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def gather(
@@ -89,6 +115,8 @@ def own(sd: Any, rank: int, world_size: int) -> tuple[Any, int, bool]:
     entry stands in, for its plan, step and configuration only. Raises :class:`CaSyncError`
     for another world size or a step that is not an integer >= 0."""
     stand_in = False
+    if is_gathered(sd) and sd.get("world_size") != world_size and _complete(sd):
+        return _reshard_entry(sd, rank, world_size)
     if is_gathered(sd):
         entry = own_entry(sd, rank, world_size, CaSyncError)
         missing = sd.get("missing")
@@ -98,6 +126,12 @@ def own(sd: Any, rank: int, world_size: int) -> tuple[Any, int, bool]:
                 raise CaSyncError(f"rank {rank}: damaged gathered state dict: no rank's entry")
             entry, stand_in = present[0], True
         sd = entry
+        where = f"rank {rank}" + (" (standing in: another rank's entry)" if stand_in else "")
+        check_entry(sd, FORMAT, where, CaSyncError)
+    elif isinstance(sd, Mapping) and sd.get("format") == FORMAT:
+        check_entry(sd, FORMAT, f"rank {rank}", CaSyncError)
+        if "rank" in sd and "world_size" in sd:
+            check_rank(sd, rank, world_size, CaSyncError)
     step = sd.get("step", 0) if isinstance(sd, Mapping) else 0
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CaSyncError(f"rank {rank}: state dict `step` must be an integer >= 0, got {step!r}")
@@ -115,35 +149,111 @@ def plan_to_adopt(sd: Any, rank: int) -> Plan | None:
 
 def load(rt: Runtime, sd: Any, step: int, *, rank: int, world_size: int, carry_over: bool,
          check_plan: bool = True, stand_in: bool = False) -> None:  # fmt: skip
-    """Restore ``rt`` from ``sd`` (this rank's state dict) in place, all or nothing, and set its
-    step count to ``step``. A state dict of another plan is refused (``check_plan``), saying
-    how to resume, unless ``carry_over``: then the states of parameters planned alike in both
-    plans are restored and the others kept. ``stand_in``: ``sd`` is another rank's (this
-    rank's is missing, see :func:`own`): its configuration is checked, the states are kept."""
+    """Restore ``rt`` from ``sd`` (this rank's state dict, from :func:`own`) in place, all or
+    nothing, and set its step count to ``step``. A state dict of another algorithm is refused,
+    saying which; one of another plan too (``check_plan``), saying how to resume, unless
+    ``carry_over``: then the states of parameters planned alike in both plans are restored and
+    the others kept. ``stand_in``: ``sd`` is another rank's (this rank's is missing, see
+    :func:`own`): its configuration is checked, the states are kept. An entry :func:`own` made
+    from another world size's checkpoint is resharded (:mod:`hipress.casync.reshard`)."""
     if stand_in:
         _check_stand_in(rt, sd, rank)
         rt.engine.resume_at(step)
         return
     ours = isinstance(sd, Mapping) and sd.get("format") == FORMAT
+    if ours and "plan" in sd:
+        _check_algorithm(rt, plan_of(sd), rank)
     saved = plan_of(sd) if check_plan and ours and "plan" in sd else None
+    moved = ours and "reshard" in sd
     if saved is not None and saved.digest() != rt.base_plan.digest():
-        if not carry_over:
+        if not carry_over or moved:
             raise CaSyncError(
                 f"rank {rank}: the state dict was saved with a different plan "
                 f"({saved.digest()}; this state runs {rt.base_plan.digest()}). To resume "
                 "it, make the state with plan=CaSyncState.plan_of(checkpoint) (or "
                 "plan='auto', which takes the saved plan); to keep this plan, do not load the "
-                "hook's state (error feedback then starts afresh), or load it with "
-                "carry_over=True (the states of parameters planned alike carry over)"
+                "hook's state (error feedback then starts afresh)"
+                + ("" if moved else ", or load it with carry_over=True (the states of "
+                   "parameters planned alike carry over)")
             )
         sd = _carried(rt, sd, saved, rank)
+    if moved:
+        sd = _resharded(rt, sd, rank, world_size)
     load_states(
         sd, fmt=FORMAT, what="CaSync", rank=rank, world_size=world_size, config=rt.config,
-        parts=rt.parts(), error=CaSyncError,
+        parts=rt.parts(), error=CaSyncError, verified=True,
     )  # fmt: skip
     if rt.engine.unused is not None:
         rt.engine.unused.forget()
     rt.engine.resume_at(step)  # where warm-up, the schedule and the statistics stand
+
+
+def _check_algorithm(rt: Runtime, saved: Plan, rank: int) -> None:
+    """Refuse a state dict saved with another algorithm or parameters, naming both."""
+    mine = rt.base_plan
+    differ = sorted(k for k in saved.params if k in mine.params
+                    and saved.params[k] != mine.params[k])  # fmt: skip
+    if saved.algorithm == mine.algorithm and not differ:
+        return
+    what = "algorithm" if saved.algorithm != mine.algorithm else f"parameters ({', '.join(differ)})"
+    raise CaSyncError(
+        f"rank {rank}: the state dict was saved with another {what}: {saved.algorithm} "
+        f"{dict(saved.params)}, this state runs {mine.algorithm} {dict(mine.params)}; its "
+        f"compression states do not fit. To resume it, register with "
+        f"algorithm={saved.algorithm!r} and the same parameters; to change algorithms, do not "
+        "load the hook's state (error feedback then starts afresh)"
+    )
+
+
+def _complete(sd: Mapping[str, Any]) -> bool:
+    ranks = sd.get("ranks")
+    return isinstance(ranks, list | tuple) and len(ranks) == sd.get("world_size")
+
+
+def _reshard_entry(sd: Mapping[str, Any], rank: int, world_size: int) -> tuple[Any, int, bool]:
+    """:func:`own`'s result for a gathered ``sd`` of another world size: an entry that carries
+    the saved plan laid out for ``world_size`` and every rank's verified entry."""
+    entries, saved_at = list(sd["ranks"]), len(sd["ranks"])
+    for r, e in enumerate(entries):
+        if e is None:
+            continue
+        check_entry(e, FORMAT, f"rank {r}'s entry", CaSyncError)
+        if (e.get("rank"), e.get("world_size")) != (r, saved_at) or "plan" not in e:
+            raise CaSyncError(f"damaged gathered state dict: entry {r} is not rank {r} of "
+                              f"{saved_at}'s state dict")  # fmt: skip
+    present = [e for e in entries if e is not None]
+    if not present:
+        raise CaSyncError(f"rank {rank}: damaged gathered state dict: no rank's entry")
+    saved = plan_of(present[0])
+    if any(plan_of(e).digest() != saved.digest() for e in present):
+        raise CaSyncError("damaged gathered state dict: its entries hold different plans")
+    missing = [r for r, e in enumerate(entries) if e is None]
+    logger.warning(
+        "casync: the checkpoint was saved at %d ranks, this run has %d: its error feedback is "
+        "resharded (the sums over ranks are kept%s)", saved_at, world_size,
+        f"; ranks {missing} are missing from it and add nothing" if missing else "",
+    )  # fmt: skip
+    entry = {
+        "format": FORMAT, "config": present[0].get("config"), "step": present[0].get("step", 0),
+        "plan": dataclasses.replace(saved, world_size=world_size).to_dict(),
+        "reshard": {"entries": entries, "plan": saved},
+    }  # fmt: skip
+    step = entry["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CaSyncError(f"rank {rank}: state dict `step` must be an integer >= 0, got {step!r}")
+    return entry, step, False
+
+
+def _resharded(rt: Runtime, sd: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """This rank's state dict made from the entry :func:`_reshard_entry` made."""
+    config = sd.get("config")
+    if not isinstance(config, Mapping):
+        raise CaSyncError(f"rank {rank}: damaged CaSync state dict: `config` is not a dict")
+    differ = sorted(k for k in rt.config if k != "plan" and config.get(k) != rt.config[k])
+    if differ:
+        raise CaSyncError(f"state dict was saved with a different {', '.join(differ)}")
+    moved = sd["reshard"]
+    return reshard(rt, moved["entries"], moved["plan"], rank=rank, world_size=world_size)
 
 
 def _check_stand_in(rt: Runtime, sd: Any, rank: int) -> None:
