@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from hipress.bench import fsdp as fsdp_bench
@@ -142,3 +143,32 @@ def test_the_command_line_takes_the_gpt_models(tmp_path: Path, monkeypatch: Any)
     assert seen[0].models == ("gpt", "gpt-untied") and seen[0].workers == 2
     assert {"gpt", "gpt-untied"} <= set(WORKLOADS)
     assert WORKLOADS["gpt"].kind == WORKLOADS["gpt-untied"].kind == "communication-heavy"
+
+
+def test_local_step_rows_report_utilisation_and_bytes() -> None:
+    """A local-step row in a cell: hipress's DiLoCo with onebit, run beside the compute-only
+    row, gets its utilisation, bytes per outer sync and time per sync."""
+    from hipress.bench.e2e_local import finish_local, local_markdown, local_rows, run_local
+
+    rows = local_rows(("diloco-onebit-h2", "diloco-none-h2"), ())
+    assert [r.variant for r in rows] == ["diloco-onebit-h2", "diloco-none-h2"]
+    with pytest.raises(ValueError, match="local-step variant 'diloco-nosuch-h2'"):
+        E2EOptions(local_steps=("diloco-nosuch-h2",))
+    opts = E2EOptions(workers=2, rates_mbit=(None,), models=("lstm-lm",), steps=3, warmup=3,
+                      repeats=1, shaped=False, local_steps=("diloco-onebit-h2",))  # fmt: skip
+    data = WORKLOADS["lstm-lm"].prepare()
+    with LoopbackNetwork(2, "test") as net:
+        cell_rows = [run_config(net, "lstm-lm", data, COMPUTE, opts)]
+        cell_rows.append(run_local(net, "lstm-lm", data, rows[0], opts.steps, opts.lr, 300, 1))
+    assert [r.get("error") for r in cell_rows] == [None] * 2
+    derive(cell_rows)
+    finish_local(cell_rows, COMPUTE.name)
+    onebit = cell_rows[1]
+    assert onebit["steps"] == 4 and onebit["h"] == 2  # 3 steps rounded up to whole periods
+    assert onebit["utilisation"] == onebit["scaling_efficiency"] > 0
+    assert onebit["outer_sync_s"] > 0 and onebit["sync_exposed_ms"] >= 0
+    # one bit per element and a scale per chunk, where uncompressed sends four bytes each
+    numel = sum(p.numel() for p in WORKLOADS["lstm-lm"].build(data).parameters())
+    assert numel / 8 <= onebit["payload_bytes_per_sync"] < 4 * numel / 20
+    table = "\n".join(local_markdown({"rows": cell_rows}))
+    assert "| diloco-onebit-h2 | 2 |" in table and "compute-only" not in table

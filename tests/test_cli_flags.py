@@ -65,6 +65,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--warmup": ["2", "-1"], "--repeats": ["0"], "--threads": ["0"],
             "--powersgd-rank": ["0"], "--fsdp-reshard": ["x"], "--out": outs_dir,
             "--name": ["", "a/b", ".."],
+            "--local-steps": ["h0", "diloco-nosuch-h4", "postlocal-h4-f2-tau0", "x"],
         },
         ("bench", "convergence"): {
             "--workers": ["1", many], "--algorithms": ["abc", "onebit:fp32", "all,abc"],

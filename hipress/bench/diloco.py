@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import resource
 import time
 from dataclasses import asdict, dataclass
@@ -39,7 +40,7 @@ from hipress.bench.diloco_torchft import version
 from hipress.bench.netsim import LoopbackNetwork, open_network, run_in_network, tx_bytes
 from hipress.bench.workloads import WORKLOADS
 
-__all__ = ["Row", "rows_for", "run", "train"]
+__all__ = ["Row", "parse_variants", "rows_for", "run", "summarise", "train", "wrap"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,61 @@ class Row:
             return f"diloco-{self.algorithm or 'none'}-H{self.h}{streaming}"
         return f"{self.kind}-H{self.h}" if self.kind in ("postlocal", "torchft") else self.kind
 
+    @property
+    def variant(self) -> str:
+        """The name :func:`parse_variants` reads back (lower case: ``diloco-onebit-h16``)."""
+        return self.name.lower()
+
+
+_VARIANT = re.compile(r"^(?:diloco-(?P<alg>.+?)|(?P<kind>postlocal|torchft))-h(?P<h>\d+)"
+                      r"(?:-f(?P<f>\d+)-tau(?P<tau>\d+))?$")  # fmt: skip
+VARIANT_FORMS = ("diloco-ALGORITHM-hH (ALGORITHM none: uncompressed), diloco-ALGORITHM-hH-fF-tauT "
+                 "(streaming), postlocal-hH, torchft-hH, or hH (all of them at H)")  # fmt: skip
+
+
+def parse_variants(names: tuple[str, ...] | list[str], algorithms: tuple[str, ...] = ()
+                   ) -> list[Row]:  # fmt: skip
+    """The local-step rows named by ``names`` (:data:`VARIANT_FORMS`; ``hH`` expands to DiLoCo
+    uncompressed and with each of ``algorithms``, post-local SGD and, where it imports,
+    torchft's DiLoCo, all at H). Raises ValueError naming the entry that is not one, whose
+    algorithm is unknown, whose schedule cannot run, or that asks for torchft without it."""
+    from hipress.compll import algorithms as shipped
+    from hipress.diloco import DiLoCoError
+    from hipress.diloco.fragments import Schedule
+
+    out: list[Row] = []
+    for name in names:
+        key = name.strip().lower()
+        m = re.fullmatch(r"h(\d+)", key)
+        if m:
+            h = int(m.group(1))
+            out.extend(parse_variants([f"diloco-{a}-h{h}" for a in ("none", *algorithms)]
+                                      + [f"postlocal-h{h}"]
+                                      + ([f"torchft-h{h}"] if version() else [])))  # fmt: skip
+            continue
+        m = _VARIANT.fullmatch(key)
+        if m is None:
+            raise ValueError(f"local-step variant {name!r}: not a local-step variant; write "
+                             f"{VARIANT_FORMS}")  # fmt: skip
+        h, alg = int(m["h"]), m["alg"]
+        if alg is not None and alg != "none" and alg not in shipped():
+            raise ValueError(f"local-step variant {name!r}: unknown algorithm {alg!r}; choose "
+                             f"none or one of {', '.join(shipped())}")  # fmt: skip
+        if m["kind"] == "torchft" and version() is None:
+            raise ValueError(f"local-step variant {name!r}: torchft does not import here")
+        if m["f"] is not None and alg is None:
+            raise ValueError(f"local-step variant {name!r}: only DiLoCo streams fragments")
+        f, tau = (int(m["f"]), int(m["tau"])) if m["f"] is not None else (1, 0)
+        try:
+            Schedule.checked(h, f, tau)
+        except DiLoCoError as exc:
+            raise ValueError(f"local-step variant {name!r}: {exc}") from None
+        kind = m["kind"] or "diloco"
+        row = Row(kind, h, None if alg in (None, "none") else alg, f, tau)
+        if row not in out:
+            out.append(row)
+    return out
+
 
 def rows_for(hs: tuple[int, ...], algorithms: tuple[str, ...],
              streaming: tuple[int, int] | None = None) -> list[Row]:  # fmt: skip
@@ -82,16 +138,17 @@ def rows_for(hs: tuple[int, ...], algorithms: tuple[str, ...],
     return out
 
 
-def _wrap(model: torch.nn.Module, row: Row, lr: float, rank: int, world: int,
-          addresses: list[str]) -> tuple[Any, Any, Any, Any]:  # fmt: skip
-    """(module to call, optimizer to step, DiLoCo or None, the context to train in)."""
+def wrap(model: torch.nn.Module, row: Row, inner: torch.optim.Optimizer, rank: int, world: int,
+         addresses: list[str]) -> tuple[Any, Any, Any, Any]:  # fmt: skip
+    """``model`` trained as ``row`` says with the optimizer ``inner`` (over its parameters):
+    (module to call, optimizer to step, DiLoCo or None, the context to train in).
+    ``addresses[r]``: rank r's address (torchft's servers listen there)."""
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
     from torch.distributed.optim import PostLocalSGDOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hipress.diloco import DiLoCo
 
-    inner = torch.optim.SGD(model.parameters(), lr=lr)
     if row.kind == "ddp":
         return DDP(model), inner, None, contextlib.nullcontext()
     if row.kind == "torchft":
@@ -117,7 +174,9 @@ def train(rank: int, world: int, model_name: str, data: Any, row: Row, steps: in
     """One worker's run of ``row`` (collective): H warm-up steps, then ``steps`` timed ones.
     ``addresses[r]``: rank r's address (torchft's servers listen there)."""
     w = WORKLOADS[model_name]
-    module, opt, diloco, ctx = _wrap(w.build(data), row, lr, rank, world, addresses)
+    model = w.build(data)
+    inner = torch.optim.SGD(model.parameters(), lr=lr)
+    module, opt, diloco, ctx = wrap(model, row, inner, rank, world, addresses)
     with ctx:
         return _timed(rank, w, data, module, opt, diloco, row, steps, iface)
 
@@ -160,8 +219,10 @@ def _timed(rank: int, w: Any, data: Any, module: Any, opt: Any, diloco: Any, row
     return out
 
 
-def _summarise(row: Row, per_rank: list[dict[str, Any]], batch: int, steps: int,
+def summarise(row: Row, per_rank: list[dict[str, Any]], batch: int, steps: int,
                loopback: bool) -> dict[str, Any]:  # fmt: skip
+    """One row's figures from its ranks' results (``batch``: samples per rank per step;
+    ``loopback``: the transmit counters are the machine's, so no bytes on the wire)."""
     seconds = max(r["seconds"] for r in per_rank)
     tx = [r["tx_bytes"] for r in per_rank]
     res: dict[str, Any] = {
@@ -200,7 +261,7 @@ def run(workers: int, rate_mbit: float | None, model_name: str, rows: list[Row],
                 log.error("diloco bench: %s failed: %s", row.name, exc)
                 results.append({"row": row.name, "error": str(exc)[-2000:]})
                 continue
-            res = _summarise(row, per_rank, w.batch_size, steps, loopback)
+            res = summarise(row, per_rank, w.batch_size, steps, loopback)
             res["wall_s"] = time.perf_counter() - t
             results.append(res)
             log.info("diloco bench: %s %.1f samples/s", row.name, res["samples_per_s"])

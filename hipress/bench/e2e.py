@@ -31,6 +31,11 @@ payload bytes each collective should send (``traffic``) and the speedup over eve
 baseline; each block the traffic bound of compressing the reduce-scatter alone (``bound``) and
 the FSDP2 targets (``targets``). Without ``fsdp`` nothing of this appears.
 
+With ``E2EOptions.local_steps``, each cell also holds local-step rows (hipress's DiLoCo per
+algorithm and H, uncompressed DiLoCo, post-local SGD, torchft's DiLoCo) in the same rounds
+(:mod:`~hipress.bench.e2e_local`), with their ``utilisation``, bytes per step and time per outer
+sync.
+
 The configurations are in :mod:`~hipress.bench.e2e_configs`, a worker's run in
 :mod:`~hipress.bench.e2e_worker`, and what derives from the rounds in
 :mod:`~hipress.bench.e2e_rows`.
@@ -56,6 +61,7 @@ from hipress.bench.e2e_configs import (
     configs_for,
     fsdp_configs_for,
 )
+from hipress.bench.e2e_local import finish_local, local_rows, run_local
 from hipress.bench.e2e_rows import best_round, derive, floors, fsdp_blocks
 from hipress.bench.e2e_worker import train
 from hipress.bench.netsim import LoopbackNetwork, Network, open_network, run_in_network
@@ -160,6 +166,13 @@ def _rounds(
             res = run_config(net, model_name, data, cfg, opts)
             runs.setdefault(cfg.name, []).append(res)
             _progress_rate(progress, res)
+        for row in local_rows(opts.local_steps, opts.algorithms):
+            if progress is not None:
+                progress(f"{model_name} | {net.label} | {row.variant} | round {rnd + 1}")
+            res = run_local(net, model_name, data, row, opts.steps, opts.lr, opts.timeout,
+                            opts.threads)  # fmt: skip
+            runs.setdefault(row.variant, []).append(res)
+            _progress_rate(progress, res)
         for reshard in opts.fsdp_reshard if opts.fsdp else ():
             for fc in fsdp_configs_for(opts):
                 if progress is not None:
@@ -188,6 +201,7 @@ def _cell(
     n_params = sum(numels.values())
     rows = [best_round(v) for v in runs[0].values()]
     derive(rows)
+    finish_local(rows, COMPUTE.name)
     floors(rows, numels, net.world_size, getattr(net, "rate_mbit", None))
     cell = {
         "model": model_name,
@@ -223,6 +237,11 @@ def _meta(opts: E2EOptions) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         **opts.extra,
     }
+    if opts.local_steps:
+        from hipress.bench.diloco_torchft import version
+
+        meta["local_steps"] = list(opts.local_steps)
+        meta["torchft"] = version() or "not installed"
     if opts.fsdp:
         meta["fsdp"] = {"reshard_after_forward": list(opts.fsdp_reshard),
                         "bf16_params": opts.fsdp_bf16_params, "feedback": "auto"}  # fmt: skip

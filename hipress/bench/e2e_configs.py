@@ -66,7 +66,8 @@ class E2EOptions:
     """What :func:`run_matrix` runs: ``models`` x ``rates_mbit`` (None: unshaped veth) x
     (compute-only, the baselines, hipress with each of ``algorithms``). With ``fsdp``, also the
     FSDP2 rows (:func:`fsdp_configs_for`) for each ``fsdp_reshard`` setting of
-    ``reshard_after_forward``; ``fsdp_bf16_params`` adds the bfloat16-parameter policy."""
+    ``reshard_after_forward``; ``fsdp_bf16_params`` adds the bfloat16-parameter policy.
+    ``local_steps``: local-step rows by name (:mod:`~hipress.bench.e2e_local`)."""
 
     workers: int = 4
     rates_mbit: tuple[float | None, ...] = (1000.0, 10000.0)
@@ -86,6 +87,7 @@ class E2EOptions:
     fsdp: bool = False
     fsdp_reshard: tuple[bool, ...] = (True,)
     fsdp_bf16_params: bool = False
+    local_steps: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +102,10 @@ class E2EOptions:
             raise ValueError("steps must be >= 1 and warmup >= 3 (PowerSGD starts at step 2)")
         if self.fsdp and not self.fsdp_reshard:
             raise ValueError("fsdp_reshard needs at least one setting (True, False or both)")
+        if self.local_steps:  # ValueError naming a variant that is not one
+            from hipress.bench.e2e_local import local_rows
+
+            local_rows(self.local_steps, self.algorithms)
 
 
 def configs_for(opts: E2EOptions) -> list[Config]:

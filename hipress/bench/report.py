@@ -223,6 +223,11 @@ def e2e_markdown(results: dict[str, Any]) -> str:
             "",
         ]
         out += e2e_cell_rows(cell)
+        from hipress.bench.e2e_local import local_markdown
+
+        local = local_markdown(cell)
+        if local:
+            out += ["", "Local-step rows (utilisation: samples/s over compute-only):", "", *local]
         t = check_targets(cell)
         if t.get("best"):
             met = t["met"]

@@ -62,6 +62,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         fsdp=args.fsdp,
         fsdp_reshard=_RESHARD[args.fsdp_reshard],
         fsdp_bf16_params=args.fsdp_bf16_params,
+        local_steps=_names(args.local_steps),
         extra={"command": invocation(args)},
     )
     results = stamp(run_matrix(opts, progress=step_line), invocation(args))
@@ -184,6 +185,10 @@ def _add_e2e_parser(bench_sub: Any) -> None:
     e.add_argument("--fsdp-bf16-params", action="store_true",
                    help="also FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16), plain and "
                    "with each algorithm (bf16 all-gathers and compute)")  # fmt: skip
+    e.add_argument("--local-steps", default="", metavar="VARIANT,..",
+                   help="also local-step rows: diloco-ALGORITHM-hH (none: uncompressed), "
+                   "postlocal-hH (PyTorch's post-local SGD), torchft-hH, or hH for all of "
+                   "them at H with each of --algorithms")  # fmt: skip
     e.add_argument("--out", default=RESULTS, help="directory for the result files")
     e.add_argument("--name", default="e2e", help="basename of the result files")
     e.set_defaults(func=_cmd_e2e)

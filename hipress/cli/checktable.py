@@ -186,6 +186,20 @@ def _convergence_algorithms(flag: str, value: Any, args: argparse.Namespace) -> 
                              "auto, none, fp32, bf16, int8 where the algorithm takes it") from None  # fmt: skip
 
 
+def _local_steps(flag: str, value: Any, args: argparse.Namespace) -> None:
+    """``--local-steps``: names of local-step rows (:func:`hipress.bench.diloco.parse_variants`)."""
+    from hipress.bench.diloco import VARIANT_FORMS, parse_variants
+
+    algorithms = tuple(a.strip() for a in getattr(args, "algorithms", "").split(",") if a.strip())
+    for v in (w.strip() for w in value.split(",") if w.strip()):
+        try:
+            parse_variants([v], algorithms)
+        except ValueError as exc:
+            problem = str(exc).partition(": ")[2].partition("; write ")[0]
+            problem = problem.replace("not a", "is not a", 1)
+            raise UsageError(flag, v, problem, VARIANT_FORMS) from None
+
+
 def _e2e_warmup(flag: str, value: Any, args: argparse.Namespace) -> None:
     Int(3, 10_000).check(flag, value, args)  # PowerSGD's baseline starts at step 2
 
@@ -233,7 +247,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             **_COMMON, "workers": WORKERS, "rates": RATES,
             "models": Names(_workloads, "model"), "algorithms": ALGORITHMS, "plan": Call(_plan),
             "steps": STEPS, "warmup": Call(_e2e_warmup), "repeats": Int(1, 100),
-            "powersgd_rank": Int(1, 1024),
+            "powersgd_rank": Int(1, 1024), "local_steps": Call(_local_steps),
         },
         ("bench", "convergence"): {
             **_COMMON, "workers": WORKERS, "plan": Call(_plan),
