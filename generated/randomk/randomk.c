@@ -724,6 +724,46 @@ static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t t
 #define HP_HAVE_TILE_F16 1
 #endif
 #endif
+/* packed uint<w> (w = 1, 2, 4; LSB first) -> one value per byte, 64 values per step with
+   AVX-512 VBMI: w = 1 selects bytes by a 64-bit mask; w = 2, 4 place the 16 or 32 source bits
+   of each group of 8 values in its own qword and pick each value's bits with a multishift.
+   Returns how many of the tl values it wrote (a multiple of 64, reading only the bytes those
+   values live in); the caller unpacks the rest. Without VBMI it writes none. */
+static inline int64_t hp_unpack64(const uint8_t* src, uint8_t* dst, int64_t tl, int bits) {
+  int64_t t = 0;
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__) && !defined(HP_NO_AVX512)
+  if (bits == 1) {
+    const __m512i one = _mm512_set1_epi8(1);
+    for (; t + 64 <= tl; t += 64) {
+      uint64_t m;
+      memcpy(&m, src + t / 8, 8);
+      _mm512_storeu_si512((void*)(dst + t), _mm512_maskz_mov_epi8((__mmask64)m, one));
+    }
+  } else if (bits == 2) {
+    /* qword L <- source word L; byte j of it <- bits 2j.. */
+    const __m512i place = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i shift = _mm512_set1_epi64(0x0e0c0a0806040200LL), mask = _mm512_set1_epi8(3);
+    for (; t + 64 <= tl; t += 64) {
+      const __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(src + t / 4)));
+      const __m512i q = _mm512_permutexvar_epi16(place, v);
+      _mm512_storeu_si512((void*)(dst + t), _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, q), mask));
+    }
+  } else if (bits == 4) {
+    /* qword L <- source dword L; byte j of it <- bits 4j.. */
+    const __m512i place = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i shift = _mm512_set1_epi64(0x1c1814100c080400LL), mask = _mm512_set1_epi8(15);
+    for (; t + 64 <= tl; t += 64) {
+      const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(src + t / 2)));
+      const __m512i q = _mm512_permutexvar_epi32(place, v);
+      _mm512_storeu_si512((void*)(dst + t), _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, q), mask));
+    }
+  }
+#else
+  (void)src; (void)dst; (void)tl; (void)bits;
+#endif
+  return t;
+}
+
 #ifndef HP_HAVE_TILE_F16
 static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t tl, int canon) {
   for (int64_t t = 0; t < tl; t++) dst[t] = canon ? hp_canon_f16(hp_f32_to_f16(src[t])) : hp_f32_to_f16(src[t]);
