@@ -124,3 +124,9 @@ def test_ddp_kwargs_register_no_custom_hook() -> None:
 
     accelerate.DistributedDataParallelKwargs(comm_hook=casync_hook).register_comm_hook(Model())
     assert calls == []
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_exclude_reaches_the_plan(runs: Any, rank: int) -> None:
+    kept = runs[f"onebit-rank{rank}"]["kept"]
+    assert kept == {"0.bias": "excluded by '*.bias'", "2.bias": "excluded by '*.bias'"}

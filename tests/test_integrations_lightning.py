@@ -127,3 +127,9 @@ def test_a_checkpoint_state_that_is_no_dict_is_refused() -> None:
 def test_process_group_option_is_refused() -> None:
     with pytest.raises(CaSyncError, match="process group"):
         HipressCallback("onebit", process_group=object())
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_exclude_reaches_the_plan(runs: Any, rank: int) -> None:
+    kept = runs[1][f"onebit-rank{rank}"]["kept"]
+    assert kept == {"net.0.bias": "excluded by '*.bias'", "net.2.bias": "excluded by '*.bias'"}

@@ -30,7 +30,7 @@ from hipress.codec.errors import CaSyncError, CommError, ConfigMismatchError
 from hipress.codec.planning import PLAN_WORDS
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan
-from hipress.core.rule import DefaultRule
+from hipress.core.rule import DefaultRule, Selection
 
 __all__ = [
     "ADAPTIVE_STEP_MIN",
@@ -41,6 +41,7 @@ __all__ = [
     "check_optimizer",
     "check_options",
     "check_schedule",
+    "check_selection",
     "config_digest",
     "describe",
     "params_at",
@@ -240,3 +241,13 @@ def _exchange(
         f"CaSync ranks disagree on {', '.join(differ)}; every rank must register the same "
         "algorithm, parameters, plan and options:\n" + "\n".join(lines)
     )
+
+
+def check_selection(options: Mapping[str, Any]) -> None:
+    """Check the ``include``, ``exclude`` and ``shapes`` among ``options`` (register's keyword
+    arguments) before any model exists; raises :class:`CaSyncError` naming the wrong one."""
+    try:
+        Selection(options.get("include") or (), options.get("exclude") or (),
+                  options.get("shapes", "all"))  # fmt: skip
+    except ValueError as exc:
+        raise CaSyncError(str(exc)) from None

@@ -127,8 +127,8 @@ def register(
 ) -> CaSyncState:
     """Register CaSync on ``model`` as returned by ``accelerator.prepare``; return its state.
 
-    ``options`` are :func:`hipress.casync.register`'s (``params``, ``plan``, ``seed``, ...), the
-    same on every rank. With ``checkpoint`` (the default), the state is registered with
+    ``options`` are :func:`hipress.casync.register`'s (``params``, ``plan``, ``seed``,
+    ``include``/``exclude``/``shapes``, ...), the same on every rank. With ``checkpoint`` (the default), the state is registered with
     ``accelerator.register_for_checkpointing``, so ``save_state``/``load_state`` keep it: call
     ``register`` in the same order relative to other registered objects when resuming. With
     ``plan="auto"``, ``load_state`` before the first step takes the checkpoint's plan.

@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
+from hipress.casync.config import check_selection
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
@@ -54,7 +55,8 @@ class HipressCallback(pl.Callback):
             of measuring again: a new measurement may plan differently, and the saved states
             would not match it.
         options: the keyword arguments of :func:`hipress.casync.register` (``params``,
-            ``seed``, ``warmup_steps``, ``rule``, ...), the same on every rank.
+            ``seed``, ``warmup_steps``, ``rule``, ``include``/``exclude``/``shapes``, ...),
+            the same on every rank.
 
     Fields:
         state: the :class:`~hipress.casync.CaSyncState` of the current ``fit`` on this rank
@@ -78,6 +80,7 @@ class HipressCallback(pl.Callback):
                 "HipressCallback synchronises over the strategy's process group: do not pass "
                 "`process_group`"
             )
+        check_selection(options)
         self.algorithm = algorithm
         self.plan = plan
         self.options = options
