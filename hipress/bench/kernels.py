@@ -33,6 +33,13 @@ the JSON.
 of float32 input, nothing read): the ceiling of an algorithm bound by its random numbers (randomk
 draws two words per element, qsgd and terngrad one).
 
+Write-once roofline of the decodes: ``write`` is the rate of ``y.fill_(1.0)`` (GB/s of float32
+written, measured in the same run), the least any decode into ``y`` can take; ``dec/w``,
+``sum2/w`` and ``sum4/w`` are how many times that time a decode, and the averaging of 2 and 4
+payloads (``decode_sum``, divided by 2 or 4), take at the same size (1.0 = as fast as writing the
+output once; the JSON has each one's GB/s of output, ``decode_out``, ``decode_sum2_out`` and
+``decode_sum4_out``).
+
 ``sum4``: CaSync's averaging of 4 payloads (``decode_sum``, GB/s of decoded float32, 4 x 4 bytes
 per element), and ``sum4 x`` its speed-up over one decode pass per payload
 (``decode_sum_by_parts``), measured side by side.
@@ -114,7 +121,8 @@ decode(p) { return map(n, i => f32(p.q[i])); }
 
 HEADER = (f"{'algorithm':10s} {'n':>9s} {'enc':>8s} {'roof':>6s} {'%':>4s} {'dec':>8s} "
           f"{'roof':>6s} {'%':>4s} {'torch enc':>10s} {'torch dec':>10s} {'enc x':>6s} "
-          f"{'copy':>7s} {'sum4':>7s} {'sum4 x':>6s}")  # fmt: skip
+          f"{'copy':>7s} {'sum4':>7s} {'sum4 x':>6s} {'write':>7s} {'dec/w':>5s} {'sum2/w':>6s} "
+          f"{'sum4/w':>6s}")  # fmt: skip
 
 
 def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[Fn, int], float],
@@ -129,6 +137,7 @@ def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[
     # CaSync's averaging of 4 workers' payloads: the kernel, and one pass per payload
     four = [pay] * 4
     ts4 = timed(lambda: alg.decode_sum(four, n, out=y, divide_by=4), reps)
+    ts2 = timed(lambda: alg.decode_sum(four[:2], n, out=y, divide_by=2), reps)
     tp4 = timed(lambda: decode_sum_by_parts(alg.backend, four, n, y, 4), reps)
     state_b = sum(t.numel() * t.element_size() for t in st.tensors.values() if t.numel() >= n)
     w = 1 if gpu else 2  # a write's traffic: read-for-ownership on a CPU
@@ -136,6 +145,8 @@ def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[
     return {"encode": 4 * n / te / 1e9, "decode": 4 * n / td / 1e9,
             "encode_s": te, "decode_s": td,
             "decode_sum4": 16 * n / ts4 / 1e9, "decode_sum4_by_parts": 16 * n / tp4 / 1e9,
+            "decode_out": 4 * n / td / 1e9, "decode_sum2_out": 4 * n / ts2 / 1e9,
+            "decode_sum4_out": 4 * n / ts4 / 1e9, "decode_sum2_s": ts2, "decode_sum4_s": ts4,
             "encode_grad_reads": passes,
             "encode_bytes_per_elem": (4 * passes * n + 2 * state_b + w * pay.numel()) / n,
             "decode_bytes_per_elem": (pay.numel() + 4 * w * n) / n,
@@ -152,7 +163,9 @@ def _line(name: str, n: int, row: dict[str, Any]) -> str:
             f"{100 * row['decode'] / dr:4.0f} "
             f"{te_t if te_t else float('nan'):10.2f} {td_t if td_t else float('nan'):10.2f} "
             f"{ratio} {row['copy']:7.2f} {row['decode_sum4']:7.2f} "
-            f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f}")  # fmt: skip
+            f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f} {row['write']:7.2f} "
+            f"{row['decode_vs_write']:5.2f} {row['decode_sum2_vs_write']:6.2f} "
+            f"{row['decode_sum4_vs_write']:6.2f}")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -178,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         "read = src.sum()",
         "copy": {},
         "read": {},
+        "write": {},
         "kernels": {},
         "philox": {},
     }
@@ -194,13 +208,18 @@ def run(args: argparse.Namespace) -> int:
         read = 4 * n / timed(lambda: x.sum(), args.reps) / 1e9  # noqa: B023
         results["copy"][str(n)] = copy
         results["read"][str(n)] = read
+        # the write-once roofline of a decode: y written once, nothing read
+        write = 4 * n / timed(lambda: y.fill_(1.0), args.reps) / 1e9  # noqa: B023
+        results["write"][str(n)] = write
         if kind != "emulated":  # the bound of the random algorithms: the RNG alone
             probe = load_source(SourceFile("philox.cll", PHILOX_PROBE), backend=kind)
             results["philox"][str(n)] = _measure(probe, x, y, timed, args.reps, gpu)["encode"]
         for name in names:
             row = _measure(make(name), x, y, timed, args.reps, gpu)
             enc_r, dec_r = row.pop("encode_reads"), row.pop("decode_reads")
-            row["copy"], row["read"] = copy, read
+            row["copy"], row["read"], row["write"] = copy, read, write
+            for key in ("decode", "decode_sum2", "decode_sum4"):  # time / the write's time
+                row[f"{key}_vs_write"] = write / row[f"{key}_out"]
             row["encode_roofline"] = roofline(copy, read, row["encode_bytes_per_elem"], enc_r, gpu)
             row["decode_roofline"] = roofline(copy, read, row["decode_bytes_per_elem"], dec_r, gpu)
             if not args.no_torch and n % 512 == 0:
