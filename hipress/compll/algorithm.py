@@ -280,9 +280,21 @@ def build_all_kernels(algs: Sequence[Algorithm], device: torch.device | str = "c
 
 
 def algorithms() -> list[str]:
-    """Names of the shipped algorithms."""
+    """Names of the shipped (single-round) algorithms; the multi-round ones load with
+    :func:`hipress.compll.rounds.load_rounds`."""
+    return [n for n, rounds in _shipped() if not rounds]
+
+
+def _shipped() -> list[tuple[str, bool]]:
+    """Every shipped ``.cll`` file's name and whether it is a multi-round algorithm."""
+    from hipress.compll.frontend.rounds import is_rounds
+
     root = resources.files("hipress.algorithms")
-    return sorted(p.name[:-4] for p in root.iterdir() if p.name.endswith(".cll"))
+    out = []
+    for p in sorted(root.iterdir(), key=lambda p: p.name):
+        if p.name.endswith(".cll"):
+            out.append((p.name[:-4], is_rounds(_parsed(str(p), p.read_text()))))
+    return out
 
 
 def load(name: str, backend: str = "auto", **params: Any) -> Algorithm:

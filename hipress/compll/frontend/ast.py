@@ -246,6 +246,7 @@ class FieldDecl:
 class PayloadDecl:
     fields: tuple[FieldDecl, ...]
     span: Span = span_field()
+    name: str | None = None  # named: one round of a multi-round algorithm
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,8 @@ class EncodeDecl:
     arg: str
     body: Block
     span: Span = span_field()
+    inputs: tuple[str, ...] = ()  # a later round's encode: the earlier rounds' payloads
+    target: str | None = None  # `-> name`: the payload this encode produces
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,7 @@ class DecodeDecl:
     arg: str
     body: Block
     span: Span = span_field()
+    inputs: tuple[str, ...] = ()  # multi-round: decode(g, p1, p2, ...), arg is the gradient
 
 
 Decl = Union[

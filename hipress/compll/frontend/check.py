@@ -35,6 +35,7 @@ from hipress.compll.frontend.check_stmt import host_block
 from hipress.compll.frontend.check_types import same_type, type_of
 from hipress.compll.frontend.coerce import coerce
 from hipress.compll.frontend.parse import parse
+from hipress.compll.frontend.rounds import is_rounds, split
 from hipress.compll.frontend.scope import (
     BUILTINS,
     N_REF,
@@ -253,6 +254,11 @@ def elaborate(source: SourceFile, module: ast.Module, params: Mapping[str, Any])
     Raises :class:`CllTypeError` / :class:`CllParamError` with a span on any problem.
     """
     cx = Elab(source, dict(params), parallel=parallel, inline=inline)
+    if is_rounds(module):
+        raise cx.err(
+            "a multi-round algorithm: load it with hipress.compll.rounds.load_rounds",
+            module.decls[0].span if module.decls else Span(1, 1, 1, 2),
+        )
     algo, payload = _layout(cx, module.decls)
     top = Scope(constant_scope())
     cx.top = top
@@ -287,8 +293,13 @@ def elaborate(source: SourceFile, module: ast.Module, params: Mapping[str, Any])
 
 
 def check_source(source: SourceFile, params: Mapping[str, Any] | None = None) -> ir.Program:
-    """Parse and elaborate ``source``; see :func:`elaborate`."""
-    return elaborate(source, parse(source), params or {})
+    """Parse and elaborate ``source``; see :func:`elaborate`. A multi-round algorithm has each
+    of its stages checked; its first round's program is returned."""
+    module = parse(source)
+    if is_rounds(module):
+        stages = [elaborate(source, m, params or {}) for m in split(source, module).modules]
+        return stages[0]
+    return elaborate(source, module, params or {})
 
 
 def param_variants(module: ast.Module) -> list[dict[str, Any]]:

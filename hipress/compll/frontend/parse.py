@@ -80,7 +80,8 @@ class _Build(Transformer):
         return ast.StateDecl(str(c[0]), c[1], _span(meta))
 
     def payload_decl(self, meta, c):
-        return ast.PayloadDecl(tuple(c), _span(meta))
+        name = str(c[0]) if c[0] is not None else None
+        return ast.PayloadDecl(tuple(c[1:]), _span(meta), name)
 
     def field_decl(self, meta, c):
         return ast.FieldDecl(str(c[0]), c[1], _span(meta))
@@ -94,10 +95,13 @@ class _Build(Transformer):
         return ast.FnParam(str(c[0]), c[1], _span(meta))
 
     def encode_decl(self, meta, c):
-        return ast.EncodeDecl(str(c[0]), c[1], _span(meta))
+        names = [str(x) for x in c[:-2]]
+        target = str(c[-2]) if c[-2] is not None else None
+        return ast.EncodeDecl(names[0], c[-1], _span(meta), tuple(names[1:]), target)
 
     def decode_decl(self, meta, c):
-        return ast.DecodeDecl(str(c[0]), c[1], _span(meta))
+        names = [str(x) for x in c[:-1]]
+        return ast.DecodeDecl(names[0], c[-1], _span(meta), tuple(names[1:]))
 
     # types
     def scalar_type(self, meta, c):
