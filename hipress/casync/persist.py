@@ -125,6 +125,9 @@ def own(sd: Any, rank: int, world_size: int) -> tuple[Any, int, bool]:
             if not present:
                 raise CaSyncError(f"rank {rank}: damaged gathered state dict: no rank's entry")
             entry, stand_in = present[0], True
+        for r, e in enumerate(sd["ranks"]):  # every rank refuses a damaged file alike
+            if e is not None and e is not entry:
+                check_entry(e, FORMAT, f"rank {rank}: the checkpoint's entry {r}", CaSyncError)
         sd = entry
         where = f"rank {rank}" + (" (standing in: another rank's entry)" if stand_in else "")
         check_entry(sd, FORMAT, where, CaSyncError)
@@ -195,13 +198,16 @@ def _check_algorithm(rt: Runtime, saved: Plan, rank: int) -> None:
                     and saved.params[k] != mine.params[k])  # fmt: skip
     if saved.algorithm == mine.algorithm and not differ:
         return
-    what = "algorithm" if saved.algorithm != mine.algorithm else f"parameters ({', '.join(differ)})"
+    what = (
+        "another algorithm" if saved.algorithm != mine.algorithm
+        else f"other parameters ({', '.join(differ)})"
+    )  # fmt: skip
     raise CaSyncError(
-        f"rank {rank}: the state dict was saved with another {what}: {saved.algorithm} "
+        f"rank {rank}: the state dict was saved with {what}: {saved.algorithm} "
         f"{dict(saved.params)}, this state runs {mine.algorithm} {dict(mine.params)}; its "
         f"compression states do not fit. To resume it, register with "
-        f"algorithm={saved.algorithm!r} and the same parameters; to change algorithms, do not "
-        "load the hook's state (error feedback then starts afresh)"
+        f"algorithm={saved.algorithm!r}, params={dict(saved.params)}; to change algorithms, "
+        "do not load the hook's state (error feedback then starts afresh)"
     )
 
 

@@ -26,6 +26,10 @@ __all__ = ["VERSION", "check_finite", "digest", "seal", "verify"]
 
 # version 2: sealed with ``digest``; version 1 (no ``version`` entry): unsealed
 VERSION = 2
+# every entry an unsealed (version 1) state dict may hold: one with others lost its digest
+_UNSEALED_KEYS = frozenset(
+    {"format", "rank", "world_size", "config", "worker", "server", "step", "plan"}
+)
 
 
 def digest(obj: Any) -> str:
@@ -74,6 +78,12 @@ def verify(sd: Mapping[str, Any], where: str, error: type[Exception]) -> bool:
     it was verified, False for an unsealed (earlier) state dict, after a warning. Raises
     ``error`` if the digest does not match or is malformed."""
     if "digest" not in sd:
+        if "version" in sd or not set(sd) <= _UNSEALED_KEYS:
+            odd = sorted(set(sd) - _UNSEALED_KEYS) or ["version"]
+            raise error(
+                f"{where}: damaged checkpoint: it has no digest, but entries an unsealed one "
+                f"does not have ({', '.join(map(str, odd))}): bytes changed after it was written"
+            )
         logger.warning(
             "%s: the checkpoint's compression state carries no digest (saved by an earlier "
             "hipress): it is loaded unverified; save it again to seal it", where,
