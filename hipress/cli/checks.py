@@ -193,6 +193,8 @@ def check_out(flag: str, value: Any, kind: str) -> None:
     allowed = f"a writable {'directory' if kind == 'dir' else 'file path'}"
     if str(value).strip() == "":
         raise UsageError(flag, value, "is empty", allowed)
+    if "\0" in str(value):
+        raise UsageError(flag, value, "holds a NUL character", allowed)
     if kind == "dir":
         if path.exists() and not path.is_dir():
             raise UsageError(flag, value, "is not a directory", allowed)

@@ -57,6 +57,8 @@ def _plan(flag: str, value: Any, args: argparse.Namespace) -> None:
     if value in ("auto", "default"):
         return
     allowed = "auto, default or a plan file (hipress plan --out)"
+    if "\0" in value:
+        raise UsageError(flag, value, "holds a NUL character", allowed)
     try:
         Plan.load(value)
     except FileNotFoundError:
@@ -72,6 +74,8 @@ def _profile(flag: str, value: Any, args: argparse.Namespace) -> None:
         if v is None:
             continue
         allowed = "a profile file (hipress profile --out)"
+        if "\0" in v:
+            raise UsageError(flag, v, "holds a NUL character", allowed)
         try:
             Profile.load(v)
         except FileNotFoundError:
@@ -190,7 +194,8 @@ def _local_steps(flag: str, value: Any, args: argparse.Namespace) -> None:
     """``--local-steps``: names of local-step rows (:func:`hipress.bench.diloco.parse_variants`)."""
     from hipress.bench.diloco import VARIANT_FORMS, parse_variants
 
-    algorithms = tuple(a.strip() for a in getattr(args, "algorithms", "").split(",") if a.strip())
+    names = getattr(args, "algorithms", "").split(",")
+    algorithms = tuple(a.strip() for a in names if a.strip() not in ("", "all"))
     for v in (w.strip() for w in value.split(",") if w.strip()):
         try:
             parse_variants([v], algorithms)
@@ -205,6 +210,8 @@ def _e2e_warmup(flag: str, value: Any, args: argparse.Namespace) -> None:
 
 
 def _report_paths(flag: str, value: Any, args: argparse.Namespace) -> None:
+    if "\0" in value:
+        raise UsageError(flag, value, "holds a NUL character", "a path")
     if flag == "--results" and not Path(value).is_dir():
         raise UsageError(flag, value, "is not a directory", "a folder of <bench>.json files")
     if flag == "--docs":
@@ -258,6 +265,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "warmup_epochs": Num(0.0, 1e4), "density_warmup_epochs": Int(0, 10_000),
             "clip": Num(0.0, 1e9, none=True),
             "fsdp_feedback": Names(lambda: ("auto", "none", "fp32", "bf16", "int8"), "option"),
+            "local_steps": Call(_local_steps), "rate_mbit": RATES,
         },
         ("bench", "fsdp"): {
             **_COMMON, "workers": WORKERS, "rates": RATES, "model": Names(_workloads, "model"),
