@@ -13,7 +13,7 @@ from collections.abc import Callable
 from hipress.compll.frontend import ast
 from hipress.compll.frontend.check_bits import bits_call
 from hipress.compll.frontend.check_call import clamp, conversion, math1, minmax, random_call
-from hipress.compll.frontend.coerce import coerce, no_storage, unify
+from hipress.compll.frontend.coerce import coerce, float_literal, no_storage, unify
 from hipress.compll.frontend.scope import (
     BIT_BUILTINS,
     MATH1,
@@ -33,7 +33,7 @@ from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.fold import fold
 from hipress.compll.ir.source import Span
-from hipress.compll.ir.types import BOOL, F32, I64, SCALAR_TYPES, ArrayType
+from hipress.compll.ir.types import BOOL, I64, SCALAR_TYPES, ArrayType
 
 # what an operand rule asks for, as the diagnostics say it (unary: one operand; binary: both)
 _UNARY_NEEDS = {ops.NUMBER: "a number", ops.BOOLS: "a bool", ops.INT: "an integer"}
@@ -110,8 +110,8 @@ def field(cx: Elab, e: ast.Field, scope: Scope, ctx: Ctx) -> Value | None:
 def scalar(cx: Elab, e: ast.Expr, scope: Scope, ctx: Ctx) -> Scalar:
     """An expression that must be a scalar, as IR (folded where its operands are constant)."""
     if isinstance(e, ast.Number):
-        if e.is_float:
-            return Scalar(ir.Const(float(e.value), F32), True)
+        if e.is_float:  # beyond f32's range: an f64 literal, which an f32 context refuses
+            return Scalar(float_literal(float(e.value)), True)
         return Scalar(ir.Const(int(e.value), I64), True)
     if isinstance(e, ast.Bool):
         return Scalar(ir.Const(e.value, BOOL))

@@ -7,7 +7,24 @@ from hipress.compll.frontend.scope import Ctx, Elab, Scalar
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.semantics import int_range
 from hipress.compll.ir.source import Span
-from hipress.compll.ir.types import F32, DType
+from hipress.compll.ir.types import F32, F64, DType
+
+# the largest finite f32, and the magnitude from which a value rounds to infinity in f32
+F32_MAX = 3.4028234663852886e38
+_F32_INF_FROM = 2.0**128 - 2.0**103
+
+
+def float_literal(value: float) -> ir.Const:
+    """A float literal as a constant: f32 (it adapts to its context), or f64 where its value
+    is beyond f32's range, so that only an f64 context accepts it."""
+    return ir.Const(value, F32 if fits(value, F32) else F64)
+
+
+def fits(value: float, t: DType) -> bool:
+    """Whether float ``value`` converts to float type ``t`` without becoming infinite (an
+    infinity or NaN fits every float type)."""
+    finite = value == value and abs(value) != float("inf")
+    return not (finite and t.bits == 32 and abs(value) >= _F32_INF_FROM)
 
 
 def representable(c: ir.Const, dst: DType, lit: bool) -> bool:
@@ -24,7 +41,7 @@ def representable(c: ir.Const, dst: DType, lit: bool) -> bool:
     if src.is_int and dst.is_float:
         return True
     if src.is_float and dst.is_float:
-        return lit or dst.bits >= src.bits
+        return (lit and fits(float(c.value), dst)) or dst.bits >= src.bits
     return False
 
 
@@ -61,7 +78,21 @@ def coerce(cx: Elab, v: Scalar, t: DType, span: Span) -> Scalar:
     if isinstance(v.expr, ir.Const) and v.dtype.is_int and t.is_int:
         lo, hi = int_range(t)
         raise cx.err(f"{v.expr.value} is out of range for {t} ({lo} to {hi})", span)
+    out_of_range(cx, v, t, span)
     raise cx.err(f"expected {t}, got {v.dtype}; convert explicitly, e.g. {t}(...)", span)
+
+
+def out_of_range(cx: Elab, v: Scalar, t: DType, span: Span) -> None:
+    """Raise at ``span`` if ``v`` is a float literal that ``t`` cannot hold."""
+    c = v.expr
+    if not (v.lit and isinstance(c, ir.Const) and c.dtype.is_float and t.is_float):
+        return
+    if not fits(float(c.value), t):
+        raise cx.err(
+            f"{c.value!r} is out of range for {t} (largest finite {F32_MAX!r}); "
+            "an f64 value needs an f64 context, e.g. f64(x) * ...",
+            span,
+        )
 
 
 def concrete(v: Scalar) -> Scalar:
@@ -85,6 +116,8 @@ def unify(cx: Elab, lhs: Scalar, rhs: Scalar, span: Span, what: str) -> tuple[Sc
         return lhs, Scalar(convert(rhs.expr, lhs.dtype))
     if lc and representable(lhs.expr, rhs.dtype, lhs.lit):
         return Scalar(convert(lhs.expr, rhs.dtype)), rhs
+    out_of_range(cx, lhs, rhs.dtype, span)
+    out_of_range(cx, rhs, lhs.dtype, span)
     raise cx.err(
         f"mismatched types {lhs.dtype} and {rhs.dtype} in `{what}`; convert one explicitly, "
         f"e.g. {lhs.dtype}(...) or {rhs.dtype}(...)",
