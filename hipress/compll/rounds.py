@@ -109,10 +109,15 @@ class RoundsAlgorithm:
             count = t.numel()
             t.view(-1).copy_(raw[f.offset : f.offset + count * 4].view(torch.float32))
 
+    def _world(self, state: State, world: int) -> None:
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise ValueError(f"{self.name}: world must be an integer >= 1, got {world!r}")
+        state.tensors["world"].fill_(world)
+
     def encode(self, k: int, grad: torch.Tensor, state: State,
-               summed: Sequence[torch.Tensor] = ()) -> torch.Tensor:  # fmt: skip
+               summed: Sequence[torch.Tensor] = (), world: int = 1) -> torch.Tensor:  # fmt: skip
         """Round ``k``'s payload (uint8) for ``grad``, given the sums (float32 views of the
-        summed payloads) of the rounds before it."""
+        summed payloads) of the rounds before it and the number of workers."""
         algs = self._algs(grad.shape, grad.numel())
         if not 0 <= k < len(self.rounds) or len(summed) != k:
             raise ValueError(
@@ -121,6 +126,7 @@ class RoundsAlgorithm:
             )
         for j, s in enumerate(summed):
             self._fill(algs[j], state, self.rounds[j], s)
+        self._world(state, world)
         step = state.step
         try:
             return algs[k].encode(grad, state)
@@ -134,11 +140,9 @@ class RoundsAlgorithm:
         algs = self._algs(grad.shape, grad.numel())
         if len(summed) != len(self.rounds):
             raise ValueError(f"{self.name}: decode takes {len(self.rounds)} sums")
-        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-            raise ValueError(f"{self.name}: world must be an integer >= 1, got {world!r}")
         for j, s in enumerate(summed):
             self._fill(algs[j], state, self.rounds[j], s)
-        state.tensors["world"].fill_(world)
+        self._world(state, world)
         out = algs[-1].encode(grad, state)
         return out.view(torch.float32)[: grad.numel()]
 
@@ -148,7 +152,7 @@ class RoundsAlgorithm:
         ``torch.distributed.all_reduce`` of the float32 view), then the decode."""
         sums: list[torch.Tensor] = []
         for k in range(len(self.rounds)):
-            payload = self.encode(k, grad, state, sums)
+            payload = self.encode(k, grad, state, sums, world)
             sums.append(allreduce(payload.view(torch.float32)))
         return self.decode(grad, state, sums, world)
 
