@@ -7,14 +7,18 @@ next to the model. The state dict holds the configuration it belongs to (algorit
 digest, feedback, world size and the plan's decisions per unit) as plain values and each rank's
 states serialised under ``"rank{r}"`` (one value per rank, whatever the units, so that a
 checkpoint of another configuration always reaches :meth:`FsdpCompression.load_state_dict`,
-which refuses it with an :class:`FsdpError` saying what differs). Resharding is not supported:
-load into the same configuration on the same number of ranks.
+which refuses it with an :class:`FsdpError` saying what differs). Each rank's entry is sealed
+with a SHA-256 digest of its bytes (a damaged entry is refused) and its states must be finite
+where the next step uses them. Resharding is not supported: load into the same configuration on
+the same number of ranks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -24,12 +28,17 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
+from hipress.codec.integrity import check_finite
+from hipress.codec.logs import RANK_FILTER
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.torchcompat import fsdp_param_groups
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.planning import FsdpPlan
 from hipress.fsdp.replicate import ReplicaAllReduce
+
+logger = logging.getLogger(__name__)
+logger.addFilter(RANK_FILTER)
 
 __all__ = ["SPARE_RANKS", "STATE_VERSION", "FsdpCompression"]
 
@@ -40,6 +49,9 @@ STATE_VERSION = 2
 # Each entry costs torch's checkpointing about 0.4 ms to save and to load: 256 cover the usual
 # jobs for about 0.1 s a checkpoint
 SPARE_RANKS = 256
+# a sealed entry: these bytes, the SHA-256 of the rest, the rest (torch.save's bytes); an
+# entry without them was saved before entries were sealed, and loads with a warning
+_SEALED = b"HPFSDP-SHA256\0"
 
 
 class FsdpCompression:
@@ -112,7 +124,9 @@ class FsdpCompression:
                 mine[name]["replica"] = self.replicas[name].state_dict()
         buf = io.BytesIO()
         torch.save(mine, buf)
-        out: dict[str, Any] = {**self._config(), f"rank{self.rank}": buf.getvalue()}
+        blob = buf.getvalue()
+        sealed = _SEALED + hashlib.sha256(blob).digest() + blob
+        out: dict[str, Any] = {**self._config(), f"rank{self.rank}": sealed}
         if self.rank == 0:
             out.update({f"rank{r}": b"" for r in range(self.world_size, SPARE_RANKS)})
         return out
@@ -146,18 +160,33 @@ class FsdpCompression:
                 self.replicas[name].load_state_dict(dict(entry.get("replica") or {}))
 
     def _entry(self, blob: Any) -> Mapping[str, Any]:
-        """This rank's per-unit states from its serialised entry."""
+        """This rank's per-unit states from its serialised entry, checked against its digest
+        and for non-finite values."""
+        key = f"the checkpoint's entry rank{self.rank}"
+        if isinstance(blob, bytes) and blob.startswith(_SEALED):
+            head = len(_SEALED) + 32
+            if hashlib.sha256(blob[head:]).digest() != blob[len(_SEALED) : head]:
+                raise FsdpError(
+                    f"{key} is damaged: its bytes do not match the digest saved with them (a "
+                    "bit flip, a partial write or an edit); resume from an intact checkpoint, "
+                    "or leave hipress's state out of what you load (error feedback then starts "
+                    "afresh)"
+                )
+            blob = blob[head:]
+        elif blob:
+            logger.warning("hipress.fsdp: %s carries no digest (saved by an earlier hipress): "
+                           "loaded unverified", key)  # fmt: skip
         try:
             mine = torch.load(io.BytesIO(blob), weights_only=True) if blob else None
         except Exception as exc:  # a truncated or foreign entry: any unpickling error
-            raise FsdpError(
-                f"the checkpoint's entry for rank {self.rank} is damaged: {exc}"
-            ) from None
+            raise FsdpError(f"{key} is damaged: {exc}") from None
         if not isinstance(mine, Mapping) or set(mine) != set(self.units):
             raise FsdpError(
                 f"the checkpoint has no matching entry for rank {self.rank}'s units "
                 f"{sorted(self.units)}"
             )
+        for name, entry in mine.items():
+            _check_finite(name, entry, key)
         return mine
 
     def remove(self) -> None:
@@ -172,8 +201,35 @@ def _own_params(module: FSDPModule) -> list[torch.Tensor]:
     return [fp.sharded_param for g in groups for fp in g.fsdp_params]
 
 
+def _check_finite(unit: str, entry: Any, where: str) -> None:
+    """Refuse a unit's saved chunk states (and residuals) holding NaN/Inf the next step uses."""
+    coders = entry.get("chunks") if isinstance(entry, Mapping) else None
+    replica = entry.get("replica") if isinstance(entry, Mapping) else None
+    parts = [("", coders)] + ([("replica ", {"0": replica["replica"]})]
+                              if isinstance(replica, Mapping) and "replica" in replica else [])  # fmt: skip
+    for label, chunks in parts:
+        if not isinstance(chunks, Mapping):
+            continue  # (the unit's loader names the malformed entry)
+        states: dict[str, Any] = {}
+        for j, c in chunks.items():
+            if not isinstance(c, Mapping):
+                continue
+            states[f"{unit} {label}chunk {j}"] = c.get("alg")
+            if isinstance(c.get("residual"), Mapping):
+                states[f"{unit} {label}chunk {j} residual"] = {"tensors": c["residual"]}
+        check_finite(states, where, FsdpError)
+
+
 def _mismatch(key: str, got: Any, want: Any) -> str:
     """The message for a checkpoint whose ``key`` is ``got`` where this run has ``want``."""
+    if key in ("algorithm", "digest"):
+        what = "algorithm" if key == "algorithm" else "algorithm's parameters (digest)"
+        return (
+            f"the checkpoint's {what} is {got!r}, this run registers {want!r}: its "
+            "compression states do not fit. Register with the algorithm and parameters it was "
+            "saved with to resume it, or leave hipress's state out of what you load (error "
+            "feedback then starts afresh)"
+        )
     if key == "plan" and isinstance(got, str):
         try:
             saved = json.loads(got)
