@@ -63,6 +63,7 @@ def _assert_check(output: str, name: str) -> None:
         "backward_passes_per_step_2",
         "state_dict_roundtrip",
         "unsupported_options",
+        "selection",
         "config_mismatch",
         "non_finite",
         "training_within_10_percent",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,10 @@ import torch
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.checkpoint import load_states, save_states
 from hipress.codec.errors import CaSyncError
-from hipress.codec.planning import DEFAULT_ALGORITHM, resolve_plan
+from hipress.codec.planning import DEFAULT_ALGORITHM, keep_plain, resolve_plan
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan, PlanError, Strategy
-from hipress.core.rule import DefaultRule
+from hipress.core.rule import DefaultRule, Selection, Shapes
 from hipress.horovod.comm import HorovodComm
 from hipress.horovod.errors import HorovodSyncError, import_horovod
 from hipress.horovod.sync import HorovodSync, Pending
@@ -307,6 +307,9 @@ def DistributedOptimizer(
     seed: int = 0,
     backend: str = "auto",
     rule: DefaultRule | None = None,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    shapes: Shapes = "all",
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so ``step()`` first averages gradients over Horovod, compressing them
     with a CompLL algorithm where the plan says.
@@ -316,7 +319,10 @@ def DistributedOptimizer(
     ``groups`` and ``process_set`` other than the default raise), plus CaSync's, keyword-only:
     ``algorithm`` (CompLL name, algorithm object or
     None), ``params``, ``plan`` (``"default"`` or None for the :class:`DefaultRule` ``rule``,
-    ``"auto"``, a plan JSON path or a :class:`~hipress.core.plan.Plan`), ``seed``, ``backend``. Call after
+    ``"auto"``, a plan JSON path or a :class:`~hipress.core.plan.Plan`), ``seed``, ``backend``,
+    ``include``/``exclude``/``shapes`` (which parameters may be compressed:
+    :class:`~hipress.core.rule.Selection`; with no model here, an embedding is known by its
+    name: ``wte``/``wpe``/``*emb*.weight``, 2-D). Call after
     ``hvd.init()``, with the same arguments on every rank. ``plan="auto"`` is SeCoPa's, as in
     the DDP hook: every rank profiles the network with Horovod's operations and the algorithm's
     compute costs (a few seconds), rank 0 plans, and every rank gets rank 0's plan.
@@ -332,6 +338,11 @@ def DistributedOptimizer(
     _check_options(backward_passes_per_step, gradient_predivide_factor, seed, rule, params)
     names = _names(optimizer, named_parameters)
     named_numels = [(names[p], p.numel()) for p in names if p.requires_grad]
+    shaped = [(names[p], tuple(p.shape)) for p in names if p.requires_grad]
+    try:
+        select = Selection(include or (), exclude or (), shapes)
+    except ValueError as exc:
+        raise HorovodSyncError(str(exc)) from None
     devices = {names[p]: p.device for p in names if p.requires_grad}
     try:
         alg = resolve_algorithm(algorithm, params, backend)
@@ -340,7 +351,9 @@ def DistributedOptimizer(
         raise HorovodSyncError(str(exc)) from exc
     if isinstance(plan, str) and plan == "auto":
         plan = _auto_plan(hvd, alg, named_numels, next(iter(devices.values()), None))
-    resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule)
+        plan = keep_plain(plan, select.reasons(shaped))  # (as SeCoPa's plan for the DDP hook)
+    resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule, selection=select,
+                            shapes=shaped)  # fmt: skip
     sync = HorovodSync(
         hvd, alg, resolved, seed, compression, gradient_predivide_factor, devices=devices
     )

@@ -449,6 +449,31 @@ def check_unsupported_options() -> None:
         raise CheckFailure("a ring plan was accepted")
 
 
+def check_selection() -> None:
+    from hipress.core.rule import DefaultRule
+
+    m = model()
+    opt = hipress.horovod.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), algorithm="onebit",
+        rule=DefaultRule(min_compress_numel=64), exclude="2.*", include="0.bias",
+    )  # fmt: skip
+    plan = opt.hipress_sync.plan
+    got = {e.name: e.compress for e in plan.entries}
+    want = {"0.weight": True, "0.bias": True, "2.weight": False, "2.bias": False,
+            "4.weight": True, "4.bias": False}  # fmt: skip
+    if got != want or plan.meta["kept_plain"]["2.weight"] != "excluded by '2.*'":
+        raise CheckFailure(f"include/exclude not applied: {got}, {dict(plan.meta)}")
+    try:
+        hipress.horovod.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), shapes="vectors"
+        )
+    except hipress.horovod.HorovodSyncError as exc:
+        if "shapes" not in str(exc):
+            raise CheckFailure(f"unclear error for shapes='vectors': {exc}") from exc
+    else:
+        raise CheckFailure("shapes='vectors' was accepted")
+
+
 def check_config_mismatch() -> None:
     m = model()
     try:
@@ -497,6 +522,7 @@ CHECKS = [
     check_backward_passes_per_step_2,
     check_state_dict_roundtrip,
     check_unsupported_options,
+    check_selection,
     check_config_mismatch,
     check_non_finite,
     check_training_within_10_percent,
