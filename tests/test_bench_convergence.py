@@ -258,3 +258,46 @@ def test_gpt_untied_task_sharded_by_fsdp() -> None:
     tied = run_convergence(ConvergenceOptions(task="gpt", **kw))["rows"]
     assert [r.get("error") for r in tied] == [None, None]
     assert not {"embed", "head"} & set(tied[1]["runs"][0]["units"])
+
+
+def test_local_step_mode_beside_ddp() -> None:
+    """A local-step row (hipress's DiLoCo with onebit, H 2) trains the same tabular job as DDP,
+    evaluated at the global weights, with its loss curve and time to DDP's final loss."""
+    from hipress.bench.convergence_local import local_markdown
+
+    opts = ConvergenceOptions(task="tabular", workers=2, algorithms=(), epochs=2,
+                              train_samples=512, eval_samples=256, timeout=300,
+                              local_steps=("diloco-onebit-h2",))  # fmt: skip
+    res = run_convergence(opts)
+    ddp, local = res["rows"]
+    assert [r["algorithm"] for r in res["rows"]] == ["uncompressed", "diloco-onebit-h2"]
+    assert [r.get("error") for r in res["rows"]] == [None, None]
+    assert local["local_steps"] == {"kind": "diloco", "h": 2, "algorithm": "onebit",
+                                    "fragments": 1, "delay": 0}  # fmt: skip
+    for r in (ddp, local):
+        run = r["runs"][0]
+        assert r["steps"] == 16 and len(run["loss_curve"]) == len(run["elapsed"]) == 16
+        assert run["elapsed"] == sorted(run["elapsed"]) and r["finite"]
+        assert r["final_train_loss"] == pytest.approx(sum(run["loss_curve"][-8:]) / 8)
+    # DDP reaches its own final loss at its last step at the latest
+    assert 0 < ddp["time_to_ddp_loss_s"] <= ddp["runs"][0]["elapsed"][-1]
+    assert ddp["time_vs_ddp"] == 1.0
+    assert local["runs"][0]["loss_curve"] != ddp["runs"][0]["loss_curve"]
+    table = "\n".join(local_markdown(res))
+    assert "| diloco-onebit-h2 |" in table and "| uncompressed |" in table
+    with pytest.raises(ValueError, match="local-step variant 'diloco-x-h2'"):
+        ConvergenceOptions(local_steps=("diloco-x-h2",))
+    with pytest.raises(ValueError, match="leave out --fsdp"):
+        ConvergenceOptions(local_steps=("h2",), fsdp=True)
+
+
+def test_time_to_loss_takes_trailing_means() -> None:
+    from hipress.bench.convergence_local import time_to_loss
+
+    def row(losses: list[float]) -> dict[str, object]:
+        return {"runs": [{"loss_curve": losses, "elapsed": [float(i + 1) for i in range(6)]}]}
+
+    rows = [row([4, 3, 2, 2, 1, 1]), row([4, 0, 4, 1, 1, 1]), row([5, 5, 5, 5, 5, 5])]
+    time_to_loss(rows, 2)  # DDP's final trailing mean: 1.0
+    assert [r["time_to_ddp_loss_s"] for r in rows] == [6.0, 5.0, None]
+    assert [r["time_vs_ddp"] for r in rows] == [1.0, 5 / 6, None]

@@ -75,6 +75,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--warmup-steps": ["-1"], "--warmup-epochs": ["-1", "inf"],
             "--density-warmup-epochs": ["-1"], "--clip": ["-1", "nan"],
             "--fsdp-feedback": ["abc"], "--out": outs_dir,
+            "--local-steps": ["h0", "diloco-nosuch-h4", "x"], "--bandwidth": ["abc", "0mbit"],
         },
         ("bench", "fsdp"): {
             "--workers": ["1", many], "--bandwidth": RATE, "--model": ["abc"],

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hipress.bench.convergence_local import local_markdown, local_rows, time_to_loss
 from hipress.bench.convergence_options import (
     TASKS,
     ConvergenceOptions,
@@ -30,7 +31,9 @@ from hipress.bench.convergence_options import (
     own_momentum,
 )
 from hipress.bench.convergence_train import train_rank
-from hipress.bench.netsim import LoopbackNetwork, run_in_network
+from hipress.bench.diloco import Row
+from hipress.bench.diloco_torchft import version
+from hipress.bench.netsim import LoopbackNetwork, open_network, run_in_network
 from hipress.bench.tables import convergence_rows
 from hipress.bench.workloads import load_corpus, tabular_data
 
@@ -151,46 +154,79 @@ def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str,
     ``epoch_valid_loss`` after each epoch, ``best_accuracy``, ``best_epoch``, ``seconds``
     (training only), ...) and the summary over the seeds of :func:`summarise`, or ``error``."""
     names = [UNCOMPRESSED, *opts.resolved_algorithms()]
+    local = {r.variant: r for r in local_rows(opts)}
     feedback = check_convergence(opts)  # before hours of training
     data = _task_data(opts)
-    net = LoopbackNetwork(opts.workers, "convergence does not depend on the network")
-    rows: list[dict[str, Any]] = []
-    for name in names:
-        alg = None if name == UNCOMPRESSED else name
-        row: dict[str, Any] = {
-            "algorithm": name,
-            "error_feedback": None if alg is None else _has_ef(alg.partition(":")[0]),
-            "runs": [],
-        }
-        if opts.fsdp and alg is not None:
-            row["feedback"] = feedback[name]
-            row["error_feedback"] = feedback[name] != "none"
-            why = fsdp_refusal(name.partition(":")[0], opts)
-            if why is not None:
-                logger.error("convergence: %s refused: %s", name, why)
-                row["error"] = why
-                rows.append(row)
-                continue
-        for seed in opts.seeds:
-            if progress is not None:
-                progress(f"convergence | {opts.task} | {name} | seed {seed}")
-            try:
-                res = run_in_network(
-                    net, train_rank, data, alg, opts, seed,
-                    timeout=opts.timeout, threads=opts.threads,
-                )  # fmt: skip
-            except Exception as exc:  # one failing algorithm is a result, not a crash
-                logger.error("convergence: %s (seed %d) failed: %s", name, seed, exc)
-                row["error"] = str(exc)[-2000:]
-                break
-            row["runs"].append({"seed": seed, **res[0]})
-            if progress is not None:
-                progress(
-                    f"    final {100 * res[0]['accuracy']:.2f}%, "
-                    f"best {100 * res[0]['best_accuracy']:.2f}%"
-                )
-        rows.append(row)
+    with _network(opts) as net:
+        rows = [_row(net, name, data, opts, feedback, local.get(name), progress)
+                for name in [*names, *local]]  # fmt: skip
     summarise(rows)
+    if local:
+        time_to_loss(rows, _window(local.values()))
+    return {"meta": _meta(opts, data, net, local), "rows": rows}
+
+
+def _network(opts: ConvergenceOptions) -> Any:
+    if opts.rate_mbit is None:
+        return LoopbackNetwork(opts.workers, "convergence does not depend on the network")
+    return open_network(opts.workers, opts.rate_mbit)
+
+
+def _window(rows: Any) -> int:
+    """Steps of the trailing mean of :func:`time_to_loss`: at least one period of every row."""
+    return max(8, *(r.h for r in rows))
+
+
+def _row(net: Any, name: str, data: dict[str, Any], opts: ConvergenceOptions,
+         feedback: dict[str, str], local: Row | None, progress: Any) -> dict[str, Any]:  # fmt: skip
+    """One row: ``name`` (uncompressed, an algorithm or a local-step variant) over every seed."""
+    alg = None if name == UNCOMPRESSED or local is not None else name
+    row: dict[str, Any] = {
+        "algorithm": name,
+        "error_feedback": None if alg is None else _has_ef(alg.partition(":")[0]),
+        "runs": [],
+    }
+    if local is not None:
+        row["local_steps"] = {"kind": local.kind, "h": local.h, "algorithm": local.algorithm,
+                              "fragments": local.fragments, "delay": local.delay}  # fmt: skip
+    if opts.fsdp and alg is not None:
+        row["feedback"] = feedback[name]
+        row["error_feedback"] = feedback[name] != "none"
+        why = fsdp_refusal(name.partition(":")[0], opts)
+        if why is not None:
+            logger.error("convergence: %s refused: %s", name, why)
+            row["error"] = why
+            return row
+    addresses = list(getattr(net, "addresses", ["127.0.0.1"] * opts.workers))
+    for seed in opts.seeds:
+        if progress is not None:
+            progress(f"convergence | {opts.task} | {name} | seed {seed}")
+        try:
+            res = run_in_network(
+                net, train_rank, data, alg, opts, seed, local=local, addresses=addresses,
+                timeout=opts.timeout, threads=opts.threads,
+            )  # fmt: skip
+        except Exception as exc:  # one failing algorithm is a result, not a crash
+            logger.error("convergence: %s (seed %d) failed: %s", name, seed, exc)
+            row["error"] = str(exc)[-2000:]
+            break
+        run = {k: v for k, v in res[0].items() if k not in ("losses", "elapsed")}
+        if opts.local_steps:  # every rank's training loss, the slowest rank's time
+            run["loss_curve"] = [
+                sum(x) / len(x) for x in zip(*(r["losses"] for r in res), strict=True)
+            ]
+            run["elapsed"] = [max(x) for x in zip(*(r["elapsed"] for r in res), strict=True)]
+        row["runs"].append({"seed": seed, **run})
+        if progress is not None:
+            progress(
+                f"    final {100 * res[0]['accuracy']:.2f}%, "
+                f"best {100 * res[0]['best_accuracy']:.2f}%"
+            )
+    return row
+
+
+def _meta(opts: ConvergenceOptions, data: dict[str, Any], net: Any,
+          local: dict[str, Row]) -> dict[str, Any]:  # fmt: skip
     spec = TASKS[opts.task]
     meta = {
         "torch": torch.__version__,
@@ -213,7 +249,11 @@ def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str,
         )
     if opts.task == "tabular":
         meta["bayes_accuracy"] = data["bayes"]
-    return {"meta": meta, "rows": rows}
+    meta["network"] = getattr(net, "label", "loopback")
+    if local:
+        meta["loss_window"] = _window(local.values())
+        meta["torchft"] = version() or "not installed"
+    return meta
 
 
 def _setup_line(m: dict[str, Any]) -> str:
@@ -278,4 +318,9 @@ def convergence_markdown(results: dict[str, Any]) -> str:
         "",
     ]
     out += convergence_rows(results)
+    local = local_markdown(results)
+    if local:
+        out += ["", f"Training loss against DDP's (trailing mean over "
+                f"{m.get('loss_window')} steps, all ranks), network: {m.get('network')}:", "",
+                *local]  # fmt: skip
     return "\n".join(out) + "\n"

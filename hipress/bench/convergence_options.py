@@ -81,7 +81,9 @@ class ConvergenceOptions:
     FSDP2, each algorithm :func:`hipress.fsdp.register` with error feedback ``fsdp_feedback``
     (or the ``"name:feedback"`` of its entry in ``algorithms``); the warm-up runs the same
     way, and algorithms that need CaSync's state (a momentum hand-over, a density warm-up)
-    are refused."""
+    are refused. ``local_steps``: local-step variants trained as rows too
+    (:mod:`~hipress.bench.convergence_local`); ``rate_mbit``: run every row on a shaped link of
+    that rate (None: loopback), so their training times are the link's."""
 
     workers: int = 4
     algorithms: tuple[str, ...] = ("all",)
@@ -108,6 +110,8 @@ class ConvergenceOptions:
     fsdp: bool = False
     fsdp_feedback: str = "auto"
     timeout: float = 3600.0
+    local_steps: tuple[str, ...] = ()
+    rate_mbit: float | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -127,11 +131,20 @@ class ConvergenceOptions:
                     f"an algorithm:feedback entry ({colon[0]}) needs the FSDP2 mode (--fsdp); "
                     "CaSync runs each algorithm with its own feedback"
                 )
+        elif self.local_steps:
+            raise ValueError("local-step variants train unsharded replicas: leave out --fsdp")
         elif self.plan is not None:
             raise ValueError(
                 f"plan {self.plan!r} is CaSync's; the FSDP2 mode compresses each unit by "
                 "hipress.fsdp's size threshold: leave the plan at its default"
             )
+
+        if self.local_steps:  # ValueError naming a variant that is not one
+            from hipress.bench.diloco import parse_variants
+
+            parse_variants(self.local_steps, tuple(a for a in self.algorithms if a != "all"))
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise ValueError(f"rate_mbit must be > 0 (None: loopback), got {self.rate_mbit}")
 
     def window(self) -> int:
         """Tokens per training window of a language-model task: ``bptt``, or the task's."""

@@ -23,6 +23,7 @@ clipping is active, so once dgc runs every update is clipped after momentum, at
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from hipress.bench.convergence_tasks import RUNNERS
 
 if TYPE_CHECKING:
     from hipress.bench.convergence_fsdp import FsdpRun
+    from hipress.bench.diloco import Row
     from hipress.casync import CaSyncState
 
 __all__ = [
@@ -263,6 +265,25 @@ def _result(
     return out
 
 
+def _setup(
+    model: nn.Module, rank: int, world_size: int, data: dict[str, Any], algorithm: str | None,
+    opts: ConvergenceOptions, seed: int, warmup: int, steps_per_epoch: int, lr: float,
+    local: Row | None, addresses: list[str] | None,
+) -> tuple[_Sync, Any, HeavyBall, dict[str, nn.Parameter], bool, Any]:  # fmt: skip
+    """The wrapped model, the optimizer to step, the optimizer-side momentum, the parameters
+    whose momentum an algorithm takes over, whether it has its own, and the context to train
+    in (a local-step variant's, :mod:`~hipress.bench.convergence_local`)."""
+    if local is not None:
+        from hipress.bench.convergence_local import setup_local
+
+        module, opt, ctx = setup_local(model, local, opts, lr, rank, world_size, addresses)
+        return _Sync(module, model), opt, HeavyBall([], 0.0), {}, False, ctx
+    sync = _sync(model, rank, data, algorithm, opts, seed, warmup, steps_per_epoch)
+    momentum, handed, own = _momentum(model, algorithm, opts, sync.state)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
+    return sync, opt, momentum, handed, own, contextlib.nullcontext()
+
+
 def train_rank(
     rank: int,
     world_size: int,
@@ -270,6 +291,8 @@ def train_rank(
     algorithm: str | None,
     opts: ConvergenceOptions,
     seed: int,
+    local: Row | None = None,
+    addresses: list[str] | None = None,
 ) -> dict[str, Any]:
     """Train ``opts.task`` on this rank with ``algorithm`` (None: uncompressed) from seed
     ``seed`` (the weights, the batch order and CaSync's RNG) under DDP, or with ``opts.fsdp``
@@ -278,7 +301,9 @@ def train_rank(
     (training only), ``steps``, ``train_loss``, ``optimizer_momentum`` (of the compressed
     parameters once compression runs) and ``momentum_handed_over`` (elements), under FSDP2
     ``units`` (name -> [padded elements, compressed], None for plain FSDP2) and ``feedback``,
-    and on rank 0 the accuracy curve and its summary."""
+    and on rank 0 the accuracy curve and its summary; ``losses`` and ``elapsed`` (training
+    seconds) after each step. With ``local`` (a local-step row), that variant trains instead
+    (``algorithm`` None); ``addresses``: each rank's network address (torchft's servers)."""
     spec = TASKS[opts.task]
     task = RUNNERS[opts.task].setup(data, opts, seed)
     model: nn.Module = task["model"]
@@ -286,39 +311,44 @@ def train_rank(
     per_step = world_size * (opts.batch or spec.batch)
     steps_per_epoch = len(train) // per_step
     warmup = opts.warmup_steps + round(opts.warmup_epochs * steps_per_epoch)
-    sync = _sync(model, rank, data, algorithm, opts, seed, warmup, steps_per_epoch)
-    momentum, handed, own = _momentum(model, algorithm, opts, sync.state)
     lr = opts.lr or spec.lr
+    sync, opt, momentum, handed, own, ctx = _setup(
+        model, rank, world_size, data, algorithm, opts, seed, warmup, steps_per_epoch, lr,
+        local, addresses,
+    )  # fmt: skip
     clip = spec.clip if opts.clip is None else opts.clip
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
     moved, total = 0, opts.epochs * steps_per_epoch
     losses: list[float] = []
+    elapsed: list[float] = []
     curve: list[tuple[float, float]] = []  # rank 0: (accuracy, loss) after each epoch
     t0, t_eval, step = time.perf_counter(), 0.0, 0
-    for epoch in range(opts.epochs):
-        gen = torch.Generator().manual_seed(epoch + 1000 * seed)
-        order = torch.randperm(len(train), generator=gen)
-        for s in range(steps_per_epoch):
-            if handed and step == warmup:
-                assert sync.state is not None
-                moved = hand_over_momentum(sync.state, handed, momentum)
-            if sync.sharded is not None and step == warmup:
-                sync.sharded.resume()
-            for g in opt.param_groups:
-                g["lr"] = lr_at(opts, lr, step, total)
-            batch = train[order[s * per_step : (s + 1) * per_step][rank::world_size]]
-            loss = loss_fn(sync.model, batch)
-            opt.zero_grad(set_to_none=False)
-            loss.backward()
-            after = bool(handed) and step >= warmup
-            _clip(sync.model.parameters(), momentum, clip, opts.momentum, after)
-            opt.step()
-            losses.append(float(loss.detach()))
-            step += 1
-        t = time.perf_counter()
-        if (point := _evaluate(sync, rank, valid, opts.task)) is not None:
-            curve.append(point)
-        t_eval += time.perf_counter() - t
+    with ctx:  # a local-step variant's outer syncs run in its context
+        for epoch in range(opts.epochs):
+            gen = torch.Generator().manual_seed(epoch + 1000 * seed)
+            order = torch.randperm(len(train), generator=gen)
+            for s in range(steps_per_epoch):
+                if handed and step == warmup:
+                    assert sync.state is not None
+                    moved = hand_over_momentum(sync.state, handed, momentum)
+                if sync.sharded is not None and step == warmup:
+                    sync.sharded.resume()
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(opts, lr, step, total)
+                batch = train[order[s * per_step : (s + 1) * per_step][rank::world_size]]
+                loss = loss_fn(sync.model, batch)
+                opt.zero_grad(set_to_none=False)
+                loss.backward()
+                after = bool(handed) and step >= warmup
+                _clip(sync.model.parameters(), momentum, clip, opts.momentum, after)
+                opt.step()
+                losses.append(float(loss.detach()))
+                elapsed.append(time.perf_counter() - t0 - t_eval)
+                step += 1
+            t = time.perf_counter()
+            if (point := _evaluate(sync, rank, valid, opts.task)) is not None:
+                curve.append(point)
+            t_eval += time.perf_counter() - t
     seconds = time.perf_counter() - t0 - t_eval
     dist.barrier()
-    return _result(sync, rank, seconds, losses, curve, (0.0 if own else opts.momentum, moved))
+    out = _result(sync, rank, seconds, losses, curve, (0.0 if own else opts.momentum, moved))
+    return {**out, "losses": losses, "elapsed": elapsed}

@@ -120,6 +120,8 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
             clip=args.clip,
             fsdp=args.fsdp,
             fsdp_feedback=args.fsdp_feedback,
+            local_steps=_names(args.local_steps),
+            rate_mbit=args.rate_mbit,
         )
         check_convergence(opts)
     except ValueError as exc:
@@ -244,6 +246,12 @@ def _add_convergence_parser(bench_sub: Any) -> None:
     c.add_argument("--fsdp-feedback", default="auto", metavar="OPTION",
                    help="with --fsdp: error feedback auto, none, fp32, bf16 or int8 (default "
                    "auto); an entry ALG:OPTION in --algorithms sets one algorithm's")  # fmt: skip
+    c.add_argument("--local-steps", default="", metavar="VARIANT,..",
+                   help="also local-step rows, as bench e2e's (hH: each named algorithm); "
+                   "each row's time to DDP's final training loss is reported")  # fmt: skip
+    c.add_argument("--bandwidth", type=parse_rate_mbit, dest="rate_mbit", default=None,
+                   metavar="RATE", help="train on a shaped link of this rate (e.g. 1gbit; "
+                   "default: loopback, whose times are not a network's)")  # fmt: skip
     c.add_argument("--out", default=RESULTS, help="directory for the result files")
     c.set_defaults(func=_cmd_convergence)
 
