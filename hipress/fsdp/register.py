@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
-from hipress.core.rule import DefaultRule
+from hipress.core.rule import DefaultRule, Selection, Shapes, embedding_names
 from hipress.core.torchcompat import fsdp_param_groups
 from hipress.fsdp.agree import agree, settings
 from hipress.fsdp.collective import CompressedReduceScatter
@@ -50,6 +50,7 @@ from hipress.fsdp.planning import (
     plan_units,
 )
 from hipress.fsdp.replicate import ReplicaAllReduce
+from hipress.fsdp.selection import keep_units_plain, unit_reasons, warn_lossy_units
 from hipress.fsdp.state import FsdpCompression
 from hipress.secopa.model.profile import Profile
 
@@ -84,6 +85,9 @@ def register(
     replicate_group: dist.ProcessGroup | None = None,
     plan: PlanArg = "default",
     profile: Profile | str | Path | None = None,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    shapes: Shapes = "all",
 ) -> FsdpCompression:
     """Compress the gradient reduce-scatter of every ``fully_shard``-ed module of ``model``.
 
@@ -99,7 +103,12 @@ def register(
     if given, a :class:`~hipress.secopa.model.profile.Profile` or its JSON file, else on one it
     measures in the units' process group: a second or two, every rank taking part), or a
     mapping ``{unit name: bool}`` (units left out follow the size rule), a callable
-    ``name -> bool`` or an earlier :class:`FsdpPlan`; None is ``"default"``. Call it on every rank, before the first backward, with the same
+    ``name -> bool`` or an earlier :class:`FsdpPlan`; None is ``"default"``. ``include``,
+    ``exclude`` and ``shapes`` (:class:`~hipress.core.rule.Selection`, patterns on
+    ``model.named_parameters()`` names) keep units plain (:mod:`hipress.fsdp.selection`): the
+    default and ``"auto"`` plans keep a unit holding an embedding weight (by module type) or
+    only 1-D tensors plain unless ``include`` names them; any plan keeps a unit holding an
+    excluded parameter plain. Call it on every rank, before the first backward, with the same
     arguments: it is a collective over the default group that checks that every rank
     registers the same configuration (:mod:`hipress.fsdp.agree`). Returns the
     :class:`FsdpCompression`. Raises :class:`FsdpError` for a model without FSDP2 modules, one
@@ -112,8 +121,12 @@ def register(
     check cannot complete (a rank exited or does not call register).
     """
     try:
+        select = _selection(model, include, exclude, shapes)
         setup = _prepare(model, algorithm, params, feedback, min_compress_numel, seed, backend,
                          replicate_group, plan, profile)  # fmt: skip
+        if setup.decisions is not None:  # (the user's own decisions: only what they asked)
+            why = unit_reasons(model, list(setup.decisions), select, setup.plan_kind == "default")
+            setup.decisions = keep_units_plain(setup.decisions, why)
     except Exception as exc:
         with contextlib.suppress(CaSyncError):  # this rank's error is the one to report
             agree(None, exc)  # the other ranks raise too, rather than wait for this one
@@ -128,7 +141,17 @@ def register(
         device = setup.groups[setup.infos[0].name].device
         decided = plan_units(plan, setup.infos, setup.alg, setup.rule, profile=profile,
                              device=device, feedback=setup.feedback)  # fmt: skip
+        why = unit_reasons(model, list(decided.units), select)
+        decided = FsdpPlan(decided.kind, keep_units_plain(decided.units, why), decided.meta)
+    warn_lossy_units(model, decided.units, select, setup.alg.name)
     return _install(setup, decided, seed, replicate_group)
+
+
+def _selection(model: nn.Module, include: Any, exclude: Any, shapes: Any) -> Selection:
+    try:
+        return Selection(include or (), exclude or (), shapes, embedding_names(model))
+    except ValueError as exc:
+        raise FsdpError(str(exc)) from None
 
 
 @dataclass
