@@ -78,6 +78,24 @@ def test_onebit_compresses(runs: dict[str, Any], rank: int) -> None:
 
 
 @pytest.mark.parametrize("rank", RANKS)
+def test_trackers_receive_the_metrics(runs: dict[str, Any], rank: int) -> None:
+    # log_metrics after every step: the main process's trackers get each step's figures
+    logged = runs[f"onebit-rank{rank}"]["logged"]
+    if rank != 0:
+        assert logged == []  # (Accelerate logs from the main process only)
+        return
+    steps = [step for step, _ in logged]
+    assert steps == list(range(12))
+    for step, metrics in logged:
+        assert metrics["hipress/step"] == step
+        assert 0 < metrics["hipress/bytes_ratio"] < 1 / 8
+        assert metrics["hipress/compressed_tensors"] >= 1
+        assert metrics["hipress/encode_ms"] > 0
+    none = runs[f"none-rank{rank}"]["logged"]
+    assert all(m["hipress/bytes_ratio"] == 1.0 for _, m in none)
+
+
+@pytest.mark.parametrize("rank", RANKS)
 def test_resume_from_save_state_is_bit_exact(runs: dict[str, Any], rank: int) -> None:
     assert _same(runs, "resumed", "onebit", rank)
     # the control: without the compression state, the same resume ends elsewhere

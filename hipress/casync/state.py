@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync import persist
 from hipress.casync.config import check_options, check_schedule, config_digest, describe, params_at
+from hipress.casync.metrics import SyncMetrics
 from hipress.casync.probe import StateProbe
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.stats import SyncStats
@@ -44,7 +45,7 @@ logger.addFilter(RANK_FILTER)
 _UNPICKLED = ("process_group", "_rt", "_param_names", "_lock", "_unused_model", "comm_error")
 
 
-class CaSyncState:
+class CaSyncState(SyncMetrics):
     """State of :func:`~hipress.casync.hook.casync_hook` for one DDP model on one rank.
 
     Args:

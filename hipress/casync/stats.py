@@ -196,6 +196,11 @@ class SyncStats:
         steps = self.steps
         return steps[-1] if steps else None
 
+    def recent(self, n: int = 1) -> list[StepStats]:
+        """The last ``n`` closed steps whose figures are read, oldest first (never waits)."""
+        self._read(block=False)
+        return list(self._steps)[-n:]
+
     @property
     def unread(self) -> int:
         """Closed steps whose figures wait for the device to finish their work (never

@@ -21,6 +21,9 @@ this rank's state (the main process's, in the checkpoint), and a ``save_state`` 
 every other rank that saves writes its own file beside it (``hipress_casync_rank<r>.pt``);
 ``accelerator.load_state`` gives each rank its own. A rank whose state the checkpoint lacks
 (the main process saved alone) resumes with its states as they are, and says so in the log.
+
+Metrics: :func:`log_metrics` hands ``state.metrics()`` (``hipress/bytes_ratio``, ...) to
+``accelerator.log``, so every tracker of ``Accelerator(log_with=...)`` receives them.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from hipress.codec.checkpoint import gathered, is_gathered
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 
-__all__ = ["FILE", "GatheredCheckpoint", "register"]
+__all__ = ["FILE", "GatheredCheckpoint", "log_metrics", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,3 +155,16 @@ def register(
         accelerator.register_save_state_pre_hook(kept.save_hook)
         accelerator.register_load_state_pre_hook(kept.load_hook)
     return state
+
+
+def log_metrics(
+    accelerator: accelerate.Accelerator, state: CaSyncState, step: int | None = None,
+    steps: int = 1,
+) -> dict[str, float]:  # fmt: skip
+    """Log ``state.metrics(steps)`` (:meth:`~hipress.casync.CaSyncState.metrics`) through
+    ``accelerator.log(..., step=step)``: every tracker of ``log_with`` receives it (Accelerate
+    logs from the main process, i.e. the main process's figures). Returns the metrics logged.
+    Call after ``accelerator.init_trackers`` and after a step, on every rank."""
+    metrics = state.metrics(steps)
+    accelerator.log(metrics, step=step)
+    return metrics

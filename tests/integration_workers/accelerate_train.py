@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import toy
 from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
+from accelerate.tracking import GeneralTracker
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -45,15 +46,40 @@ def hook_name(ddp: DistributedDataParallel) -> str:
     return str(ddp._get_ddp_logging_data().get("comm_hook", ""))
 
 
+class Recorder(GeneralTracker):
+    """A tracker that keeps what ``accelerator.log`` hands it (Accelerate calls it on the main
+    process only)."""
+
+    name = "recorder"
+    requires_logging_directory = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def tracker(self) -> Any:
+        return self.logged
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        pass
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.logged.append((step, dict(values)))
+
+
 def train(
-    ddp: torch.nn.Module, opt: torch.optim.Optimizer, start: int, stop: int, backward: Any
-) -> None:
+    ddp: torch.nn.Module, opt: torch.optim.Optimizer, start: int, stop: int, backward: Any,
+    after: Any = None,
+) -> None:  # fmt: skip
     data = batches()
     for step in range(start, stop):
         x, y = data[step]
         opt.zero_grad()
         backward(torch.nn.functional.mse_loss(ddp(x), y))
         opt.step()
+        if after is not None:
+            after(step)
 
 
 def run(
@@ -69,7 +95,9 @@ def run(
     options: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> None:
-    accelerator = Accelerator(cpu=True, **kwargs)
+    recorder = Recorder()
+    accelerator = Accelerator(cpu=True, log_with=[recorder], **kwargs)
+    accelerator.init_trackers("hipress")
     net = toy.net()
     model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
     extra: dict[str, Any] = {"hook_after_prepare": hook_name(model)}
@@ -84,13 +112,17 @@ def run(
         start = CHECKPOINT_AT
         if fresh is not None:  # the control: resume with error feedback lost
             state.load_state_dict(fresh)
-    train(model, opt, start, stop, accelerator.backward)
+    after = None
+    if state is not None:
+        after = lambda step: hipress_accelerate.log_metrics(accelerator, state, step=step)  # noqa: E731
+    train(model, opt, start, stop, accelerator.backward, after)
     if save is not None:
         accelerator.save_state(str(save))
     if state is not None:
         last = state.stats.last
         extra |= {"sent": last.bytes_sent, "uncompressed": last.bytes_uncompressed,
-                  "hook": hook_name(model), "kept": dict(state.plan.meta.get("kept_plain", {}))}  # fmt: skip
+                  "hook": hook_name(model), "kept": dict(state.plan.meta.get("kept_plain", {})),
+                  "logged": recorder.logged}  # fmt: skip
     toy.save_params(net, out, name, **extra)
 
 
