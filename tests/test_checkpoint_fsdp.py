@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import hipress.fsdp
 from hipress.fsdp import FsdpError
 from hipress.fsdp.state import _SEALED
 
+EXAMPLES = int(os.environ.get("HIPRESS_FUZZ_EXAMPLES", "0")) or 48
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "hipress.fsdp", "fsdp_workers")
 
 
@@ -61,6 +63,18 @@ def _tampered(rank: int, world_size: int, root: str) -> dict[str, str]:
     sd = comp.state_dict()
     sd[f"rank{rank}"] = _with_nan(sd[f"rank{rank}"])
     out["nan"] = _error(lambda: comp.load_state_dict(sd))
+    rng, fuzzed = random.Random(rank), []
+    for i in range(EXAMPLES):  # random bit flips and truncations of this rank's entry
+        blob = bytearray(before)
+        at = rng.randrange(len(blob))
+        if i % 2:
+            blob[at] ^= 1 << rng.randrange(8)
+        else:
+            del blob[at:]
+        msg = _error(lambda b=bytes(blob): comp.load_state_dict({**sd, f"rank{rank}": b}))
+        if f"entry rank{rank}" not in msg and "no matching entry" not in msg:
+            fuzzed.append(f"#{i} at {at}: {msg}")
+    out["fuzzed"] = "; ".join(fuzzed[:3])
     dist.barrier()
     if rank == 0:  # one flipped bit inside rank 1's sealed entry
         for f in sorted(Path(f"{root}/ckpt").glob("*.distcp")):
@@ -82,5 +96,6 @@ def test_damaged_and_non_finite_fsdp_checkpoints_are_refused(tmp_path: Path) -> 
     for out in got:
         assert "the checkpoint's entry rank" in out["nan"] and "non-finite" in out["nan"], out
         assert out["untouched"] == "True"
+        assert out["fuzzed"] == ""
     assert got[0]["flip"] == "loaded"
     assert "entry rank1 is damaged: its bytes do not match the digest" in got[1]["flip"], got[1]
