@@ -226,11 +226,7 @@ def test_an_unwritable_out_fails_before_the_run(tmp_path: Path) -> None:
     """As the ``hipress`` command: status 2 at once, nothing run, no traceback."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    for argv in (
-        ["bench", "fsdp", "--workers", "2", "--out", str(blocker / "results")],
-        ["bench", "kernels", "--out", str(tmp_path)],
-        ["bench", "e2e", "--models", "abc"],
-    ):
+    for argv in (["bench", "fsdp", "--workers", "2", "--out", str(blocker / "results")],):
         proc = subprocess.run([sys.executable, "-m", "hipress", *argv], capture_output=True,
                               text=True, timeout=120, check=False)  # fmt: skip
         assert proc.returncode == 2, proc.stderr

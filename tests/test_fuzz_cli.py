@@ -89,7 +89,7 @@ def _check(argv: list[str]) -> int | None:
     return 2
 
 
-@_settings(150)
+@_settings(60)
 @given(data=st.data())
 def test_generated_values_end_as_usage_errors_or_are_accepted(
     data: st.DataObject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -105,7 +105,7 @@ def test_generated_values_end_as_usage_errors_or_are_accepted(
     _check(argv)
 
 
-@_settings(100)
+@_settings(40)
 @given(data=st.data())
 def test_numbers_outside_a_rule_are_refused(data: st.DataObject) -> None:
     numeric = [(p, d, r) for p in RULES for d, r in RULES[p].items()
