@@ -133,3 +133,34 @@ def test_selection_through_register_on_two_ranks() -> None:
         assert got["auto"][1]["tok.weight"] == "embedding"
         # the one plan that puts onebit on the embedding warns, once on each rank
         assert len(got["warnings"]) == 1
+
+
+def test_hipress_plan_prints_what_it_kept_plain(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from hipress.cli import main
+    from hipress.secopa.model.profile import affine_profile
+
+    profile = tmp_path / "profile.json"
+    affine_profile("onebit", encode=(1e-6, 0.01, 0.0), decode=(1e-6, 0.01, 0.0),
+                   merge=(5e-7, 0.01, 0.0), bytes_per_element=1 / 8).save(profile)  # fmt: skip
+    model = tmp_path / "net.py"
+    model.write_text(
+        "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.tok = nn.Embedding(4096, 256)\n"
+        "        self.proj = nn.Linear(256, 4096)\n"
+    )
+    base = ["plan", "--model", f"{model}:Net", "--workers", "2", "--profile", str(profile),
+            "--bandwidth", "100mbit"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "  embedding: tok.weight" in out and "  1-D: proj.bias" in out
+    plan = Plan.load(tmp_path / "p.json")
+    assert [e.compress for e in plan.entries] == [False, True, False]
+    assert main([*base, "--include", "tok.*", "--exclude", "proj.weight", "--json"]) == 0
+    plan = Plan.from_json(capsys.readouterr().out)
+    assert [e.compress for e in plan.entries] == [True, False, False]
+    assert plan.meta["kept_plain"]["proj.weight"] == "excluded by 'proj.weight'"
+    assert main([*base, "--exclude", ""]) == 2
+    assert "--exclude" in capsys.readouterr().err

@@ -41,6 +41,23 @@ def print_plan(plan: Plan, model: str, profile: Profile, out: TextIO) -> None:
               file=out)  # fmt: skip
         print(f"  {'exposed':<17} {_fmt_ms(t['exposed']):>10}  (what the step waits for after "
               "backward, as the plan was chosen by)", file=out)  # fmt: skip
+    print_kept_plain(plan, out)
+
+
+def print_kept_plain(plan: Plan, out: TextIO) -> None:
+    """What the plan kept plain before any cost was weighed (``meta["kept_plain"]``), by
+    reason: embeddings, 1-D tensors, ``--exclude`` patterns, the ``--shapes`` rule."""
+    kept: dict[str, str] = dict(plan.meta.get("kept_plain", {}))
+    if not kept:
+        return
+    by_reason: dict[str, list[str]] = {}
+    for name, why in kept.items():
+        by_reason.setdefault(why, []).append(name)
+    print(f"kept plain whatever the cost ({len(kept)} tensors; --include PATTERN compresses "
+          "embeddings and 1-D tensors it names):", file=out)  # fmt: skip
+    for why, names in by_reason.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        print(f"  {why}: {shown}", file=out)
 
 
 def _network_summary(profile: Profile) -> str:

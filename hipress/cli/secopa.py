@@ -28,15 +28,16 @@ from hipress.cli.options import add_alias, spelled
 from hipress.cli.planreport import print_plan, print_profile, print_sources, warn_extrapolation
 from hipress.cli.progress import phase
 from hipress.cli.waitpolicy import before_timing
-from hipress.codec.planning import DEFAULT_ALGORITHM
+from hipress.codec.planning import DEFAULT_ALGORITHM, keep_plain
 from hipress.core.plan import PlanError, Strategy
+from hipress.core.rule import SHAPE_WORDS, Selection
 from hipress.secopa.measure.localgroup import LocalGroupError, measure_local
 from hipress.secopa.measure.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
 from hipress.secopa.measure.timed_codec import TimedCodecError, load_timed_codec
 from hipress.secopa.model.coverage import cost_sources
 from hipress.secopa.model.planner import PlannerConfig, plan_named
 from hipress.secopa.model.profile import Profile, ProfileError, link_network
-from hipress.secopa.model.specs import ModelSpecError, builtin_models, resolve_model
+from hipress.secopa.model.specs import ModelSpec, ModelSpecError, builtin_models, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +130,23 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, metavar="MB",
                    help="DDP's bucket_cap_mb of the training job (default 25)")  # fmt: skip
+    _add_selection_args(p)
     p.add_argument("--out", default=None, metavar="FILE", help="save the plan as JSON")
     p.add_argument("--json", action="store_true", help="print the plan JSON, not a table")
     p.set_defaults(func=run_plan)
     return p
+
+
+def _add_selection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                   help="parameter name pattern (fnmatch) that may be compressed even if an "
+                   "embedding or 1-D, repeatable")  # fmt: skip
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="parameter name pattern (fnmatch) kept plain, repeatable")  # fmt: skip
+    p.add_argument("--shapes", choices=SHAPE_WORDS, default="all",
+                   help="all, or matrices: only tensors of exactly two dimensions may be "
+                   "compressed (default all; embeddings and 1-D tensors stay plain unless "
+                   "--include names them)")  # fmt: skip
 
 
 def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -305,8 +319,10 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
             max_partitions=args.max_partitions,
             strategies=args.strategies,
         )
+        select = _selection(args, spec)
         with phase(f"planning {len(spec.params)} tensors for {args.workers} workers"):
             plan = plan_named(spec.named_numels(), profile, args.workers, config)
+            plan = keep_plain(plan, select.reasons(spec.params))
         if args.out:
             plan.save(args.out)
     except USER_ERRORS as exc:
@@ -324,6 +340,14 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
     budget = profile.meta.get("compute_budget_s", args.budget)
     warn_extrapolation(profile, sources, largest, budget, err, args.model)
     return 0
+
+
+def _selection(args: argparse.Namespace, spec: ModelSpec) -> Selection:
+    try:
+        return Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
+    except ValueError as exc:
+        raise PlanError(str(exc).replace("include=", "--include ").replace(
+            "exclude=", "--exclude ")) from None  # fmt: skip
 
 
 def run_profile(

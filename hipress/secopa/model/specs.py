@@ -23,6 +23,8 @@ from types import MappingProxyType, ModuleType
 import torch
 from torch import nn
 
+from hipress.core.rule import embedding_names
+
 Shape = tuple[int, ...]
 
 
@@ -36,6 +38,8 @@ class ModelSpec:
 
     name: str
     params: tuple[tuple[str, Shape], ...]
+    # names of its nn.Embedding/EmbeddingBag weights where a module was built (None: unknown)
+    embeddings: frozenset[str] | None = None
 
     def named_numels(self) -> list[tuple[str, int]]:
         return [(n, math.prod(s)) for n, s in self.params]
@@ -151,7 +155,7 @@ def builtin_models() -> list[str]:
 def spec_of_module(name: str, module: nn.Module) -> ModelSpec:
     """The trainable parameters of ``module`` (``named_parameters`` order)."""
     params = tuple((n, tuple(p.shape)) for n, p in module.named_parameters() if p.requires_grad)
-    return ModelSpec(name, params)
+    return ModelSpec(name, params, embedding_names(module))
 
 
 FACTORY_HELP = (
