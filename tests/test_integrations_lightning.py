@@ -11,6 +11,7 @@ independent processes, has rank 1 exit mid-training under ``OnExceptionCheckpoin
 
 from __future__ import annotations
 
+import csv
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,19 @@ def test_onebit_compresses(runs: Any, rank: int) -> None:
     assert none["sent"] == none["uncompressed"]
     assert onebit["sent"] * 8 < onebit["uncompressed"]
     assert not _same(runs[1], "onebit", "plain", rank)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_the_callback_logs_the_metrics(runs: Any, rank: int) -> None:
+    logged = runs[1][f"onebit-rank{rank}"]["logged"]
+    assert 0 < logged["hipress/bytes_ratio"] < 1 / 8
+    assert logged["hipress/compressed_tensors"] >= 1 and logged["hipress/encode_ms"] > 0
+    if rank == 0:  # the logger's file (Lightning's loggers write from rank 0), one row a step
+        rows = list(csv.DictReader((runs[0] / "csv" / "version_0" / "metrics.csv").open()))
+        ratios = [float(r["hipress/bytes_ratio"]) for r in rows if r["hipress/bytes_ratio"]]
+        steps = [int(float(r["hipress/step"])) for r in rows if r["hipress/step"]]
+        assert len(ratios) >= 6 and all(0 < x < 1 / 8 for x in ratios)
+        assert steps == sorted(steps) and len(set(steps)) == len(steps)
 
 
 @pytest.mark.parametrize("rank", RANKS)

@@ -54,6 +54,10 @@ class HipressCallback(pl.Callback):
             With ``"auto"``, a run resumed from a checkpoint takes the plan saved in it instead
             of measuring again: a new measurement may plan differently, and the saved states
             would not match it.
+        log_metrics: log this rank's :meth:`~hipress.casync.CaSyncState.metrics`
+            (``hipress/bytes_ratio``, ``hipress/encode_ms``, ...) after every training batch
+            through ``pl_module.log_dict``, so the trainer's loggers receive them (every
+            ``log_every_n_steps``; docs/reference/metrics.md).
         options: the keyword arguments of :func:`hipress.casync.register` (``params``,
             ``seed``, ``warmup_steps``, ``rule``, ``include``/``exclude``/``shapes``, ...),
             the same on every rank.
@@ -73,6 +77,7 @@ class HipressCallback(pl.Callback):
         algorithm: str | CompressionAlgorithm | None = DEFAULT_ALGORITHM,
         *,
         plan: Plan | str | Path | None = None,
+        log_metrics: bool = True,
         **options: Any,
     ) -> None:
         if options.get("process_group") is not None:
@@ -83,6 +88,7 @@ class HipressCallback(pl.Callback):
         check_selection(options)
         self.algorithm = algorithm
         self.plan = plan
+        self.log_metrics = log_metrics
         self.options = options
         self.state: CaSyncState | None = None
         self._pending: Mapping[str, Any] | None = None
@@ -102,6 +108,17 @@ class HipressCallback(pl.Callback):
         if pending is not None:  # before the first step: an "auto" plan is not made yet
             self.state.load_state_dict(pending)
             logger.info("hipress: compression state restored from the checkpoint")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        """Log the latest step's metrics (``log_metrics``) through ``pl_module.log_dict``."""
+        if not self.log_metrics or self.state is None:
+            return
+        metrics = self.state.metrics()
+        if metrics:  # (none before the first step closes, or with an "auto" plan not yet made)
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException

@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 import toy
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
@@ -63,9 +64,11 @@ def fit(
     epochs: int,
     callback: HipressCallback | None = None,
     ckpt_path: Path | None = None,
+    logger: Any = False,
 ) -> pl.Trainer:
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=epochs, logger=False,
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=epochs, logger=logger,
+        log_every_n_steps=1,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         use_distributed_sampler=False, callbacks=[callback] if callback else [],
     )  # fmt: skip
@@ -75,7 +78,8 @@ def fit(
     if callback is not None and callback.state is not None:
         last = callback.state.stats.last
         extra = {"sent": last.bytes_sent, "uncompressed": last.bytes_uncompressed,
-                 "kept": dict(callback.state.plan.meta.get("kept_plain", {}))}  # fmt: skip
+                 "kept": dict(callback.state.plan.meta.get("kept_plain", {})),
+                 "logged": {k: float(v) for k, v in trainer.logged_metrics.items()}}  # fmt: skip
     toy.save_params(module, out, name, **extra)
     return trainer
 
@@ -141,7 +145,9 @@ def main(out: Path, mode: str) -> None:
         fit(out, "plain", EPOCHS)
         fit(out, "none", EPOCHS, HipressCallback(None))
         # (exclude= names the biases, which the rule keeps plain anyway: same numbers)
-        fit(out, "onebit", EPOCHS, HipressCallback("onebit", rule=toy.RULE, exclude="*.bias"))
+        csv = CSVLogger(out, name="csv", version=0)  # (the metrics' file: out/csv/version_0)
+        fit(out, "onebit", EPOCHS, HipressCallback("onebit", rule=toy.RULE, exclude="*.bias"),
+            logger=csv)  # fmt: skip
         fit(out, "first", 1, HipressCallback("onebit", rule=toy.RULE)).save_checkpoint(ckpt)
         plain_ddp(out, "manual", "onebit")
         plain_ddp(out, "manual-plain", None)
