@@ -258,6 +258,13 @@ def _auto_plan(
     return plan
 
 
+def _selection(include: Any, exclude: Any, shapes: Any) -> Selection:
+    try:
+        return Selection(include or (), exclude or (), shapes)
+    except ValueError as exc:
+        raise HorovodSyncError(str(exc)) from None
+
+
 def _check_options(
     backward_passes_per_step: Any, gradient_predivide_factor: Any, seed: Any, rule: Any,
     params: Any,
@@ -339,10 +346,7 @@ def DistributedOptimizer(
     names = _names(optimizer, named_parameters)
     named_numels = [(names[p], p.numel()) for p in names if p.requires_grad]
     shaped = [(names[p], tuple(p.shape)) for p in names if p.requires_grad]
-    try:
-        select = Selection(include or (), exclude or (), shapes)
-    except ValueError as exc:
-        raise HorovodSyncError(str(exc)) from None
+    select = _selection(include, exclude, shapes)
     devices = {names[p]: p.device for p in names if p.requires_grad}
     try:
         alg = resolve_algorithm(algorithm, params, backend)
@@ -352,20 +356,15 @@ def DistributedOptimizer(
     if isinstance(plan, str) and plan == "auto":
         plan = _auto_plan(hvd, alg, named_numels, next(iter(devices.values()), None))
         plan = keep_plain(plan, select.reasons(shaped))  # (as SeCoPa's plan for the DDP hook)
-    resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule=rule, selection=select,
+    resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule, selection=select,
                             shapes=shaped)  # fmt: skip
     sync = HorovodSync(
         hvd, alg, resolved, seed, compression, gradient_predivide_factor, devices=devices
     )
     sync.check_agreement()
-    n_comp = sum(e.compress for e in resolved.entries)
-    log.info(
-        "hipress.horovod: %s, %d/%d tensors compressed, %d ranks",
-        alg.name if compresses(alg) else "no compression",
-        n_comp,
-        len(resolved.entries),
-        hvd.size(),
-    )
+    log.info("hipress.horovod: %s, %d/%d tensors compressed, %d ranks",
+             alg.name if compresses(alg) else "no compression",
+             sum(e.compress for e in resolved.entries), len(resolved.entries), hvd.size())  # fmt: skip
     cls = type(
         optimizer.__class__.__name__,
         (optimizer.__class__,),
