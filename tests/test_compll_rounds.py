@@ -99,7 +99,7 @@ def test_single_round_entry_points_refuse_it_clearly() -> None:
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.floats(-1e3, 1e3, width=32), min_size=30, max_size=30), st.integers(0, 1))
 def test_c_and_emulated_cuda_give_the_reference_bytes(vals: list[float], shape: int) -> None:
-    shapes = [(5, 6), (30,)]
+    shapes = [(5, 6), (5, 3, 2)]  # one leading dimension: one set of kernels
     g = torch.tensor(vals).reshape(shapes[shape])
     grads = [g, g.flip(0) * 0.5]
     ref = _run(_REF, grads)
