@@ -30,7 +30,15 @@ BASE: dict[tuple[str, ...], list[str]] = {
 }
 # options the command checks itself, as early (hipress plan's own errors; ring's files below)
 SELF = {
-    ("plan",): ("--model", "--workers", "--world-size", "--profile", "--overlap"),
+    ("plan",): (
+        "--model",
+        "--workers",
+        "--world-size",
+        "--profile",
+        "--overlap",
+        "--include",
+        "--exclude",
+    ),
     ("profile",): ("--model", "--overlap"),
     ("bench", "ring"): ("profiles",),
 }
@@ -103,6 +111,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--backend": ["abc"], "--budget": ["0", "nan"], "--threads": ["0"],
             "--bandwidth": ["abc", "1e999gbit", "0gbit"], "--max-partitions": ["0"],
             "--strategies": ["ring,tree"], "--bucket-cap-mb": ["0", "nan"], "--out": outs_file,
+            "--shapes": ["x"],
         },
         ("profile",): {
             "--workers": ["1", many], "--nproc": ["1"], "--algorithm": ["abc"],

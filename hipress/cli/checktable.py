@@ -290,7 +290,8 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "json_out": _out("file"),
         },
         ("plan",): {
-            **link,  # --model, --workers, --profile, --overlap: the command checks them itself
+            **link,  # --model, --workers, --profile, --overlap, --include, --exclude: the
+            # command checks them itself, before any work
             "max_partitions": Int(1, 1024, none=True), "bucket_cap_mb": Num(0.0, 1e6, open_lo=True),
         },
         ("profile",): {**link, "workers": WORKERS},  # --model, --overlap: checked by the command
