@@ -28,7 +28,9 @@ _ONE_BUCKET_MB = 4096
 @dataclass(frozen=True)
 class Config:
     """One way to train. ``kind``: "compute" (no gradient exchange), "ddp" (``hook`` is
-    "allreduce", "fp16" or "powersgd") or "hipress" (``algorithm`` under ``plan``)."""
+    "allreduce", "fp16" or "powersgd"), "hipress" (``algorithm`` under ``plan``) or "rounds"
+    (a multi-round ``algorithm``, e.g. powersgd at ``powersgd_rank``, through
+    :mod:`hipress.casync.rounds_hook` with DDP's default buckets)."""
 
     name: str
     kind: str
@@ -47,6 +49,8 @@ class Config:
         if self.kind == "ddp":
             extra = f", rank {self.powersgd_rank}, one bucket" if self.hook == "powersgd" else ""
             return f"DDP {self.hook}{extra}"
+        if self.kind == "rounds":
+            return f"hipress {self.algorithm}, rank {self.powersgd_rank}, default buckets"
         return f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"
 
 
@@ -116,7 +120,15 @@ def configs_for(opts: E2EOptions) -> list[Config]:
         )
         for c in BASELINES
     ]
-    ours = [Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan) for a in opts.algorithms]
+    from hipress.compll.rounds import rounds_algorithms
+
+    multi = set(rounds_algorithms())
+    ours = [
+        Config(f"hipress-{a}", "rounds", algorithm=a, plan=None, powersgd_rank=opts.powersgd_rank)
+        if a in multi
+        else Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan)
+        for a in opts.algorithms
+    ]
     return [COMPUTE, NOCOMM, *base, *ours]
 
 

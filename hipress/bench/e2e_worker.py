@@ -34,6 +34,11 @@ def wrap(
         return model, None
     kw = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
     ddp = DDP(model, gradient_as_bucket_view=bucket_view, **kw)  # type: ignore[arg-type]
+    if cfg.kind == "rounds":  # PowerSGD's start as the powerSGD_hook row's: step 2
+        from hipress.casync.rounds_hook import register_rounds
+
+        register_rounds(ddp, cfg.algorithm or "", params={"rank": cfg.powersgd_rank}, start_iter=2)
+        return ddp, None
     if cfg.kind == "hipress":
         import hipress.casync
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hipress.compll.algorithm import Algorithm, _parsed, _resolve_backend, shipped_path
+from hipress.compll.algorithm import Algorithm, _parsed, _resolve_backend, _shipped, shipped_path
 from hipress.compll.backends.base import Backend
 from hipress.compll.frontend.check import elaborate
 from hipress.compll.frontend.rounds import Stages, is_rounds, split
@@ -175,3 +175,8 @@ def load_rounds_file(path: str | Path, backend: BackendSpec = "auto",
 def load_rounds(name: str, backend: BackendSpec = "auto", **params: Any) -> RoundsAlgorithm:
     """Load a shipped multi-round algorithm by name, e.g. ``load_rounds("powersgd", rank=4)``."""
     return load_rounds_file(shipped_path(name), backend, **params)
+
+
+def rounds_algorithms() -> list[str]:
+    """Names of the shipped multi-round algorithms."""
+    return [n for n, rounds in _shipped() if rounds]
