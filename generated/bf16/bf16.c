@@ -896,7 +896,7 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
-          acc2 |= (int)((!(fabsf(r1) < HP_INF_F)));
+          acc2 |= (int)((!(fabsf(r1) < 0x1.ff00000000000p+127f)));
           f_h[i] = hp_canon_bf16(hp_f32_to_bf16(r1));
         }
       }

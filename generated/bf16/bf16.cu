@@ -581,7 +581,7 @@ extern "C" __global__ void hp_encode_0(const hp_enc_args A) {
   int acc2 = 0;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < L; i += (int64_t)gridDim.x * blockDim.x) {
     const float r1 = s_grad[i];
-    acc2 |= (int)((!(fabsf(r1) < HP_INF_F)));
+    acc2 |= (int)((!(fabsf(r1) < 0x1.ff00000000000p+127f)));
     f_h[i] = hp_canon_bf16(hp_f32_to_bf16(r1));
   }
   {

@@ -897,7 +897,7 @@ int hp_encode(const hp_enc_args* a) {
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
           const float r1 = s_grad[i];
-          acc3 |= (int)((!(fabsf(r1) < HP_INF_F)));
+          acc3 |= (int)((!(fabsf(r1) < 0x1.ffe0000000000p+15f)));
           cv2[t] = r1;
         }
         hp_tile_f32_to_f16(cv2, f_h + i0, tl, 1);

@@ -14,6 +14,7 @@ from hipress.compll.ir.payload import pack, unpack
 from hipress.compll.ir.source import CllError
 from hipress.compll.ir.state import State
 from hipress.compll.ir.types import DType, torch_compute_dtype
+from hipress.compll.lower.finite import cast_bound
 
 
 class BackendError(CllError):
@@ -107,7 +108,9 @@ class ReferenceBackend:
         pack(p, state.n, values, out)
         for name, v in new_state.items():
             state.tensors[name].copy_(v.reshape(state.tensors[name].shape))
-        return not bool(torch.isfinite(env.arrays[p.encode.grad]).all())
+        g = env.arrays[p.encode.grad]
+        bound = cast_bound(p)  # (a cast of g to f16/bf16: its overflow is flagged too)
+        return not bool((torch.isfinite(g) if bound is None else g.abs() < bound).all())
 
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor, accumulate: bool) -> None:
         p = self.program

@@ -10,6 +10,12 @@ adds it there; failing that, a filter's or top-k's pass that computes maps defer
 (hipress/compll/lower/defer.py) from the gradient computes it too. Never a pass of its own: where the
 first pass is another stage (a sort, a segment reduction) the encode does not report it, and
 CaSync checks.
+
+A finite gradient can also become infinite in the encode: the casts to f16 and bf16 round
+values from 65520 (f16) or about 3.3962e38 (bf16) up to infinity, as PyTorch's fp16 hook does.
+Where the encode casts the gradient itself to such a type, the flag is ``!(|g[i]| < bound)``
+instead (:func:`cast_bound`): one compare that is true for NaN, Inf and every value the cast
+overflows, so such a chunk is flagged like a non-finite one.
 """
 
 from __future__ import annotations
@@ -18,11 +24,45 @@ from dataclasses import replace
 
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
-from hipress.compll.ir.types import BOOL, F32, I64
-from hipress.compll.ir.walk import lambda_exprs, walk
+from hipress.compll.ir.types import BF16, BOOL, F16, F32, I64
+from hipress.compll.ir.walk import lambda_exprs, op_lambdas, walk
 from hipress.compll.lower.kernel_plan import Item, KernelPlan, replace_loop
 
 NONFINITE = "__nonfinite"  # the reduction's name: true if any gradient element is NaN/Inf
+
+# the least magnitude a float32 rounds to infinity from (round to nearest even) in each type
+CAST_BOUNDS = {F16.name: 65520.0, BF16.name: 1.99609375 * 2.0**127}  # bf16: f32 bits 0x7f7f8000
+
+
+def cast_bound(prog: ir.Program) -> float | None:
+    """The least of :data:`CAST_BOUNDS` over the casts of a gradient element to f16/bf16 in
+    ``prog``'s encode (``f16(g[i])``), or None where it has none: from that magnitude up, a
+    finite gradient element is sent as infinity."""
+    grad = prog.encode.grad
+    bounds = [
+        CAST_BOUNDS[x.dtype.name]
+        for op in prog.encode.ops
+        for fn in op_lambdas(op)
+        for e in lambda_exprs(fn)
+        for x in walk(e)
+        if isinstance(x, ir.Cast) and x.dtype.name in CAST_BOUNDS
+        and isinstance(x.x, ir.Load) and x.x.array == grad
+    ]  # fmt: skip
+    return min(bounds) if bounds else None
+
+
+def _flag_fn(prog: ir.Program) -> ir.Lambda:
+    """``i => !isfinite(g[i])``, or ``i => !(abs(g[i]) < bound)`` where the encode casts the
+    gradient to a narrower float type (:func:`cast_bound`)."""
+    i = ir.Ref("__i", I64)
+    g = ir.Load(prog.encode.grad, i, F32)
+    bound = cast_bound(prog)
+    if bound is None:
+        ok: ir.Expr = ir.Unary(ops.ISFINITE.name, g, BOOL)
+    else:
+        a = ir.Unary(ops.ABS.name, g, F32)
+        ok = ir.Binary(ops.LT.name, a, ir.Const(bound, F32), BOOL)
+    return ir.Lambda((i,), (), ir.Unary(ops.NOT.name, ok, BOOL))
 
 
 def add_flag(plan: KernelPlan, prog: ir.Program, unfused: bool = False) -> KernelPlan:
@@ -45,11 +85,7 @@ def add_flag(plan: KernelPlan, prog: ir.Program, unfused: bool = False) -> Kerne
                 continue
             if not any(_reads(plan, it.op.fn, prog.encode.grad, set()) for it in lp.items):
                 continue  # (e.g. a scatter's zeroing: a read more would cost)
-            i = ir.Ref("__i", I64)
-            g = ir.Load(prog.encode.grad, i, F32)
-            fn = ir.Lambda(
-                (i,), (), ir.Unary(ops.NOT.name, ir.Unary(ops.ISFINITE.name, g, BOOL), BOOL)
-            )
+            fn = _flag_fn(prog)
             flag = Item("reduce", ir.Reduce(NONFINITE, ops.REDUCE_ANY.name, n, fn, BOOL))
             new = replace(lp, items=(*lp.items, flag))
             return replace(replace_loop(plan, lp, new), nonfinite=NONFINITE)
