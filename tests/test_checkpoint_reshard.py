@@ -116,12 +116,26 @@ def _leg(rank: int, world_size: int, src: str | None, dst: str, start: int) -> A
     every = state.gathered_state_dict()
     if rank == 0:
         torch.save(every, dst)
+    if src is None:  # the Accelerate helper's form: the main process's state, a file per rank
+        from hipress.integrations.accelerate import GatheredCheckpoint
+
+        Path(f"{dst}.acc").mkdir(exist_ok=True)
+        GatheredCheckpoint(state).save_hook(None, None, f"{dst}.acc")
+        if rank == 0:
+            torch.save(GatheredCheckpoint(state).state_dict(), f"{dst}.acc/main.pt")
     dist.barrier()
     assert all(bool(p.isfinite().all()) for p in ddp.parameters())
     if src is not None:  # (after training: a second state's hooks would join the optimizer's)
         other = register(DDP(_model()), "onebit", plan=_plan(world_size), log_every=0)
         with pytest.raises(CaSyncError, match=r"gathered\(\[sd_0, sd_1, ...\], \d\)"):
             other.load_state_dict(torch.load(src)["ranks"][0])  # one rank's: not resharded
+    if Path(f"{src}.acc").exists():  # the Accelerate helper's files reshard alike
+        from hipress.integrations.accelerate import GatheredCheckpoint
+
+        kept = GatheredCheckpoint(register(DDP(_model()), "onebit", plan=_plan(world_size)))
+        kept.load_hook(None, f"{src}.acc")
+        kept.load_state_dict(torch.load(f"{src}.acc/main.pt"))
+        assert _sums(kept.state.gathered_state_dict()) == before[1][0]
     return before
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import accelerate
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
@@ -98,25 +99,38 @@ class GatheredCheckpoint:
         self.state.load_state_dict(self._own(state_dict))
 
     def _own(self, sd: Mapping[str, Any]) -> Mapping[str, Any]:
-        """``sd``, or this rank's file where ``sd`` lacks this rank's entry."""
+        """``sd``, or this rank's file where ``sd`` lacks this rank's entry; at another world
+        size, ``sd`` with every rank's file filled in (``load_state_dict`` reshards it)."""
         rank, ranks = self.state.rank, sd.get("ranks") if is_gathered(sd) else None
+        if isinstance(ranks, list) and self._input_dir is not None and dist.is_initialized() \
+                and len(ranks) != dist.get_world_size():  # fmt: skip
+            filled = [e if e is not None else self._read(r, ranks) for r, e in enumerate(ranks)]
+            out = gathered(filled, len(ranks))
+            out["missing"] = [r for r, e in enumerate(filled) if e is None]
+            return out
         lacks = isinstance(ranks, list) and rank is not None and rank < len(ranks)
         if not lacks or ranks[rank] is not None or self._input_dir is None:  # type: ignore[index]
             return sd
-        path = self._file(self._input_dir)
+        own = self._read(rank, ranks)  # type: ignore[arg-type]
+        return sd if own is None else own
+
+    def _read(self, rank: int, ranks: list[Any]) -> Any:
+        """Rank ``rank``'s file in the load folder, or None if absent or of another step."""
+        assert self._input_dir is not None
+        path = Path(self._input_dir) / FILE.format(rank=rank)
         if not path.exists():
-            return sd  # (the main process saved alone: load_state_dict says what is missing)
+            return None  # (the main process saved alone: load_state_dict says what is missing)
         try:
             own = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise CaSyncError(f"rank {rank}: cannot read {path}: {exc}") from exc
-        steps = {e.get("step") for e in ranks if isinstance(e, Mapping)}  # type: ignore[union-attr]
+        steps = {e.get("step") for e in ranks if isinstance(e, Mapping)}
         if isinstance(own, Mapping) and steps and own.get("step") not in steps:
             logger.warning(
                 "hipress: %s holds step %s, the checkpoint step %s: left out, as from an "
                 "earlier save into the same folder", path, own.get("step"), sorted(steps),
             )  # fmt: skip
-            return sd
+            return None
         return own
 
 
