@@ -1,13 +1,14 @@
-"""hipress in the training frameworks people already use: PyTorch Lightning and Hugging Face
-Accelerate (Horovod has its own package, :mod:`hipress.horovod`).
+"""hipress in the training frameworks people already use: PyTorch Lightning, Hugging Face
+Accelerate and the Hugging Face ``Trainer`` (Horovod has its own package, :mod:`hipress.horovod`).
 
 Each integration is a module of its own that imports its framework when it is imported, so
-``import hipress`` never needs Lightning or Accelerate:
+``import hipress`` never needs Lightning, Accelerate or transformers:
 
     from hipress.integrations.lightning import HipressCallback   # pip install 'hipress[lightning]'
     from hipress.integrations import accelerate                  # pip install 'hipress[accelerate]'
+    from hipress.integrations import huggingface                 # pip install 'hipress[huggingface]'
 
-Both register :func:`~hipress.casync.casync_hook` on the framework's own
+Each registers :func:`~hipress.casync.casync_hook` on the framework's own
 ``DistributedDataParallel`` object and keep every rank's compression state in the framework's
 checkpoint (written by rank 0 only) through
 :meth:`~hipress.casync.CaSyncState.gathered_state_dict`. See docs/how-to/frameworks.md.

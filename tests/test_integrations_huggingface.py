@@ -1,0 +1,83 @@
+"""hipress.integrations.huggingface in real Hugging Face Trainer runs: a 2-layer GPT-2 from
+``transformers`` on 2 CPU processes (gloo), launched with torchrun. One launch of
+tests/integration_workers/huggingface_train.py trains the Trainer's DDP alone and with onebit,
+from the same weights and batches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from integration_launch import launch
+
+pytest.importorskip("transformers")
+
+import transformers
+
+from hipress.casync import CaSyncError
+from hipress.integrations import huggingface as hipress_hf
+
+WORKER = Path(__file__).parent / "integration_workers" / "huggingface_train.py"
+RANKS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("huggingface")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--standalone", str(WORKER), str(out)]  # fmt: skip
+    launch(cmd, out, "the Trainer runs", timeout=240)
+    return {p.stem: torch.load(p, weights_only=False) for p in out.glob("*.pt")}
+
+
+def _losses(run: dict[str, Any]) -> list[float]:
+    return [e["loss"] for e in run["history"] if "loss" in e]
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_the_callback_registers_on_the_trainers_ddp_model(runs: dict[str, Any], rank: int) -> None:
+    assert runs[f"plain-rank{rank}"]["hook"] == ""
+    onebit = runs[f"onebit-rank{rank}"]
+    assert onebit["hook"] == "casync_hook"
+    assert onebit["sent"] * 2 < onebit["uncompressed"]
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_the_trainers_logs_hold_the_metrics(runs: dict[str, Any], rank: int) -> None:
+    logs = [e for e in runs[f"onebit-rank{rank}"]["history"] if "loss" in e]
+    assert len(logs) == 5  # (10 steps, logging_steps=2)
+    assert [e["hipress/step"] for e in logs] == [1, 3, 5, 7, 9]
+    for e in logs:
+        assert 0 < e["hipress/bytes_ratio"] < 0.5
+        assert e["hipress/compressed_tensors"] >= 1 and e["hipress/encode_ms"] > 0
+    assert not any(k.startswith("hipress/") for e in runs[f"plain-rank{rank}"]["history"]
+                   for k in e)  # fmt: skip
+
+
+def test_the_loss_falls_as_without_compression(runs: dict[str, Any]) -> None:
+    plain, onebit = _losses(runs["plain-rank0"]), _losses(runs["onebit-rank0"])
+    assert onebit[-1] < onebit[0] - 0.3
+    assert abs(onebit[-1] - plain[-1]) < 0.02 * plain[-1]
+    assert onebit != plain  # (compressed: not the same numbers)
+
+
+def test_a_trainer_without_ddp_is_refused(tmp_path: Path) -> None:
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1, bos_token_id=0,
+        eos_token_id=0,
+    ))  # fmt: skip
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                          report_to="none")  # fmt: skip
+    trainer = transformers.Trainer(model=model, args=args)
+    callback = hipress_hf.register(trainer, "onebit")
+    assert trainer.callback_handler.callbacks[0] is callback
+    with pytest.raises(CaSyncError, match="wrapped in DistributedDataParallel, got a GPT2LMHead"):
+        callback.on_train_begin(args, trainer.state, trainer.control)
+
+
+def test_process_group_option_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CaSyncError, match="process_group"):
+        hipress_hf.HipressTrainerCallback(None, "onebit", process_group=object())  # type: ignore[arg-type]
