@@ -376,3 +376,26 @@ def on_device(rank: int, world: int, device: str, algorithm: Any, nan: bool) -> 
         out.append([p.detach().cpu().clone() for p in params])
     out.append({n: v.cpu() for n, v in d.owed().items()})
     return out
+
+
+def auto(rank: int, world: int, step_ms: float | None) -> dict[str, Any]:
+    """plan="auto" with a fixed profile, two fragments: which codec each parameter got, the
+    predicted utilisation, and the weights after a period (the same on every rank)."""
+    from hipress.secopa.model.profile import affine_profile
+
+    profile = affine_profile("onebit", encode=(0, 10, 10), decode=(0, 4, 4), merge=(0, 0, 0),
+                             bytes_per_element=1 / 8, header=8, bandwidth_bytes_per_s=16000,
+                             latency_s=1e-4)  # fmt: skip
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    d = DiLoCo(model, opt, 4, "onebit", fragments=[model[0], model[2]], plan="auto", profile=profile,
+               inner_step_ms=step_ms)  # fmt: skip
+    with d:
+        for s in range(4):
+            inner_step(model, opt, rank, s)
+    return {
+        "codecs": {n: a.name for n, a in d.algorithms.items()},
+        "compress": [c.compress for c in d.auto.plan.fragments],
+        "utilisation": d.auto.utilisation,
+        "anchors": [a.clone() for a in d.anchors],  # the global weights
+    }

@@ -27,12 +27,14 @@ from hipress.codec.algorithm import chunk_tensor_id, rank_seed
 from hipress.codec.logs import RANK_FILTER
 from hipress.core.compression import CompressionAlgorithm
 from hipress.diloco import checkpoint
+from hipress.diloco.auto import auto_plan
 from hipress.diloco.coder import OuterCoder, resolve_feedback
 from hipress.diloco.config import Choice, describe, digest, resolve_codecs
 from hipress.diloco.errors import ConfigMismatchError, DiLoCoError
 from hipress.diloco.fragments import Fragments, Schedule, split_fragments
 from hipress.diloco.stats import DiLoCoStats
 from hipress.diloco.sync import FragmentSync, Pending, guarded
+from hipress.secopa.model.profile import Profile
 
 __all__ = ["DiLoCo", "DiLoCoStats"]
 
@@ -65,6 +67,13 @@ class DiLoCo:
         seed: base seed of random codecs' streams.
         backend: CompLL backend for algorithm names (``"auto"``, ``"c"``, ``"cuda"``,
             ``"reference"``).
+        plan: ``"auto"``: SeCoPa decides per fragment whether ``algorithm`` compresses it or
+            it is sent uncompressed (:mod:`hipress.diloco.auto`; :attr:`auto` holds the choices
+            and the predicted utilisation at H); None: ``algorithm`` as given.
+        profile: the SeCoPa profile ``plan="auto"`` plans with (default: measured in the
+            group at construction).
+        inner_step_ms: compute per inner step for ``plan="auto"`` (default: timed over the
+            first H steps).
 
     Raises :class:`DiLoCoError` for bad arguments, :class:`ConfigMismatchError` on every rank
     when ranks are configured differently, and :class:`CommError` when a peer is gone. At
@@ -87,6 +96,9 @@ class DiLoCo:
         process_group: Any = None,
         seed: int = 0,
         backend: str = "auto",
+        plan: str | None = None,
+        profile: Profile | None = None,
+        inner_step_ms: float | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise DiLoCoError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -121,6 +133,10 @@ class DiLoCo:
         self.frags = split_fragments(self.named, fragments)
         self.schedule = Schedule.checked(sync_every, len(self.frags), fragment_sync_delay)
         self.alpha, self.seed = float(alpha), seed
+        self.auto = auto_plan(plan, self.named, self.frags, self.schedule, algorithm, params,
+                              self.group, profile, inner_step_ms, backend)  # fmt: skip
+        if self.auto is not None:
+            algorithm = self.auto.algorithms
         names = [n for n, _ in self.named]
         devices = [p.device for _, p in self.named]
         self.codecs = resolve_codecs(algorithm, params, names, devices, backend)
@@ -267,6 +283,8 @@ class DiLoCo:
     def _after_inner_step(self) -> None:
         self.stats.inner_steps += 1
         t = self.stats.inner_steps
+        if self.auto is not None:
+            self.auto.inner_step(t)
         for k in self.schedule.starts(t):
             self._start(k, t)
         for k in self.schedule.applies(t):
