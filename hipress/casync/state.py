@@ -28,6 +28,7 @@ from hipress.casync.probe import StateProbe
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.stats import SyncStats
 from hipress.casync.trace import Tracer
+from hipress.casync.verdict import PlanCheck, review
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError, CommError
 from hipress.codec.logs import RANK_FILTER
@@ -72,7 +73,6 @@ class CaSyncState(SyncMetrics):
             must agree on; only for an algorithm given by name, and only parameters that leave
             its state layout as it is. The plan keeps its decisions. A restored
             :meth:`state_dict` resumes with the parameters of its step.
-        selection: which tensors stay plain (:class:`~hipress.core.rule.Selection`).
 
     Fields:
         algorithm, seed: as resolved at construction.
@@ -84,13 +84,15 @@ class CaSyncState(SyncMetrics):
         comm_error: the :class:`CommError` a collective of this state raised, else None.
 
     Everything after ``algorithm`` is keyword-only, and checked here: a bad option, algorithm or
-    plan file raises before training starts. The state binds to its process group at
-    construction if ``torch.distributed`` is initialised, else at its first use (so it can be
-    made before ``init_process_group``, e.g. for Lightning's ``DDPStrategy(ddp_comm_state=...)``;
-    a plan that does not fit the world size raises then). With ``plan="auto"``, SeCoPa plans at
-    the first step (every rank takes part), unless :meth:`load_state_dict` brought a checkpoint's
-    plan first. The state pickles without its process group, parameter binding, buffers and
-    in-flight work; after unpickling, :meth:`bind` it to the model and register it again.
+    plan file raises before training starts. ``selection``: which tensors stay plain
+    (:class:`~hipress.core.rule.Selection`); ``fallback``: run the plain plan where compression
+    loses (:mod:`~hipress.casync.verdict`; None: for ``plan="auto"`` only). The state binds to
+    its process group at construction if ``torch.distributed`` is initialised, else at its
+    first use (so it can be made before ``init_process_group``, e.g. for Lightning's
+    ``DDPStrategy(ddp_comm_state=...)``; a plan that does not fit the world size raises then).
+    With ``plan="auto"``, SeCoPa plans at the first step (every rank takes part), unless
+    :meth:`load_state_dict` brought a checkpoint's plan first. The state pickles without its
+    process group, parameter binding, buffers and in-flight work; after unpickling, :meth:`bind` it to the model and register it again.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class CaSyncState(SyncMetrics):
         params_schedule: Sequence[tuple[int, Mapping[str, Any]]] = (),
         device: torch.device | str | None = None,
         selection: Selection | None = None,
+        fallback: bool | None = None,
     ) -> None:
         check_options(params, seed, rule, check_finite, log_every, warmup_steps, plan)
         named = list(named_parameters)
@@ -127,6 +130,7 @@ class CaSyncState(SyncMetrics):
         schedule = check_schedule(params_schedule, name, params, self.algorithm)
         build_kernels(self.algorithm, self._devices.values())
         self._plan_arg = check_plan_arg(plan, self.algorithm)
+        self._check = PlanCheck.of(self._plan_arg, fallback, warmup_steps)
         self._rule = rule
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
@@ -149,9 +153,8 @@ class CaSyncState(SyncMetrics):
 
     @property
     def plan(self) -> Plan:
-        """The plan this state runs. With ``plan="auto"``, reading it before the first step
-        (and before a :meth:`load_state_dict` that brings one) makes it now: every rank must
-        then read it."""
+        """The plan this state runs. With ``plan="auto"``, reading it before the first step (or
+        a :meth:`load_state_dict` that brings one) makes it now: every rank must read it."""
         return self._runtime().plan
 
     @plan.setter
@@ -169,8 +172,7 @@ class CaSyncState(SyncMetrics):
         return self._runtime().server_states
 
     def _attach(self) -> None:
-        """Bind to the process group: rank, world size and, unless it is ``"auto"`` (made at
-        the first step), the plan with its runtime. Idempotent."""
+        """Bind to the process group: rank, world size, and the plan unless ``"auto"``."""
         if self.rank is not None:
             return
         if not dist.is_initialized():
@@ -184,8 +186,7 @@ class CaSyncState(SyncMetrics):
             self._adopt(self._plan_arg)
 
     def _runtime(self) -> Runtime:
-        """The runtime, bound and planned first where that is still to do (SeCoPa's plan for
-        ``"auto"``: a collective over the group)."""
+        """The runtime, bound and planned first where still to do (``"auto"``: a collective)."""
         self._attach()
         return self._rt if self._rt is not None else self._adopt("auto")
 
@@ -240,8 +241,8 @@ class CaSyncState(SyncMetrics):
             ) from None
 
     def config_digest(self) -> dict[str, str]:
-        """What every rank must agree on: algorithm, plan and options, as hex digests (with a
-        ``params_schedule``, of the first parameters: the schedule is among the options)."""
+        """What every rank must agree on (algorithm, plan, options) as hex digests; with a
+        schedule, the first parameters' (the schedule is among the options)."""
         return dict(self._runtime().config)
 
     def _after_step(self, step: int) -> None:
@@ -260,8 +261,6 @@ class CaSyncState(SyncMetrics):
         self._rt.switch(alg)  # payload sizes may differ: new layouts and buffers
         logger.info("casync: step %d: %s parameters now %s", step, name, dict(alg.params))
 
-    # ---- synchronisation --------------------------------------------------------------------
-
     def submit(
         self, buffer: torch.Tensor, names: Sequence[str], last: bool
     ) -> torch.futures.Future[torch.Tensor]:
@@ -275,6 +274,8 @@ class CaSyncState(SyncMetrics):
         """
         with self._lock:
             rt = self._runtime()  # (binds and plans at the first call, where still to do)
+            if not rt.engine.open and self._check.due(rt.engine.step, rt.plan):
+                rt = review(self, rt, buffer.device)  # (the plain plan, where compression loses)
             rt.engine.open_step()
             try:
                 if not rt.agreed:  # (the first step: every rank runs the same configuration)
@@ -302,8 +303,7 @@ class CaSyncState(SyncMetrics):
         return self.stats.tracer
 
     def close(self) -> None:
-        """End the state's ring thread (also done when the state is collected). A closed
-        state cannot run ring rounds any more."""
+        """End the state's ring thread (also done when it is collected): no ring rounds after."""
         if self._rt is not None:
             self._rt.ctx.ring.close()
 
