@@ -34,6 +34,12 @@ def _algorithms() -> list[str]:
     return algorithms()
 
 
+def _e2e_algorithms() -> list[str]:  # bench e2e also runs multi-round ones (powersgd)
+    from hipress.compll.rounds import rounds_algorithms
+
+    return [*_algorithms(), *rounds_algorithms()]
+
+
 def _workloads() -> list[str]:
     from hipress.bench.workloads import WORKLOADS
 
@@ -252,7 +258,8 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
         },
         ("bench", "e2e"): {
             **_COMMON, "workers": WORKERS, "rates": RATES,
-            "models": Names(_workloads, "model"), "algorithms": ALGORITHMS, "plan": Call(_plan),
+            "models": Names(_workloads, "model"), "plan": Call(_plan),
+            "algorithms": Names(_e2e_algorithms, "algorithm"),
             "steps": STEPS, "warmup": Call(_e2e_warmup), "repeats": Int(1, 100),
             "powersgd_rank": Int(1, 1024), "local_steps": Call(_local_steps),
         },
