@@ -1,11 +1,12 @@
-"""Train a small MLP with Horovod, gradients compressed by hipress (TernGrad, 2 bits).
+"""Train a small MLP with Horovod, gradients compressed by hipress (onebit, with error feedback).
 
 Launch (2 processes on this machine, CPU, Gloo)::
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/horovod_train.py
 
 Options: ``--algorithm none`` (no compression: exactly ``hvd.DistributedOptimizer``),
-``--algorithm onebit``, ``--bitwidth 4``, ``--steps 300``, ``--backward-passes 2``,
+``--algorithm terngrad --bitwidth 4`` (any CompLL algorithm; ``--bitwidth`` is TernGrad's),
+``--steps 300``, ``--backward-passes 2``,
 ``--plan plan.json`` (a SeCoPa plan). Rank 0 prints the loss; each rank saves its compression
 state (error feedback) to ``--checkpoint-dir`` at the end.
 """
@@ -20,11 +21,12 @@ import torch
 
 import hipress.horovod
 from hipress.casync import DefaultRule
+from hipress.codec.planning import DEFAULT_ALGORITHM
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--algorithm", default="terngrad")
+    ap.add_argument("--algorithm", default=DEFAULT_ALGORITHM)
     ap.add_argument("--bitwidth", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=0.02)
