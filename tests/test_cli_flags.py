@@ -77,7 +77,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
         },
         ("bench", "convergence"): {
             "--workers": ["1", many], "--algorithms": ["abc", "onebit:fp32", "all,abc"],
-            "--epochs": ["0"], "--task": ["x"], "--seeds": ["0"], "--train-tokens": ["0"],
+            "--epochs": ["0"], "--task": ["x"], "--seeds": ["0"], "--train-tokens": ["0", "100"],
             "--train-samples": ["-1"], "--batch": ["0"], "--lr": ["0", "nan", "-1"],
             "--lr-schedule": ["x"], "--plan": plan_bad, "--threads": ["0"],
             "--warmup-steps": ["-1"], "--warmup-epochs": ["-1", "inf"],
