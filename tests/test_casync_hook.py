@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hipress.casync import CaSyncError, CaSyncState, ConfigMismatchError, register
 from hipress.casync.reference import ReferenceSync
+from hipress.codec.integrity import seal
 from hipress.compll import load
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 
@@ -311,7 +312,7 @@ def _pickle_and_validate(rank: int, world_size: int) -> None:
     sd = state.state_dict()
     sd["rank"] = 1 - rank
     with pytest.raises(CaSyncError, match="load each rank's own"):
-        state.load_state_dict(sd)
+        state.load_state_dict(seal(sd))  # (sealed again: the digest would refuse it first)
     # a damaged checkpoint is refused whole, naming the rank and the entry; nothing changes
     before = {k: s.state_dict() for k, s in state.worker_states.items()}
     sd = state.state_dict()
@@ -319,12 +320,12 @@ def _pickle_and_validate(rank: int, world_size: int) -> None:
     sd["worker"][first]["step"] = 7
     sd["worker"][last]["tensors"] = {"e": torch.zeros(3)}  # terngrad keeps no tensors
     with pytest.raises(CaSyncError, match=rf"rank {rank}: state `{last}`: state entries do not"):
-        state.load_state_dict(sd)
+        state.load_state_dict(seal(sd))
     assert state.worker_states[first].step == before[first]["step"] == 1
     with pytest.raises(CaSyncError, match="`step` must be an integer >= 0, got -2"):
-        state.load_state_dict({**state.state_dict(), "step": -2})
+        state.load_state_dict(seal({**state.state_dict(), "step": -2}))
     with pytest.raises(CaSyncError, match=f"rank {rank}: damaged CaSync state dict: no worker"):
-        state.load_state_dict({k: v for k, v in state.state_dict().items() if k != "worker"})
+        state.load_state_dict(seal({k: v for k, v in state.state_dict().items() if k != "worker"}))
     # options say what they take
     for kwargs, msg in [
         ({"seed": -1}, "seed must be an integer >= 0, got -1"),

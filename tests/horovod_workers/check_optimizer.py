@@ -23,6 +23,7 @@ import torch
 
 import hipress.horovod
 from hipress.casync.reference import ReferenceSync
+from hipress.codec.integrity import seal
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.horovod.comm import HorovodComm
 from hipress.secopa.measure.netprofiler import measure_network, measure_overlap, network_meta
@@ -400,6 +401,7 @@ def check_state_dict_roundtrip() -> None:
     keys = sorted(damaged["worker"])
     damaged["worker"][keys[0]]["step"] = 99
     damaged["worker"][keys[-1]]["tensors"] = {}
+    seal(damaged)  # (sealed again: the digest would refuse it before naming the entry)
     try:
         opt.load_compression_state_dict(damaged)
     except hipress.horovod.HorovodSyncError as exc:
