@@ -18,7 +18,7 @@ from typing import Any
 from hipress.cli.args import RESULTS, parse_rate_mbit
 from hipress.cli.demo_chart import write_chart
 from hipress.cli.options import add_alias
-from hipress.demo.config import DemoConfig, DemoError, DemoResult, default_runs
+from hipress.demo.config import DemoConfig, DemoError, DemoResult, RunResult, default_runs
 from hipress.demo.models import MODELS, defaults, model_config
 from hipress.demo.wordlm import ModelConfig
 
@@ -26,6 +26,24 @@ __all__ = ["add_parser", "cmd_demo", "format_summary", "write_chart"]
 
 DEFAULT_ALGORITHM = "topk"
 DEFAULT_STEPS = 300
+
+
+def _predicted_vs_measured(run: RunResult, speed: float, base: str) -> list[str]:
+    """The plan's predicted speed-up of the sync next to the measured one of the whole step,
+    and a warning where compression lost."""
+    out = []
+    if run.predicted_speedup:
+        out.append(f"{run.spec.name}: the plan predicted its sync {run.predicted_speedup:.2f}x "
+                   f"faster than uncompressed; measured, the whole step ran at {speed:.2f}x "
+                   f"{base}'s throughput")  # fmt: skip
+    if run.fell_back:
+        out.append(f"{run.spec.name}: CaSync measured compression losing a few steps in and "
+                   "fell back to the plain plan (all-reduce) on every worker")  # fmt: skip
+    elif 0 < speed < 1:
+        out.append(f"warning: {run.spec.name} ran slower than {base} here: compression costs "
+                   "more than it saves on this network (on loopback, bytes are nearly free); "
+                   "plan for the real network (hipress plan --bandwidth) or train plain")  # fmt: skip
+    return out
 
 
 def _mib(nbytes: float) -> str:
@@ -79,6 +97,7 @@ def format_summary(result: DemoResult) -> str:
             f"{100 * base.final.accuracy:.1f}% validation accuracy, at {speed:.2f}x its "
             "throughput"
         )
+        out.extend(_predicted_vs_measured(last, speed, base.spec.name))
     if any(r.breakdown for r in result.runs):
         cols = ("step", "compute", "encode", "decode", "wait", "python", "other")
         out.append("")

@@ -176,6 +176,10 @@ class RunResult:
         traces: the timeline files of the run (one per rank), if kept.
         breakdown: where a traced step's time went, ms per step, mean over the ranks
             (:func:`hipress.timeline.breakdown`), or {}.
+        predicted_speedup: the plan's predicted sync time uncompressed over its own (0 where
+            the plan has no prediction, e.g. the default rule).
+        fell_back: whether CaSync's check found compression losing and ran the plain plan
+            (:mod:`hipress.casync.verdict`).
     """
 
     spec: RunSpec
@@ -196,6 +200,8 @@ class RunResult:
     sync: dict[str, float]
     traces: list[str] = field(default_factory=list)
     breakdown: dict[str, float] = field(default_factory=dict)
+    predicted_speedup: float = 0.0
+    fell_back: bool = False
 
     @property
     def final(self) -> EvalPoint:

@@ -195,6 +195,7 @@ def _train_run(
     t_start, cpu_start = time.perf_counter(), time.process_time()
     model, ddp, state = _setup(cfg, spec, show)
     plan, ncomp = _plan_summary(state)
+    totals = dict(state.plan.totals) if state is not None else {}
     _status(show and state is not None, f"[{spec.name}] plan: {plan}")
     params = [p for p in model.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -243,6 +244,10 @@ def _train_run(
         "evals": tally.evals,
         "sync": tally.sync(),
         "parameters": sum(p.numel() for p in params),
+        "predicted": totals.get("all_uncompressed", 0.0) / totals["planned"]
+        if totals.get("planned")
+        else 0.0,
+        "fell_back": state is not None and "fallback" in state.plan.meta,
     }
 
 
@@ -278,6 +283,8 @@ def _merge(spec: RunSpec, rows: Sequence[dict[str, Any]], cfg: DemoConfig) -> Ru
         sync={k: sum(r["sync"][k] for r in rows) / world for k in r0["sync"]},
         traces=traces,
         breakdown=breakdown(load_traces(traces))["mean"] if traces else {},
+        predicted_speedup=r0["predicted"],
+        fell_back=any(r["fell_back"] for r in rows),
     )
 
 
