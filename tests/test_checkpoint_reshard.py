@@ -103,7 +103,8 @@ def _elementwise(every: dict[str, Any], key: str) -> torch.Tensor:
 def _leg(rank: int, world_size: int, src: str | None, dst: str, start: int) -> Any:
     ddp = DDP(_model(), bucket_cap_mb=0.02)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    state = register(ddp, "onebit", plan=_plan(world_size), log_every=0)
+    # resumed: plan="auto" takes the saved plan, laid out for this world size
+    state = register(ddp, "onebit", plan="auto" if src else _plan(world_size), log_every=0)
     before = None
     if src is not None:
         saved = torch.load(src)
@@ -112,6 +113,7 @@ def _leg(rank: int, world_size: int, src: str | None, dst: str, start: int) -> A
         after = state.gathered_state_dict()
         before = (before, (_sums(after), _elementwise(after, "2.weight#0/1")))
         assert state.state_dict()["step"] == start
+        assert state.plan.entries == _plan(world_size).entries
     _train(ddp, opt, rank, range(start, start + 2))
     every = state.gathered_state_dict()
     if rank == 0:
