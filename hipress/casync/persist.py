@@ -1,6 +1,7 @@
 """Checkpoints of a CaSync :class:`~hipress.casync.runtime.Runtime`: this rank's state dict
-(with the plan it was trained with), finding this rank's entry in a gathered one, and restoring
-either, all or nothing.
+(with the plan it was trained with, sealed with a digest), finding this rank's entry in a
+gathered one (resharded from another world size: :mod:`hipress.casync.reshard`), restoring
+either, all or nothing, and reading a checkpoint file with a typed error (:func:`read`).
 
 The state dict formats are in :mod:`hipress.codec.checkpoint`;
 :class:`~hipress.casync.state.CaSyncState`'s ``state_dict``, ``gathered_state_dict`` and
@@ -112,8 +113,11 @@ def plan_of(sd: Mapping[str, Any]) -> Plan:
 def own(sd: Any, rank: int, world_size: int) -> tuple[Any, int, bool]:
     """This rank's state dict in ``sd`` (its entry, if gathered), the step it holds, and
     whether this rank is among a gathered ``sd``'s ``missing`` ranks: then another rank's
-    entry stands in, for its plan, step and configuration only. Raises :class:`CaSyncError`
-    for another world size or a step that is not an integer >= 0."""
+    entry stands in, for its plan, step and configuration only. A complete gathered ``sd`` of
+    another world size gives an entry that :func:`load` reshards. Every entry's digest is
+    checked (:mod:`hipress.codec.integrity`). Raises :class:`CaSyncError` for a damaged or
+    foreign entry, one rank's state dict of another rank or world size, or a step that is not
+    an integer >= 0."""
     stand_in = False
     if is_gathered(sd) and sd.get("world_size") != world_size and _complete(sd):
         return _reshard_entry(sd, rank, world_size)
