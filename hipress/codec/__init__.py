@@ -6,6 +6,10 @@
   random streams.
 - :mod:`~hipress.codec.flags` -- non-finite flags, on the host or on the device.
 - :mod:`~hipress.codec.checkpoint` -- the per-rank and gathered state-dict formats.
+- :mod:`~hipress.codec.integrity` -- a checkpoint's digest, and the check that its states are
+  finite.
+- :mod:`~hipress.codec.residual` -- each algorithm's not-yet-sent mass, read out of a state and
+  written into another (resharding).
 - :mod:`~hipress.codec.errors` -- the exceptions, and the base every integration's derive from.
 - :mod:`~hipress.codec.planning` -- which plan runs: given, from a file, ``"auto"`` or the
   default rule (:class:`~hipress.core.rule.DefaultRule`).
