@@ -49,7 +49,8 @@ def stop_on_signals() -> Iterator[None]:
         yield
     finally:
         for s, handler in old.items():
-            signal.signal(s, handler)
+            # None: a handler not set from Python, which cannot be put back; the default then
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def stopped_message(command: str, exc: KeyboardInterrupt) -> tuple[str, int]:

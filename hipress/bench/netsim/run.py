@@ -42,7 +42,8 @@ def deferred_signals() -> Iterator[None]:
         yield
     finally:
         for s, handler in old.items():
-            signal.signal(s, handler)
+            # None: a handler not set from Python, which cannot be put back; the default then
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
         if got:
             signal.raise_signal(got[0])
 
