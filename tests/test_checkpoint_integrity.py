@@ -68,14 +68,14 @@ def _state(algorithm: str, train: bool = False, **params: Any) -> Any:
 
 def _checks(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    topk = _state("topk", train=True, ratio=0.1).state_dict()
+    topk = _state("topk", train=True, ratio=0.01).state_dict()  # (the default ratio)
     onebit = _state("onebit")
     with pytest.raises(CaSyncError) as info:
         onebit.load_state_dict(topk)
     out["algorithm"] = str(info.value)
-    _state("topk", ratio=0.1).load_state_dict(topk)  # (what the message says to do)
+    _state("topk", ratio=0.01).load_state_dict(topk)  # (what the message says to do)
     with pytest.raises(CaSyncError) as info:
-        _state("topk", ratio=0.2).load_state_dict(topk)
+        _state("topk", ratio=0.1).load_state_dict(topk)
     out["params"] = str(info.value)
     # non-finite: refused, the state untouched; exempt where the lost flag drops it
     sd = onebit.state_dict()
@@ -102,9 +102,9 @@ def _checks(rank: int, world_size: int) -> dict[str, Any]:
 def test_algorithm_non_finite_and_unsealed_checkpoints() -> None:
     got = run_workers(_checks, 1)[0]
     msg = got["algorithm"]
-    assert "saved with another algorithm: topk {'ratio': 0.1}, this state runs onebit" in msg
-    assert "register with algorithm='topk', params={'ratio': 0.1}" in msg
-    assert "other parameters (ratio): topk {'ratio': 0.1}, this state runs topk" in got["params"]
+    assert "saved with another algorithm: topk {'ratio': 0.01}, this state runs onebit" in msg
+    assert "register with algorithm='topk', params={'ratio': 0.01}" in msg
+    assert "other parameters (ratio): topk {'ratio': 0.01}, this state runs topk {'ratio': 0.1}" in got["params"]
     assert "state `2.weight#0/1` entry `comp` holds 1 non-finite value(s)" in got["nan"]
     assert got["untouched"]
     assert any("loaded unverified" in r for r in got["old"])
