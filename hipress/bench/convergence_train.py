@@ -41,6 +41,8 @@ from hipress.bench.convergence_options import (
     own_momentum,
 )
 from hipress.bench.convergence_tasks import RUNNERS
+from hipress.bench.powersgd_rows import NAMES as POWERSGD_ROWS
+from hipress.bench.powersgd_rows import wrap as wrap_powersgd
 
 if TYPE_CHECKING:
     from hipress.bench.convergence_fsdp import FsdpRun
@@ -166,6 +168,8 @@ def _sync(
         if warmup > 0:
             sharded.pause()
         return _Sync(model, eval_model, sharded=sharded)
+    if algorithm in POWERSGD_ROWS:  # hipress's multi-round PowerSGD, or PyTorch's hook
+        return _Sync(wrap_powersgd(model, algorithm, warmup), model)
     ddp = DDP(model)
     if algorithm is None:
         return _Sync(ddp, model)
@@ -186,7 +190,7 @@ def _momentum(
     """The optimizer-side momentum, the compressed parameters whose momentum the algorithm
     takes over when compression starts (name -> parameter), and whether the algorithm keeps
     a momentum of its own."""
-    own = algorithm is not None and own_momentum(algorithm.partition(":")[0])
+    own = algorithm not in (None, *POWERSGD_ROWS) and own_momentum(algorithm.partition(":")[0])
     handed: dict[str, nn.Parameter] = {}
     if own and state is not None:
         named = dict(model.named_parameters())

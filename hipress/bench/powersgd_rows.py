@@ -1,0 +1,38 @@
+"""PowerSGD rows of the convergence benchmark: hipress's (``powersgd``, the multi-round CompLL
+algorithm through :mod:`hipress.casync.rounds_hook`, DDP's default buckets) and PyTorch's own
+(``powersgd-hook``: ``powerSGD_hook`` with ``PowerSGDState``, one bucket, which gloo needs),
+both at :data:`RANK` with warm start and error feedback, compressing from the same step."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+__all__ = ["NAMES", "RANK", "wrap"]
+
+NAMES = ("powersgd", "powersgd-hook")
+RANK = 4
+# powerSGD_hook on gloo: one bucket (its rounds are not ordered across buckets)
+ONE_BUCKET_MB = 4096
+
+
+def wrap(model: nn.Module, name: str, start: int) -> DDP:
+    """``model`` in DDP synchronised by the PowerSGD row ``name``, compressing from step
+    ``start`` (at least 2, PyTorch's own lower bound with error feedback)."""
+    start = max(2, start)
+    if name == "powersgd":
+        from hipress.casync.rounds_hook import register_rounds
+
+        ddp = DDP(model)
+        register_rounds(ddp, "powersgd", params={"rank": RANK}, start_iter=start)
+        return ddp
+    if name != "powersgd-hook":
+        raise ValueError(f"unknown PowerSGD row {name!r}; rows: {', '.join(NAMES)}")
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    ddp = DDP(model, bucket_cap_mb=ONE_BUCKET_MB)
+    state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=RANK,
+                               start_powerSGD_iter=start, use_error_feedback=True,
+                               warm_start=True)  # fmt: skip
+    ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    return ddp
