@@ -214,6 +214,24 @@ def _local_steps(flag: str, value: Any, args: argparse.Namespace) -> None:
             raise UsageError(flag, v, problem, VARIANT_FORMS) from None
 
 
+def _one_step(flag: str, value: Any, args: argparse.Namespace) -> None:
+    """``bench convergence``'s epoch holds at least one step of every worker's batch."""
+    from hipress.bench.convergence_options import TASKS
+
+    Int(1, 10**9).check(flag, value, args)
+    spec = TASKS[args.task]
+    lm = spec.window > 0
+    if lm != (flag == "--train-tokens"):
+        return  # the other task's option
+    per_step = args.workers * (args.batch or spec.batch)
+    have = (value - 1) // spec.window if lm else value
+    if have < per_step:
+        need = per_step * spec.window + 1 if lm else per_step
+        raise UsageError(flag, value, f"is less than one step of {args.workers} workers x "
+                         f"{args.batch or spec.batch} {'windows' if lm else 'samples'}",
+                         f"at least {need} for --task {args.task}")  # fmt: skip
+
+
 def _e2e_warmup(flag: str, value: Any, args: argparse.Namespace) -> None:
     Int(3, 10_000).check(flag, value, args)  # PowerSGD's baseline starts at step 2
 
@@ -269,8 +287,8 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
         ("bench", "convergence"): {
             **_COMMON, "workers": WORKERS, "plan": Call(_plan),
             "algorithms": Call(_convergence_algorithms), "epochs": Int(1, 10_000),
-            "seeds": Int(1, 100), "train_tokens": Int(10_000, 10**9),
-            "train_samples": Int(256, 10**8), "batch": Int(1, 65_536, none=True),
+            "seeds": Int(1, 100), "train_tokens": Call(_one_step),
+            "train_samples": Call(_one_step), "batch": Int(1, 65_536, none=True),
             "lr": Num(0.0, 1e3, open_lo=True, none=True), "warmup_steps": Int(0, 10**7),
             "warmup_epochs": Num(0.0, 1e4), "density_warmup_epochs": Int(0, 10_000),
             "clip": Num(0.0, 1e9, none=True),
