@@ -11,7 +11,7 @@ at build time. A file is used only after its bytes are read and match its record
 entry (garbage, empty, truncated, a directory or a symbolic link in its place, another entry's
 file copied under this key) is never loaded: it is rebuilt, with one warning. The record is what
 is trusted, so it only guards against accidents: whoever can write the cache directory can write
-a matching record too. That is why directories are created 0700 and files 0600 (0700 for
+a matching record too (a library also carries its key, checked once loaded: ``libload``). That is why directories are created 0700 and files 0600 (0700 for
 libraries) whatever the umask, and why a cache directory or file that belongs to another user, or
 that group or others may write, is refused with a :class:`CacheError` (as ssh and pip refuse
 them). The directories above the cache directory are not checked. Between the check and the
@@ -190,6 +190,15 @@ class KernelCache:
         Raises :class:`CacheError` if the cache directory or the file is not safe to use.
         """
         return self._entry(key, suffix, build, count=True)[0]
+
+    def rebuild(self, key: str, suffix: str, build: Callable[[Path], None]) -> Path:
+        """Build the entry of ``key`` again, whatever is there (see
+        :mod:`hipress.compll.backends.libload`: a library that is not its key's kernel)."""
+        dst = self.path(key, suffix)
+        self._prepare(dst.parent)
+        with self._locked(dst):
+            self._build(dst, build, True)
+        return dst
 
     def data(self, key: str, suffix: str, make: Callable[[], bytes], count: bool = True) -> bytes:
         """The bytes stored under ``key`` (checked like :meth:`get_or_build`), else ``make()``,

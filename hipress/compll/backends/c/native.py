@@ -15,13 +15,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from hipress.compll.backends.c.render import render_c
 from hipress.compll.backends.cache import KernelCache, Toolchain, compile_c, kernel_key
+from hipress.compll.backends.libload import key_definition, load_checked
 from hipress.compll.backends.render import ABI_VERSION, generator_digest
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.source import CllError
@@ -76,18 +77,38 @@ class _DecSumArgs(ctypes.Structure):
     ]
 
 
-def build(prog: ir.Program, cache: KernelCache, toolchain: Toolchain) -> tuple[Path, str]:
-    """Compiled library of ``prog`` (from the cache, or built now) and its source text. The
-    library's bytes have just been checked against its digest record (see
-    :mod:`hipress.compll.backends.cache`): load it now."""
+def _parts(
+    prog: ir.Program, cache: KernelCache, toolchain: Toolchain
+) -> tuple[str, str, Callable[[Path], None]]:
+    """The cache key of ``prog``'s library, its source text and how to compile it (the
+    source with the key's symbol appended: :mod:`hipress.compll.backends.libload`)."""
     key = kernel_key(prog.digest(), TARGET, toolchain.identity(), generator_digest(TARGET))
     source = cache.text(key, ".c", lambda: render_c(prog))
 
     def compile_lib(tmp: Path) -> None:
         log.info("compiling %s kernel %s", prog.name, key[:12])
-        compile_c(source, tmp, toolchain, prog.name)
+        compile_c(source + key_definition(key), tmp, toolchain, prog.name)
 
+    return key, source, compile_lib
+
+
+def build(prog: ir.Program, cache: KernelCache, toolchain: Toolchain) -> tuple[Path, str]:
+    """Compiled library of ``prog`` (from the cache, or built now) and its source text. The
+    library's bytes have just been checked against its digest record (see
+    :mod:`hipress.compll.backends.cache`); :class:`NativeBackend` also checks, once loaded,
+    that it is the kernel of its key."""
+    key, source, compile_lib = _parts(prog, cache, toolchain)
     return cache.get_or_build(key, ".so", compile_lib), source
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as exc:  # e.g. a cache directory on a filesystem mounted noexec
+        raise NativeError(
+            f"cannot load the kernel library {path}: {exc}; set HIPRESS_CACHE_DIR to "
+            "a directory on a filesystem that allows executable mappings"
+        ) from None
 
 
 class NativeBackend:
@@ -107,14 +128,8 @@ class NativeBackend:
         self.program = program
         self._lock = threading.Lock()
         self.cache = cache or KernelCache.from_env()
-        self.path, self.source = build(program, self.cache, tc)
-        try:
-            lib = ctypes.CDLL(str(self.path))
-        except OSError as exc:  # e.g. a cache directory on a filesystem mounted noexec
-            raise NativeError(
-                f"cannot load the kernel library {self.path}: {exc}; set HIPRESS_CACHE_DIR to "
-                "a directory on a filesystem that allows executable mappings"
-            ) from None
+        key, self.source, compile_lib = _parts(program, self.cache, tc)
+        self.path, lib = load_checked(self.cache, key, ".so", compile_lib, _open)
         lib.hp_abi_version.restype = ctypes.c_int64
         if lib.hp_abi_version() != ABI_VERSION:  # pragma: no cover - stale file under our key
             raise NativeError(f"kernel library {self.path} has a different ABI; delete it")

@@ -38,6 +38,7 @@ import torch
 
 from hipress.compll.backends.cache import CompileError, KernelCache, find_compiler
 from hipress.compll.backends.cuda.abi import NT, CudaSource, Field
+from hipress.compll.backends.libload import KEY_SYMBOL, key_definition, load_checked
 from hipress.compll.backends.text import explain
 from hipress.compll.ir.source import CllError
 
@@ -145,12 +146,18 @@ class EmulatedRuntime:
             self.toolchain.cxx,
             self.toolchain.version,
             " ".join(self.flags),
+            KEY_SYMBOL,  # (libraries that carry their key: not those built before)
         ):
             h.update(part.encode())
             h.update(b"\0")
         key = h.hexdigest()
-        lib = self.cache.get_or_build(key, ".emu.so", lambda out: self._compile(text, header, out))
-        return _Module(ctypes.CDLL(str(lib)), list(src.kernels))
+        body = text + key_definition(key, cxx=True)  # checked once loaded (libload)
+
+        def build(out: Path) -> None:
+            self._compile(body, header, out)
+
+        lib = load_checked(self.cache, key, ".emu.so", build, lambda p: ctypes.CDLL(str(p)))[1]
+        return _Module(lib, list(src.kernels))
 
     def _compile(self, text: str, header: str, out: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="hipress-emu-") as d:
