@@ -135,3 +135,20 @@ def test_relative_variance_separates_unbiased_randomk_from_the_rest() -> None:
         assert relative_variance(load(name, backend="reference")) < 1.0, name
     # without its clip, terngrad's error follows the largest element
     assert relative_variance(load("terngrad", backend="reference", clip=0.0)) >= VARIANCE_MAX
+
+
+def test_two_watches_in_one_process_check_at_the_first_step() -> None:
+    from hipress.casync.optimizers import watch_optimizers
+
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
+    topk = load("topk", backend="reference")
+    watch_optimizers(topk, [a])
+    watch_optimizers(load("dgc", backend="reference"), [b])
+    opt_a = torch.optim.SGD([a], lr=0.1)
+    a.grad = torch.ones(4)
+    opt_a.step()  # both hooks run; the first one finishes while torch iterates them
+    opt_a.step()
+    opt_b = torch.optim.SGD([b], lr=0.1, momentum=0.9)
+    b.grad = torch.ones(4)
+    with pytest.raises(CaSyncError):
+        opt_b.step()

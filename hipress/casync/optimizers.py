@@ -193,21 +193,36 @@ def check_optimizer(alg: CompressionAlgorithm, optimizer: torch.optim.Optimizer)
         )
 
 
+# Handles of watches that have done their check. torch iterates its global pre-hooks while
+# calling them, so a hook cannot remove itself (a second watch in the same process would see
+# "OrderedDict mutated during iteration"); finished handles are removed at the next watch.
+_FINISHED: list[Any] = []
+
+
 def watch_optimizers(alg: CompressionAlgorithm, params: Sequence[torch.Tensor]) -> None:
     """Run :func:`check_optimizer` at the first ``step()`` of any optimizer that updates one
-    of ``params`` (a one-shot global step pre-hook of ``torch.optim``, removed after that
-    check or once the parameters are gone)."""
+    of ``params`` (a one-shot global step pre-hook of ``torch.optim``: after that check, or
+    once the parameters are gone, it does nothing and is removed at the next watch)."""
+    while _FINISHED:
+        _FINISHED.pop().remove()
     if not compresses(alg):
         return
     refs = [weakref.ref(p) for p in params]
+    done = [False]
+
+    def finish() -> None:
+        done[0] = True
+        _FINISHED.append(handle)
 
     def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if done[0]:
+            return
         mine = {id(p) for p in (r() for r in refs) if p is not None}
         if not mine:
-            handle.remove()
+            finish()
             return
         if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
-            handle.remove()
+            finish()
             check_optimizer(alg, optimizer)
 
     handle = register_optimizer_step_pre_hook(hook)
