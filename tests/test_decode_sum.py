@@ -31,3 +31,33 @@ def test_decode_sum_divisors_match_reference(name: str) -> None:
         want = ref.decode_sum(payloads, n, divide_by=div)
         got = cpu.decode_sum(payloads, n, divide_by=div)
         assert same_values(want, got), f"{name}: decode_sum / {div!r} differs from the reference"
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "randomk", "graddrop"])
+def test_sparse_decode_sum_over_many_tiles_and_threads(name: str) -> None:
+    """The sparse sum, tile by tile on 2 threads (each thread's cursors start by a binary
+    search): encoded payloads, and rotated ones with indices out of range, vs the reference."""
+    from test_native import _sparse_payload
+
+    n = 40001  # above the length run on one thread, 20 tiles, a partial last one
+    ref, cpu = load(name, backend="reference"), load(name, backend="cpu")
+    gen = torch.Generator().manual_seed(9)
+    s_ref = ref.init_state(n, seed=2)
+    payloads = [ref.encode(torch.randn(n, generator=gen), s_ref) for _ in range(3)]
+    if name in ("topk", "dgc"):
+        m = 700 if name == "topk" else 100
+        for shift in (1, 350):
+            idx = sorted(torch.randperm(n, generator=gen)[:m].tolist())
+            idx = idx[shift:] + idx[:shift]  # ascending, rotated once
+            idx[0], idx[-1] = -5, n + 3  # ignored
+            val = torch.randn(m, generator=gen).tolist()
+            payloads.append(_sparse_payload(ref, n, idx, val))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for div in (1.0, 4.0, 3.0):
+            want = ref.decode_sum(payloads, n, divide_by=div)
+            got = cpu.decode_sum(payloads, n, divide_by=div)
+            assert same_values(want, got), f"{name}: sparse decode_sum / {div} differs"
+    finally:
+        torch.set_num_threads(threads)

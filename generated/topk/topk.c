@@ -1761,6 +1761,51 @@ static inline int64_t hp_sparse_fields(const uint8_t* const pay, const int64_t n
  * flag) turns -0 into +0 where nothing was sent, as the definition does; a flag is 0 or NaN, so
  * divided it is itself). Returns 1, touching nothing, if a payload repeats an index (not
  * ascending, nor ascending rotated once): the caller then takes the path with workspace. */
+/* out = the sum of every payload's pairs divided by d, zeros elsewhere, written once: each thread
+ * zeroes its tiles in turn and adds into a tile, still in cache, the pairs of each payload that
+ * fall in it, in payload order (the order the definition adds them in at any one index). A
+ * payload's indices form one or two ascending runs (checked by the caller), each followed by a
+ * cursor that only moves forward over a thread's tiles. */
+static void hp_sparse_tiles(const uint8_t* const* pays, int64_t k, int64_t n, float* const out,
+                            float d, int nt) {
+  const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
+  #pragma omp parallel num_threads(nt) if(n >= HP_PAR_MIN)
+  {
+    const int th = omp_get_thread_num(), nth = omp_get_num_threads();
+    const int64_t t0 = ntiles * th / nth, t1 = ntiles * (th + 1) / nth;
+    int64_t cur[2 * k], end[2 * k];
+    const int32_t* ix[k];
+    const float* vx[k];
+    for (int64_t r = 0; r < k; r++) {
+      const int64_t c = hp_sparse_fields(pays[r], n, &ix[r], &vx[r]);
+      int64_t w = 1;
+      while (w < c && ix[r][w] > ix[r][w - 1]) w++;
+      if (w > c) w = c;
+      for (int run = 0; run < 2; run++) {
+        int64_t a = run ? w : 0, b = run ? c : w;
+        end[2 * r + run] = b;
+        while (a < b) {
+          const int64_t m = a + (b - a) / 2;
+          if ((int64_t)ix[r][m] < t0 * HP_TILE) a = m + 1; else b = m;
+        }
+        cur[2 * r + run] = a;
+      }
+    }
+    for (int64_t tb = t0; tb < t1; tb++) {
+      const int64_t i0 = tb * HP_TILE;
+      const int64_t i1 = n - i0 < HP_TILE ? n : i0 + HP_TILE;
+      memset(out + i0, 0, (size_t)(i1 - i0) * sizeof(float));
+      for (int64_t q = 0; q < 2 * k; q++) {
+        const int32_t* idx = ix[q / 2];
+        const float* val = vx[q / 2];
+        int64_t j = cur[q];
+        for (; j < end[q] && (int64_t)idx[j] < i1; j++) out[idx[j]] = out[idx[j]] + val[j] / d;
+        cur[q] = j;
+      }
+    }
+  }
+}
+
 static int hp_sparse_sum(const uint8_t* const* pays, int64_t k, int64_t n, float* const out,
                          float d, int acc, int nt) {
   const int64_t ntiles = (n + HP_TILE - 1) / HP_TILE;
@@ -1779,13 +1824,8 @@ static int hp_sparse_sum(const uint8_t* const* pays, int64_t k, int64_t n, float
     flag = flag + (float)fl;
   }
   if (!acc) {
-    #pragma omp parallel for num_threads(nt) schedule(static) if(n >= HP_PAR_MIN)
-    for (int64_t tb = 0; tb < ntiles; tb++) {
-      const int64_t i0 = tb * HP_TILE;
-      memset(out + i0, 0, (size_t)(n - i0 < HP_TILE ? n - i0 : HP_TILE) * sizeof(float));
-    }
-  }
-  for (int64_t r = 0; r < k; r++) {
+    hp_sparse_tiles(pays, k, n, out, d, nt);
+  } else for (int64_t r = 0; r < k; r++) {
     const int32_t* idx;
     const float* val;
     const int64_t c = hp_sparse_fields(pays[r], n, &idx, &val);
