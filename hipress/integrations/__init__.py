@@ -9,9 +9,9 @@ Each integration is a module of its own that imports its framework when it is im
     from hipress.integrations import huggingface                 # pip install 'hipress[huggingface]'
 
 Each registers :func:`~hipress.casync.casync_hook` on the framework's own
-``DistributedDataParallel`` object and keep every rank's compression state in the framework's
-checkpoint (written by rank 0 only) through
-:meth:`~hipress.casync.CaSyncState.gathered_state_dict`. See docs/how-to/frameworks.md.
+``DistributedDataParallel`` object and hands :meth:`~hipress.casync.CaSyncState.metrics` to the
+framework's logging. Lightning and Accelerate also keep every rank's compression state in the
+framework's checkpoint (written by rank 0 only). See docs/how-to/frameworks.md.
 """
 
 from __future__ import annotations
