@@ -72,7 +72,9 @@ def _run(
     bufs = [torch.randn(sum(numels[i] for i in b), generator=gen).to(device or "cpu")
             for b in buckets]  # fmt: skip
     names = [[named[i][0] for i in b] for b in buckets]
-    state = make_state(
+    # a subclass marked `probe`: its plan is a candidate, and its log line says so
+    probe_state = type(f"Probe{make_state.__name__}", (make_state,), {"probe": True})
+    state = probe_state(
         algorithm, named_parameters=named, plan=plan, process_group=group, log_every=0,
         device=device,
     )  # fmt: skip

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hipress.casync import persist
 from hipress.casync.config import check_options, check_schedule, config_digest, describe, params_at
 from hipress.casync.metrics import SyncMetrics
+from hipress.casync.planlog import log_adopted
 from hipress.casync.probe import StateProbe
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.stats import SyncStats
@@ -204,9 +205,8 @@ class CaSyncState(SyncMetrics):
         )  # fmt: skip
         rt = self._make_runtime(resolved, resolved, config)
         self._after_step(0)  # (the schedule's parameters at step 0)
-        logger.info("casync: %s, %d of %d tensors compressed, world size %d", resolved.algorithm,
-                    sum(e.compress for e in resolved.entries), len(resolved.entries),
-                    self.world_size)  # fmt: skip
+        log_adopted(logger, resolved, plan, self._rule, self.world_size,
+                    probe=getattr(self, "probe", False))  # (a probe: see StateProbe)
         return rt
 
     def _make_runtime(self, plan: Plan, base_plan: Plan, config: dict[str, str],
