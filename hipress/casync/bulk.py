@@ -146,12 +146,15 @@ class BucketSchedule:
         allreduce_ranges: coalesced (offset, numel) element ranges sent uncompressed.
         rounds: the compressed rounds, ALLGATHER rounds first, then PS, then RING rounds, each by
             partition.
+        sparse: (element offset, plan entry) of each row-sparse tensor
+            (:mod:`hipress.casync.strategies.rowsparse`), in bucket order.
     """
 
     names: tuple[str, ...]
     numel: int
     allreduce_ranges: tuple[tuple[int, int], ...]
     rounds: tuple[Round, ...]
+    sparse: tuple[tuple[int, TensorPlan], ...] = ()
 
     @property
     def allreduce_numel(self) -> int:
@@ -202,9 +205,12 @@ def schedule_bucket(
     ranges: list[tuple[int, int]] = []
     order = (Strategy.ALLGATHER, Strategy.PS, Strategy.RING)
     by_strategy: dict[Strategy, list[list[Chunk]]] = {s: [] for s in order}
+    sparse: list[tuple[int, TensorPlan]] = []
     offset = 0
     for name, numel, d in zip(names, numels, decisions, strict=True):
-        if not d.compress:
+        if d.row_bound:
+            sparse.append((offset, d))
+        elif not d.compress:
             if ranges and ranges[-1][0] + ranges[-1][1] == offset:
                 ranges[-1] = (ranges[-1][0], ranges[-1][1] + numel)
             else:
@@ -217,7 +223,7 @@ def schedule_bucket(
                 rounds[k].append(Chunk(c, offset + c.start))
         offset += numel
     built = [_make_round(s, cs) for s in order for cs in by_strategy[s]]
-    return BucketSchedule(tuple(names), offset, tuple(ranges), tuple(built))
+    return BucketSchedule(tuple(names), offset, tuple(ranges), tuple(built), tuple(sparse))
 
 
 class Workspace:

@@ -25,6 +25,7 @@ from hipress.casync.engine import StepEngine
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.driver import RingDriver
+from hipress.casync.strategies.rowsparse import row_states
 from hipress.casync.unused import UnusedGuard
 from hipress.codec.algorithm import init_chunk_states
 from hipress.core.compression import CompressionAlgorithm
@@ -129,6 +130,7 @@ def build_runtime(
     layout = layout_plan(plan, world_size, algorithm.payload_nbytes)
     if states is None:
         states = init_chunk_states(algorithm, plan, rank, world_size, seed, devices, layout=layout)
+        states[0].update(row_states(plan, rank, seed, devices))
     worker, server = states
     ctx = SyncContext(
         rank=rank, world_size=world_size, algorithm=algorithm, worker_states=worker,

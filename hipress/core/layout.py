@@ -140,7 +140,7 @@ def layout_tensor(
     compressed). ``payload_nbytes`` is the codec's static payload size (``None``: no codec).
     Raises :class:`PlanError` (a ``ValueError``) if the entry is compressed without a codec, a
     chunk is too small for its strategy or a payload size is not a multiple of 8."""
-    if not entry.compress:
+    if not entry.compress or entry.row_bound:  # (row-sparse: hipress.casync.rowsparse)
         return ()
     if payload_nbytes is None:
         raise PlanError(f"{entry.name} is compressed but no algorithm was given")

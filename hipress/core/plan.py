@@ -85,6 +85,11 @@ class TensorPlan:
         predicted_ms: the cost model's predicted sync time for this tensor alone.
         uncompressed_ms: the predicted time of the uncompressed alternative the decision was
             compared with (equal to ``predicted_ms`` when not compressed); 0 if unknown.
+        rows: the tensor's row count, for a row-sparse entry (0: not given).
+        row_bound: > 0 makes the entry row-sparse: only the rows holding a non-zero are sent
+            (indices and values; ``compress``: values encoded with the algorithm, with error
+            feedback per row), while no rank touches more than ``row_bound`` rows in a step;
+            a denser step is synchronised densely. 0: dense, as ``strategy`` says.
     """
 
     name: str
@@ -94,10 +99,25 @@ class TensorPlan:
     partitions: int = 1
     predicted_ms: float = 0.0
     uncompressed_ms: float = 0.0
+    rows: int = 0
+    row_bound: int = 0
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
             raise PlanError(f"{self.name}: partitions must be >= 1, got {self.partitions}")
+        if self.row_bound and not (
+            self.rows > 0 and self.numel % self.rows == 0 and self.row_bound <= self.rows
+        ):
+            raise PlanError(
+                f"{self.name}: a row-sparse entry needs `rows` dividing its {self.numel} "
+                f"elements and 0 < row_bound <= rows, got rows={self.rows}, "
+                f"row_bound={self.row_bound}"
+            )
+        if self.row_bound and self.strategy not in (Strategy.ALLREDUCE, Strategy.ALLGATHER):
+            raise PlanError(
+                f"{self.name}: a row-sparse entry's strategy is allreduce (exact) or allgather "
+                f"(compressed), got {self.strategy.value}"
+            )
         if self.compress != (self.strategy is not Strategy.ALLREDUCE):
             raise PlanError(
                 f"{self.name}: compress={self.compress} contradicts strategy {self.strategy.value}"
@@ -162,6 +182,8 @@ class Plan:
         d["meta"] = dict(self.meta)
         for e in d["entries"]:
             e["strategy"] = e["strategy"].value
+            if not e["row_bound"]:  # (dense entries are written as before)
+                del e["rows"], e["row_bound"]
         return d
 
     @classmethod
@@ -178,6 +200,8 @@ class Plan:
                     partitions=_count(e.get("partitions", 1), "partitions", e),
                     predicted_ms=float(e.get("predicted_ms", 0.0)),
                     uncompressed_ms=float(e.get("uncompressed_ms", 0.0)),
+                    rows=_count(e.get("rows", 0), "rows", e),
+                    row_bound=_count(e.get("row_bound", 0), "row_bound", e),
                 )
                 for e in d["entries"]
             )
@@ -250,5 +274,7 @@ class Plan:
     def digest(self) -> str:
         """A content hash of the decisions (not of predictions), equal on every rank."""
         key = [self.algorithm, sorted(dict(self.params).items()), self.world_size]
-        key += [(e.name, e.numel, e.compress, e.strategy.value, e.partitions) for e in self.entries]
+        key += [(e.name, e.numel, e.compress, e.strategy.value, e.partitions)
+                + ((e.rows, e.row_bound) if e.row_bound else ())
+                for e in self.entries]  # fmt: skip
         return hashlib.sha256(repr(key).encode()).hexdigest()[:16]

@@ -53,7 +53,7 @@ import torch
 
 from hipress.casync.bulk import BucketSchedule, Round, Workspace
 from hipress.casync.clock import Lap, Mark
-from hipress.casync.strategies import allgather, allreduce, ps, ring
+from hipress.casync.strategies import allgather, allreduce, ps, ring, rowsparse
 from hipress.casync.strategies.context import RETIRED, SyncContext
 from hipress.casync.strategies.surface import Group, RoundIO
 from hipress.casync.trace import NETWORK_LANE
@@ -117,7 +117,9 @@ class BucketOp:
         self._ws = workspace
         self._events: list[torch.cuda.Event] = []
         self._lock = threading.Lock()
-        self._remaining = (1 if schedule.allreduce_ranges else 0) + len(schedule.rounds)
+        self._remaining = (
+            (1 if schedule.allreduce_ranges else 0) + len(schedule.rounds) + len(schedule.sparse)
+        )
         self._done = False
         self._deferred: list[_Deferred] = []
         self._works: list[Any] = []  # every collective (and ring hop) issued: drain() waits
@@ -333,6 +335,8 @@ class BucketOp:
         ctx.stats.add(bytes_uncompressed=buf.numel() * buf.element_size())
         if self.schedule.allreduce_ranges:
             allreduce.start(self, group)
+        for offset, entry in self.schedule.sparse:
+            rowsparse.start(self, offset, entry, group)
         ring_rounds = []
         for i, rnd in enumerate(rounds):
             if rnd.strategy is Strategy.PS:
