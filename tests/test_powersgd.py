@@ -68,3 +68,19 @@ def test_c_and_emulated_cuda_give_the_reference_bytes() -> None:
         for be in backends:
             got = _steps(load_rounds("powersgd", backend=be, rank=rank), grads)
             assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+def test_secopa_prices_the_rounds_in_sequence() -> None:
+    from hipress.secopa.model.network import link_network
+    from hipress.secopa.model.rounds import measure_compute_ms, price_rounds
+
+    alg = load_rounds("powersgd", backend="reference", rank=4)
+    net = link_network(125e6, 0.0)  # 1 Gbit/s, no latency
+    cost = price_rounds(alg, (8, 32, 32), 4, net, compute_ms=5.0)
+    # ring all-reduce of B bytes among 4: 2 * 3 / 4 * B / 125e6 s; P is 8 x 4, Q 1024 x 4
+    ms = [2 * 3 / 4 * b / 125e6 * 1e3 for b in (8 * 4 * 4, 1024 * 4 * 4, 8 * 1024 * 4)]
+    assert cost.rounds_ms == pytest.approx(tuple(ms[:2]))
+    assert cost.total_ms == pytest.approx(ms[0] + ms[1] + 5.0)
+    assert cost.plain_ms == pytest.approx(ms[2])
+    assert cost.speedup == pytest.approx(ms[2] / (ms[0] + ms[1] + 5.0)) < 1  # too small to pay
+    assert measure_compute_ms(alg, (8, 6), repeats=1) > 0
