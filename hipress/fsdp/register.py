@@ -149,7 +149,8 @@ def register(
 
 def _selection(model: nn.Module, include: Any, exclude: Any, shapes: Any) -> Selection:
     try:
-        return Selection(include or (), exclude or (), shapes, embedding_names(model))
+        known = embedding_names(model) if isinstance(model, nn.Module) else None  # (else: below)
+        return Selection(include or (), exclude or (), shapes, known)
     except ValueError as exc:
         raise FsdpError(str(exc)) from None
 
