@@ -82,5 +82,6 @@ def test_secopa_prices_the_rounds_in_sequence() -> None:
     assert cost.rounds_ms == pytest.approx(tuple(ms[:2]))
     assert cost.total_ms == pytest.approx(ms[0] + ms[1] + 5.0)
     assert cost.plain_ms == pytest.approx(ms[2])
-    assert cost.speedup == pytest.approx(ms[2] / (ms[0] + ms[1] + 5.0)) < 1  # too small to pay
+    assert cost.speedup == pytest.approx(ms[2] / (ms[0] + ms[1] + 5.0))
+    assert cost.speedup < 1  # a tensor this small: compression does not pay
     assert measure_compute_ms(alg, (8, 6), repeats=1) > 0
