@@ -9,8 +9,8 @@ On GPUs: ``accelerate launch --multi_gpu --num_processes 2 examples/accelerate_t
 the prepared model. Accelerate applies its FSDP plugin on GPUs only (on CPUs it wraps the
 model in DDP all the same), so ``--fsdp2`` on CPUs stops with a message.
 
-Metrics go to ``accelerator.log`` (:func:`hipress.integrations.accelerate.log_metrics`): every
-tracker of ``log_with`` receives them; here a CSV-like printout on the main process.
+Each step's loss and hipress's metrics go to ``accelerator.log``, which every tracker of
+``Accelerator(log_with=...)`` receives (none here: the main process prints the bytes ratio).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from accelerate import Accelerator, FullyShardedDataParallelPlugin
 
 import hipress.fsdp
 from hipress.casync import DefaultRule
-from hipress.fsdp.metrics import snapshot
 from hipress.integrations import accelerate as hipress_accelerate
 
 
@@ -48,7 +47,7 @@ def main() -> None:
     model, opt, loader = accelerator.prepare(model, opt, loader)
     if args.fsdp2:  # the prepared model is fully_shard-ed: compress its reduce-scatters
         comp = hipress.fsdp.register(model, "onebit", min_compress_numel=1024)
-        metrics = lambda: snapshot(comp)  # noqa: E731
+        metrics = comp.metrics
     else:
         state = hipress_accelerate.register(
             accelerator, model, rule=DefaultRule(min_compress_numel=1024)

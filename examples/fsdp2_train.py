@@ -5,7 +5,7 @@ Launch (2 CPU processes on this machine, gloo)::
     torchrun --standalone --nproc-per-node 2 examples/fsdp2_train.py --steps 50
 
 Options: ``--algorithm`` (default: onebit), ``--steps``. Rank 0 prints the plan, the loss and
-hipress's metrics (``hipress.fsdp.metrics.snapshot``).
+hipress's metrics (``comp.metrics()``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from torch.distributed.fsdp import fully_shard
 
 import hipress.fsdp
 from hipress.codec.planning import DEFAULT_ALGORITHM
-from hipress.fsdp.metrics import snapshot
 
 
 def main() -> None:
@@ -56,7 +55,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         if rank == 0 and (step % 20 == 0 or step == args.steps - 1):
-            ratio = snapshot(comp)["hipress/bytes_ratio"]
+            ratio = comp.metrics()["hipress/bytes_ratio"]
             print(f"step {step:4d}  loss {loss.item():.5f}  bytes sent {ratio:.1%} of FSDP2's")
     dist.destroy_process_group()
 

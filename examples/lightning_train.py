@@ -25,7 +25,6 @@ from torch.distributed.fsdp import fully_shard
 
 import hipress.fsdp
 from hipress.casync import DefaultRule
-from hipress.fsdp.metrics import snapshot
 from hipress.integrations.lightning import HipressCallback
 
 
@@ -53,7 +52,7 @@ class Regressor(pl.LightningModule):
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss)
         if self.fsdp2:
-            self.log_dict(snapshot(self.comp))
+            self.log_dict(self.comp.metrics())
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -1,18 +1,18 @@
-"""FSDP2's metrics: :func:`snapshot`, the flat ``{name: float}`` of
+"""FSDP2's metrics: :func:`snapshot` (also ``comp.metrics()``), the flat ``{name: float}`` of
 :data:`hipress.codec.metrics.METRICS`' names for a user's logger."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from hipress.fsdp.collective import UnitStats
-from hipress.fsdp.state import FsdpCompression
 
 __all__ = ["snapshot"]
 
 
-def snapshot(comp: FsdpCompression) -> dict[str, float]:
-    """``comp``'s counters on this rank since :func:`~hipress.fsdp.register`, summed over its
+def snapshot(comp: Any) -> dict[str, float]:
+    """``comp``'s (a :class:`~hipress.fsdp.FsdpCompression`) counters on this rank since :func:`~hipress.fsdp.register`, summed over its
     units: ``hipress/bytes_ratio``, ``hipress/bytes_sent``, ``hipress/bytes_uncompressed``,
     ``hipress/reduce_scatters``, ``hipress/compressed_tensors`` (units compressed) and
     ``hipress/tensors`` (units). No collective; the replica all-reduces are not counted."""

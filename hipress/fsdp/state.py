@@ -34,6 +34,7 @@ from hipress.core.compression import CompressionAlgorithm
 from hipress.core.torchcompat import fsdp_param_groups
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpError
+from hipress.fsdp.metrics import snapshot
 from hipress.fsdp.planning import FsdpPlan
 from hipress.fsdp.replicate import ReplicaAllReduce
 
@@ -94,6 +95,11 @@ class FsdpCompression:
         total = {k: sum(s[k] for s in per.values()) for k in asdict(UnitStats())}
         reps = {name: asdict(h.stats) for name, h in self.replicas.items()}
         return {**total, "units": per, "replicas": reps}
+
+    def metrics(self) -> dict[str, float]:
+        """The counters as a flat snapshot for a logger (:func:`hipress.fsdp.metrics.snapshot`:
+        ``hipress/bytes_ratio``, ... with the names of docs/reference/metrics.md)."""
+        return snapshot(self)
 
     def memory(self) -> dict[str, int]:
         """Per-rank memory in bytes: ``params_shard`` (this rank's shards of the units'
