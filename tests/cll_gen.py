@@ -35,8 +35,8 @@ _TOKEN = re.compile(
 KEYWORDS = ("algorithm", "param", "const", "state", "payload", "fn", "encode", "decode", "let",
             "var", "if", "else", "return", "uint", "true", "false", "in", "for", "range")  # fmt: skip
 BUILTIN_NAMES = ("map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter",
-                 "gather", "concat", "extract", "sum", "min", "max", "absmax", "any", "all",
-                 "count", "abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "isnan",
+                 "scatter_set", "gather", "concat", "extract", "sum", "min", "max", "absmax",
+                 "any", "all", "count", "abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "isnan",
                  "isinf", "isfinite", "clamp", "uniform", "urand", "randint", "size", "n", "inf",
                  "nan", "as_u32", "as_i32", "as_f32", "as_i64", "as_f64", "exponent",
                  "ldexp")  # fmt: skip
@@ -534,7 +534,9 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
         count = f", {idx.count}" if idx.count else ""
         if not idx.count and gen.chance(0.3):
             count = f", {gen.pick(['2', 'n'])}"
-        line = f"let {name} = scatter({b}, {idx.name}, {vals}{count});"
+        # (scatter_set: the last j at a repeated index wins, on every backend)
+        f = gen.pick(["scatter", "scatter_set"])
+        line = f"let {name} = {f}({b}, {idx.name}, {vals}{count});"
         arr = Arr(name, t, length)
     elif kind == "gather":
         idxs = [a for a in sc.arrays if a.dtype in ("i32", "i64", "u8") and a.bits is None]

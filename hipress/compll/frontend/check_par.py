@@ -26,6 +26,8 @@ _SIGS = {
     "sort": "sort(array) or sort(len, i => key)",
     "scan": "scan(op, array) or scan(op, len, i => value), op one of sum, min, max",
     "scatter": "scatter(base_or_len, idx, vals) or scatter(base_or_len, idx, vals, count)",
+    "scatter_set": "scatter_set(base_or_len, idx, vals) or "
+    "scatter_set(base_or_len, idx, vals, count)",
     "gather": "gather(array, idx)",
 }
 
@@ -72,7 +74,7 @@ def parallel(
         return Array(name, ArrayType(dt, length))
     if f == "scan":
         return _scan(cx, e, scope, ctx, hint)
-    if f == "scatter":
+    if f in ("scatter", "scatter_set"):
         return scatter(cx, e, scope, ctx, hint)
     if f == "gather":
         return _gather(cx, e, scope, ctx, hint)
@@ -260,35 +262,33 @@ def segreduce(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx, hint: str) -> Value
 
 def scatter(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx, hint: str) -> Value:
     """``scatter(base_or_len, idx, vals[, count])``: ``base`` (or zeros) plus each value added
-    at its index."""
-    a = e.args
+    at its index; ``scatter_set``: each value stored at its index, the last j winning."""
+    a, f = e.args, e.func
     if len(a) not in (3, 4):
         raise usage(cx, e)
     base_v = value(cx, a[0], scope, ctx)
-    idx = array(cx, a[1], scope, ctx, "scatter")
-    vals = array(cx, a[2], scope, ctx, "scatter")
+    idx = array(cx, a[1], scope, ctx, f)
+    vals = array(cx, a[2], scope, ctx, f)
     if not idx.type.dtype.is_int:
-        raise cx.err("scatter indices must be integers", a[1].span)
+        raise cx.err(f"{f} indices must be integers", a[1].span)
     if not same_length(idx.type.length, vals.type.length):
         raise cx.err(
-            f"scatter indices ({idx.type.describe()}) and values ({vals.type.describe()}) "
+            f"{f} indices ({idx.type.describe()}) and values ({vals.type.describe()}) "
             "differ in length",
             e.span,
         )
     dt = vals.type.dtype
-    numeric(cx, dt, a[2], "scatter values")
+    numeric(cx, dt, a[2], f"{f} values")
     if isinstance(base_v, Array):
         if base_v.type.dtype != dt or base_v.type.bits is not None:
-            raise cx.err(
-                f"scatter base is {base_v.type.describe()} but the values are {dt}", a[0].span
-            )
+            raise cx.err(f"{f} base is {base_v.type.describe()} but the values are {dt}", a[0].span)
         base, length = base_v.name, base_v.type.length
     else:
         base, length = None, size(cx, a[0], scope, ctx)
     if len(a) == 4:
         c = scalar(cx, a[3], scope, ctx)
         if not c.dtype.is_int:
-            raise cx.err(f"scatter count must be an integer, got {c.dtype}", a[3].span)
+            raise cx.err(f"{f} count must be an integer, got {c.dtype}", a[3].span)
         count = (
             coerce(cx, c, I64, a[3].span).expr
             if c.lit
@@ -297,5 +297,6 @@ def scatter(cx: Elab, e: ast.Call, scope: Scope, ctx: Ctx, hint: str) -> Value:
     else:
         count = idx.type.length
     name = cx.fresh(hint)
-    ctx.ops.append(ir.Scatter(name, length, base, idx.name, vals.name, count, dt))
+    mode = "set" if f == "scatter_set" else "add"
+    ctx.ops.append(ir.Scatter(name, length, base, idx.name, vals.name, count, dt, mode))
     return Array(name, ArrayType(dt, length))

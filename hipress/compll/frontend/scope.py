@@ -26,7 +26,10 @@ from hipress.compll.ir.types import F32, I64, SCALAR_TYPES, ArrayType, DType
 
 MATH1 = ops.MATH_BUILTINS
 BIT_BUILTINS = (*ops.BIT_CASTS, ops.EXPONENT.name, ops.LDEXP.name)
-PARALLEL = ("map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter", "gather")
+PARALLEL = (
+    "map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter", "scatter_set",
+    "gather",
+)  # fmt: skip
 RANDOM = ("urand", "uniform", "randint")
 MINMAX = (ops.MIN.name, ops.MAX.name)
 BUILTINS = (*MATH1, *MINMAX, "clamp", *BIT_BUILTINS, *PARALLEL, *RANDOM, "concat", "extract")

@@ -228,23 +228,7 @@ def run(ops: tuple[ir.Op, ...], env: Env, state_out: dict[str, torch.Tensor]) ->
         elif isinstance(op, ir.Scan):
             env.arrays[op.name] = _scan(op, env, n)
         elif isinstance(op, ir.Scatter):
-            length = eval_size(op.length, n)
-            cdt = torch_compute_dtype(op.dtype)
-            if op.base is not None:
-                out = env.arrays[op.base].clone()
-            else:
-                out = torch.zeros(length, dtype=cdt, device=env.device)
-            idx = env.arrays[op.idx]
-            vals = env.arrays[op.vals]
-            count = int(_eval(op.count, env).item())
-            j = torch.arange(idx.shape[0], device=env.device)
-            ok = (j < count) & (idx >= 0) & (idx < length)
-            if op.dtype.is_int:  # (wrapping sums do not depend on the order)
-                out.index_put_((idx[ok],), vals[ok], accumulate=True)
-                out = semantics.wrap(out, op.dtype)
-            else:
-                _scatter_in_order(out, idx[ok], vals[ok])
-            env.arrays[op.name] = out
+            env.arrays[op.name] = _scatter(op, env, n)
         elif isinstance(op, ir.StoreState):
             if isinstance(op.value, str):
                 state_out[op.state] = env.arrays[op.value]
@@ -252,6 +236,32 @@ def run(ops: tuple[ir.Op, ...], env: Env, state_out: dict[str, torch.Tensor]) ->
                 state_out[op.state] = _eval(op.value, env)
         else:  # pragma: no cover
             raise TypeError(op)
+
+
+def _scatter(op: ir.Scatter, env: Env, n: int) -> torch.Tensor:
+    length = eval_size(op.length, n)
+    cdt = torch_compute_dtype(op.dtype)
+    if op.base is not None:
+        out = env.arrays[op.base].clone()
+    else:
+        out = torch.zeros(length, dtype=cdt, device=env.device)
+    idx = env.arrays[op.idx]
+    vals = env.arrays[op.vals]
+    count = int(_eval(op.count, env).item())
+    j = torch.arange(idx.shape[0], device=env.device)
+    ok = (j < count) & (idx >= 0) & (idx < length)
+    if op.mode == "set":
+        # the last j at each index wins: its j is the largest (-1: no value lands there)
+        last = torch.full((length,), -1, dtype=torch.int64, device=env.device)
+        last.scatter_reduce_(0, idx[ok].long(), j[ok], "amax")
+        hit = last >= 0
+        out[hit] = vals[last[hit]].to(out.dtype)
+    elif op.dtype.is_int:  # (wrapping sums do not depend on the order)
+        out.index_put_((idx[ok],), vals[ok], accumulate=True)
+        out = semantics.wrap(out, op.dtype)
+    else:
+        _scatter_in_order(out, idx[ok], vals[ok])
+    return out
 
 
 def _scatter_in_order(out: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:

@@ -209,8 +209,9 @@ class Scan:
 
 @dataclass(frozen=True)
 class Scatter:
-    """``name = base`` (or zeros of ``length``) then ``name[idx[j]] += vals[j]`` for j < count;
-    indices outside [0, length) are ignored."""
+    """``name = base`` (or zeros of ``length``) then, in ascending j < count,
+    ``name[idx[j]] += vals[j]`` (``mode`` "add") or ``name[idx[j]] = vals[j]`` ("set": the
+    last j at an index wins); indices outside [0, length) are ignored."""
 
     name: str
     length: Expr
@@ -219,6 +220,7 @@ class Scatter:
     vals: str
     count: Expr
     dtype: DType
+    mode: str = "add"
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,7 @@ def show_op(op: Op) -> str:
     if isinstance(op, Scatter):
         base = op.base if op.base is not None else f"zeros({show_expr(op.length)})"
         return (
-            f"{op.name}: {op.dtype}[{show_expr(op.length)}] = scatter_add({base}, {op.idx}, "
+            f"{op.name}: {op.dtype}[{show_expr(op.length)}] = scatter_{op.mode}({base}, {op.idx}, "
             f"{op.vals}, count={show_expr(op.count)})"
         )
     if isinstance(op, StoreState):

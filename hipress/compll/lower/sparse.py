@@ -74,7 +74,7 @@ def sparse_decode(prog: ir.Program) -> SparseDecode | None:
     idx_t, val_t = _field(prog, sc.idx, "i32"), _field(prog, sc.vals, "f32")
     if idx_t is None or val_t is None or idx_t.length != val_t.length:
         return None
-    if sc.base is not None or sc.length != n or sc.dtype.name != "f32":
+    if sc.base is not None or sc.mode != "add" or sc.length != n or sc.dtype.name != "f32":
         return None
     # the output: s[i] + flag over n elements
     if mp.name != prog.decode.result or mp.type.length != n or mp.type.bits is not None:

@@ -11,7 +11,7 @@ from typing import Protocol, TypeVar
 from hipress.compll.backends.cfamily.body import Body, fix, variants
 from hipress.compll.backends.cfamily.protocol import FamilyRenderer
 from hipress.compll.backends.cfamily.reduce import minmax_identity, reduction
-from hipress.compll.backends.cfamily.syntax import const, ctype, mtype
+from hipress.compll.backends.cfamily.syntax import const, ctype, mtype, scatter_combine
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import F32, I64
@@ -257,18 +257,14 @@ def _scatter(f: CRenderer, sp: Special) -> str:
     val = f.em.load(ir.Load(op.vals, ir.Ref("__j", op.dtype), op.dtype), body, {"__j": "j"})
     f.hoisted += body.hoist
     dt = op.dtype
-    add = (
-        (lambda a, b: f"({a} + {b})")
-        if dt.is_float
-        else (lambda a, b: f"hp_add_{dt.name}({a}, {b})")
-    )
+    add = scatter_combine(op.mode, dt)
     body_count = Body(level=lv)
     count = f.em.expr(op.count, body_count, {})
     pre = "".join(f"  {ln}\n" for ln in body_count.lines)
     return pre + r(
         "c_scatter.c.j2", out_name=op.name, length=f.length(op.length), count=count,
         idx_len=f.length(idx_a.length), out=home, vt=mtype(dt), body=body.lines,
-        index=index, value=val, add=add,
+        index=index, value=val, add=add, mode=op.mode,
     )  # fmt: skip
 
 

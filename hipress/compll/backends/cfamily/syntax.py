@@ -72,6 +72,17 @@ class Names:
         return f"{base}{self._k}"
 
 
+def scatter_combine(mode: str, dt: DType) -> Callable[[str, str], str]:
+    """How a scatter's value joins the element it lands on (C source of the new element, from
+    the old one and the value): added, or with ``mode`` "set" put in its place, so that in
+    ascending j the last value at an index wins."""
+    if mode == "set":
+        return lambda old, v: v
+    if dt.is_float:
+        return lambda old, v: f"({old} + {v})"
+    return lambda old, v: f"hp_add_{dt.name}({old}, {v})"
+
+
 def const(value: int | float | bool, dt: DType) -> str:
     """A C literal of exactly ``value`` as ``dt``."""
     if dt.is_bool:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from hipress.compll.backends.cfamily.body import Body
 from hipress.compll.backends.cfamily.protocol import FamilyRenderer
 from hipress.compll.backends.cfamily.reduce import combine_acc, minmax_identity, reduction
-from hipress.compll.backends.cfamily.syntax import ctype, mtype
+from hipress.compll.backends.cfamily.syntax import ctype, mtype, scatter_combine
 from hipress.compll.backends.cuda.abi import WsEntry
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
@@ -118,18 +118,14 @@ def _scatter(f: CudaRenderer, sp: Special) -> None:
     cb = Body(level=lv)
     count = f.em.expr(op.count, cb, {})
     dt = op.dtype
-    add = (
-        (lambda a, b: f"({a} + {b})")
-        if dt.is_float
-        else (lambda a, b: f"hp_add_{dt.name}({a}, {b})")
-    )
+    add = scatter_combine(op.mode, dt)
     counts = f.scratch("int64_t", "0", WsEntry(0, 8, 1))
     ok_name = f.names.fresh("__scatter_ok")
     slot = f.slot(ok_name, BOOL)
     tpl = f.env.get_template("cuda_scatter.cu.j2")
     kw = {"out_name": op.name, "length": f.length(op.length), "count": count,
           "idx_len": f.length(idx_a.length), "out": home, "vt": mtype(dt),
-          "body": body.lines, "index": index, "value": val, "add": add, "counts": counts,
+          "body": body.lines, "index": index, "value": val, "add": add, "counts": counts, "mode": op.mode,
           "cur_body": cur.lines, "prev_body": prev.lines, "cur": c_cur, "prev": c_prev,
           "ends_body": ends.lines, "first": first, "last": last, "slot": slot,
           "ok": f.names.get(ok_name)}  # fmt: skip
@@ -137,7 +133,7 @@ def _scatter(f: CudaRenderer, sp: Special) -> None:
     f.piece("scatter: descents", hoist + tpl.render(phase=0, **kw).splitlines())
     f.piece("scatter: parallel?", cb.lines + ends.hoist + tpl.render(phase=1, **kw).splitlines(),
                 {ok_name}, grid=False)  # fmt: skip
-    f.piece(f"scatter-add into {op.name}", hoist + tpl.render(phase=2, **kw).splitlines())
+    f.piece(f"scatter-{op.mode} into {op.name}", hoist + tpl.render(phase=2, **kw).splitlines())
 
 
 def _scan_lines(f: CudaRenderer, op: ir.Scan, lv: int, home: str) -> list[str]:
