@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hipress.casync import register
 from hipress.casync.rowsparse import plan_rows, touched_rows
-from hipress.casync.strategies.rowsparse import row_state_key
+from hipress.codec.rowsparse import row_state_key
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 
 ROWS, DIM, BOUND = 64, 8, 6

@@ -25,9 +25,9 @@ from hipress.casync.engine import StepEngine
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.driver import RingDriver
-from hipress.casync.strategies.rowsparse import row_states
 from hipress.casync.unused import UnusedGuard
 from hipress.codec.algorithm import init_chunk_states
+from hipress.codec.rowsparse import row_states
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import PlanLayout, layout_plan
 from hipress.core.plan import Plan
