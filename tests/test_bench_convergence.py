@@ -272,6 +272,7 @@ def test_local_step_mode_beside_ddp() -> None:
     ddp, local = res["rows"]
     assert [r["algorithm"] for r in res["rows"]] == ["uncompressed", "diloco-onebit-h2"]
     assert [r.get("error") for r in res["rows"]] == [None, None]
+    assert local["error_feedback"] is True and ddp["error_feedback"] is None
     assert local["local_steps"] == {"kind": "diloco", "h": 2, "algorithm": "onebit",
                                     "fragments": 1, "delay": 0}  # fmt: skip
     for r in (ddp, local):

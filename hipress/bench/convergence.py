@@ -189,6 +189,12 @@ def _row(net: Any, name: str, data: dict[str, Any], opts: ConvergenceOptions,
         "error_feedback": None if alg is None else _has_ef(alg.partition(":")[0]),
         "runs": [],
     }
+    if local is not None and local.kind == "diloco" and local.algorithm is not None:
+        from hipress.compll import load
+        from hipress.diloco.coder import resolve_feedback
+
+        alg_ = load(local.algorithm, backend="reference")
+        row["error_feedback"] = resolve_feedback(alg_, "auto") != "none"  # DiLoCo's default
     if local is not None:
         row["local_steps"] = {"kind": local.kind, "h": local.h, "algorithm": local.algorithm,
                               "fragments": local.fragments, "delay": local.delay}  # fmt: skip
