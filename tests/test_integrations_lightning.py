@@ -129,7 +129,8 @@ def test_a_strategy_without_ddp_is_refused(tmp_path: Path) -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          default_root_dir=tmp_path, callbacks=[HipressCallback("onebit")])  # fmt: skip
-    with pytest.raises(CaSyncError, match="DistributedDataParallel"):
+    with pytest.raises(CaSyncError, match=r"DistributedDataParallel.*hipress\.fsdp\.register in "
+                       r"configure_model"):  # fmt: skip
         trainer.fit(Tiny(), data)
 
 

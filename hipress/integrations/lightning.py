@@ -101,7 +101,9 @@ class HipressCallback(pl.Callback):
             raise CaSyncError(
                 f"HipressCallback needs a strategy that wraps the model in "
                 f'DistributedDataParallel (e.g. strategy="ddp"), got '
-                f"{type(trainer.strategy).__name__} whose model is a {type(ddp).__name__}"
+                f"{type(trainer.strategy).__name__} whose model is a {type(ddp).__name__}; "
+                "for FSDP2 (ModelParallelStrategy), call hipress.fsdp.register in "
+                "configure_model after fully_shard instead (docs/how-to/frameworks.md)"
             )
         pending, self._pending = self._pending, None
         self.state = hipress.casync.register(ddp, self.algorithm, plan=self.plan, **self.options)
