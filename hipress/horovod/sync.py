@@ -31,9 +31,11 @@ import torch
 from hipress.codec.algorithm import decode_mean, encode_reporting, init_chunk_states
 from hipress.codec.errors import ConfigMismatchError
 from hipress.codec.flags import Flag, FlagMode
+from hipress.codec.rowsparse import row_states
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.layout import ChunkLayout, layout_plan
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.horovod import rowsparse
 
 __all__ = ["HorovodSync", "Pending"]
 
@@ -119,6 +121,7 @@ class HorovodSync:
         self.worker_states, self.server_states = init_chunk_states(
             algorithm, plan, self.rank, self.world_size, seed, devices, layout=self.layout
         )
+        self.worker_states.update(row_states(plan, self.rank, seed, devices or {}))
 
     # ---- starting -----------------------------------------------------------------------------
 
@@ -129,6 +132,9 @@ class HorovodSync:
         """
         e = self.entries[name]
         p = Pending(name, e, grad)
+        if e.row_bound:  # (hipress.horovod.rowsparse)
+            p.chunks.append(_Chunk(rowsparse.start(self.hvd, name, grad)))
+            return p
         if not e.compress:
             compressed, ctx = self.compression.compress(grad)
             handle = self.hvd.allreduce_async_(
@@ -183,6 +189,9 @@ class HorovodSync:
         phase. No-op for other strategies. Call on every pending operation before
         :meth:`finish` so the second phases of all parameters overlap."""
         e = p.entry
+        if e.row_bound:
+            rowsparse.advance(self.hvd, self, p.name, e, p.grad, p.chunks[0].handle)
+            return
         if not e.compress or e.strategy is not Strategy.PS:
             return
         alg, n = self.algorithm, self.world_size
@@ -205,6 +214,8 @@ class HorovodSync:
         """Wait for ``p`` and return the synchronised gradient (shape and dtype of the input),
         the same on every rank."""
         e = p.entry
+        if e.row_bound:
+            return rowsparse.finish(self.hvd, self, p.name, e, p.grad, p.chunks[0].handle)
         if not e.compress:
             (c,) = p.chunks
             out = self.hvd.synchronize(c.handle)
