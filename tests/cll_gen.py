@@ -39,7 +39,7 @@ BUILTIN_NAMES = ("map", "reduce", "segreduce", "filter", "topk", "sort", "scan",
                  "any", "all", "count", "abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "isnan",
                  "isinf", "isfinite", "clamp", "uniform", "urand", "randint", "size", "n", "inf",
                  "nan", "as_u32", "as_i32", "as_f32", "as_i64", "as_f64", "exponent",
-                 "ldexp")  # fmt: skip
+                 "ldexp", "hash")  # fmt: skip
 TYPE_NAMES = ("bool", "u8", "u16", "u32", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64")
 OPERATORS = ("=>", "->", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||", "+=", "-=", "*=", "/=",
              "+", "-", "*", "/", "%", "<", ">", "=", "!", "~", "&", "|", "^", "?", ":", ";", ",",
@@ -290,7 +290,7 @@ class _Gen:
         fns = [f for f in sc.fns if f.ret == t]
         kinds += ["fn"] * bool(fns)
         if t not in FLOATS:
-            kinds += ["shift", "bnot"]
+            kinds += ["shift", "bnot", "hash"]
         if sc.encode and t in ("f32", "f64", "u32", "i64", "i32"):
             kinds.append("random")
         if t == "i64" and sc.arrays:
@@ -330,6 +330,9 @@ class _Gen:
             return f"{f.name}({', '.join(self.expr(p, sc, d) for p in f.params)})"
         if kind == "size":
             return f"{self.pick(sc.arrays).name}.size"
+        if kind == "hash":  # (the same u32 on every backend, in encode and decode)
+            a, b = (self.expr(self.pick(("i32", "i64", "u8", "u32")), sc, d) for _ in "ab")
+            return f"hash({a}, {b})" if t == "u32" else f"{t}(hash({a}, {b}))"
         # random numbers
         ctr = self.counter(sc)
         s = f", {self.pick([1, 2, 65535])}" if self.chance(0.4) else ""

@@ -83,6 +83,6 @@ def test_lowered_plans_per_target() -> None:
 
 def test_every_operation_has_a_c_rule() -> None:
     """The C-family operation table covers every unary and binary operation of the IR (the
-    bit casts and ldexp by the bits module)."""
+    bit casts, ldexp and hash by the bits module)."""
     assert set(ops.UNARY) == set(syntax.UNARY) | set(bits.UNARY)
-    assert set(ops.BINARY) == set(syntax.BINARY) | {ops.LDEXP.name}
+    assert set(ops.BINARY) == set(syntax.BINARY) | {ops.LDEXP.name, ops.HASH.name}

@@ -99,7 +99,7 @@ def _check(call: str, result: DType) -> ir.Program:
 
 
 _ARGS = {"as_f32": "(7)", "as_f64": "(7)", "ldexp": "(1.5, 3)", "min": "(1.5, 2.5)",
-         "max": "(1.5, 2.5)"}  # fmt: skip
+         "max": "(1.5, 2.5)", "hash": "(1, 2)"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

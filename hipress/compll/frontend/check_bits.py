@@ -31,6 +31,8 @@ def bits_call(cx: Elab, e: ast.Call, arg: ArgFn) -> Scalar:
     f = e.func
     if f == ops.LDEXP.name:
         return _ldexp(cx, e, arg)
+    if f == ops.HASH.name:
+        return _hash(cx, e, arg)
     arity(cx, e, 1)
     if f == ops.EXPONENT.name:
         x = float_arg(cx, e, e.args[0], arg)
@@ -70,6 +72,25 @@ def _ldexp(cx: Elab, e: ast.Call, arg: ArgFn) -> Scalar:
     ke = k.expr if k.dtype == I64 else fold(ir.Cast(k.expr, I64))
     out = ops.LDEXP.result_type(x.dtype)
     return Scalar(fold(ir.Binary(ops.LDEXP.name, x.expr, ke, out)), x.lit and k.lit)
+
+
+def _hash(cx: Elab, e: ast.Call, arg: ArgFn) -> Scalar:
+    """``hash(seed, i)``: a u32 of two integers (each taken as i64), alike on every backend."""
+    if len(e.args) != 2:
+        raise cx.err("usage: hash(seed, i): a u32 hash of two integers", e.span)
+    xs = []
+    for a in e.args:
+        x = arg(a)
+        if x.lit and x.dtype.is_int:
+            x = coerce(cx, x, I64, a.span)
+        if not x.dtype.is_int:
+            raise cx.err(
+                f"`hash(seed, i)` takes integers, got {x.dtype}; convert it, e.g. i64(...), or "
+                "hash its bits with as_u32(...)",
+                a.span,
+            )
+        xs.append(x.expr if x.dtype == I64 else fold(ir.Cast(x.expr, I64)))
+    return Scalar(fold(ir.Binary(ops.HASH.name, xs[0], xs[1], U32)))
 
 
 def float_arg(cx: Elab, e: ast.Call, a: ast.Expr, arg: ArgFn) -> Scalar:

@@ -25,7 +25,7 @@ from hipress.compll.ir.types import F32, I64, SCALAR_TYPES, ArrayType, DType
 # ---------------------------------------------------------------- the language's builtin names
 
 MATH1 = ops.MATH_BUILTINS
-BIT_BUILTINS = (*ops.BIT_CASTS, ops.EXPONENT.name, ops.LDEXP.name)
+BIT_BUILTINS = (*ops.BIT_CASTS, ops.EXPONENT.name, ops.LDEXP.name, ops.HASH.name)
 PARALLEL = (
     "map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter", "scatter_set",
     "gather",

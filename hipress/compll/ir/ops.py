@@ -181,6 +181,7 @@ GE = _b("ge", ORDERED, "bool", ">=")
 MIN = _b("min", UNIFIED)  # NaN-propagating, -0 < +0
 MAX = _b("max", UNIFIED)
 LDEXP = _b("ldexp", FLOAT_EXP)
+HASH = _b("hash", INT, "u32")  # seed and counter, each taken as i64 (see semantics.hash32)
 
 # ---------------------------------------------------------------- reductions (and scans)
 
@@ -204,7 +205,7 @@ UNARY: dict[str, OpDef] = {
 BINARY: dict[str, OpDef] = {
     o.name: o
     for o in (ADD, SUB, MUL, DIV, MOD, SHL, SHR, BAND, BOR, BXOR, AND, OR, EQ, NE, LT, LE, GT,
-              GE, MIN, MAX, LDEXP)
+              GE, MIN, MAX, LDEXP, HASH)
 }  # fmt: skip
 REDUCE: dict[str, OpDef] = {
     o.name: o

@@ -252,7 +252,33 @@ _BINARY: dict[str, _Binary] = {
     ops.MIN.name: fmin,
     ops.MAX.name: fmax,
     ops.LDEXP.name: ldexp,
+    ops.HASH.name: lambda a, b, dt: hash32(a, b),
 }
+
+
+HASH_SALT = 0x9E3779B9
+FMIX_M1, FMIX_M2 = 0x85EBCA6B, 0xC2B2AE35
+_M32 = 0xFFFFFFFF
+
+
+def fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser of ``h`` (int64 values in [0, 2**32)), mod 2**32."""
+    h = h ^ (h >> 16)
+    h = (h * FMIX_M1) & _M32  # (the product fits in 64 bits: int64 keeps its low bits)
+    h = h ^ (h >> 13)
+    h = (h * FMIX_M2) & _M32
+    return h ^ (h >> 16)
+
+
+def hash32(seed: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """``hash(seed, i)``: with lo/hi the low and high 32 bits of a value as an i64,
+    ``fmix32(fmix32(fmix32(fmix32(lo(seed) ^ 0x9E3779B9) ^ hi(seed)) ^ lo(i)) ^ hi(i))``,
+    a u32 (as int64). For one seed, distinct i below 2**32 give distinct hashes."""
+    s, c = seed.to(torch.int64), i.to(torch.int64)
+    h = fmix32((s & _M32) ^ HASH_SALT)
+    h = fmix32(h ^ ((s >> 32) & _M32))
+    h = fmix32(h ^ (c & _M32))
+    return fmix32(h ^ ((c >> 32) & _M32))
 
 
 def binary(op: str, a: torch.Tensor, b: torch.Tensor, dt: DType) -> torch.Tensor:

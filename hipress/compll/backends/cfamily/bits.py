@@ -88,6 +88,25 @@ UNARY: Mapping[str, Callable[[str, DType, Bind], str]] = MappingProxyType({
 })  # fmt: skip
 
 
+def _fmix32(h: str, bind: Bind) -> str:
+    """MurmurHash3's 32-bit finaliser of uint32_t ``h`` (unsigned products wrap mod 2**32)."""
+    h = bind("uint32_t", h)
+    for step in ("{h} ^ ({h} >> 16)", "{h} * UINT32_C(0x85ebca6b)", "{h} ^ ({h} >> 13)",
+                 "{h} * UINT32_C(0xc2b2ae35)", "{h} ^ ({h} >> 16)"):  # fmt: skip
+        h = bind("uint32_t", "(" + step.format(h=h) + ")")
+    return h
+
+
+def hash32(seed: str, i: str, bind: Bind) -> str:
+    """``hash(seed, i)`` of two int64 operands, a uint32_t (see semantics.hash32)."""
+    s = bind("uint64_t", f"(uint64_t)({seed})")
+    c = bind("uint64_t", f"(uint64_t)({i})")
+    h = _fmix32(f"((uint32_t){s} ^ UINT32_C(0x9e3779b9))", bind)
+    h = _fmix32(f"({h} ^ (uint32_t)({s} >> 32))", bind)
+    h = _fmix32(f"({h} ^ (uint32_t){c})", bind)
+    return _fmix32(f"({h} ^ (uint32_t)({c} >> 32))", bind)
+
+
 def ldexp(x: str, e: str, dt: DType, bind: Bind) -> str:
     """``x * 2^e`` (``e`` an int64) rounded once to ``dt`` (see semantics.ldexp)."""
     k = bind("int64_t", e)
