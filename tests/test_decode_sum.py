@@ -14,7 +14,7 @@ from hipress.compll import load
 NAMES = ("onebit", "int8", "tbq", "qsgd", "fp16", "bf16", "signsgd", "terngrad", "topk")
 # powers of two with a normal reciprocal (multiplied), and others (divided): 2^127's
 # reciprocal is subnormal, 2^-127 is itself subnormal
-DIVISORS = (1.0, 2.0, 4.0, 2.0**-3, 2.0**126, 2.0**-126, 2.0**127, 2.0**-127, 3.0)
+DIVISORS = (1.0, 4.0, 2.0**-126, 2.0**127, 2.0**-127, 3.0)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -33,7 +33,7 @@ def test_decode_sum_divisors_match_reference(name: str) -> None:
         assert same_values(want, got), f"{name}: decode_sum / {div!r} differs from the reference"
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "randomk", "graddrop"])
+@pytest.mark.parametrize("name", ["topk", "dgc", "graddrop"])  # (randomk: graddrop's path)
 def test_sparse_decode_sum_over_many_tiles_and_threads(name: str) -> None:
     """The sparse sum, tile by tile on 2 threads (each thread's cursors start by a binary
     search): encoded payloads, and rotated ones with indices out of range, vs the reference."""
@@ -45,7 +45,9 @@ def test_sparse_decode_sum_over_many_tiles_and_threads(name: str) -> None:
     s_ref = ref.init_state(n, seed=2)
     payloads = [ref.encode(torch.randn(n, generator=gen), s_ref) for _ in range(3)]
     if name in ("topk", "dgc"):
-        m = 700 if name == "topk" else 100
+        from hipress.compll.ir.payload import layout
+
+        m = layout(ref.program, n)[0][-1].length // 2  # pairs: half the payload's bound
         for shift in (1, 350):
             idx = sorted(torch.randperm(n, generator=gen)[:m].tolist())
             idx = idx[shift:] + idx[:shift]  # ascending, rotated once
