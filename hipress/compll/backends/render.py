@@ -13,7 +13,7 @@ source.
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ def environment() -> jinja2.Environment:
         loader=jinja2.PackageLoader("hipress.compll.backends", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
+        auto_reload=False,
         trim_blocks=False,
         lstrip_blocks=False,
         autoescape=False,
@@ -52,11 +53,25 @@ def environment() -> jinja2.Environment:
 
 def generator_digest(target: str = "c", root: Path | None = None) -> str:
     """sha256 over the generator's own sources and templates used for ``target`` (changes
-    whenever the code generated for it may change). ``root``: another copy of the package."""
+    whenever the code generated for it may change). ``root``: another copy of the package.
+
+    For the installed package it is computed once per process: a process keeps the generator
+    it imported, so a kernel it builds after the files on disk changed (an upgrade under a
+    running job) is stored under the key of the code that built it."""
     if target not in TARGETS:
         raise RenderError(f"unknown target {target!r} (targets: {', '.join(TARGETS)})")
+    if root is None:
+        return _installed_digest(target)
+    return _digest(target, root)
+
+
+@cache
+def _installed_digest(target: str) -> str:
+    return _digest(target, resources.files("hipress.compll"))
+
+
+def _digest(target: str, pkg: Any) -> str:
     h = hashlib.sha256()
-    pkg: Any = root if root is not None else resources.files("hipress.compll")
     skip = {folder for t, folder in _FOLDERS.items() if t != target}
     for rel, data in _sources(pkg, _GENERATOR, skip):
         h.update(rel.encode())
