@@ -39,6 +39,7 @@ class Config:
     plan: str | None = "auto"
     bucket_cap_mb: float | None = None
     powersgd_rank: int = 4
+    rows: bool = False  # (hipress) the default rule's plan, row-sparse where a probe says
 
     def describe(self) -> str:
         """One line for tables."""
@@ -51,6 +52,8 @@ class Config:
             return f"DDP {self.hook}{extra}"
         if self.kind == "rounds":
             return f"hipress {self.algorithm}, rank {self.powersgd_rank}, default buckets"
+        if self.rows:
+            return f"hipress {self.algorithm}, default rule, row-sparse where sparse (exact)"
         return f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"
 
 
@@ -92,6 +95,7 @@ class E2EOptions:
     fsdp_reshard: tuple[bool, ...] = (True,)
     fsdp_bf16_params: bool = False
     local_steps: tuple[str, ...] = ()
+    row_sparse: tuple[str, ...] = ()  # algorithms ("none": lossless) with row-sparse embeddings
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -129,7 +133,9 @@ def configs_for(opts: E2EOptions) -> list[Config]:
         else Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan)
         for a in opts.algorithms
     ]
-    return [COMPUTE, NOCOMM, *base, *ours]
+    rows = [Config(f"hipress-{a}-rows", "hipress", algorithm=None if a == "none" else a,
+                   plan=None, rows=True) for a in opts.row_sparse]  # fmt: skip
+    return [COMPUTE, NOCOMM, *base, *ours, *rows]
 
 
 def fsdp_configs_for(opts: E2EOptions) -> list[fsdp_bench.FsdpConfig]:

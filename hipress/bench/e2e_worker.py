@@ -21,7 +21,7 @@ __all__ = ["train", "wrap"]
 
 
 def wrap(
-    model: torch.nn.Module, cfg: Config, bucket_view: bool = True
+    model: torch.nn.Module, cfg: Config, bucket_view: bool = True, probe: Any = ()
 ) -> tuple[torch.nn.Module, Any]:
     """``model`` ready to train as ``cfg`` says: itself (compute only), or DDP (with
     ``gradient_as_bucket_view=bucket_view``) with PyTorch's hook or CaSync's. Returns the module
@@ -32,6 +32,11 @@ def wrap(
 
     if cfg.kind == "compute":
         return model, None
+    plan: Any = cfg.plan
+    if cfg.rows:  # (probe: backward steps on the bare model, see hipress.casync.rowsparse)
+        from hipress.casync.rowsparse import probe_plan
+
+        plan = probe_plan(model, probe, cfg.algorithm)
     kw = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
     ddp = DDP(model, gradient_as_bucket_view=bucket_view, **kw)  # type: ignore[arg-type]
     if cfg.kind == "rounds":  # PowerSGD's start as the powerSGD_hook row's: step 2
@@ -42,7 +47,7 @@ def wrap(
     if cfg.kind == "hipress":
         import hipress.casync
 
-        state = hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=cfg.plan)
+        state = hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=plan)
         _ = state.plan  # plan="auto" plans here, in the set-up, rather than in the first step
         return ddp, state
     if cfg.hook == "fp16":
@@ -95,7 +100,8 @@ def train(
     ``grad_ready_lead_ms``, hipress also CaSync's figures and plan."""
     w = WORKLOADS[model_name]
     t_setup = time.perf_counter()
-    model, state = wrap(w.build(data), cfg, bucket_view)
+    probe = [lambda m, s=s: w.loss(m, *w.batch(data, rank, s)).backward() for s in range(3)]
+    model, state = wrap(w.build(data), cfg, bucket_view, probe)
     setup_s = time.perf_counter() - t_setup
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     batches = [w.batch(data, rank, s) for s in range(warmup + steps)]

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
 from hipress.core.plan import Plan, PlanError, Strategy
 
-__all__ = ["plan_rows", "touched_rows"]
+__all__ = ["plan_rows", "probe_plan", "touched_rows"]
 
 
 def touched_rows(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[int, int]]:
@@ -75,3 +76,34 @@ def plan_rows(
                                            row_bound=bound))  # fmt: skip
     meta = {**dict(plan.meta), "row_sparse": {"slack": slack, "max_fraction": max_fraction}}
     return dataclasses.replace(plan, entries=tuple(entries), meta=meta)
+
+
+def probe_plan(
+    model: torch.nn.Module,
+    steps: Iterable[Callable[[torch.nn.Module], None]],
+    algorithm: str | None,
+    group: Any = None,
+    **options: Any,
+) -> Plan:
+    """The default rule's plan for ``model`` under ``algorithm``, made row-sparse from a probe
+    (:func:`plan_rows` with ``options``): each of ``steps`` runs one backward on ``model`` (not
+    yet wrapped in DDP); the most rows any rank touched in one step decide. A collective over
+    ``group``: every rank must call it. Leaves the gradients zero."""
+    import torch.distributed as dist
+
+    from hipress.casync.state import CaSyncState
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    most: dict[str, tuple[int, int]] = {}
+    for step in steps:
+        model.zero_grad(set_to_none=False)
+        step(model)
+        for name, (rows, touched) in touched_rows(named).items():
+            most[name] = (rows, max(touched, most.get(name, (rows, 0))[1]))
+    model.zero_grad(set_to_none=False)
+    names = sorted(most)
+    counts = torch.tensor([most[n][1] for n in names], dtype=torch.int64)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=group)
+    measured = {n: (most[n][0], int(c)) for n, c in zip(names, counts.tolist(), strict=True)}
+    base = CaSyncState(algorithm, named_parameters=named, process_group=group, log_every=0).plan
+    return plan_rows(base, measured, dist.get_world_size(group), **options)
