@@ -161,3 +161,18 @@ def test_plan_rows_and_plan_file() -> None:
         TensorPlan("x", 12, False, Strategy.ALLREDUCE, rows=5, row_bound=2)
     with pytest.raises(PlanError, match="no entry"):
         plan_rows(dense, {"nope": (4, 1)}, 2)
+
+
+def _probe(rank: int, n: int) -> tuple[int, int, bool]:
+    from hipress.casync.rowsparse import probe_plan
+
+    model = _Net()
+    steps = [lambda m, s=s: m(*_batch(s, rank)).square().sum().backward() for s in (0, 1)]
+    plan = probe_plan(model, steps, "onebit", max_fraction=0.5)  # (2 x 9 of 64 rows)
+    e = plan.lookup("emb.weight")
+    return e.rows, e.row_bound, all(p.grad.eq(0).all() for p in model.parameters())
+
+
+def test_probe_plan_agrees_on_the_largest_count() -> None:
+    # each rank touches 4 distinct rows per step: the bound is 2 * 4 + 1 on both
+    assert run_workers(_probe, 2) == [(ROWS, 9, True), (ROWS, 9, True)]
