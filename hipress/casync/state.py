@@ -1,13 +1,10 @@
 """The state of the CaSync DDP hook: :class:`CaSyncState`, one per DDP model and rank.
 
-It checks the configuration eagerly (:mod:`hipress.casync.config`), binds to its process group
-when there is one (at construction, else at the first use), and once it has a plan holds one
-:class:`~hipress.casync.runtime.Runtime` (the plan's chunk layout, the per-chunk algorithm
-states, the bucket context and the step engine), made in one place; checkpoints
-(:mod:`hipress.casync.persist`) read and restore that runtime. It checks at the first step that
-every rank agrees, and hands each bucket to the runtime's step engine.
+It checks the configuration eagerly (:mod:`hipress.casync.config`), binds to its process group,
+and once it has a plan holds one :class:`~hipress.casync.runtime.Runtime` (chunk layout,
+algorithm states, bucket context, step engine), made in one place; checkpoints
+(:mod:`hipress.casync.persist`) read and restore it. It hands each bucket to the engine.
 """
-
 from __future__ import annotations
 
 import logging
@@ -26,6 +23,7 @@ from hipress.casync.config import check_options, check_schedule, config_digest, 
 from hipress.casync.metrics import SyncMetrics
 from hipress.casync.planlog import log_adopted
 from hipress.casync.probe import StateProbe
+from hipress.casync.rowprobe import RowProbe, decide
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.stats import SyncStats
 from hipress.casync.trace import Tracer
@@ -68,12 +66,9 @@ class CaSyncState(SyncMetrics):
             ``warmup_steps`` (like ``start_powerSGD_iter`` of PyTorch's PowerSGD hook, and
             DGC's warm-up). The step count is kept in :meth:`state_dict`.
         params_schedule: ``(step, params)`` pairs, steps ascending: from that step on, the
-            algorithm runs with ``params`` updating the earlier ones, keeping every state
-            (error feedback, momentum, RNG counters), e.g. DGC's warm-up: ``[(0, {"s_percent":
-            0.25}), (500, {"s_percent": 0.0625}), ...]``. Part of the configuration every rank
-            must agree on; only for an algorithm given by name, and only parameters that leave
-            its state layout as it is. The plan keeps its decisions. A restored
-            :meth:`state_dict` resumes with the parameters of its step.
+            algorithm (given by name) runs with ``params`` updating the earlier ones, keeping
+            every state and the plan, e.g. DGC's warm-up ``[(0, {"s_percent": 0.25}), (500,
+            {"s_percent": 0.0625})]``; only parameters that leave the state layout as it is.
 
     Fields:
         algorithm, seed: as resolved at construction.
@@ -87,13 +82,14 @@ class CaSyncState(SyncMetrics):
     Everything after ``algorithm`` is keyword-only, and checked here: a bad option, algorithm or
     plan file raises before training starts. ``selection``: which tensors stay plain
     (:class:`~hipress.core.rule.Selection`); ``fallback``: run the plain plan where compression
-    loses (:mod:`~hipress.casync.verdict`; None: for ``plan="auto"`` only). The state binds to
-    its process group at construction if ``torch.distributed`` is initialised, else at its
-    first use (so it can be made before ``init_process_group``, e.g. for Lightning's
-    ``DDPStrategy(ddp_comm_state=...)``; a plan that does not fit the world size raises then).
-    With ``plan="auto"``, SeCoPa plans at the first step (every rank takes part), unless
+    loses (:mod:`~hipress.casync.verdict`; None: for ``plan="auto"`` only). With the default rule
+    or ``"auto"``, embeddings travel as rows where that pays (:mod:`~hipress.casync.rowprobe`).
+    The state binds to its process group at construction if ``torch.distributed`` is
+    initialised, else at its first use (so it can be made before ``init_process_group``, e.g.
+    for Lightning's ``DDPStrategy(ddp_comm_state=...)``; a plan that does not fit the world
+    size raises then). ``plan="auto"`` plans at the first step (every rank takes part), unless
     :meth:`load_state_dict` brought a checkpoint's plan first. The state pickles without its
-    process group, parameter binding, buffers and in-flight work; after unpickling, :meth:`bind` it to the model and register it again.
+    process group, binding, buffers and in-flight work: :meth:`bind` it and register it again.
     """
 
     def __init__(
@@ -132,6 +128,7 @@ class CaSyncState(SyncMetrics):
         build_kernels(self.algorithm, self._devices.values())
         self._plan_arg = check_plan_arg(plan, self.algorithm)
         self._check = PlanCheck.of(self._plan_arg, fallback, warmup_steps)
+        self._rows = RowProbe.of(self._plan_arg, warmup_steps)  # (embeddings as rows)
         self._rule = rule
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
@@ -274,6 +271,8 @@ class CaSyncState(SyncMetrics):
         """
         with self._lock:
             rt = self._runtime()  # (binds and plans at the first call, where still to do)
+            if not rt.engine.open and self._rows.due(rt.engine.step):
+                rt = decide(self, rt, buffer.device)  # (embeddings as rows, where that pays)
             if not rt.engine.open and self._check.due(rt.engine.step, rt.plan):
                 rt = review(self, rt, buffer.device)  # (the plain plan, where compression loses)
             rt.engine.open_step()
@@ -282,6 +281,7 @@ class CaSyncState(SyncMetrics):
                     note = describe(self.algorithm, rt.plan, self.seed, self.check_finite,
                                     self.warmup_steps)  # fmt: skip
                     rt.agree(note, self.process_group, buffer.device)
+                self._rows.observe(self, rt, buffer, names)
                 return rt.engine.submit(buffer, names, last, self.process_group)
             except CommError as exc:
                 self.comm_error = exc
