@@ -82,7 +82,7 @@ class E2EOptions:
     algorithms: tuple[str, ...] = ("onebit", "tbq", "terngrad", "dgc", "graddrop")
     plan: str | None = "auto"
     steps: int = 10
-    warmup: int = 3
+    warmup: int = 6  # (CaSync counts embedding rows at step 1 and checks its plan at step 5)
     repeats: int = 2
     threads: int = 1
     powersgd_rank: int = 4

@@ -168,7 +168,8 @@ def _add_e2e_parser(bench_sub: Any) -> None:
                    help="CompLL algorithms, comma-separated")  # fmt: skip
     e.add_argument("--plan", default="auto", help="auto (SeCoPa), default (CaSync's rule), FILE")
     e.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
-    e.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 3)")
+    e.add_argument("--warmup", type=int, default=6,
+                   help="untimed steps first (>= 3; 6 keeps CaSync's plan check untimed)")
     e.add_argument("--repeats", type=int, default=2, help="rounds; each config keeps its best")
     e.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     e.add_argument("--powersgd-rank", type=int, default=4, help="rank of the powerSGD baseline")
