@@ -57,6 +57,7 @@ def main() -> None:
         if rank == 0 and (step % 20 == 0 or step == args.steps - 1):
             ratio = comp.metrics()["hipress/bytes_ratio"]
             print(f"step {step:4d}  loss {loss.item():.5f}  bytes sent {ratio:.1%} of FSDP2's")
+    dist.barrier()  # (every rank done with its last collective before the group goes)
     dist.destroy_process_group()
 
 

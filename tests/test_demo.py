@@ -192,7 +192,7 @@ def test_demo_end_to_end(tmp_path, capsys: pytest.CaptureFixture[str]) -> None: 
     # the same initial weights and batches: the first step's loss is identical
     assert hip["train_loss"][0] == pytest.approx(base["train_loss"][0], rel=1e-6)
     assert base["ratio"] == 1.0 and base["bytes_per_step"] == 4 * data["parameters"]
-    assert hip["compressed_tensors"] >= 2  # embedding and output layer
+    assert hip["compressed_tensors"] >= 1  # the output layer (the embedding travels as rows)
     assert hip["ratio"] < 0.25  # onebit on the large tensors
     assert hip["bytes_total"] == pytest.approx(hip["bytes_per_step"] * 6 * 2)
     if data["chart"] is not None:
@@ -288,4 +288,4 @@ def test_demo_trains_the_untied_gpt(tmp_path, capsys: pytest.CaptureFixture[str]
     base, hip = data["runs"]
     assert hip["train_loss"][0] == pytest.approx(base["train_loss"][0], rel=1e-6)
     assert all(math.isfinite(v) for v in hip["train_loss"])
-    assert hip["ratio"] < 0.25  # onebit on the embedding and the head
+    assert hip["ratio"] < 0.35  # onebit on the head; the token embedding travels as rows

@@ -353,10 +353,9 @@ class CaSyncState(SyncMetrics):
         states of every parameter whose plan entry (strategy, partitions) is the same in both
         plans are restored, and the others keep theirs (zero in a new state).
 
-        Raises :class:`CaSyncError` (naming the rank and the entry) if it was saved by another
-        rank or world size, for another algorithm, plan or options (the message says how to
-        resume), or is damaged (a missing entry, a tensor of another shape or dtype, a step
-        that is not an integer >= 0)."""
+        The plan then runs as saved (no row count or plan check). Raises :class:`CaSyncError`
+        (naming rank and entry) if it was saved by another rank or world size, for another
+        algorithm, plan or options (the message says how to resume), or is damaged."""
         self._attach()
         assert self.rank is not None and self.world_size is not None
         sd, step, stand_in = persist.own(sd, self.rank, self.world_size)
@@ -370,6 +369,7 @@ class CaSyncState(SyncMetrics):
             self._runtime(), sd, step, rank=self.rank, world_size=self.world_size,
             carry_over=carry_over, check_plan=planned or self._rt is None, stand_in=stand_in,
         )  # fmt: skip
+        self._check.at_step = self._rows.at_step = None  # (the saved plan runs as it is)
         self._after_step(step)
 
     def __getstate__(self) -> dict[str, Any]:
