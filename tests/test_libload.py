@@ -53,10 +53,14 @@ CHILD = textwrap.dedent(
 
 
 def _swap(a: Path, b: Path) -> None:
-    """Exchange two libraries and write digest records that match their new bytes."""
+    """Exchange two libraries and write digest records that match their new bytes. Each is
+    replaced by a new file (rename), never rewritten in place: this process has both mapped,
+    and rewriting a mapped library's pages corrupts its code here (a crash at exit)."""
     da, db = a.read_bytes(), b.read_bytes()
     for path, data in ((a, db), (b, da)):
-        path.write_bytes(data)
+        tmp = path.with_name(path.name + ".swap")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
         digest = hashlib.sha256(data).hexdigest()
         record = path.with_name(path.name + RECORD)
         record.write_text(f"sha256={digest} size={len(data)} name={path.name}\n")
