@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.casync.config import config_digest
+from hipress.casync.verdict import replan
 from hipress.codec.logs import RANK_FILTER
 from hipress.codec.rowsparse import row_states
 from hipress.core.plan import Plan, PlanError, Strategy
@@ -174,10 +174,5 @@ def decide(state: Any, rt: Any, device: torch.device) -> Any:
     if not chosen:
         return rt
     base = plan_rows(rt.base_plan, measured, state.world_size)
-    rt.ctx.ring.close()
-    config = config_digest(state.algorithm.digest, plan.digest(), state.seed, state.check_finite,
-                           state.warmup_steps, state.params_schedule)  # fmt: skip
     worker = {**rt.worker_states, **row_states(plan, state.rank, state.seed, state._devices)}
-    new = state._make_runtime(plan, base, config, states=(worker, rt.server_states))
-    new.engine.resume_at(rt.engine.step)
-    return new
+    return replan(state, rt, plan, base, states=(worker, rt.server_states))

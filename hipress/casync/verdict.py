@@ -31,7 +31,7 @@ from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
 from hipress.core.plan import Plan, Strategy
 
-__all__ = ["CHECK_STEPS", "PlanCheck", "plain_plan", "review"]
+__all__ = ["CHECK_STEPS", "PlanCheck", "plain_plan", "replan", "review"]
 
 log = logging.getLogger(__name__)
 log.addFilter(RANK_FILTER)
@@ -138,9 +138,16 @@ def review(state: Any, rt: Any, device: torch.device) -> Any:
     if figures is None or not state._check.fallback:
         return rt
     plain = plain_plan(rt.base_plan, figures)
+    return replan(state, rt, plain, plain)
+
+
+def replan(state: Any, rt: Any, plan: Plan, base: Plan, states: Any = None) -> Any:
+    """Replace ``state``'s runtime ``rt`` (at the start of a step, on every rank) by one of
+    ``plan`` (``base``: its base plan) with ``states`` (None: all-zero), the step count carried
+    on; returns it."""
     rt.ctx.ring.close()
-    config = config_digest(state.algorithm.digest, plain.digest(), state.seed, state.check_finite,
+    config = config_digest(state.algorithm.digest, plan.digest(), state.seed, state.check_finite,
                            state.warmup_steps, state.params_schedule)  # fmt: skip
-    new = state._make_runtime(plain, plain, config)
+    new = state._make_runtime(plan, base, config, states=states)
     new.engine.resume_at(rt.engine.step)
     return new
