@@ -5,7 +5,8 @@ A plan rests on predictions (SeCoPa's cost model, a profile, a rule). After
 :data:`CHECK_STEPS` compressed steps (the first, which compiles and allocates, left out), every
 rank takes the time its hook spent per step (encoding, decoding and blocked on collectives:
 what the step waits for) and times DDP's alternative there and then: an all-reduce of the
-same gradient bytes in DDP's 25 MB buckets, under the same load. The two figures are reduced
+same gradient bytes in DDP's 25 MB buckets, under the same load (the median of up to five
+timings, fewer for large models, so one slow all-reduce does not decide). The two figures are reduced
 to their maxima over the group (one small all-reduce), so every rank reaches the same verdict.
 If compression loses, a warning says by how much, with the plan's prediction; with
 ``fallback`` (the default for ``plan="auto"``) every rank then runs the plain plan (every
@@ -31,12 +32,13 @@ from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
 from hipress.core.plan import Plan, Strategy
 
-__all__ = ["CHECK_STEPS", "PlanCheck", "plain_plan", "replan", "review"]
+__all__ = ["CHECK_STEPS", "PlanCheck", "plain_plan", "plain_repeats", "replan", "review"]
 
 log = logging.getLogger(__name__)
 log.addFilter(RANK_FILTER)
 CHECK_STEPS = 5  # compressed steps before the check (the first is left out of the figures)
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
+PLAIN_BYTES = 256 << 20  # the plain all-reduce is timed up to 5 times, within about this many bytes
 
 
 def plain_plan(plan: Plan, figures: dict[str, float]) -> Plan:
@@ -111,23 +113,33 @@ class PlanCheck:
         return figures
 
 
+def plain_repeats(nbytes: int) -> int:
+    """How many times the plain all-reduce of ``nbytes`` is timed: 5, fewer for models over
+    :data:`PLAIN_BYTES` / 5, at least 1 (the same on every rank: the count of collectives)."""
+    return max(1, min(5, PLAIN_BYTES // max(1, nbytes)))
+
+
 def _time_allreduce(nbytes: int, group: Any, device: torch.device) -> float:
-    """ms for all-reducing ``nbytes`` of float32 in DDP-sized buckets, on this rank."""
+    """ms for all-reducing ``nbytes`` of float32 in DDP-sized buckets, on this rank: the median
+    of :func:`plain_repeats` timings."""
     numel = max(1, nbytes // 4)
     size = min(numel, BUCKET_BYTES // 4)
     buf = torch.zeros(size, dtype=torch.float32, device=device)
     dist.all_reduce(buf[:1], group=group)  # (a warm connection)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    left = numel
-    while left > 0:
-        n = min(left, size)
-        dist.all_reduce(buf[:n], group=group)
-        left -= n
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) * 1e3
+    times = []
+    for _ in range(plain_repeats(nbytes)):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        left = numel
+        while left > 0:
+            n = min(left, size)
+            dist.all_reduce(buf[:n], group=group)
+            left -= n
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 def review(state: Any, rt: Any, device: torch.device) -> Any:
