@@ -175,7 +175,8 @@ def add_bench_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", default="mlp", help="built-in model name, file.py:NAME or module:NAME"
     )
-    p.add_argument("--algorithm", default="terngrad", help="CompLL algorithm (default terngrad)")
+    p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
+                   help=f"CompLL algorithm (default {DEFAULT_ALGORITHM}, as everywhere)")  # fmt: skip
     p.add_argument("--param", action="append", type=parse_param, default=[], metavar="K=V",
                    help="algorithm hyper-parameter, repeatable")  # fmt: skip
     p.add_argument("--backend", default="auto", help="CompLL backend (auto, cpu, reference)")
