@@ -15,6 +15,7 @@ With ``replicate_group``, each reduced shard is also averaged across replicas, c
 
 from __future__ import annotations
 
+from hipress.fsdp import checkpoint
 from hipress.fsdp.collective import CompressedReduceScatter, UnitStats
 from hipress.fsdp.errors import FsdpConfigMismatchError, FsdpError
 from hipress.fsdp.feedback import FEEDBACK
@@ -33,5 +34,6 @@ __all__ = [
     "ReplicaAllReduce",
     "UnitPlan",
     "UnitStats",
+    "checkpoint",
     "register",
 ]
