@@ -25,6 +25,7 @@ COMMANDS = (
     "profile",
     "demo",
     "trace",
+    "chart",
     "bench",
 )
 BENCHES = ("kernels", "plan", "sync", "e2e", "convergence", "costfit", "ring", "report", "fsdp",

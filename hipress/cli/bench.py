@@ -259,8 +259,13 @@ def _add_convergence_parser(bench_sub: Any) -> None:
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
     from hipress.bench.kernels import run
+    from hipress.cli.charts import chart_next_to
 
-    return run(args)
+    status = run(args)
+    png = Path(args.out).with_suffix(".png")
+    if status == 0 and not args.no_chart and chart_next_to("kernels", args.out, png, sys.stdout):
+        print(f"wrote {png}")
+    return status
 
 
 def _cmd_costfit(args: argparse.Namespace) -> int:
@@ -303,6 +308,8 @@ def add_kernels_parser(bench_sub: Any) -> None:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (best is reported)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch-ops baselines")
     p.add_argument("--out", default=f"{RESULTS}/kernels.json", help="JSON results file")
+    p.add_argument("--no-chart", action="store_true",
+                   help="draw no PNG (default: OUT with .png, the kernels against the roofline)")  # fmt: skip
     p.set_defaults(func=_cmd_kernels)
 
 

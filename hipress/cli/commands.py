@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 import hipress
-from hipress.cli import bench, casync, compll, demo, secopa, selftest, trace
+from hipress.cli import bench, casync, charts, compll, demo, secopa, selftest, trace
 from hipress.cli.checks import check_args
 from hipress.cli.checktable import RULES
 from hipress.cli.options import add_verbose_everywhere, print_deprecations
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     secopa.add_parsers(sub)  # plan, profile
     demo.add_parser(sub)
     trace.add_parser(sub)
+    charts.add_parser(sub)
     b = sub.add_parser("bench", help="benchmarks (print a table, write hipress-results/)")
     bench_sub = b.add_subparsers(dest="bench", required=True, metavar="BENCH")
     bench.add_kernels_parser(bench_sub)

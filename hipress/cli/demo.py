@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hipress.cli.args import RESULTS, parse_rate_mbit
+from hipress.cli.charts import chart_next_to
 from hipress.cli.demo_chart import write_chart
 from hipress.cli.options import add_alias
 from hipress.demo.config import DemoConfig, DemoError, DemoResult, RunResult, default_runs
@@ -244,6 +245,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     data["chart"] = str(chart) if drew else None
     (out / "demo.json").write_text(json.dumps(data, indent=1) + "\n")
     wrote = [str(out / "demo.json")] + ([str(chart)] if drew else [])
+    versus = out / "demo-prediction.png"  # predicted against measured speed-up
+    if drew and chart_next_to("prediction", out / "demo.json", versus, sys.stdout):
+        wrote.append(str(versus))
     print(f"\nwrote {', '.join(wrote)}")
     if not drew and not args.no_chart:
         print("chart skipped: matplotlib is not installed (pip install 'hipress[demo]')")
@@ -268,7 +272,8 @@ def add_parser(sub: Any) -> None:
             "LSTM, or a GPT-2-style transformer with --model gpt) on the Python standard "
             "library's source, once with plain DDP allreduce and once "
             "with hipress (CaSync hook, SeCoPa plan). Prints throughput, bytes sent and "
-            "validation loss/accuracy, and writes demo.json and demo.png."
+            "validation loss/accuracy, and writes demo.json, demo.png and demo-prediction.png "
+            "(predicted against measured speed-up)."
         ),
     )
     d.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -312,7 +317,8 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--seed", type=int, default=0, help="random seed of data and weights")
     d.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     d.add_argument("--timeout", type=float, default=900.0, help="stop the job after this many s")
-    d.add_argument("--no-chart", action="store_true", help="do not draw demo.png")
+    d.add_argument("--no-chart", action="store_true",
+                   help="draw no PNG (demo.png, demo-prediction.png)")  # fmt: skip
     d.add_argument("--no-trace", action="store_true",
                    help="keep no step timelines (default: 10 timed steps of each run in "
                    "OUT/demo-traces/, read with hipress trace)")  # fmt: skip
