@@ -87,3 +87,36 @@ def test_an_explicit_plan_is_run_as_it_is() -> None:
 def test_only_the_default_rule_and_auto_probe() -> None:
     assert RowProbe.of(None, 0).enabled and RowProbe.of("auto", 2).at_step == 3
     assert not RowProbe.of("plan.json", 0).enabled
+
+
+def _auto(rank: int, n: int) -> dict[str, object]:
+    ref, mine = _Net(), _Net()
+    ref_ddp, ddp = DDP(ref), DDP(mine)
+    state = register(ddp, "onebit", plan="auto", log_every=0)
+    same, prices, bounds = [], [], []
+    for step in range(3):
+        grads = []
+        for model, wrapped in ((ref, ref_ddp), (mine, ddp)):
+            model.zero_grad()
+            wrapped(_tokens(step, rank)).square().sum().backward()
+            grads.append(model.emb.weight.grad.clone())  # (the rest may be compressed)
+        same.append(torch.allclose(*grads, rtol=1e-6, atol=1e-7))
+        prices.append(dict(state.plan.meta["row_prices"]["emb.weight"]))
+        bounds.append({e.name: e.row_bound for e in state.plan.entries}["emb.weight"])
+    return {"same": same, "prices": prices, "bounds": bounds}
+
+
+def test_auto_plans_price_the_embedding_and_casync_decides_by_the_breakeven() -> None:
+    results = run_workers(_auto, 2)
+    for r in results:
+        assert r["same"] == [True] * 3, r
+        first, later = r["prices"][0], r["prices"][-1]
+        # SeCoPa's plan holds the break-even count (exact rows against a plain allreduce on
+        # this machine's measured link: a 256 KB embedding may well be cheaper dense)
+        assert isinstance(first["breakeven"], int) and not first["compressed"], r
+        assert "touched" not in first
+        # one step counted (at most 8 rows, on rank 1), then the break-even decides
+        rows = first["breakeven"] >= 8
+        assert later["touched"] == 8 and later["chosen"] == ("rows" if rows else "dense"), r
+        assert r["bounds"] == ([0, 17, 17] if rows else [0, 0, 0]), r
+    assert len({str(r["prices"]) for r in results}) == 1  # the same plan on every rank

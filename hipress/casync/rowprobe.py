@@ -58,14 +58,18 @@ def plan_rows(
 ) -> Plan:
     """``plan`` with each measured tensor row-sparse where that pays: its bound is
     ``ceil(slack * touched) + 1`` rows (at most its row count), and it is row-sparse when
+    SeCoPa priced it (``plan.meta["row_prices"]``, :mod:`hipress.secopa.model.rowcost`) and
+    ``touched`` is within its break-even count, or, for a tensor SeCoPa did not price, when
     ``world_size`` bounds stay within ``max_fraction`` of its rows (the union of the ranks'
-    rows is then well below the dense tensor). Other entries are kept as they are. Raises
+    rows is then well below the dense tensor). The prices record ``touched`` and the choice.
+    Other entries are kept as they are. Raises
     :class:`PlanError` naming a measured tensor the plan does not hold or whose rows do not
     divide its size."""
     if slack < 1 or not 0 < max_fraction <= 1:
         raise PlanError(f"plan_rows: slack must be >= 1 and 0 < max_fraction <= 1, got "
                         f"{slack}, {max_fraction}")  # fmt: skip
     entries = []
+    prices = {n: dict(v) for n, v in dict(plan.meta.get("row_prices") or {}).items()}
     names = {e.name for e in plan.entries}
     unknown = sorted(set(measured) - names)
     if unknown:
@@ -78,13 +82,21 @@ def plan_rows(
         if rows <= 0 or e.numel % rows:
             raise PlanError(f"plan_rows: {e.name}: {rows} rows do not divide {e.numel} elements")
         bound = min(rows, math.ceil(slack * touched) + 1)
-        if world_size * bound > max_fraction * rows:
+        price = prices.get(e.name)
+        if price is not None and isinstance(price.get("breakeven"), int):
+            dense = touched > price["breakeven"]
+            price.update(touched=touched, chosen="dense" if dense else "rows")
+        else:
+            dense = world_size * bound > max_fraction * rows
+        if dense:
             entries.append(dataclasses.replace(e, rows=0, row_bound=0))
             continue
         strategy = Strategy.ALLGATHER if e.compress else Strategy.ALLREDUCE
         entries.append(dataclasses.replace(e, strategy=strategy, partitions=1, rows=rows,
                                            row_bound=bound))  # fmt: skip
     meta = {**dict(plan.meta), "row_sparse": {"slack": slack, "max_fraction": max_fraction}}
+    if prices:
+        meta["row_prices"] = prices
     return dataclasses.replace(plan, entries=tuple(entries), meta=meta)
 
 
@@ -120,7 +132,9 @@ class RowProbe:
     @classmethod
     def of(cls, plan_arg: Any, warmup_steps: int) -> RowProbe:
         """The probe of a state made with ``plan_arg`` (None, "default", "auto" count)."""
-        implicit = plan_arg is None or (isinstance(plan_arg, str) and plan_arg in ("default", "auto"))
+        implicit = plan_arg is None or (
+            isinstance(plan_arg, str) and plan_arg in ("default", "auto")
+        )
         return cls(implicit, warmup_steps + 1)
 
     def observe(self, state: Any, rt: Any, buffer: torch.Tensor, names: Sequence[str]) -> None:
@@ -138,7 +152,7 @@ class RowProbe:
             n = numels[name]
             rows = self.rows.get(name)
             if rows is not None:
-                g = buffer[offset:offset + n].view(rows, n // rows)
+                g = buffer[offset : offset + n].view(rows, n // rows)
                 count = int(g.ne(0).any(1).sum())
                 self.touched[name] = max(count, self.touched.get(name, 0))
             offset += n
@@ -167,11 +181,15 @@ def decide(state: Any, rt: Any, device: torch.device) -> Any:
                                                           strict=True)}  # fmt: skip
     plan = plan_rows(rt.plan, measured, state.world_size)
     chosen = [e for e in plan.entries if e.name in measured and e.row_bound]
+    prices = plan.meta.get("row_prices") or {}
     for name, (rows, most) in measured.items():
-        log.info("casync: %s: at most %d of %d rows touched in a step on any rank: %s", name,
-                 most, rows, "synchronised as rows from now on" if any(
-                     e.name == name for e in chosen) else "kept dense (too many rows)")  # fmt: skip
-    if not chosen:
+        be = prices.get(name, {}).get("breakeven")
+        why = "too many rows" if be is None else f"SeCoPa's break-even: {be} rows"
+        log.info("casync: %s: at most %d of %d rows touched in a step on any rank: %s (%s)",
+                 name, most, rows, "synchronised as rows from now on" if any(
+                     e.name == name for e in chosen) else "kept dense", why)  # fmt: skip
+    if not chosen:  # (the plan run now still records the count and the choice)
+        rt.plan = dataclasses.replace(rt.plan, meta=plan.meta)
         return rt
     base = plan_rows(rt.base_plan, measured, state.world_size)
     worker = {**rt.worker_states, **row_states(plan, state.rank, state.seed, state._devices)}

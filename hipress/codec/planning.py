@@ -37,6 +37,7 @@ from hipress.secopa.measure.calibrate import StepProbe
 from hipress.secopa.measure.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.measure.runtime import check_plan as check_plan_fits_model
 from hipress.secopa.model.planner import PlannerConfig
+from hipress.secopa.model.rowcost import RowDensity
 
 __all__ = [
     "DEFAULT_ALGORITHM", "PLAN_WORDS", "check_plan_arg", "keep_plain", "resolve_plan",
@@ -124,17 +125,19 @@ def _auto_plan(
     group: Any,
     device: Any = None,
     probe: StepProbe | None = None,
+    rows: Mapping[str, RowDensity] | None = None,
 ) -> Plan:
     # ---- SeCoPa hook-up: the single place where plan="auto" asks the planner. ----
     # auto_plan profiles this machine and network (every rank takes part, a few seconds),
     # calibrates with ``probe`` (CaSync's real steps), plans on rank 0 and broadcasts, so
-    # every rank returns the same plan.
+    # every rank returns the same plan. ``rows``: the embeddings it prices as rows (their
+    # break-even count, by which CaSync decides once it has counted their rows).
     if not compresses(algorithm):
         raise PlanError("plan='auto' needs a compression algorithm")
     config = None if recompressible(algorithm) else PlannerConfig(strategies=(Strategy.ALLGATHER,))
     return auto_plan(
         algorithm, named_numels, world_size, group=group, device=device, config=config,
-        probe=probe,
+        probe=probe, rows=rows,
     )  # fmt: skip
 
 
@@ -237,12 +240,18 @@ def resolve_plan(
     """
     if algorithm is None:
         algorithm = Uncompressed()
+    sel = selection or Selection()
+    known = dict(shapes)
+    pairs = [(n, known.get(n)) for n, _ in named_numels]
     if plan is None or (isinstance(plan, str) and plan == "default"):
         resolved = _default_plan(algorithm, named_numels, world_size, rule or DefaultRule())
     elif isinstance(plan, Plan):
         resolved = plan
     elif isinstance(plan, str) and plan == "auto":
-        resolved = _auto_plan(algorithm, named_numels, world_size, group, device, probe)
+        kept = sel.reasons(pairs)  # embeddings kept plain: priced as exact rows
+        rows = {n: RowDensity(s[0], exact=True) for n, s in pairs
+                if kept.get(n) == "embedding" and s is not None and len(s) == 2}  # fmt: skip
+        resolved = _auto_plan(algorithm, named_numels, world_size, group, device, probe, rows)
     elif isinstance(plan, (str, Path)):
         resolved = load_plan_for_model(plan, named_numels, world_size)
     else:
@@ -250,9 +259,6 @@ def resolve_plan(
             f"plan must be 'default', 'auto', a path to a plan file or a Plan, got "
             f"{type(plan).__name__}"
         )
-    sel = selection or Selection()
-    known = dict(shapes)
-    pairs = [(n, known.get(n)) for n, _ in named_numels]
     explicit = isinstance(plan, Plan | Path) or (isinstance(plan, str) and plan not in PLAN_WORDS)
     if compresses(algorithm):
         resolved = keep_plain(resolved, sel.reasons(pairs, implicit=not explicit))

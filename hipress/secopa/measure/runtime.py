@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from hipress.secopa.measure.timed_codec import TimedAlgorithm, as_timed_codec
 from hipress.secopa.model.planner import PlannerConfig, plan_named
 from hipress.secopa.model.profile import Profile
 from hipress.secopa.model.readiness import Readiness
+from hipress.secopa.model.rowcost import RowDensity
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ def plan_for_model(
     group: Any = None,
     *,
     comm: Comm | None = None,
+    rows: Mapping[str, RowDensity] | None = None,
 ) -> Plan:
     """Plan a model; in a process group (or over ``comm``), plan on rank 0 and broadcast.
 
@@ -97,13 +99,15 @@ def plan_for_model(
         config: planner settings.
         group: process group (default: the default group, if initialised).
         comm: the ranks to plan for, instead of ``group`` (e.g. Horovod's).
+        rows: the gradients that may travel as rows, priced by the planner
+            (:meth:`~hipress.secopa.model.planner.Planner.plan`).
     Returns the plan, identical on every rank, checked against ``model``.
     """
     named = named_numels(model)
     if comm is None and not dist.is_initialized():
         if profile is None:
             raise PlanError("plan_for_model needs a profile")
-        return plan_named(named, profile, world_size or 1, config)
+        return plan_named(named, profile, world_size or 1, config, rows)
     comm = comm if comm is not None else TorchComm(group)
     world = comm.size
     result: Plan | PlanError | None = None
@@ -111,7 +115,7 @@ def plan_for_model(
         try:
             if profile is None:
                 raise PlanError("rank 0 has no profile to plan with")
-            result = plan_named(named, profile, world_size or world, config)
+            result = plan_named(named, profile, world_size or world, config, rows)
         except PlanError as exc:
             result = exc
     plan = broadcast_plan(result, comm=comm)
@@ -189,6 +193,7 @@ def auto_plan(
     device: torch.device | str | None = None,
     probe: StepProbe | None = None,
     readiness: Readiness | None = None,
+    rows: Mapping[str, RowDensity] | None = None,
 ) -> Plan:
     """Profile (see :func:`auto_profile`) and plan on rank 0, broadcast to all ranks.
 
@@ -203,6 +208,8 @@ def auto_plan(
         probe: runs real sync steps to calibrate the profile (see :func:`auto_profile`).
         readiness: the gradients' ready times (rank 0's are used): the plan then minimises
             the exposed time of the step (:mod:`hipress.secopa.model.exposure`).
+        rows: the gradients that may travel as rows (:mod:`hipress.secopa.model.rowcost`);
+            with no row count yet, the plan records each one's break-even count.
     Needs an initialised process group (or ``comm``); every rank must call it. Takes a few
     seconds. Returns the plan, identical on every rank.
     """
@@ -220,4 +227,4 @@ def auto_plan(
         readiness=readiness,
     )  # fmt: skip
     mine = profile if comm.rank == 0 else None
-    return plan_for_model(named, mine, world, config, comm=comm)
+    return plan_for_model(named, mine, world, config, comm=comm, rows=rows)

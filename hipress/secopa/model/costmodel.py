@@ -249,11 +249,12 @@ class CostModel:
         of every member with more than r partitions, its compute is the members' and each of its
         collectives runs once on the concatenated sizes. Rounds go in table order (allreduce,
         allgather rounds, PS rounds) and are pipelined (:meth:`pipeline_ms`). Members of
-        ``"sum"`` formulas count as one standalone round each.
+        ``"sum"`` formulas count as one standalone round each, as do members priced outside
+        the table (``fixed``: a row-sparse tensor's own collectives), first.
         """
-        rounds: list[tuple[float, float]] = []
+        rounds: list[tuple[float, float]] = [x.fixed for x in members if x.fixed is not None]
         for f in self.formulas.values():
-            mine = [x for x in members if x.formula == f.name]
+            mine = [x for x in members if x.formula == f.name and x.fixed is None]
             if not mine:
                 continue
             if f.combine == "sum":
@@ -295,11 +296,15 @@ class CostModel:
 
 @dataclass(frozen=True)
 class Member:
-    """One tensor of a bucket: synchronised by formula ``formula`` in ``k`` partitions."""
+    """One tensor of a bucket: synchronised by formula ``formula`` in ``k`` partitions, or,
+    with ``fixed`` (compute ms, link ms), in collectives of its own priced outside the formula
+    table (a row-sparse tensor, :mod:`~hipress.secopa.model.rowcost`; ``formula`` then says
+    whether it is compressed)."""
 
     formula: str
     numel: int
     k: int = 1
+    fixed: tuple[float, float] | None = None
 
 
 def _scalar(x: ArrayLike) -> float:

@@ -19,8 +19,9 @@ the sum-of-costs plan, and the planner logs that it plans without ready times.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.model.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
@@ -32,6 +33,7 @@ from hipress.secopa.model.exposure import (
     refine,
 )
 from hipress.secopa.model.profile import AlphaBeta, MeasuredComm, Profile
+from hipress.secopa.model.rowcost import RowDensity, choose_rows, price_rows
 from hipress.secopa.model.selection import Decision, Selector, ddp_buckets
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,7 @@ class Planner:
         ]
         if not unc:
             raise PlanError("the formula table has no uncompressed ALLREDUCE formula")
+        self.plain = unc[0].name
         cfg = self.config
         self.selector = Selector(
             self.model,
@@ -126,9 +129,14 @@ class Planner:
         selection record)`` (:meth:`Selector.select`)."""
         return self.selector.select(numels)
 
-    def plan(self, named: Sequence[tuple[str, int]]) -> Plan:
-        """The plan for these parameters (in this order). Raises :class:`PlanError` on
-        duplicate names or non-positive sizes."""
+    def plan(
+        self, named: Sequence[tuple[str, int]], rows: Mapping[str, RowDensity] | None = None
+    ) -> Plan:
+        """The plan for these parameters (in this order). ``rows``: the 2-D gradients that may
+        travel as rows (:mod:`~hipress.secopa.model.rowcost`): each is row-sparse where its
+        rows' price beats its dense time (``meta["row_prices"]`` says why, with the break-even
+        count). Raises :class:`PlanError` on duplicate names, non-positive sizes or rows that
+        do not fit."""
         names = [n for n, _ in named]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -141,15 +149,25 @@ class Planner:
         members = [self._member(k, assign.get(k)) for k in numels]
         meta = self.meta()
         meta["selection"] = record
+        if rows:
+            members, meta["row_prices"] = choose_rows(
+                self.model, names, members, rows, self.plain, self.formula_for(Strategy.ALLGATHER)
+            )  # fmt: skip
         extra: dict[str, float] = {}
         if self._exposed():
             members, meta["exposure"] = self.refine(names, members)
             extra["exposed"] = float(meta["exposure"]["exposed_ms"])  # type: ignore[index]
         entries = []
+        prices: Mapping[str, Any] = meta.get("row_prices", {})  # type: ignore[assignment]
         for name, m in zip(names, members, strict=True):
             f = self.model.formula(m.formula)
             u_ms = self.decide(m.numel).uncompressed_ms
-            if f.compressed and f.strategy is not None:
+            if m.fixed is not None:  # row-sparse
+                p = prices[name]
+                strategy = f.strategy or Strategy.ALLREDUCE
+                entries.append(TensorPlan(name, m.numel, f.compressed, strategy, 1, sum(m.fixed),
+                                          u_ms, p["rows"], p["row_bound"]))  # fmt: skip
+            elif f.compressed and f.strategy is not None:
                 ms = self.model.time(m.formula, m.numel, m.k)
                 entries.append(TensorPlan(name, m.numel, True, f.strategy, m.k, ms, u_ms))
             else:
@@ -162,7 +180,7 @@ class Planner:
             meta=meta,
         )
         totals = self.totals(numels, assign)
-        if extra:  # the refined plan's own bucket total
+        if extra or any(m.fixed for m in members):  # the refined (or row-sparse) plan's total
             totals["planned"] = round(self.predict(plan), 6)
         totals.update(extra)
         return replace(plan, totals=totals)
@@ -199,7 +217,7 @@ class Planner:
         buckets = ready_buckets(numels, leads, cfg.bucket_cap_mb, cfg.first_bucket_mb)
         cands: list[list[Choice]] = []
         for m in members:
-            if not self.model.formula(m.formula).compressed:
+            if m.fixed is not None or not self.model.formula(m.formula).compressed:
                 cands.append([])
                 continue
             cs = self.selector.candidates(m.numel)
@@ -235,34 +253,30 @@ class Planner:
 
     def predict(self, plan: Plan) -> float:
         """Predicted ms per step of any plan for these parameters (over DDP's buckets)."""
-        entries = plan.entries
-        numels = [e.numel for e in entries]
+        numels = [e.numel for e in plan.entries]
+        return self.selector.bucket_total(numels, lambda i: self.member(plan, i))
 
-        def pick(i: int) -> Member:
-            e = entries[i]
-            return Member(self.formula_for(e.strategy), e.numel, e.partitions)
-
-        return self.selector.bucket_total(numels, pick)
+    def member(self, plan: Plan, i: int) -> Member:
+        """How entry ``i`` of ``plan`` runs, for the cost model: a row-sparse entry at the
+        price ``meta["row_prices"]`` records, else at its bound's (touched = (bound - 1) / 2,
+        :func:`~hipress.secopa.model.rowcost.row_bound`'s inverse)."""
+        e = plan.entries[i]
+        f = self.formula_for(e.strategy)
+        if not e.row_bound:
+            return Member(f, e.numel, e.partitions)
+        rec = dict(plan.meta.get("row_prices", {})).get(e.name, {})
+        if "compute_ms" not in rec or rec.get("row_bound") != e.row_bound:
+            p = price_rows(self.model, e.numel, e.rows, (e.row_bound - 1) // 2, e.compress)
+            rec = {"compute_ms": p.compute_ms, "comm_ms": p.comm_ms}
+        return Member(f, e.numel, 1, (float(rec["compute_ms"]), float(rec["comm_ms"])))
 
     def breakdown(self, plan: Plan) -> dict[str, float]:
         """What :meth:`predict` adds up, per step: ``rounds`` (collective rounds CaSync
         issues), ``compute_ms`` and ``comm_ms`` (their serial sums, before pipelining)."""
         entries, cfg = plan.entries, self.config
         buckets = ddp_buckets([e.numel for e in entries], cfg.bucket_cap_mb, cfg.first_bucket_mb)
-        rounds = [
-            r
-            for b in buckets
-            for r in self.model.bucket_rounds(
-                [
-                    Member(
-                        self.formula_for(entries[i].strategy),
-                        entries[i].numel,
-                        entries[i].partitions,
-                    )
-                    for i in b
-                ]
-            )
-        ]
+        rounds = [r for b in buckets for r in self.model.bucket_rounds(
+            [self.member(plan, i) for i in b])]  # fmt: skip
         return {
             "rounds": float(len(rounds)),
             "compute_ms": round(sum(c for c, _ in rounds), 6),
@@ -330,8 +344,10 @@ def plan_named(
     profile: Profile,
     world_size: int,
     config: PlannerConfig | None = None,
+    rows: Mapping[str, RowDensity] | None = None,
 ) -> Plan:
-    """Plan ``(name, numel)`` pairs for ``world_size`` workers (see :class:`Planner`)."""
+    """Plan ``(name, numel)`` pairs for ``world_size`` workers (see :class:`Planner`);
+    ``rows``: the gradients that may travel as rows (:meth:`Planner.plan`)."""
     if world_size < 1:
         raise PlanError(f"world size must be >= 1, got {world_size}")
-    return Planner(profile, world_size, config).plan(named)
+    return Planner(profile, world_size, config).plan(named, rows)
