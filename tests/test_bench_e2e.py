@@ -59,12 +59,44 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     assert min(leads, key=leads.__getitem__) == "embed.weight"
     assert leads["out.head.weight"] > leads["embed.weight"] >= 0
     numels = {e[0]: e[1] for e in onebit["plan"]["entries"]}
+    # the embedding travels as rows (counted in step 1): the entry holds its rows, bound and
+    # the rows of the last step's summed gradient (the union of the ranks' rows)
+    embed = next(e for e in onebit["plan"]["entries"] if e[0] == "embed.weight")
+    _, numel, compress, _, _, n_rows, bound, union = embed
+    assert not compress and 0 < union <= 2 * bound < n_rows
     floors(rows, numels, 2, 1000.0)
-    # onebit's embedding payload (numel / 8 bytes) at 125 kB per ms, less its lead, at the least
-    least = numels["embed.weight"] / 8 / 125e3 - leads["embed.weight"]
+    # its bound's indices and union's rows at 125 kB per ms, less its lead, at the least
+    width = numel // n_rows
+    least = (8 * (bound + 1) + 4 * union * width) / 125e3 - leads["embed.weight"]
     assert onebit["network_floor_ms"] >= least - 1e-9
     assert 0 < onebit["efficiency_bound"] < 1
     assert "network_floor_ms" not in nocomm
+    # the floor of the same plan with the embedding dense: its fp32 allreduce, far more
+    dense = {**onebit, "plan": {"entries": [e[:5] for e in onebit["plan"]["entries"]]}}
+    floors([compute, dense], numels, 2, 1000.0)
+    assert dense["network_floor_ms"] > onebit["network_floor_ms"] + 100
+
+
+def test_row_sparse_bytes_in_the_floor() -> None:
+    from hipress.bench.tail import allreduce_bytes, bytes_sent, row_bytes_sent
+
+    def pay(k: int) -> int:
+        return k // 8
+
+    # 1000 rows of 64: bound 21, 30 rows in the union (exact: an fp32 allreduce's share)
+    exact = row_bytes_sent(64_000, 1000, 21, 30, False, pay, 4)
+    # (a ring all-gather sends N-1 blocks: indices 3 x 22 int64; the allreduce 2(N-1)/N)
+    assert exact == pytest.approx(3 * 8 * 22 + 1.5 * 4 * 30 * 64)
+    comp = row_bytes_sent(64_000, 1000, 21, 30, True, pay, 4)
+    assert comp == pytest.approx(3 * 8 * 22 + 3 * 30 * 64 // 8)
+    # no union measured: the most a sparse step sends, N x (bound - 1) / 2 rows
+    assert row_bytes_sent(64_000, 1000, 21, None, False, pay, 4) == pytest.approx(
+        row_bytes_sent(64_000, 1000, 21, 40, False, pay, 4))  # fmt: skip
+    entries = [["e", 64_000, False, "allreduce", 1, 1000, 21, 30],
+               ["d", 64_000, False, "allreduce", 1]]  # fmt: skip
+    sent = bytes_sent(entries, pay, 4)
+    assert sent["e"] == pytest.approx(exact) and sent["d"] == allreduce_bytes(4 * 64_000, 4)
+    assert sent["e"] < sent["d"] / 20
 
 
 def test_fsdp_rows_with_memory_traffic_and_speedups() -> None:

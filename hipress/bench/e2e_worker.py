@@ -149,12 +149,20 @@ def train(
     if clock is not None:
         out["grad_ready_lead_ms"] = clock.leads()
     if state is not None:
-        out.update(_casync_figures(state))
+        out.update(_casync_figures(state, model))
     return out
 
 
-def _casync_figures(state: Any) -> dict[str, Any]:
-    """CaSync's mean step figures and its plan, as a row of results holds them."""
+def _casync_figures(state: Any, model: torch.nn.Module) -> dict[str, Any]:
+    """CaSync's mean step figures and its plan, as a row of results holds them: a row-sparse
+    entry also holds its ``rows``, ``row_bound`` and the rows of the last step's synchronised
+    gradient that are not zero (the union of the ranks' rows, as sent)."""
+    grads = {n: p.grad for n, p in getattr(model, "module", model).named_parameters()}
+
+    def union(name: str, rows: int) -> int | None:
+        g = grads.get(name)
+        return None if g is None else int(g.reshape(rows, -1).ne(0).any(1).sum())
+
     return {
         "casync": state.stats.mean(),
         "compressed_tensors": sum(e.compress for e in state.plan.entries),
@@ -162,6 +170,7 @@ def _casync_figures(state: Any) -> dict[str, Any]:
         "plan": {
             "entries": [
                 [e.name, e.numel, e.compress, e.strategy.value, e.partitions]
+                + ([e.rows, e.row_bound, union(e.name, e.rows)] if e.row_bound else [])
                 for e in state.plan.entries
             ],
             "totals": dict(state.plan.totals),

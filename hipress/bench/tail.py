@@ -25,7 +25,7 @@ from hipress.core.plan import Strategy, TensorPlan
 from hipress.secopa.measure.readiness import ReadyClock
 from hipress.secopa.model.network import ALGORITHMS
 
-__all__ = ["ReadyClock", "allreduce_bytes", "bytes_sent", "exposed_floor_ms"]
+__all__ = ["ReadyClock", "allreduce_bytes", "bytes_sent", "exposed_floor_ms", "row_bytes_sent"]
 
 
 def _sent(algorithm: str, nbytes: float, world_size: int) -> float:
@@ -44,12 +44,18 @@ def bytes_sent(
     entries: Sequence[Sequence[Any]], payload_nbytes: Any, world_size: int
 ) -> dict[str, float]:
     """Bytes one rank sends per step for each tensor of a hipress plan, given as
-    ``[name, numel, compress, strategy, partitions]`` rows (``hipress bench e2e``'s ``plan``):
-    the all-gather sends a rank's payload to each of the N-1 others; PS and the ring send N-1
-    shard payloads twice (scatter-reduce, then all-gather); uncompressed tensors an fp32
-    allreduce's share."""
+    ``[name, numel, compress, strategy, partitions]`` rows (``hipress bench e2e``'s ``plan``),
+    optionally followed by ``rows, row_bound, union`` (a row-sparse entry,
+    :func:`row_bytes_sent`): the all-gather sends a rank's payload to each of the N-1 others;
+    PS and the ring send N-1 shard payloads twice (scatter-reduce, then all-gather);
+    uncompressed tensors an fp32 allreduce's share."""
     out: dict[str, float] = {}
-    for name, numel, compress, strategy, parts in entries:
+    for name, numel, compress, strategy, parts, *more in entries:
+        rows, bound, union = [*more, 0, 0, None][:3]
+        if bound:
+            out[name] = row_bytes_sent(numel, rows, bound, union, compress, payload_nbytes,
+                                       world_size)  # fmt: skip
+            continue
         if not compress:
             out[name] = allreduce_bytes(4.0 * numel, world_size)
             continue
@@ -65,6 +71,30 @@ def bytes_sent(
                 total += _sent("ring_allgather", shards / world_size, world_size)
         out[name] = total
     return out
+
+
+def row_bytes_sent(
+    numel: int,
+    rows: int,
+    bound: int,
+    union: int | None,
+    compress: bool,
+    payload_nbytes: Any,
+    world_size: int,
+) -> float:
+    """Bytes one rank sends per step for a row-sparse tensor (CaSync's
+    :mod:`~hipress.casync.strategies.rowsparse`): the all-gather of ``bound + 1`` int64 (count
+    and indices), then the ``union`` rows every rank holds: an fp32 allreduce's share, or
+    (``compress``) the all-gather of their payload. ``union`` is the rows of a step's summed
+    gradient that are not zero (measured); None takes the most the bound allows a step that
+    stays sparse, ``min(rows, N * (bound - 1) / 2)`` (the bound is twice the count plus one)."""
+    if union is None:
+        union = min(rows, world_size * ((bound - 1) // 2))
+    k = union * (numel // rows)
+    sent = _sent("ring_allgather", 8.0 * (bound + 1), world_size)
+    if compress:
+        return sent + (_sent("ring_allgather", payload_nbytes(k), world_size) if k else 0.0)
+    return sent + allreduce_bytes(4.0 * k, world_size)
 
 
 def exposed_floor_ms(
