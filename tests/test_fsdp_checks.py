@@ -132,7 +132,7 @@ def save_then_load_other(rank: int, world_size: int, root: str) -> list[tuple[st
     return [_load(path, "onebit", BOTH)]
 
 
-def test_a_checkpoint_of_another_plan_algorithm_or_world_size_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_checkpoint_of_another_plan_or_algorithm_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     root = str(tmp_path)
     for got in run_workers(save_then_load_other, 2, root, preload=PRELOAD, timeout=120):
         (k1, m1), (k2, m2), (k3, m3), (k4, _) = got
@@ -140,11 +140,11 @@ def test_a_checkpoint_of_another_plan_algorithm_or_world_size_is_refused(tmp_pat
         assert k2 == "FsdpError" and "units ['0']" in m2, (k2, m2)
         assert k3 == "FsdpError" and "algorithm is 'onebit'" in m3, (k3, m3)
         assert k4 == "loaded"
-    for n in (4, 1):  # more ranks, fewer ranks
+    for n in (4, 1):  # more ranks, fewer ranks: resharded (tests/test_fsdp_reshard.py)
         for ((kind, msg),) in run_workers(
             save_then_load_other, n, root, preload=PRELOAD, timeout=120
         ):
-            assert kind == "FsdpError" and "world_size is 2" in msg, (n, kind, msg)
+            assert kind == "loaded", (n, kind, msg)
 
 
 def one_rank_registers(rank: int, world_size: int) -> str:

@@ -9,8 +9,8 @@ states serialised under ``"rank{r}"`` (one value per rank, whatever the units, s
 checkpoint of another configuration always reaches :meth:`FsdpCompression.load_state_dict`,
 which refuses it with an :class:`FsdpError` saying what differs). Each rank's entry is sealed
 with a SHA-256 digest of its bytes (a damaged entry is refused) and its states must be finite
-where the next step uses them. Resharding is not supported: load into the same configuration on
-the same number of ranks.
+where the next step uses them. A checkpoint of the same configuration saved at another number of
+ranks is resharded, keeping the sums over ranks of the residuals (:mod:`hipress.fsdp.reshard`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.metrics import snapshot
 from hipress.fsdp.planning import FsdpPlan
 from hipress.fsdp.replicate import ReplicaAllReduce
+from hipress.fsdp.reshard import load_resharded
 
 logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
@@ -149,13 +150,22 @@ class FsdpCompression:
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore from :meth:`state_dict` (this rank's entry), all units or none. Raises
-        :class:`FsdpError` if it was saved with another algorithm, feedback option, world
-        size, plan or model, or is damaged."""
+        :class:`FsdpError` if it was saved with another algorithm, feedback option, plan or
+        model, or is damaged. Saved at another world size, it is resharded
+        (:func:`~hipress.fsdp.reshard.load_resharded`, a collective: every rank loads)."""
         if not isinstance(sd, Mapping):
             raise FsdpError(f"a hipress.fsdp state dict is a mapping, got {type(sd).__name__}")
+        saved_ws = sd.get("world_size")
+        moved = isinstance(saved_ws, int) and saved_ws > 0 and saved_ws != self.world_size
         for key, want in self._config().items():
-            if sd.get(key) != want:
+            if sd.get(key) != want and not (moved and key == "world_size"):
                 raise FsdpError(_mismatch(key, sd.get(key), want))
+        if moved:
+            logger.warning("hipress.fsdp: the checkpoint was saved at %d ranks, this run has "
+                           "%d: its error feedback is resharded (the sums over ranks are kept)",
+                           saved_ws, self.world_size)  # fmt: skip
+            load_resharded(self, sd)
+            return
         mine = self._entry(sd.get(f"rank{self.rank}"))
         for name, u in self.units.items():
             entry = mine[name]
@@ -165,10 +175,11 @@ class FsdpCompression:
             if name in self.replicas:
                 self.replicas[name].load_state_dict(dict(entry.get("replica") or {}))
 
-    def _entry(self, blob: Any) -> Mapping[str, Any]:
-        """This rank's per-unit states from its serialised entry, checked against its digest
-        and for non-finite values."""
-        key = f"the checkpoint's entry rank{self.rank}"
+    def _entry(self, blob: Any, rank: int | None = None) -> Mapping[str, Any]:
+        """The per-unit states of ``rank``'s serialised entry (default: this rank's), checked
+        against its digest and for non-finite values."""
+        rank = self.rank if rank is None else rank
+        key = f"the checkpoint's entry rank{rank}"
         if isinstance(blob, bytes) and blob.startswith(_SEALED):
             head = len(_SEALED) + 32
             if hashlib.sha256(blob[head:]).digest() != blob[len(_SEALED) : head]:
@@ -188,8 +199,7 @@ class FsdpCompression:
             raise FsdpError(f"{key} is damaged: {exc}") from None
         if not isinstance(mine, Mapping) or set(mine) != set(self.units):
             raise FsdpError(
-                f"the checkpoint has no matching entry for rank {self.rank}'s units "
-                f"{sorted(self.units)}"
+                f"the checkpoint has no matching entry for rank {rank}'s units {sorted(self.units)}"
             )
         for name, entry in mine.items():
             _check_finite(name, entry, key)
@@ -251,6 +261,6 @@ def _mismatch(key: str, got: Any, want: Any) -> str:
                 f"restored; register with plan={saved} to resume it"
             )
     return (
-        f"the checkpoint's {key} is {got!r}, this run's {want!r}; load it into the same "
-        "configuration (resharding is not supported)"
+        f"the checkpoint's {key} is {got!r}, this run's {want!r}; load it into the "
+        "configuration it was saved with"
     )
