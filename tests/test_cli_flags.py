@@ -31,7 +31,6 @@ BASE: dict[tuple[str, ...], list[str]] = {
 # options the command checks itself, as early (hipress plan's own errors; ring's files below)
 SELF = {
     ("plan",): (
-        "--model",
         "--workers",
         "--world-size",
         "--profile",
@@ -39,12 +38,16 @@ SELF = {
         "--include",
         "--exclude",
     ),
-    ("profile",): ("--model", "--overlap"),
+    ("profile",): ("--overlap",),
     ("bench", "ring"): ("profiles",),
 }
 NUMBER = ["abc", "1e999", "nan", "-inf", "", "10" * 200]
 RATE = ["abc", "-1gbit", "0mbit", "1e999gbit", "0.1bit", "5tbit"]
 NAMES = ["abc", "onebit,abc", ","]
+# model references refused before anything is imported: no such built-in, no such file, a
+# call that does not parse, an argument that is not a literal, one given twice, ** arguments
+MODELS = ["abc", "no-such-file.py:make", "torch.nn:Linear(3,", "torch.nn:Linear(n)",
+          "torch.nn:Linear(a=1, a=1)", "torch.nn:Linear(**k)", "x:"]  # fmt: skip
 
 
 def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
@@ -100,7 +103,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
         ("bench", "ring"): {"--latency": ["abc", "-1us", "1e999s", "100s"], "--out": outs_file},
         ("bench", "report"): {"--results": [str(not_dir)], "--docs": [str(tmp / "none.md")]},
         ("bench", "plan"): {
-            "--model": ["abc"], "--algorithm": ["abc"], "--param": ["bitwidth=3", "nosuch=1"],
+            "--model": MODELS, "--algorithm": ["abc"], "--param": ["bitwidth=3", "nosuch=1"],
             "--backend": ["abc"], "--workers": ["1", many], "--nproc": ["1"], "--threads": ["0"],
             "--bandwidth": RATE, "--rate-mbit": ["-1", "abc"], "--steps": ["0"],
             "--warmup": ["-1"], "--budget": ["0", "nan"], "--plans": NAMES,
@@ -111,12 +114,12 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--backend": ["abc"], "--budget": ["0", "nan"], "--threads": ["0"],
             "--bandwidth": ["abc", "1e999gbit", "0gbit"], "--max-partitions": ["0"],
             "--strategies": ["ring,tree"], "--bucket-cap-mb": ["0", "nan"], "--out": outs_file,
-            "--shapes": ["x"],
+            "--shapes": ["x"], "--model": MODELS,
         },
         ("profile",): {
             "--workers": ["1", many], "--nproc": ["1"], "--algorithm": ["abc"],
             "--param": ["bitwidth=3", "x=1"], "--backend": ["abc"], "--budget": ["-1"], "--threads": ["0"],
-            "--bandwidth": ["abc"], "--latency": ["-1us"], "--out": outs_file,
+            "--bandwidth": ["abc"], "--latency": ["-1us"], "--out": outs_file, "--model": MODELS,
         },
         ("demo",): {
             "--workers": ["0", many], "--steps": ["0"], "--algorithm": ["abc"],

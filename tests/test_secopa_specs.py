@@ -116,7 +116,7 @@ def test_a_file_path_or_a_module_from_the_current_directory(
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("train.py:Wide", r"calling it without arguments failed .*zero-argument factory"),
+        ("train.py:Wide", r"calling it without arguments failed .*make_model\(vocab=8192"),
         ("missing.py:Net", "no such file"),
         ("broken.py:Net", "running 'broken.py' failed: ZeroDivisionError"),
         ("train.py:Nope", "has no attribute 'Nope'"),
@@ -144,3 +144,77 @@ def test_the_console_script_plans_a_model_from_a_file(tmp_path: Path) -> None:
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
         assert '"fc.weight"' in r.stdout
+
+
+SCRIPT_FILE = """
+import argparse
+import sys
+
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=1)
+ARGS = parser.parse_args()  # at module level, as many training scripts do
+SEEN_ARGV = list(sys.argv)
+
+
+def make_model(vocab: int = 100, dim: int = 16, tied: bool = False) -> nn.Module:
+    return nn.Sequential(nn.Embedding(vocab, dim), nn.Linear(dim, 2 if tied else vocab))
+
+
+if __name__ == "__main__":
+    raise SystemExit("the training ran")
+"""
+
+
+def test_a_training_script_is_imported_without_its_main_block_or_our_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "script.py").write_text(SCRIPT_FILE)
+    (tmp_path / "strict.py").write_text(SCRIPT_FILE.replace('"--epochs"', '"epochs"'))
+    monkeypatch.chdir(tmp_path)
+    argv = ["hipress", "plan", "--model", "script.py:make_model", "--workers", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    spec = resolve_model("script.py:make_model")  # plan's options would make its parser exit
+    assert spec.named_numels() == [("0.weight", 1600), ("1.weight", 1600), ("1.bias", 100)]
+    assert sys.argv == argv  # given back
+    got = resolve_model("script.py:make_model(8192, tied=True, dim=4)").named_numels()
+    assert got == [("0.weight", 32768), ("1.weight", 8), ("1.bias", 2)]
+    assert resolve_model("script:make_model(vocab=10)").named_numels()[0] == ("0.weight", 160)
+    with pytest.raises(
+        ModelSpecError, match=r"importing 'strict.py' exited \(status 2\).*__main__"
+    ):
+        resolve_model("strict.py:make_model")
+    assert sys.argv == argv
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("script.py:make_model(width=3)", r"calling it with \(width=3\) failed .*unexpected"),
+        ("script.py:make_model(vocab=n)", "argument 'n' is not a literal"),
+        ("script.py:make_model(vocab=1, vocab=2)", "'vocab' given twice"),
+        ("script.py:make_model(**{'vocab': 2})", r"\*\* is not taken"),
+        ("script.py:make_model(vocab=1", "expected module:attr"),
+        ("script.py:make_model(vocab=-1)", r"make_model\(vocab=-1\) raised RuntimeError"),
+        ("torch.nn:Linear(3, 4)", None),
+        ("test_secopa_specs:NOT_A_MODULE()", "int, not a class or factory to call"),
+    ],
+)
+def test_factory_arguments_are_literals_checked_before_the_call(
+    ref: str, message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hipress.secopa.model.specs import check_ref, parse_ref
+
+    (tmp_path / "script.py").write_text(SCRIPT_FILE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["hipress"])
+    if message is None:
+        assert resolve_model(ref).named_numels() == [("weight", 12), ("bias", 4)]
+        assert parse_ref(ref).args == (3, 4) and parse_ref(ref).called
+        return
+    with pytest.raises(ModelSpecError, match=message):
+        resolve_model(ref)
+    if ref.startswith("script.py") and "raised" not in message and "calling" not in message:
+        with pytest.raises(ModelSpecError, match=message):
+            check_ref(ref)  # found without importing anything

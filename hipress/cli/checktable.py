@@ -96,12 +96,26 @@ def _name(flag: str, value: Any, args: argparse.Namespace) -> None:
 
 
 def _model_spec(flag: str, value: Any, args: argparse.Namespace) -> None:
-    from hipress.secopa.model.specs import builtin_models
+    """A built-in model, or ``file.py:NAME`` / ``module:NAME`` with optional literal arguments
+    (``NAME(vocab=8192)``) whose file exists; importing it is left to the command."""
+    from hipress.secopa.model.specs import ModelSpecError, builtin_models, check_ref
 
-    if value is None or ":" in value or value in builtin_models():
+    if value is None:
         return
-    allowed = f"{', '.join(builtin_models())}, path/to/file.py:NAME or package.module:NAME"
-    raise UsageError(flag, value, "is not a built-in model", allowed)
+    allowed = (
+        f"{', '.join(builtin_models())}, path/to/file.py:NAME or package.module:NAME, "
+        "optionally with literal arguments: 'train.py:make_model(vocab=8192)'"
+    )
+    try:
+        check_ref(value)
+    except ModelSpecError as exc:
+        why = str(exc).removeprefix(f"{value!r}: ").split(" (NAME must")[0]
+        problem = (
+            "is not a built-in model" if why.startswith("unknown model")
+            else f"names {why}" if why.startswith("no such file")
+            else f"is not a model reference: {why}"
+        )  # fmt: skip
+        raise UsageError(flag, value, problem, allowed) from None
 
 
 def _kernel_sizes(flag: str, value: Any, args: argparse.Namespace) -> None:
@@ -318,11 +332,11 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "json_out": _out("file"),
         },
         ("plan",): {
-            **link,  # --model, --workers, --profile, --overlap, --include, --exclude: the
-            # command checks them itself, before any work
+            **link, "model": Call(_model_spec),  # --workers, --profile, --overlap, --include,
+            # --exclude: the command checks them itself, before any work
             "max_partitions": Int(1, 1024, none=True), "bucket_cap_mb": Num(0.0, 1e6, open_lo=True),
         },
-        ("profile",): {**link, "workers": WORKERS},  # --model, --overlap: checked by the command
+        ("profile",): {**link, "workers": WORKERS, "model": Call(_model_spec)},  # --overlap: the command
         ("demo",): {
             **_COMMON, "workers": Int(1, max_workers, allowed=lambda: workers_allowed(1)),
             "threads": Int(0, cpus, allowed=lambda: f"0 (auto) or 1 to {cpus()}"),

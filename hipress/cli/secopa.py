@@ -47,8 +47,10 @@ DEFAULT_LATENCY_S = 25e-6
 
 MODEL_HELP = (
     f"a built-in model ({', '.join(builtin_models())}), path/to/file.py:NAME or "
-    "package.module:NAME; NAME is an nn.Module class constructible without arguments or a "
-    "zero-argument factory function returning an nn.Module (def make(): return Net(512))"
+    "package.module:NAME; NAME is an nn.Module class or a factory function returning one, "
+    "called without arguments or with the literal ones given: "
+    "'train.py:make_model(vocab=8192)' (the file is imported: its __main__ block does not run "
+    "and it sees no command-line arguments)"
 )
 
 

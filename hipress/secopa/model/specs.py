@@ -3,8 +3,11 @@
 :func:`builtin_models` lists the built-in specs (``resnet50``, ``vgg19``, ``bert-base``,
 ``lstm-lm``, ``mlp``): the (name, shape) of every trainable parameter, named as torchvision /
 Hugging Face name them, with no dependency on either. :func:`resolve_model` also accepts
-``path/to/file.py:NAME`` and ``package.module:NAME``: an ``nn.Module`` instance, a class
-constructible without arguments, or a zero-argument factory returning a module.
+``path/to/file.py:NAME`` and ``package.module:NAME``: an ``nn.Module`` instance, or a class or
+factory returning a module, called without arguments or with the literal ones the reference
+gives (``train.py:make_model(vocab=8192)``, :func:`parse_ref`). A file is imported as a module
+of its own (its ``if __name__ == "__main__":`` block does not run) while ``sys.argv`` is
+``[path]``, so a module-level argument parser does not see hipress's options.
 :func:`module_from_spec` builds a real module with those parameters (for benchmarks).
 """
 
@@ -24,12 +27,21 @@ import torch
 from torch import nn
 
 from hipress.core.rule import embedding_names
+from hipress.secopa.model.modelref import FACTORY_HELP, ModelSpecError, parse_ref
+
+__all__ = [
+    "FACTORY_HELP",
+    "ModelSpec",
+    "ModelSpecError",
+    "builtin_models",
+    "check_ref",
+    "module_from_spec",
+    "parse_ref",
+    "resolve_model",
+    "spec_of_module",
+]
 
 Shape = tuple[int, ...]
-
-
-class ModelSpecError(ValueError):
-    """A model name or ``file.py:NAME`` / ``module:NAME`` reference cannot be resolved."""
 
 
 @dataclass(frozen=True)
@@ -158,27 +170,18 @@ def spec_of_module(name: str, module: nn.Module) -> ModelSpec:
     return ModelSpec(name, params, embedding_names(module))
 
 
-FACTORY_HELP = (
-    "NAME must be an nn.Module class whose constructor takes no arguments, an nn.Module "
-    "instance, or a zero-argument factory function returning one, e.g. "
-    "`def make_model(): return Net(width=512)` in train.py, then --model train.py:make_model"
-)
-
-
-def _split_ref(ref: str) -> tuple[str, str]:
-    """``path/to/file.py:Name`` or ``package.module:Name`` -> (where, Name); the last colon
-    splits, so a Windows drive letter stays in the path."""
-    where, sep, attr = ref.rpartition(":")
-    if not sep or not where or not attr:
-        raise ModelSpecError(
-            f"{ref!r}: expected module:attr, i.e. path/to/file.py:NAME or "
-            f"package.module:NAME ({FACTORY_HELP})"
-        )
-    return where, attr
-
-
-def _is_path(where: str) -> bool:
-    return where.endswith(".py") or "/" in where or "\\" in where or where.startswith(".")
+def check_ref(ref: str) -> None:
+    """What can be checked of a model reference without importing anything: a built-in name,
+    or a reference :func:`parse_ref` reads whose file (when it names one) exists. Raises
+    :class:`ModelSpecError`."""
+    if ref in _BUILTIN:
+        return
+    if ":" not in ref:
+        raise ModelSpecError(f"unknown model {ref!r}: use one of {builtin_models()}, "
+                             f"path/to/file.py:NAME or package.module:NAME")  # fmt: skip
+    parsed = parse_ref(ref)
+    if parsed.is_file and not Path(parsed.where).expanduser().is_file():
+        raise ModelSpecError(f"{ref!r}: no such file {parsed.where!r}")
 
 
 def _load_file(ref: str, where: str) -> ModuleType:
@@ -193,13 +196,25 @@ def _load_file(ref: str, where: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
+    argv, sys.argv = sys.argv, [str(path)]  # as `python train.py` would see it, no options
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:  # a module-level parse_args() or exit(): report, do not exit
+        raise ModelSpecError(_exited(ref, str(path), exc)) from None
     except Exception as exc:  # the user's file: report, never a raw traceback
         raise ModelSpecError(f"{ref!r}: running {str(path)!r} failed: {_describe(exc)}") from None
     finally:
+        sys.argv = argv
         sys.path.remove(folder)
     return module
+
+
+def _exited(ref: str, where: str, exc: SystemExit) -> str:
+    return (
+        f"{ref!r}: importing {where!r} exited (status {exc.code}); it ran with no command-line "
+        'arguments: move argument parsing and training under `if __name__ == "__main__":`, '
+        "or put the model in a file of its own"
+    )
 
 
 def _import_module(ref: str, where: str) -> ModuleType:
@@ -209,14 +224,18 @@ def _import_module(ref: str, where: str) -> ModuleType:
     added = cwd not in sys.path
     if added:
         sys.path.insert(0, cwd)
+    argv, sys.argv = sys.argv, [where]
     try:
         return importlib.import_module(where)
+    except SystemExit as exc:
+        raise ModelSpecError(_exited(ref, where, exc)) from None
     except Exception as exc:
         raise ModelSpecError(
             f"{ref!r}: cannot import {where!r}: {_describe(exc)} (give a file as "
             "path/to/file.py:NAME, or a module importable from the current directory)"
         ) from None
     finally:
+        sys.argv = argv
         if added and cwd in sys.path:
             sys.path.remove(cwd)
 
@@ -226,35 +245,40 @@ def _describe(exc: BaseException) -> str:
 
 
 def _import(ref: str) -> nn.Module:
-    where, attr = _split_ref(ref)
-    obj: object = _load_file(ref, where) if _is_path(where) else _import_module(ref, where)
+    r = parse_ref(ref)
+    where, attr = r.where, r.attr
+    obj: object = _load_file(ref, where) if r.is_file else _import_module(ref, where)
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ModelSpecError(f"{ref!r}: {where!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    if isinstance(obj, nn.Module):
+    if isinstance(obj, nn.Module) and not r.called:
         return obj
-    if not callable(obj):
+    if not callable(obj) or isinstance(obj, nn.Module):
+        what = "an nn.Module instance" if isinstance(obj, nn.Module) else type(obj).__name__
         raise ModelSpecError(
-            f"{ref!r} is a {type(obj).__name__}, not an nn.Module or factory; {FACTORY_HELP}"
-        )
+            f"{ref!r}: {attr} is {what}, not a class or factory to call; {FACTORY_HELP}"
+            if r.called else
+            f"{ref!r} is a {what}, not an nn.Module or factory; {FACTORY_HELP}"
+        )  # fmt: skip
+    shown = ", ".join([*map(repr, r.args), *(f"{k}={v!r}" for k, v in r.kwargs.items())])
     try:
-        made = obj()
+        made = obj(*r.args, **r.kwargs)
     except TypeError as exc:
-        raise ModelSpecError(
-            f"{ref!r}: calling it without arguments failed ({exc}); {FACTORY_HELP}"
-        ) from None
+        how = f"with ({shown})" if r.called else "without arguments"
+        raise ModelSpecError(f"{ref!r}: calling it {how} failed ({exc}); {FACTORY_HELP}") from None
     except Exception as exc:
-        raise ModelSpecError(f"{ref!r}: {attr}() raised {_describe(exc)}") from None
+        raise ModelSpecError(f"{ref!r}: {attr}({shown}) raised {_describe(exc)}") from None
     if isinstance(made, nn.Module):
         return made
     raise ModelSpecError(f"{ref!r}: {attr}() returned {type(made).__name__}; {FACTORY_HELP}")
 
 
 def resolve_model(ref: str) -> ModelSpec:
-    """A built-in model name, ``path/to/file.py:NAME`` or ``package.module:NAME`` -> its
-    :class:`ModelSpec`. NAME is an ``nn.Module`` instance, a class constructible without
-    arguments, or a zero-argument factory returning a module (see :data:`FACTORY_HELP`).
+    """A built-in model name, ``path/to/file.py:NAME`` or ``package.module:NAME`` (each
+    optionally with literal call arguments, ``NAME(vocab=8192)``: :func:`parse_ref`) -> its
+    :class:`ModelSpec`. NAME is an ``nn.Module`` instance, or a class or factory returning one,
+    called with the arguments given (none if none are; see :data:`FACTORY_HELP`).
 
     Raises :class:`ModelSpecError` saying what to give instead on anything else.
     """
