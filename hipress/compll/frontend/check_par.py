@@ -6,6 +6,7 @@ from __future__ import annotations
 from hipress.compll.frontend import ast
 from hipress.compll.frontend.check_expr import array, scalar, value
 from hipress.compll.frontend.check_fn import lambda_, with_result
+from hipress.compll.frontend.check_matmul import matmul
 from hipress.compll.frontend.check_types import same_length, size
 from hipress.compll.frontend.coerce import coerce
 from hipress.compll.frontend.scope import Array, Ctx, Elab, Scalar, Scope, Tuple_, Value
@@ -78,6 +79,8 @@ def parallel(
         return scatter(cx, e, scope, ctx, hint)
     if f == "gather":
         return _gather(cx, e, scope, ctx, hint)
+    if f in ("matmul", "matmul_at"):
+        return matmul(cx, e, scope, ctx, hint)
     raise usage(cx, e)  # pragma: no cover
 
 

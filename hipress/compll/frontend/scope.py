@@ -28,7 +28,7 @@ MATH1 = ops.MATH_BUILTINS
 BIT_BUILTINS = (*ops.BIT_CASTS, ops.EXPONENT.name, ops.LDEXP.name, ops.HASH.name)
 PARALLEL = (
     "map", "reduce", "segreduce", "filter", "topk", "sort", "scan", "scatter", "scatter_set",
-    "gather",
+    "gather", "matmul", "matmul_at",
 )  # fmt: skip
 RANDOM = ("urand", "uniform", "randint")
 MINMAX = (ops.MIN.name, ops.MAX.name)

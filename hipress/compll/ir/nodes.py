@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from hipress.compll.ir import ops
-from hipress.compll.ir.types import ArrayType, DType
+from hipress.compll.ir.types import ArrayType, DType, MatMul
 
 # ---------------------------------------------------------------- scalar expressions
 
@@ -151,7 +151,7 @@ class Reduce:
 class SegReduce:
     """Reduce ``fn(i)`` over consecutive segments of ``seg`` elements of [0, length): element s
     of the result reduces [s*seg, min((s+1)*seg, length)); ``ceil(length/seg)`` results. ops as
-    :class:`Reduce` except "custom"."""
+    :class:`Reduce` except "custom". ``matmul``: the sum is a matrix product of that shape."""
 
     name: str
     op: str
@@ -159,6 +159,7 @@ class SegReduce:
     seg: Expr
     fn: Lambda
     dtype: DType
+    matmul: MatMul | None = None
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,11 @@ def show_op(op: Op) -> str:
             f"{op.name}: {op.dtype} = reduce_{op.op}({show_expr(op.length)}, "
             f"{_show_lambda(op.fn)}{extra})"
         )
+    if isinstance(op, SegReduce) and op.matmul is not None:
+        mm = op.matmul
+        dims = ", ".join(show_expr(x) for x in (mm.m, mm.k, mm.r))
+        size = f"{show_expr(mm.m)} * {show_expr(mm.r)}"
+        return f"{op.name}: {op.dtype}[{size}] = matmul{'_at' * mm.at}({mm.a}, {mm.b}, {dims})"
     if isinstance(op, SegReduce):
         return (
             f"{op.name}: {op.dtype}[ceil({show_expr(op.length)}/{show_expr(op.seg)})] = "

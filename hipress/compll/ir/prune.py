@@ -89,7 +89,7 @@ def _pruned_lambdas(op: ir.Op) -> ir.Op:
         comb = _lambda(op.combine) if op.combine is not None else None
         return ir.Reduce(op.name, op.op, op.length, _lambda(op.fn), op.dtype, comb, op.init)
     if isinstance(op, ir.SegReduce):
-        return ir.SegReduce(op.name, op.op, op.length, op.seg, _lambda(op.fn), op.dtype)
+        return ir.SegReduce(op.name, op.op, op.length, op.seg, _lambda(op.fn), op.dtype, op.matmul)
     if isinstance(op, ir.Filter):
         return ir.Filter(op.idx, op.count, op.length, op.bound, _lambda(op.pred))
     if isinstance(op, ir.TopK):

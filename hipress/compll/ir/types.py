@@ -122,3 +122,18 @@ class ArrayType:
         if self.bits is not None:
             return f"uint<{self.bits}>[{self.length}]"
         return f"{self.dtype}[{self.length}]"
+
+
+@dataclass(frozen=True)
+class MatMul:
+    """The shape of a ``matmul`` (``at``: ``matmul_at``): the f32 arrays ``a`` and ``b`` and
+    the sizes ``m``, ``k``, ``r`` of C (m x r) = A (m x k, or k x m when ``at``) B (k x r), all
+    row-major. It rides on the :class:`~hipress.compll.ir.nodes.SegReduce` that defines it, for
+    backends with a kernel."""
+
+    a: str
+    b: str
+    m: SizeExpr
+    k: SizeExpr
+    r: SizeExpr
+    at: bool

@@ -3,7 +3,7 @@ of its sub-expressions, a lambda's expressions, and an op's lambdas and host exp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hipress.compll.ir import nodes as ir
 
@@ -68,3 +68,11 @@ def op_exprs(op: ir.Op) -> tuple[ir.Expr, ...]:
     if isinstance(op, ir.StoreState) and not isinstance(op.value, str):
         return (op.value,)
     return ()
+
+
+def matmul_operands(ops: Sequence[ir.Op]) -> set[str]:
+    """The arrays some ``matmul`` of ``ops`` multiplies (stored, so its kernel reads memory)."""
+    return {
+        x for op in ops if isinstance(op, ir.SegReduce) and op.matmul is not None
+        for x in (op.matmul.a, op.matmul.b)
+    }  # fmt: skip

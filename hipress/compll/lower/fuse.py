@@ -55,7 +55,7 @@ def _fusion(plan: KernelPlan, st: Step, by_level: dict[int, Step]) -> SegFusion 
         return None
     sp = st.specials[0]
     op = sp.op
-    if not isinstance(op, ir.SegReduce) or sp.home is None:
+    if not isinstance(op, ir.SegReduce) or sp.home is None or op.matmul is not None:
         return None
     if not (isinstance(op.seg, ir.Const) and int(op.seg.value) >= 1):
         return None

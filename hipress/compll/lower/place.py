@@ -15,7 +15,7 @@ from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.fold import segment_count
 from hipress.compll.ir.types import F32, I32, I64, ArrayType
-from hipress.compll.ir.walk import lambda_exprs, op_exprs, op_lambdas, walk
+from hipress.compll.ir.walk import lambda_exprs, matmul_operands, op_exprs, op_lambdas, walk
 from hipress.compll.lower.defer import Deferral, deferrable
 from hipress.compll.lower.kernel_plan import (
     CHEAP,
@@ -259,12 +259,12 @@ class _Placer:
 
     def place(self) -> Placement:
         sinks = self._sinks()
-        uses = self._uses()
+        uses, operands = self._uses(), matmul_operands(self.ops)
         for name in self.maps:
             us = uses.get(name, [])
             expensive = self.cost[name] > CHEAP
             many = len({k for k, _ in us}) > 1 or any(not al for _, al in us)
-            if name in sinks or (expensive and many):
+            if name in sinks or name in operands or (expensive and many):
                 self.homes[name] = Destination("ws", name)
         self.pending, virtual = deferrable(self, sinks, uses)
         for name in virtual:

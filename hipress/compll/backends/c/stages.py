@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol, TypeVar
 
+from hipress.compll.backends.c import matmul
 from hipress.compll.backends.cfamily.body import Body, fix, variants
 from hipress.compll.backends.cfamily.protocol import FamilyRenderer
 from hipress.compll.backends.cfamily.reduce import minmax_identity, reduction
@@ -227,13 +228,14 @@ def _segreduce(f: CRenderer, sp: Special) -> str:
     red = reduction(op.op, res, dt, op.dtype, "(j1 - j0)", f.names)
     final = red.final
     out_len = f.length(f.plan.arrays[op.name].length)
-    return r(
+    generic = r(
         "c_segreduce.c.j2", op=op.op, out_name=op.name, length=f.length(op.length),
         seg=f.length(op.seg), out_len=out_len, out=home, vt=mtype(op.dtype),
         acc_decls=[f"{a.ctype} {a.name} = {a.init};" for a in red.accs],
         clauses="".join(f" reduction({a.clause}:{a.name})" for a in red.accs),
         body=body, update=list(red.update), final=final, short=_short_segment(op.seg),
     )  # fmt: skip
+    return matmul.render(f, op, lv, home, generic) if op.matmul is not None else generic
 
 
 SHORT_SEGMENT = 16  # constant segments up to this long reduce one per SIMD lane
