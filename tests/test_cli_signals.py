@@ -1,4 +1,4 @@
-"""SIGTERM (or SIGINT) to a running benchmark or the demo: the command ends with one line saying
+"""SIGTERM (or SIGINT) to a running benchmark, the demo or ``hipress profile``: the command ends with one line saying
 so and status 128 + the signal, and leaves nothing behind: no worker process, no network
 namespace, no temporary folder. Real commands, started as ``python -m hipress``, stopped once
 their workers exist."""
@@ -77,7 +77,8 @@ def stop_when_running(
     proc = subprocess.Popen([sys.executable, "-m", "hipress", *argv], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     seen: set[int] = set()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 180  # (a heavily loaded machine: minutes to import torch)
+    ready = False
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             seen |= descendants(proc.pid)
@@ -86,6 +87,7 @@ def stop_when_running(
                 break
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()
+        assert ready, f"{argv[:2]}: {want} workers not started within 180 s"
         time.sleep(0.5)  # inside the workers' setup: rendezvous, first steps
         seen |= descendants(proc.pid)
         proc.send_signal(sig)
@@ -112,20 +114,35 @@ def assert_clean(done: subprocess.CompletedProcess[str], seen: set[int], tmp: Pa
     assert not left, f"temporary files left: {left}"
 
 
-# the three launchers: netsim's forkserver on shaped links (bench fsdp, as bench e2e), the same
-# on loopback (bench sync), the demo's spawned workers on shaped links; run side by side
+# the launchers: netsim's forkserver on shaped links (bench fsdp), the same on loopback (bench
+# sync; bench e2e stopped in its one-process compute-only run), the demo's spawned workers on
+# shaped links, SeCoPa's local gloo group (profile, measuring the network); run side by side.
+# Each: argv, signal, whether to wait for its network namespaces, workers to wait for
 CASES = {
     "hipress bench fsdp": (
         ["bench", "fsdp", "--workers", "2", "--bandwidth", "1gbit", "--variants", "onebit:fp32",
-         "--steps", "100000", "--warmup", "1"], signal.SIGTERM, True),
+         "--steps", "100000", "--warmup", "1"], signal.SIGTERM, True, 2),
     "hipress bench sync": (
         ["bench", "sync", "--workers", "2", "--sizes", "64M", "--algorithms", "onebit",
          "--strategies", "ps", "--partitions", "1", "--reps", "10000", "--budget", "600"],
-        signal.SIGINT, False),
+        signal.SIGINT, False, 2),
+    "hipress bench e2e": (
+        ["bench", "e2e", "--workers", "2", "--bandwidth", "1gbit", "--models", "lstm-lm",
+         "--algorithms", "onebit", "--steps", "100000", "--warmup", "3", "--repeats", "1",
+         "--no-trace"], signal.SIGTERM, False, 1),
     "hipress demo": (
         ["demo", "--workers", "2", "--steps", "100000", "--bandwidth", "1gbit", "--plan",
-         "default", "--no-chart", "--no-trace", "-q"], signal.SIGTERM, True),
+         "default", "--no-chart", "--no-trace", "-q"], signal.SIGTERM, True, 2),
+    "hipress profile": (
+        ["profile", "--algorithm", "onebit", "--workers", "2"], signal.SIGTERM, False, 2),
 }  # fmt: skip
+FILE_OUT = ("hipress bench sync", "hipress profile")  # --out names a file, not a folder
+
+
+def _left_namespaces(before: set[str]) -> list[str]:
+    """Namespaces made since ``before`` whose command (the pid in the name) has ended: other
+    commands running on the machine meanwhile keep theirs."""
+    return [n for n in set(list_namespaces()) - before if not _alive(int(n.split("-")[1]))]
 
 
 @pytest.mark.skipif(not SHAPED, reason=f"needs network namespaces: {shaping_unavailable_reason()}")
@@ -133,15 +150,19 @@ def test_a_signal_stops_each_launcher_and_leaves_nothing_behind(tmp_path: Path) 
     before = set(list_namespaces())
 
     def one(command: str) -> tuple[subprocess.CompletedProcess[str], set[int], Path]:
-        argv, sig, shaped = CASES[command]
+        argv, sig, shaped, want = CASES[command]
         d = tmp_path / command.split()[-1]
         (d / "tmp").mkdir(parents=True)
-        out = ["--out", str(d / "out.json" if "sync" in command else d / "out")]
-        return (*stop_when_running([*argv, *out], d / "tmp", 2, sig, shaped), d)
+        out = ["--out", str(d / "out.json" if command in FILE_OUT else d / "out")]
+        return (*stop_when_running([*argv, *out], d / "tmp", want, sig, shaped), d)
 
     with ThreadPoolExecutor(len(CASES)) as pool:
         done = dict(zip(CASES, pool.map(one, CASES), strict=True))
     for command, (proc, seen, d) in done.items():
         assert_clean(proc, seen, d / "tmp", CASES[command][1], command)
         assert not (d / "out.json").exists() and not (d / "out" / "demo.json").exists()
-    assert set(list_namespaces()) <= before, "network namespaces left behind"
+        assert not list((d / "out").glob("*.json")), command  # no partial results
+    # the phase the signal cut short says so, not "done"
+    assert "measuring the network in a local group of 2 processes: done" \
+        not in done["hipress profile"][0].stderr  # fmt: skip
+    assert not _left_namespaces(before), "network namespaces left behind"

@@ -58,6 +58,7 @@ class Phase:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._t0 = 0.0
+        self._ended = "done in"
 
     def __enter__(self) -> Phase:
         self._t0 = time.monotonic()
@@ -70,6 +71,7 @@ class Phase:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._ended = "stopped after" if exc_type is not None else "done in"
         self._stop.set()
         self._thread.join()
 
@@ -87,7 +89,7 @@ class Phase:
             self._line(f"{self.label} ... {self._elapsed():.0f} s{self._of()}")
             if self._stop.wait(self.every):
                 break
-        self._line(f"{self.label}: done in {self._elapsed():.1f} s")
+        self._line(f"{self.label}: {self._ended} {self._elapsed():.1f} s")
 
     def _of(self) -> str:
         return f" (about {self.expect_s:.0f} s)" if self.expect_s else ""

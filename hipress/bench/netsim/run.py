@@ -5,47 +5,22 @@ gloo group, run, and leave the result (or the traceback) in a file."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import multiprocessing
 import os
 import pickle
-import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hipress.bench.netsim.network import STORE_PORT, Network, ShapedNetwork, WorkerFailed
+from hipress.core.signals import deferred_signals
 
 __all__ = ["deferred_signals", "run_in_network", "run_rank", "run_to_completion", "worker_failures"]
-
-
-@contextlib.contextmanager
-def deferred_signals() -> Iterator[None]:
-    """Hold SIGTERM and SIGINT back for the block and deliver them, to the handlers in force
-    before it, when it ends. Around starting worker processes: a signal that arrived while a
-    start was writing the new process's instructions would leave it a truncated pickle (and a
-    traceback of its own) instead of a process that can be stopped. Outside the main thread
-    (where Python takes no signals) it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-    kinds = (signal.SIGTERM, signal.SIGINT)
-    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in kinds}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            # None: a handler not set from Python, which cannot be put back; the default then
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
-        if got:
-            signal.raise_signal(got[0])
 
 
 def run_rank(

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from hipress.core.signals import deferred_signals
+
 log = logging.getLogger(__name__)
 
 PRELOAD = ("torch", "torch.distributed")
@@ -93,8 +95,9 @@ def run_local(
             )
             for r in range(nproc)
         ]
-        for p in procs:
-            p.start()
+        with deferred_signals():  # a signal mid-start would leave a half-started rank
+            for p in procs:
+                p.start()
         deadline = time.monotonic() + timeout_s
         try:
             while len(out) < nproc:
@@ -109,8 +112,12 @@ def run_local(
                     raise LocalGroupError(f"rank {rank} of the local gloo group failed:\n{value}")
                 out[rank] = value
         finally:
+            # every result in: the ranks are leaving, give them time; a failed rank, the
+            # timeout or an interruption (SIGTERM, Ctrl-C): the others may wait in a
+            # collective for the failed one, so end them now
+            grace = 5.0 if len(out) == nproc else 0.0
             for p in procs:
-                p.join(timeout=5)
+                p.join(timeout=grace)
                 if p.is_alive():
                     p.kill()
                     p.join()
