@@ -64,8 +64,11 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 
 def _mb(numel: int) -> str:
-    mb = 4 * numel / 1e6
-    return f"{mb:.2f} MB" if mb < 10 else f"{mb:.0f} MB"
+    """The float32 gradient's size: ``12.3 KB``, ``8.39 MB``, ``205 MB``."""
+    kb = 4 * numel / 1e3
+    if kb < 100:
+        return f"{kb:.3g} KB"
+    return f"{kb / 1e3:.2f} MB" if kb < 1e4 else f"{kb / 1e3:.0f} MB"
 
 
 def _shown(entries: Sequence[TensorPlan], limit: int) -> list[TensorPlan]:
@@ -120,9 +123,11 @@ def plan_figure(plan: Plan, model: str | None = None, limit: int = MAX_TENSORS) 
     ax = fig.subplots()
     y = list(range(len(entries)))
     values = [e.predicted_ms if timed else 4 * e.numel / 1e6 for e in entries]
-    bars = ax.barh(y, values, color=[COLORS[e.strategy] for e in entries], height=0.7)
+    ax.barh(y, values, color=[COLORS[e.strategy] for e in entries], height=0.7)
     kept = dict(plan.meta.get("kept_plain") or {})
-    ax.bar_label(bars, labels=[f" {_how(e, kept)}" for e in entries], fontsize=7)
+    for i, (e, v) in enumerate(zip(entries, values, strict=True)):  # right of bar and tick
+        right = max(v, e.uncompressed_ms) if timed else v
+        ax.text(right, i, f"  {_how(e, kept)}", va="center", fontsize=7)
     positive = [v for v in values + [e.uncompressed_ms for e in entries] if v > 0]
     if positive and max(positive) > SPREAD * min(positive):  # else the small bars vanish
         ax.set_xscale("log")
@@ -144,7 +149,7 @@ def plan_figure(plan: Plan, model: str | None = None, limit: int = MAX_TENSORS) 
     if timed:
         handles.append(Line2D([], [], marker="|", color="black", linestyle="none",
                               markersize=11, label="uncompressed alternative"))  # fmt: skip
-    ax.legend(handles=handles, fontsize=7, loc="lower right")
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=len(handles))
     return fig
 
 
