@@ -132,3 +132,28 @@ def test_row_densities_that_do_not_fit_are_refused_by_name() -> None:
         plan_named(named, _profile(), 4, rows={EMB: RowDensity(3, 1)})
     with pytest.raises(PlanError, match="touched"):
         plan_named(named, _profile(), 4, rows={EMB: RowDensity(VOCAB, VOCAB + 1)})
+
+
+def test_hipress_plan_with_a_declared_row_density(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from hipress.cli import main
+
+    prof = tmp_path / "p.json"
+    _profile().save(prof)
+    argv = ["plan", "--model", "bert-base", "--workers", "4", "--profile", str(prof),
+            "--bandwidth", "1gbit", "--out", str(tmp_path / "plan.json")]  # fmt: skip
+    assert main([*argv, "--row-density", "0.005"]) == 0
+    out = capsys.readouterr().out
+    word = "embeddings.word_embeddings.weight"
+    # 153 of 30522 rows a step (0.5%, rounded up): exact rows, said in the table and below it
+    assert f"  {word}: 153 of 30522 rows a step: rows " in out and "vs dense" in out
+    assert any(line.startswith(word) and "plain as rows (<= 307)" in line
+               for line in out.splitlines())  # fmt: skip
+    plan = Plan.load(tmp_path / "plan.json")
+    e = next(x for x in plan.entries if x.name == word)
+    assert (e.compress, e.rows, e.row_bound) == (False, 30522, 307)
+    assert plan.meta["row_prices"][word]["chosen"] == "rows"
+    assert main([*argv, "--row-density", "1"]) == 0  # every row touched: dense, and said
+    assert f"  {word}: 30522 of 30522 rows a step: rows " in capsys.readouterr().out
+    assert not any(x.row_bound for x in Plan.load(tmp_path / "plan.json").entries)
+    assert main([*argv[:2], "resnet50", *argv[3:], "--row-density", "0.1"]) == 2
+    assert "needs an embedding" in capsys.readouterr().err

@@ -4,13 +4,13 @@ what was measured, and a profile's summary."""
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import Any, TextIO
 
 from hipress.core.plan import Plan
 from hipress.secopa.model.coverage import CostSource, cost_sources, far_extrapolations
 from hipress.secopa.model.profile import Profile
 
-__all__ = ["print_plan", "print_profile", "print_sources", "warn_extrapolation"]
+__all__ = ["print_plan", "print_profile", "print_row_prices", "print_sources", "warn_extrapolation"]
 
 
 def _fmt_ms(ms: float) -> str:
@@ -42,6 +42,25 @@ def print_plan(plan: Plan, model: str, profile: Profile, out: TextIO) -> None:
         print(f"  {'exposed':<17} {_fmt_ms(t['exposed']):>10}  (what the step waits for after "
               "backward, as the plan was chosen by)", file=out)  # fmt: skip
     print_kept_plain(plan, out)
+    print_row_prices(plan, out)
+
+
+def print_row_prices(plan: Plan, out: TextIO) -> None:
+    """Each tensor SeCoPa priced as rows (``meta["row_prices"]``): the rows touched a step,
+    the rows' and the dense time, the break-even count and what the plan chose."""
+    prices: dict[str, dict[str, Any]] = dict(plan.meta.get("row_prices", {}))
+    if not prices:
+        return
+    print("row-sparse (only the rows a step touches travel, as indices and rows):", file=out)
+    for name, p in prices.items():
+        be, rows = p["breakeven"], p["rows"]
+        limit = f"rows pay up to {be} of {rows} rows a step" if be >= 0 else "rows never pay"
+        if "touched" not in p:
+            print(f"  {name}: {limit} (no row count given)", file=out)
+            continue
+        print(f"  {name}: {p['touched']} of {rows} rows a step: rows {_fmt_ms(p['ms'])} ms "
+              f"({p['bytes'] / 1e6:.2f} MB) vs dense {_fmt_ms(p['dense_ms'])} ms: "
+              f"{p['chosen']} ({limit})", file=out)  # fmt: skip
 
 
 def print_kept_plain(plan: Plan, out: TextIO) -> None:

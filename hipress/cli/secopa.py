@@ -37,6 +37,7 @@ from hipress.secopa.measure.timed_codec import TimedCodecError, load_timed_codec
 from hipress.secopa.model.coverage import cost_sources
 from hipress.secopa.model.planner import PlannerConfig, plan_named
 from hipress.secopa.model.profile import Profile, ProfileError, link_network
+from hipress.secopa.model.rowcost import declared_rows
 from hipress.secopa.model.specs import ModelSpec, ModelSpecError, builtin_models, resolve_model
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,10 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, metavar="MB",
                    help="DDP's bucket_cap_mb of the training job (default 25)")  # fmt: skip
     _add_selection_args(p)
+    p.add_argument("--row-density", type=float, default=None, metavar="FRACTION",
+                   help="fraction of each embedding's rows one worker's step touches (measure it "
+                   "with hipress.casync.rowsparse.touched_rows): the plan sends an embedding as "
+                   "its touched rows where that is predicted faster, and says why")  # fmt: skip
     p.add_argument("--out", default=None, metavar="FILE", help="save the plan as JSON")
     p.add_argument("--json", action="store_true", help="print the plan JSON, not a table")
     p.set_defaults(func=run_plan)
@@ -323,8 +328,10 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
             strategies=args.strategies,
         )
         select = _selection(args, spec)
+        rows = None if args.row_density is None else (
+            declared_rows(spec.params, select, args.row_density))  # fmt: skip
         with phase(f"planning {len(spec.params)} tensors for {args.workers} workers"):
-            plan = plan_named(spec.named_numels(), profile, args.workers, config)
+            plan = plan_named(spec.named_numels(), profile, args.workers, config, rows)
             plan = keep_plain(plan, select.reasons(spec.params))
         if args.out:
             plan.save(args.out)

@@ -250,7 +250,9 @@ class Plan:
         algorithm, the world size and how many tensors are compressed."""
         rows = [("parameter", "elements", "decision", "strategy", "K", "pred ms", "plain ms")]
         for e in self.entries:
-            rows.append((e.name, f"{e.numel:,}", "compress" if e.compress else "plain",
+            decision = ("compress" if e.compress else "plain") + (
+                f" as rows (<= {e.row_bound})" if e.row_bound else "")  # fmt: skip
+            rows.append((e.name, f"{e.numel:,}", decision,
                          e.strategy.value, str(e.partitions), _ms(e.predicted_ms),
                          _ms(e.uncompressed_ms)))  # fmt: skip
         if not any(e.predicted_ms or e.uncompressed_ms for e in self.entries):

@@ -33,9 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipress.core.plan import PlanError
+from hipress.core.rule import Selection
 from hipress.secopa.model.costmodel import CostModel, Member
 
-__all__ = ["RowDensity", "RowPrice", "breakeven", "choose_rows", "price_rows", "row_bound"]
+__all__ = [
+    "RowDensity", "RowPrice", "breakeven", "choose_rows", "declared_rows", "price_rows", "row_bound",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -216,3 +219,20 @@ def choose_rows(
             fixed = (price.compute_ms, price.comm_ms)
             out[index[name]] = Member(gather if compressed else plain, m.numel, 1, fixed)
     return out, record
+
+
+def declared_rows(
+    params: Sequence[tuple[str, tuple[int, ...]]], selection: Selection, density: float
+) -> dict[str, RowDensity]:
+    """The :class:`RowDensity` of each 2-D embedding of ``params`` (``(name, shape)``; an
+    embedding as ``selection`` judges one) when one rank's step touches ``density`` of its
+    rows (rounded up): exact rows for those ``selection`` keeps plain. Raises
+    :class:`PlanError` unless ``0 <= density <= 1`` and there is such an embedding."""
+    if not 0.0 <= density <= 1.0:
+        raise PlanError(f"a row density is a fraction of the rows, 0 to 1, got {density}")
+    emb = [(n, s) for n, s in params if len(s) == 2 and s[0] > 0 and selection.is_embedding(n, s)]
+    if not emb:
+        raise PlanError("a row density needs an embedding (an nn.Embedding's weight, or by "
+                        "name: *emb*.weight, wte, wpe); the model has none")  # fmt: skip
+    plain = selection.reasons(emb)
+    return {n: RowDensity(s[0], math.ceil(density * s[0]), exact=n in plain) for n, s in emb}
