@@ -2,8 +2,11 @@
 time goes (:func:`breakdown`), and a picture of it (:func:`render_png`).
 
 The breakdown follows the hook's thread (the one that runs forward, backward and the
-optimizer), where a step's time is spent one thing after another. A span's *own* time is its
-duration less the spans nested in it, so every instant of the step counts once, under the
+optimizer), where a step's time is spent one thing after another. A step is a ``step`` span
+the training loop marks, else the time from one optimizer step's end to the next (the
+``optimizer-step`` marks the tracer records); the process's first step (step 0: compiling,
+warming up, DDP's bucket rebuild) is left out when others were recorded. A span's *own* time is
+its duration less the spans nested in it, so every instant of the step counts once, under the
 innermost phase:
 
 - ``compute``: forward, backward and the optimizer (spans of category ``compute``, which the
@@ -12,9 +15,12 @@ innermost phase:
 - ``wait``: the thread blocked on collectives: the communication left exposed;
 - ``python``: the rest of the hook calls (issuing collectives, turns at the codec lock,
   bookkeeping);
-- ``other``: the rest of the step (data, ``zero_grad``, logging).
+- ``other``: the rest of the step (data, ``zero_grad``, logging; without ``compute`` spans
+  also forward, backward and the optimizer).
 
-``exposed`` is ``step - compute``: what synchronising costs the step. Work on other threads
+``exposed`` is ``step - compute``: what synchronising costs the step. What the trace cannot
+tell is ``None``: ``compute`` and ``exposed`` without ``compute`` spans; ``step``, ``exposed``
+and ``other`` without step boundaries. Work on other threads
 (decodes in the collectives' completion callbacks, the ring's thread) is reported apart
 (``encode_all``, ``decode_all``): it is off the critical path but takes CPU from compute.
 ``network`` is the time at least one collective was in flight.
@@ -22,12 +28,15 @@ innermost phase:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from hipress.casync.stepmarks import OPTIMIZER_MARK
 
 __all__ = [
     "BREAKDOWN",
@@ -53,9 +62,11 @@ BREAKDOWN = (
     "decode_all",
     "network",
 )
+# the own-time columns that, with ``other``, add up to ``step``
+_PARTS = ("compute", "encode", "decode", "copy", "wait", "python")
 _OWN = {"compute": "compute", "encode": "encode", "decode": "decode", "copy": "copy",
         "wait": "wait", "hook": "python", "issue": "python", "lock": "python",
-        "step": "other"}  # fmt: skip
+        }  # fmt: skip
 _COLOURS = {
     "compute": "#9aa5b1",
     "hook": "#f2c14e",
@@ -132,60 +143,111 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _inside(e: dict[str, Any], outer: dict[str, Any]) -> bool:
-    return outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]
+def _step_bounds(events: list[dict[str, Any]]) -> tuple[str, list[tuple[float, float]]]:
+    """One rank's steps as (start, end) µs: its ``step`` spans (``"spans"``), else the time
+    between consecutive optimizer-step marks (``"optimizer"``; of several optimizer steps with
+    no CaSync step between them, the last), else none (``"none"``)."""
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["cat"] == "step" and e["ph"] == "X"]
+    if spans:
+        return "spans", sorted(spans)
+    marks = sorted(
+        (e["ts"], e.get("name") == OPTIMIZER_MARK)
+        for e in events
+        if e["cat"] == "step" and e["ph"] == "i" and e.get("name") in (OPTIMIZER_MARK, "step-end")
+    )
+    casync = any(not is_opt for _, is_opt in marks)
+    ends = [
+        ts
+        for i, (ts, is_opt) in enumerate(marks)
+        if is_opt and not (casync and i + 1 < len(marks) and marks[i + 1][1])
+    ]
+    if len(ends) < 2:
+        return "none", []
+    return "optimizer", list(itertools.pairwise(ends))
 
 
-def _steps(events: list[dict[str, Any]]) -> int:
-    """Steps in one rank's events: its ``step`` spans, else its step-end marks."""
-    spans = sum(1 for e in events if e["cat"] == "step" and e["ph"] == "X")
-    return spans or sum(1 for e in events if e["cat"] == "step") or 1
+def _first_step(events: list[dict[str, Any]]) -> float | None:
+    """When the process's step 0 ended (its CaSync step-end mark), if recorded."""
+    return next(
+        (
+            e["ts"]
+            for e in events
+            if e.get("name") == "step-end" and e.get("args", {}).get("step") == 0
+        ),
+        None,
+    )
+
+
+def _rank_row(evs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The breakdown of one rank's events (µs per step; see :func:`breakdown`)."""
+    bounds, steps = _step_bounds(evs)
+    first = _first_step(evs)
+    kept = [b for b in steps if first is None or not b[0] <= first <= b[1]] or steps
+    main = [e for e in evs if e["lane"] == "main" and e["ph"] == "X" and e["cat"] != "step"]
+    if kept:  # only what happened inside the steps
+        main = [e for e in main if any(a <= e["ts"] and e["ts"] + e["dur"] <= b for a, b in kept)]
+    row: dict[str, Any] = dict.fromkeys(BREAKDOWN, 0.0)
+    for cat, us in _own_times(main).items():
+        if cat in _OWN:
+            row[_OWN[cat]] += us
+    n = len(kept) or sum(1 for e in evs if e.get("name") == "step-end") or 1
+    if kept:
+        row["step"] = sum(b - a for a, b in kept)
+        row["other"] = row["step"] - sum(row[k] for k in _PARTS)
+    else:
+        row["step"] = row["other"] = None
+    if not any(e["cat"] == "compute" for e in main):
+        row["compute"] = None
+    known = row["step"] is not None and row["compute"] is not None
+    row["exposed"] = row["step"] - row["compute"] if known else None
+    lanes: dict[Any, list[dict[str, Any]]] = defaultdict(list)  # other threads, by thread
+    for e in evs:
+        if e["ph"] == "X" and e["lane"] != "main" and not e["lane"].startswith("network"):
+            lanes[e["tid"]].append(e)
+    off_main = [_own_times(spans) for spans in lanes.values()]
+    for cat in ("encode", "decode"):
+        row[f"{cat}_all"] = row[cat] + sum(own.get(cat, 0.0) for own in off_main)
+    row["network"] = _union(
+        [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "comm" and e["ph"] == "X"]
+    )
+    per_step = {k: None if v is None else v / 1e3 / n for k, v in row.items()}
+    left_out = bool(kept) and first is not None and not any(a <= first <= b for a, b in kept)
+    return per_step | {"steps": n, "left_out": int(left_out), "bounds": bounds}
 
 
 def breakdown(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Milliseconds per step of each :data:`BREAKDOWN` column (see the module docstring),
-    per rank (``ranks``) and their mean (``mean``), with ``steps`` counted per rank.
-    ``events``: :func:`load_traces`'s. Raises :class:`TimelineError` if there are none."""
+    per rank (``ranks``: with ``steps`` counted, ``left_out`` 1 if step 0 was left out, ``bounds``
+    where the steps come from: ``spans``, ``optimizer`` or ``none``) and their mean (``mean``;
+    a column one rank cannot tell is ``None``). ``events``: :func:`load_traces`'s. Raises
+    :class:`TimelineError` if there are none."""
     by_rank: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         by_rank[e.get("pid", 0)].append(e)
     if not by_rank:
         raise TimelineError("no spans in the trace")
-    ranks: dict[str, dict[str, float]] = {}
-    for rank, evs in sorted(by_rank.items(), key=lambda kv: str(kv[0])):
-        steps = _steps(evs)
-        main = [e for e in evs if e["lane"] == "main" and e["ph"] == "X"]
-        step_spans = [e for e in main if e["cat"] == "step"]
-        if step_spans:  # only what happened inside the marked steps
-            main = [e for e in main if any(_inside(e, s) for s in step_spans)]
-        own = _own_times(main)
-        row = dict.fromkeys(BREAKDOWN, 0.0)
-        for cat, us in own.items():
-            if cat in _OWN:
-                row[_OWN[cat]] += us
-        row["step"] = sum(e["dur"] for e in step_spans) if step_spans else sum(own.values())
-        row["exposed"] = row["step"] - row["compute"]
-        lanes: dict[Any, list[dict[str, Any]]] = defaultdict(list)  # other threads, by thread
-        for e in evs:
-            if e["ph"] == "X" and e["lane"] != "main" and not e["lane"].startswith("network"):
-                lanes[e["tid"]].append(e)
-        off_main = [_own_times(spans) for spans in lanes.values()]
-        for cat in ("encode", "decode"):
-            row[f"{cat}_all"] = row[cat] + sum(own.get(cat, 0.0) for own in off_main)
-        row["network"] = _union(
-            [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "comm" and e["ph"] == "X"]
-        )
-        ranks[str(rank)] = {k: v / 1e3 / steps for k, v in row.items()} | {"steps": steps}
-    mean = {k: sum(r[k] for r in ranks.values()) / len(ranks) for k in BREAKDOWN}
+    ranks = {
+        str(rank): _rank_row(evs)
+        for rank, evs in sorted(by_rank.items(), key=lambda kv: str(kv[0]))
+    }
+    mean: dict[str, float | None] = {}
+    for k in BREAKDOWN:
+        vals = [r[k] for r in ranks.values()]
+        mean[k] = None if None in vals else sum(vals) / len(vals)
     return {"ranks": ranks, "mean": mean, "columns": list(BREAKDOWN)}
 
 
+def _cell(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
+
+
 def breakdown_markdown(rows: Sequence[tuple[str, dict[str, float]]]) -> str:
-    """A markdown table of (label, :func:`breakdown` ``mean``) rows, ms per step."""
-    head = "| configuration | " + " | ".join(BREAKDOWN) + " |"
+    """A markdown table of (label, :func:`breakdown` ``mean``) rows, ms per step (each header
+    says so); what the trace cannot tell (``None``) is ``n/a``."""
+    head = "| configuration | " + " | ".join(f"{k} ms" for k in BREAKDOWN) + " |"
     lines = [head, "|---|" + "---:|" * len(BREAKDOWN)]
     for label, row in rows:
-        cells = " | ".join(f"{row.get(k, 0.0):.1f}" for k in BREAKDOWN)
+        cells = " | ".join(_cell(row.get(k, 0.0)) for k in BREAKDOWN)
         lines.append(f"| {label} | {cells} |")
     return "\n".join(lines)
 

@@ -157,3 +157,79 @@ def test_the_trace_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(SystemExit, match="no spans"):
         main(["trace", str(tmp_path / "bad.json")])
+
+
+def _bare(rank: int, world_size: int, out: str) -> float:
+    """A training loop with no spans of its own, traced from its first step: 4 steps, each
+    with 30 ms outside CaSync's hook (data loading, say)."""
+    import time
+
+    model = _model()
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    state = register(ddp, "onebit", plan="default")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randn(16, 8)
+    state.trace(Path(out) / "bare-{rank}.json", steps=4)
+    ends = []
+    for _ in range(4):
+        time.sleep(0.03)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+        ends.append(time.perf_counter())
+        opt.zero_grad()
+    state.tracer.stop()
+    return (ends[-1] - ends[0]) / 3 * 1e3  # ms per step after step 0
+
+
+def test_without_spans_steps_run_from_optimizer_step_to_optimizer_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hipress.cli import main
+
+    wall = run_workers(_bare, 2, str(tmp_path))
+    files = sorted(tmp_path.glob("bare-*.json"))
+    table = breakdown(load_traces(files))
+    for rank, row in table["ranks"].items():
+        assert (row["bounds"], row["steps"], row["left_out"]) == ("optimizer", 3, 1)
+        # the whole step, not the hook's time: the 30 ms outside the hook are in it
+        assert row["step"] == pytest.approx(wall[int(rank)], rel=0.1, abs=3.0)
+        assert row["step"] >= 30 and row["other"] >= 30
+        assert row["compute"] is None and row["exposed"] is None  # no compute spans: unknown
+        assert row["python"] > 0 and row["step"] > row["python"] + row["wait"] + row["encode"]
+    assert main(["trace", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert "from one optimizer step's end to the next" in out and "step 0" in out
+    assert "| step ms | compute ms |" in out and "n/a" in out
+
+
+def _mark(name: str, ts: float, **args: object) -> dict[str, object]:
+    e: dict[str, object] = {"name": name, "cat": "step", "ph": "i", "ts": ts, "pid": 0,
+                            "tid": 1, "lane": "main"}  # fmt: skip
+    return e | ({"args": args} if args else {})
+
+
+def test_step_zero_is_left_out_and_several_optimizers_end_one_step() -> None:
+    def span(cat: str, ts: float, dur: float) -> dict[str, object]:
+        return {"name": cat, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": 0, "tid": 1,
+                "lane": "main"}  # fmt: skip
+
+    # the loop's own step spans: step 0 (a 900 ms compile) then two of 100 ms
+    events = [span("step", 0, 900_000), _mark("step-end", 800_000, step=0),
+              span("compute", 0, 850_000)]  # fmt: skip
+    for i in (1, 2):
+        t = 900_000 + (i - 1) * 100_000
+        events += [span("step", t, 100_000), span("compute", t, 60_000),
+                   _mark("step-end", t + 70_000, step=i)]  # fmt: skip
+    row = breakdown(events)["ranks"]["0"]
+    assert (row["steps"], row["left_out"], row["bounds"]) == (2, 1, "spans")
+    assert (row["step"], row["compute"], row["exposed"]) == (100, 60, 40)
+    # a GAN's two optimizers: one boundary per CaSync step (the last optimizer step)
+    marks = []
+    for i, t in enumerate((0, 100_000, 300_000)):
+        marks += [_mark("step-end", t + 50_000, step=i + 5), _mark("optimizer-step", t + 60_000),
+                  _mark("optimizer-step", t + 70_000)]  # fmt: skip
+    row = breakdown(marks)["ranks"]["0"]
+    assert (row["steps"], row["left_out"], row["bounds"], row["step"]) == (2, 0, "optimizer", 150)
+    # no boundaries at all: the step is not known
+    row = breakdown([_mark("step-end", 5.0, step=3), span("hook", 0, 4_000)])["ranks"]["0"]
+    assert row["bounds"] == "none" and row["step"] is None and row["python"] == 4

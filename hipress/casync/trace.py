@@ -17,7 +17,8 @@ when the issuing stream reached each collective to when it ended; each encode, d
 is a span of the stream's time on the ``device`` lane, and the host's part of it (launching) a
 span of category ``issue`` named after it on the thread's lane. Such spans are read once the
 device has done the work: at the next step's start, or when the spans are read or written
-(the file is written once they all are).
+(the file is written once they all are). While recording, the end of every optimizer step is
+an instant ``optimizer-step`` (:mod:`hipress.casync.stepmarks`): the step boundaries.
 
 Recording a trace file: :meth:`Tracer.record` (or :meth:`CaSyncState.trace
 <hipress.casync.state.CaSyncState.trace>`) keeps the spans of the next ``steps`` steps and
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 
 from hipress.casync.clock import Lap
+from hipress.casync.stepmarks import OPTIMIZER_MARK, OptimizerMarks
 from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
 
@@ -54,18 +56,8 @@ logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
 
 #: Span categories: what the breakdown adds up.
-CATEGORIES = (
-    "step",
-    "compute",
-    "hook",
-    "encode",
-    "decode",
-    "copy",
-    "issue",
-    "wait",
-    "lock",
-    "comm",
-)
+CATEGORIES = ("step", "compute", "hook", "encode", "decode", "copy", "issue", "wait", "lock",
+              "comm")  # fmt: skip
 #: The lane (a Chrome trace "thread") collectives are drawn on.
 NETWORK_LANE = "network"
 #: The lane of the device's work (GPU encodes, decodes and copies, in the streams' time).
@@ -135,6 +127,8 @@ class Tracer:
         self._closing = False  # the recorded steps are done: stop at the next step
         self._laps: list[_Timed] = []  # spans of stream-ordered laps, until their events complete
         self._unwritten: list[dict[str, Any]] | None = None  # done, waiting for its laps
+        self._seen = 0  # steps of this process so far: step 0 holds its compile and warm-up
+        self._marks = OptimizerMarks(lambda t: self.span_event(OPTIMIZER_MARK, "step", t, 0.0))
 
     # ---- recording ----------------------------------------------------------------------------
 
@@ -163,6 +157,7 @@ class Tracer:
             self._path = path
             self._meta = dict(meta)
             self.written = None
+        self._marks.start()
 
     def stop(self) -> Path | None:
         """Stop keeping spans; write them if a path was given (after waiting for the device
@@ -172,6 +167,7 @@ class Tracer:
             self._closing = False
             if events is None:
                 events, self._unwritten = self._unwritten, None
+        self._marks.stop()
         self._read(block=True)
         _PENDING.discard(self)
         if events is None:
@@ -183,9 +179,10 @@ class Tracer:
         """CaSync's part of a step ended (its last bucket is synchronised). After the last
         recorded one, the tail of the step (the optimizer) is still kept: the recording stops
         when the next step opens (:meth:`step_opened`), or at :meth:`stop`, or at exit."""
+        self._seen += 1
         if self._events is None:
             return
-        self.span_event("step-end", "step", time.perf_counter(), 0.0)
+        self.span_event("step-end", "step", time.perf_counter(), 0.0, step=self._seen - 1)
         with self._lock:
             if self._steps_left > 0:
                 self._steps_left -= 1
@@ -205,6 +202,7 @@ class Tracer:
                 self._closing = False
                 if events is not None:
                     self._unwritten = events
+            self._marks.stop()
         self._write_read()
 
     def _write_read(self) -> None:

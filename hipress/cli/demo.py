@@ -104,10 +104,11 @@ def format_summary(result: DemoResult) -> str:
         out.append("")
         out.append("where a traced step's time went (ms, mean over the workers):")
         width = max(len(r.spec.name) for r in result.runs)
-        out.append(f"  {'run':<{width}}  " + "  ".join(f"{c:>8}" for c in cols))
+        out.append(f"  {'run':<{width}}  " + "  ".join(f"{c + ' ms':>10}" for c in cols))
         for r in result.runs:
             if r.breakdown:
-                vals = "  ".join(f"{r.breakdown.get(c, 0.0):8.1f}" for c in cols)
+                got = [r.breakdown.get(c, 0.0) for c in cols]
+                vals = "  ".join(f"{'n/a':>10}" if v is None else f"{v:10.1f}" for v in got)
                 out.append(f"  {r.spec.name:<{width}}  {vals}")
         out.append(f"  timelines: hipress trace {Path(result.runs[-1].traces[0]).parent}/*.json")
     for r in result.runs:

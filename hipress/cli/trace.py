@@ -11,6 +11,28 @@ from typing import Any
 __all__ = ["add_parser"]
 
 
+_BOUNDS = {
+    "spans": "steps are the training loop's `step` spans",
+    "optimizer": "steps run from one optimizer step's end to the next",
+    "none": "no step boundaries in the trace (no optimizer step and no `step` span was "
+    "recorded): step, exposed and other are not known (n/a); the rest is per CaSync step",
+}
+
+
+def _heading(rank: dict[str, Any]) -> str:
+    """What the table's figures are per, and what the trace could not tell."""
+    lines = [f"ms per step over {rank['steps']} step(s); {_BOUNDS[rank['bounds']]}"]
+    if rank["left_out"]:
+        lines.append("step 0 (compiling, warm-up, DDP's bucket rebuild) is left out")
+    if rank["compute"] is None:
+        lines.append(
+            "no `compute` spans: compute and exposed are not known (n/a), and other holds "
+            "forward, backward and the optimizer (mark them with "
+            'tracer.span("forward", "compute") ...)'
+        )
+    return "\n".join(lines) + ":"
+
+
 def _cmd_trace(args: argparse.Namespace) -> int:
     from hipress.timeline import (
         TimelineError,
@@ -24,7 +46,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         events = load_traces(args.files)
         table = breakdown(events)
         rows = [(f"rank {r}", row) for r, row in table["ranks"].items()]
-        print(f"ms per step over {next(iter(table['ranks'].values()))['steps']} step(s):\n")
+        print(_heading(next(iter(table["ranks"].values()))) + "\n")
         print(breakdown_markdown([*rows, ("mean", table["mean"])]))
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
