@@ -197,6 +197,8 @@ def test_demo_end_to_end(tmp_path, capsys: pytest.CaptureFixture[str]) -> None: 
     assert hip["bytes_total"] == pytest.approx(hip["bytes_per_step"] * 6 * 2)
     if data["chart"] is not None:
         assert (tmp_path / "demo.png").stat().st_size > 10_000
+        assert (tmp_path / "demo-prediction.png").stat().st_size > 10_000
+        assert f"{tmp_path / 'demo-prediction.png'}" in out
     # each run keeps the timeline of its timed steps (here 6 - 5 warm-up = 1), one file per rank
     assert "where a traced step's time went" in out
     for run, name in ((base, "uncompressed"), (hip, "hipress-onebit")):
