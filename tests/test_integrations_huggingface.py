@@ -30,7 +30,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--standalone", str(WORKER), str(out)]  # fmt: skip
     launch(cmd, out, "the Trainer runs", timeout=240)
-    return {p.stem: torch.load(p, weights_only=False) for p in out.glob("*.pt")}
+    return {**{p.stem: torch.load(p, weights_only=False) for p in out.glob("*.pt")}, "_out": out}
 
 
 def _losses(run: dict[str, Any]) -> list[float]:
@@ -62,6 +62,33 @@ def test_the_loss_falls_as_without_compression(runs: dict[str, Any]) -> None:
     assert onebit[-1] < onebit[0] - 0.3
     assert abs(onebit[-1] - plain[-1]) < 0.02 * plain[-1]
     assert onebit != plain  # (compressed: not the same numbers)
+
+
+def test_the_checkpoints_hold_every_ranks_compression_state(runs: dict[str, Any]) -> None:
+    for step in (5, 10):
+        files = sorted(p.name for p in (runs["_out"] / "onebit" / f"checkpoint-{step}").glob(
+            "hipress_*"))  # fmt: skip
+        assert files == ["hipress_casync_rank0.pt", "hipress_casync_rank1.pt"], (step, files)
+        sd = torch.load(runs["_out"] / "onebit" / f"checkpoint-{step}" / files[1],
+                        weights_only=True)  # fmt: skip
+        assert sd["rank"] == 1 and sd["world_size"] == 2
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_a_resumed_run_is_bit_exact(runs: dict[str, Any], rank: int) -> None:
+    """From the step-5 checkpoint to step 10: the same weights, bit for bit, and the same
+    losses, as the run that did not stop (with error feedback restarted from zero, they
+    differ)."""
+    whole, resumed = runs[f"onebit-rank{rank}"], runs[f"resumed-rank{rank}"]
+    for k, v in whole["weights"].items():
+        assert torch.equal(v, resumed["weights"][k]), k
+
+    def late(run: dict[str, Any]) -> list[tuple[int, float, int]]:
+        # (the log of step 6 covers steps 5-6 in the whole run, step 6 alone in the resumed)
+        return [(e["step"], e["loss"], e["hipress/step"]) for e in run["history"]
+                if "loss" in e and e["step"] > 6]  # fmt: skip
+
+    assert late(resumed) == late(whole) and len(late(whole)) == 2  # (hipress/step too)
 
 
 def test_a_trainer_without_ddp_is_refused(tmp_path: Path) -> None:

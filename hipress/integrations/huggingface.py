@@ -24,29 +24,46 @@ over the ``n`` steps since the previous log to the log itself, so ``trainer.stat
 and every ``report_to`` integration receive them. :func:`register` puts the callback first for
 that reason: the Trainer hands one log to its callbacks in order.
 
-Checkpoints: the Trainer's checkpoints do not hold the compression state (its callbacks'
-state must be JSON); a run resumed with ``resume_from_checkpoint`` starts with all-zero
-error-feedback memory, and the log says so.
+Checkpoints: at each of the Trainer's saves (``on_save``), every rank writes its compression
+state (:meth:`~hipress.casync.CaSyncState.state_dict`: error feedback, step counts, the plan)
+into the checkpoint's folder, ``<output_dir>/checkpoint-<step>/hipress_casync_rank<r>.pt``
+(the Trainer's callbacks' own state must be JSON). ``trainer.train(resume_from_checkpoint=...)``
+restores it in ``on_train_begin``, right after registering, so a resumed run continues bit for
+bit; the callback learns the folder by wrapping ``trainer.train`` (without it, a run resumed at
+step s looks in ``<output_dir>/checkpoint-<s>``). Saved at another number of ranks, every rank
+reads every rank's file and the state is resharded (the gathered form,
+:meth:`~hipress.casync.CaSyncState.load_state_dict`). A folder without hipress's files starts
+the state afresh with a warning; a file that cannot be read or does not fit raises
+:class:`~hipress.casync.CaSyncError` on every rank.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import transformers
 from torch.nn.parallel import DistributedDataParallel
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
+from hipress.casync.persist import read
+from hipress.codec.checkpoint import gathered
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 
-__all__ = ["HipressTrainerCallback", "register"]
+__all__ = ["FILE", "HipressTrainerCallback", "register"]
 
 logger = logging.getLogger(__name__)
+
+FILE = "hipress_casync_rank{rank}.pt"  # in each checkpoint-<step> folder
 
 
 class HipressTrainerCallback(transformers.TrainerCallback):
@@ -58,6 +75,8 @@ class HipressTrainerCallback(transformers.TrainerCallback):
         plan: ``"default"`` or None (the default rule), ``"auto"`` (SeCoPa's plan), a plan file
             or a :class:`~hipress.core.plan.Plan`.
         log_metrics: add the metrics to each of the Trainer's logs.
+        checkpoint: save the compression state with the Trainer's checkpoints and restore it
+            on ``resume_from_checkpoint`` (module doc).
         options: the keyword arguments of :func:`hipress.casync.register` (``params``,
             ``seed``, ``rule``, ``include``/``exclude``, ...), the same on every rank.
 
@@ -73,6 +92,7 @@ class HipressTrainerCallback(transformers.TrainerCallback):
         *,
         plan: Plan | str | Path | None = None,
         log_metrics: bool = True,
+        checkpoint: bool = True,
         **options: Any,
     ) -> None:
         if options.get("process_group") is not None:
@@ -88,6 +108,23 @@ class HipressTrainerCallback(transformers.TrainerCallback):
         self.state: CaSyncState | None = None
         self._registered_on: DistributedDataParallel | None = None
         self._last_logged = 0
+        self.checkpoint = checkpoint
+        self._resume: str | bool | None = None
+        if checkpoint and trainer is not None:
+            self._watch_train(trainer)
+
+    def _watch_train(self, trainer: transformers.Trainer) -> None:
+        """Wrap ``trainer.train`` to learn its ``resume_from_checkpoint`` (the Trainer hands
+        its callbacks no path)."""
+        original = trainer.train
+
+        @functools.wraps(original)
+        def train(resume_from_checkpoint: str | bool | None = None, *args: Any,
+                  **kwargs: Any) -> Any:  # fmt: skip
+            self._resume = resume_from_checkpoint
+            return original(resume_from_checkpoint, *args, **kwargs)
+
+        trainer.train = train  # type: ignore[method-assign]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Register CaSync on ``trainer.model_wrapped``: the DDP model, wrapped by now."""
@@ -105,11 +142,57 @@ class HipressTrainerCallback(transformers.TrainerCallback):
         self.state = hipress.casync.register(ddp, self.algorithm, plan=self.plan, **self.options)
         self._registered_on = ddp
         self._last_logged = state.global_step
-        if state.global_step > 0:
-            logger.info(
-                "hipress: training resumes at step %d with all-zero compression state (the "
-                "Trainer's checkpoints do not hold it)", state.global_step,
-            )  # fmt: skip
+        if state.global_step > 0 and self.checkpoint:
+            self._restore(self._folder(args, state.global_step))
+        elif state.global_step > 0:
+            logger.info("hipress: training resumes at step %d with all-zero compression state "
+                        "(checkpoint=False)", state.global_step)  # fmt: skip
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Write this rank's compression state into the checkpoint the Trainer just saved."""
+        if self.state is None or not self.checkpoint:
+            return
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / FILE.format(rank=self.state.rank)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.state.state_dict(), tmp)
+        os.replace(tmp, path)  # (whole or absent)
+
+    def _folder(self, args: Any, step: int) -> Path:
+        """The checkpoint folder training resumes from."""
+        resume = self._resume
+        if resume is True:
+            resume = get_last_checkpoint(args.output_dir)
+        if isinstance(resume, str | os.PathLike):
+            return Path(resume)
+        return Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+    def _restore(self, folder: Path) -> None:
+        """Load the compression state saved in ``folder``, every rank or none (see the module
+        doc); the ranks agree on the outcome, so none trains on while another stopped."""
+        assert self.state is not None
+        error: CaSyncError | None = None
+        try:
+            sd = _saved_state(folder, self.state.rank, dist.get_world_size())
+            if sd is not None:
+                self.state.load_state_dict(sd)
+        except CaSyncError as exc:
+            error, sd = exc, None
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, None if error is None else str(error))
+        if error is not None:
+            raise error
+        failed = [f"rank {r}: {m}" for r, m in enumerate(every) if m is not None]
+        if failed:
+            raise CaSyncError(f"cannot restore the compression state from {folder}: "
+                              f"{'; '.join(failed)}")  # fmt: skip
+        if sd is None:
+            logger.warning("hipress: %s holds no compression state (%s): training resumes "
+                           "with all-zero error feedback", folder,
+                           FILE.format(rank="<r>"))  # fmt: skip
+        else:
+            logger.info("hipress: compression state restored from %s", folder)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
@@ -128,12 +211,33 @@ class HipressTrainerCallback(transformers.TrainerCallback):
             last.update(metrics)
 
 
+def _saved_state(folder: Path, rank: int, world_size: int) -> Any:
+    """What ``rank`` loads from ``folder``: its own file's state dict where the files were
+    saved at ``world_size`` ranks, else every rank's in the gathered form (which
+    ``load_state_dict`` reshards); None if the folder holds no file of hipress's."""
+    files = {int(p.stem.rsplit("rank", 1)[1]): p
+             for p in folder.glob(FILE.format(rank="*")) if p.stem.rsplit("rank", 1)[1].isdigit()}  # fmt: skip
+    if not files:
+        return None
+    first = read(files[rank] if rank in files else files[min(files)])
+    saved = first.get("world_size") if isinstance(first, dict) else None
+    if not isinstance(saved, int) or saved < 1:
+        raise CaSyncError(f"{folder}: {FILE.format(rank='<r>')} holds no CaSync state dict")
+    if saved == world_size and rank in files:
+        return first
+    entries = [read(files[r]) if r in files else None for r in range(saved)]
+    sd = gathered(entries, saved)
+    sd["missing"] = [r for r, e in enumerate(entries) if e is None]
+    return sd
+
+
 def register(
     trainer: transformers.Trainer,
     algorithm: str | CompressionAlgorithm | None = DEFAULT_ALGORITHM,
     *,
     plan: Plan | str | Path | None = None,
     log_metrics: bool = True,
+    checkpoint: bool = True,
     **options: Any,
 ) -> HipressTrainerCallback:
     """Add a :class:`HipressTrainerCallback` to ``trainer``, first among its callbacks (so
@@ -143,7 +247,7 @@ def register(
     ``state`` exists once training starts.
     """
     callback = HipressTrainerCallback(
-        trainer, algorithm, plan=plan, log_metrics=log_metrics, **options
+        trainer, algorithm, plan=plan, log_metrics=log_metrics, checkpoint=checkpoint, **options
     )
     trainer.callback_handler.callbacks.insert(0, callback)
     return callback

@@ -3,8 +3,10 @@
 
 A 2-layer GPT-2 (byte vocabulary) trains on CPython's own documentation text twice, from the
 same initial weights and batches: with the Trainer's DDP alone (``plain``) and with
-:func:`hipress.integrations.huggingface.register` and onebit (``onebit``). Each rank writes
-``OUT/<run>-rank<r>.pt``: the log history, the comm hook DDP ran, the last step's bytes.
+:func:`hipress.integrations.huggingface.register` and onebit (``onebit``, saving checkpoints at
+steps 5 and 10); then onebit resumed from ``onebit``'s step-5 checkpoint (``resumed``). Each
+rank writes ``OUT/<run>-rank<r>.pt``: the log history, the comm hook DDP ran, the final
+weights, the last step's bytes.
 """
 
 from __future__ import annotations
@@ -42,19 +44,21 @@ def model() -> transformers.GPT2LMHeadModel:
     return transformers.GPT2LMHeadModel(config)
 
 
-def train(out: Path, name: str, algorithm: str | None) -> None:
+def train(out: Path, name: str, algorithm: str | None, save: bool = False,
+          resume: Path | None = None) -> None:  # fmt: skip
     args = transformers.TrainingArguments(
         output_dir=str(out / name), use_cpu=True, ddp_backend="gloo", report_to="none",
         max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=3e-3,
-        logging_steps=2, save_strategy="no", disable_tqdm=True, seed=0,
-        dataloader_num_workers=0,
+        logging_steps=2, save_strategy="steps" if save else "no", save_steps=STEPS // 2,
+        disable_tqdm=True, seed=0, dataloader_num_workers=0,
     )  # fmt: skip
     trainer = transformers.Trainer(model=model(), args=args, train_dataset=dataset())
     callback = hipress_hf.register(trainer, algorithm, rule=RULE) if algorithm else None
-    trainer.train()
+    trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
     extra: dict[str, Any] = {
         "history": trainer.state.log_history,
         "hook": str(trainer.model_wrapped._get_ddp_logging_data().get("comm_hook", "")),
+        "weights": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
     }
     if callback is not None and callback.state is not None:
         last = callback.state.stats.last
@@ -65,4 +69,5 @@ def train(out: Path, name: str, algorithm: str | None) -> None:
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     train(out, "plain", None)
-    train(out, "onebit", "onebit")
+    train(out, "onebit", "onebit", save=True)  # checkpoints at steps 5 and 10
+    train(out, "resumed", "onebit", resume=out / "onebit" / "checkpoint-5")
