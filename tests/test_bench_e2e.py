@@ -18,6 +18,7 @@ from hipress.bench.e2e import (
     NOCOMM,
     Config,
     E2EOptions,
+    configs_for,
     fsdp_configs_for,
     run_config,
 )
@@ -173,6 +174,12 @@ def test_the_command_line_takes_the_gpt_models(tmp_path: Path, monkeypatch: Any)
             "--out", str(tmp_path), "--no-trace"]  # fmt: skip
     assert main(args) == 0
     assert seen[0].models == ("gpt", "gpt-untied") and seen[0].workers == 2
+    assert seen[0].row_sparse == ()
+    # --rows: the row-sparse rows, by algorithm (none: lossless)
+    assert main([*args, "--algorithms", "onebit", "--rows", "none,onebit"]) == 0
+    assert seen[1].row_sparse == ("none", "onebit")
+    names = [c.name for c in configs_for(seen[1])]
+    assert names[-3:] == ["hipress-onebit", "hipress-none-rows", "hipress-onebit-rows"]
     assert {"gpt", "gpt-untied"} <= set(WORKLOADS)
     assert WORKLOADS["gpt"].kind == WORKLOADS["gpt-untied"].kind == "communication-heavy"
 

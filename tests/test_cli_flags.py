@@ -77,6 +77,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--powersgd-rank": ["0"], "--fsdp-reshard": ["x"], "--out": outs_dir,
             "--name": ["", "a/b", ".."],
             "--local-steps": ["h0", "diloco-nosuch-h4", "postlocal-h4-f2-tau0", "x"],
+            "--rows": ["abc", "none,abc"],
         },
         ("bench", "convergence"): {
             "--workers": ["1", many], "--algorithms": ["abc", "onebit:fp32", "all,abc"],

@@ -63,6 +63,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         fsdp_reshard=_RESHARD[args.fsdp_reshard],
         fsdp_bf16_params=args.fsdp_bf16_params,
         local_steps=_names(args.local_steps),
+        row_sparse=_names(args.rows),
         extra={"command": invocation(args)},
     )
     results = stamp(run_matrix(opts, progress=step_line), invocation(args))
@@ -192,6 +193,12 @@ def _add_e2e_parser(bench_sub: Any) -> None:
                    help="also local-step rows: diloco-ALGORITHM-hH (none: uncompressed), "
                    "postlocal-hH (PyTorch's post-local SGD), torchft-hH, or hH for all of "
                    "them at H with each of --algorithms")  # fmt: skip
+    e.add_argument("--rows", default="", metavar="ALGORITHM,..",
+                   help="also row-sparse rows: hipress-ALGORITHM-rows, the default rule's plan "
+                   "with the embeddings sent as their touched rows from the first step "
+                   "(hipress.casync.rowsparse.probe_plan); none: lossless, the rest plain. The "
+                   "hipress-ALGORITHM rows send embeddings as rows where SeCoPa prices them "
+                   "cheaper, after one counted step")  # fmt: skip
     e.add_argument("--out", default=RESULTS, help="directory for the result files")
     e.add_argument("--name", default="e2e", help="basename of the result files")
     e.set_defaults(func=_cmd_e2e)

@@ -297,6 +297,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "algorithms": Names(_e2e_algorithms, "algorithm"),
             "steps": STEPS, "warmup": Call(_e2e_warmup), "repeats": Int(1, 100),
             "powersgd_rank": Int(1, 1024), "local_steps": Call(_local_steps),
+            "rows": Names(lambda: [*_algorithms(), "none"], "algorithm", empty=True),
         },
         ("bench", "convergence"): {
             **_COMMON, "workers": WORKERS, "plan": Call(_plan),
