@@ -162,13 +162,13 @@ def _report(result: dict[str, Any], out: TextIO) -> None:
         f"({result['network']['label']}), {result['algorithm']} {result['params']}",
         file=out,
     )
-    head = f"{'plan':<18}{'compressed':>11}{'predicted ms':>14}{'measured ms':>13}{'error':>8}"
+    head = f"{'plan':<18}{'compressed':>11}{'predicted ms':>14}{'measured ms':>13}{'error %':>8}"
     print(head, file=out)
     for key, r in rows.items():
         r["error"] = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
         print(
             f"{key:<18}{r['compressed']:>11}{r['predicted_ms']:>14.2f}"
-            f"{r['measured_ms']:>13.2f}{r['error']:>+8.1%}",
+            f"{r['measured_ms']:>13.2f}{100 * r['error']:>+8.1f}",
             file=out,
         )
     if "planned" in rows:
@@ -219,4 +219,16 @@ def run_bench(args: argparse.Namespace, out: TextIO | None = None) -> int:
         stamp(result, getattr(args, "invocation", "hipress bench plan"))
         path.write_text(json.dumps(result, indent=2, sort_keys=True))
         print(f"results written to {path}", file=out)
+        _chart(result, path.with_suffix(".png"), out)
     return 0
+
+
+def _chart(result: dict[str, Any], png: Path, out: TextIO) -> None:
+    """Predicted against measured per plan, next to the JSON (where matplotlib is installed)."""
+    from hipress.bench.charts import ChartError
+    from hipress.bench.charts_results import write_prediction_chart
+
+    try:
+        print(f"chart written to {write_prediction_chart(result, png)}", file=out)
+    except ChartError as exc:
+        print(f"chart skipped: {exc}", file=out)
