@@ -98,7 +98,7 @@ def local_markdown(cell: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     out = [
-        "| local steps | H | samples/s | utilisation | MB/step | s per outer sync | "
+        "| local steps | H | samples/s | utilisation x | MB/step | s per outer sync | "
         "waited s | ms exposed per sync | loss |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]

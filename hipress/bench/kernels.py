@@ -119,10 +119,12 @@ encode(g) { let q: uint<1>[n] = map(n, i => urand(i) >> 31); return concat(q); }
 decode(p) { return map(n, i => f32(p.q[i])); }
 """
 
-HEADER = (f"{'algorithm':10s} {'n':>9s} {'enc':>8s} {'roof':>6s} {'%':>4s} {'dec':>8s} "
-          f"{'roof':>6s} {'%':>4s} {'torch enc':>10s} {'torch dec':>10s} {'enc x':>6s} "
-          f"{'copy':>7s} {'sum4':>7s} {'sum4 x':>6s} {'write':>7s} {'dec/w':>5s} {'sum2/w':>6s} "
-          f"{'sum4/w':>6s}")  # fmt: skip
+# every figure's unit in its header: GB/s of float32 gradient input, % of the roofline, x ratios
+HEADER = (f"{'algorithm':10s} {'elements':>9s} {'enc GB/s':>8s} {'roof GB/s':>9s} {'% roof':>6s} "
+          f"{'dec GB/s':>8s} {'roof GB/s':>9s} {'% roof':>6s} {'torch enc GB/s':>14s} "
+          f"{'torch dec GB/s':>14s} {'enc x':>6s} {'copy GB/s':>9s} {'sum4 GB/s':>9s} "
+          f"{'sum4 x':>6s} {'write GB/s':>10s} {'dec/w x':>7s} {'sum2/w x':>8s} "
+          f"{'sum4/w x':>8s}")  # fmt: skip
 
 
 def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[Fn, int], float],
@@ -158,14 +160,14 @@ def _line(name: str, n: int, row: dict[str, Any]) -> str:
     te_t, td_t = row.get("torch_encode"), row.get("torch_decode")
     ratio = f"{row['encode'] / te_t:6.1f}" if te_t else "     -"
     er, dr = row["encode_roofline"], row["decode_roofline"]
-    return (f"{name:10s} {n:>9d} {row['encode']:8.2f} {er:6.1f} "
-            f"{100 * row['encode'] / er:4.0f} {row['decode']:8.2f} {dr:6.1f} "
-            f"{100 * row['decode'] / dr:4.0f} "
-            f"{te_t if te_t else float('nan'):10.2f} {td_t if td_t else float('nan'):10.2f} "
-            f"{ratio} {row['copy']:7.2f} {row['decode_sum4']:7.2f} "
-            f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f} {row['write']:7.2f} "
-            f"{row['decode_vs_write']:5.2f} {row['decode_sum2_vs_write']:6.2f} "
-            f"{row['decode_sum4_vs_write']:6.2f}")  # fmt: skip
+    return (f"{name:10s} {n:>9d} {row['encode']:8.2f} {er:9.1f} "
+            f"{100 * row['encode'] / er:6.0f} {row['decode']:8.2f} {dr:9.1f} "
+            f"{100 * row['decode'] / dr:6.0f} "
+            f"{te_t if te_t else float('nan'):14.2f} {td_t if td_t else float('nan'):14.2f} "
+            f"{ratio} {row['copy']:9.2f} {row['decode_sum4']:9.2f} "
+            f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f} {row['write']:10.2f} "
+            f"{row['decode_vs_write']:7.2f} {row['decode_sum2_vs_write']:8.2f} "
+            f"{row['decode_sum4_vs_write']:8.2f}")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

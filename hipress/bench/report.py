@@ -138,7 +138,7 @@ def fsdp_block_markdown(block: dict[str, Any]) -> list[str]:
     mib = 1 << 20
     out = [
         "| configuration | samples/s | step ms | MB/step | payload MB (AG + RS) | x FSDP fp32 | "
-        "x bf16 reduce | x FSDP bf16 | eff | param shard MiB | feedback MiB | state MiB | "
+        "x bf16 reduce | x FSDP bf16 | eff x | param shard MiB | feedback MiB | state MiB | "
         "peak RSS MiB |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]

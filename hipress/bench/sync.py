@@ -245,7 +245,7 @@ def format_table(results: dict[str, Any], methods: Sequence[str] | None = None) 
     for network, n in keys:
         block = [r for r in rows if r["network"] == network and r["world_size"] == n]
         lines.append(f"\n== {n} workers, {network} ==")
-        head = f"{'size':>9}  {'method':<26} {'ms':>10} {'vs DDP':>7} {'sent':>6}"
+        head = f"{'size':>9}  {'method':<26} {'ms':>10} {'x DDP':>7} {'sent %':>6}"
         head += f" {'enc ms':>8} {'comm ms':>8} {'dec ms':>8}"
         lines.append(head)
         for r in block:
@@ -257,6 +257,6 @@ def format_table(results: dict[str, Any], methods: Sequence[str] | None = None) 
             )
             lines.append(
                 f"{_human(r['bytes']):>9}  {r['method']:<26} {r['ms']:10.3f} "
-                f"{r['speedup']:6.2f}x {100 * r['ratio']:5.1f}%" + extra
+                f"{r['speedup']:7.2f} {100 * r['ratio']:6.1f}" + extra
             )
     return "\n".join(lines)

@@ -25,8 +25,8 @@ def _signed(x: float | None) -> str:
 def e2e_cell_rows(cell: dict[str, Any]) -> list[str]:
     """One (model, network) cell of ``hipress bench e2e``: a row per configuration."""
     out = [
-        "| configuration | samples/s | step ms | MB/step | x fp32 | x fp16 | x PowerSGD | eff | "
-        "floor ms | eff bound |",
+        "| configuration | samples/s | step ms | MB/step | x fp32 | x fp16 | x PowerSGD | eff x | "
+        "floor ms | eff bound x |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in cell["rows"]:
@@ -71,8 +71,8 @@ def _gap(r: dict[str, Any], key: str) -> str:
 
 def _convergence_seeds_rows(results: dict[str, Any]) -> list[str]:
     out = [
-        "| algorithm | EF | final % mean (min-max) | vs uncompressed (per seed) | best % mean "
-        "(min-max) | vs best uncompressed (per seed) | best epochs | final valid loss | "
+        "| algorithm | EF | final % mean (min-max) | vs uncompressed pp (per seed) | best % mean "
+        "(min-max) | vs best uncompressed pp (per seed) | best epochs | final valid loss | "
         "train s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -98,8 +98,8 @@ def convergence_rows(results: dict[str, Any]) -> list[str]:
     if any("runs" in r for r in results["rows"]):
         return _convergence_seeds_rows(results)
     out = [
-        "| algorithm | EF | final accuracy % | vs uncompressed | best % (epoch) | vs best "
-        "uncompressed | final valid loss | train s |",
+        "| algorithm | EF | final accuracy % | vs uncompressed pp | best % (epoch) | vs best "
+        "uncompressed pp | final valid loss | train s |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["rows"]:
@@ -125,8 +125,8 @@ def kernels_table(results: dict[str, Any]) -> list[str]:
         f"{sizes[-1]:,} elements, GB/s of float32 gradient input; copy "
         f"{results['copy'][n]:.1f} GB/s, read {results['read'][n]:.1f} GB/s.",
         "",
-        "| algorithm | encode | % roof | decode | % roof | x torch encode | x torch decode "
-        "| sum4 x |",
+        "| algorithm | encode GB/s | % roof | decode GB/s | % roof | x torch encode | "
+        "x torch decode | sum4 x |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in sorted(results["kernels"]):
@@ -150,14 +150,14 @@ def plan_table(results: dict[str, Any]) -> list[str]:
         f"{results['model']} on {results['world_size']} processes "
         f"({results['network']['label']}), {results['algorithm']} {results['params']}.",
         "",
-        "| plan | compressed tensors | predicted ms | measured ms | error |",
+        "| plan | compressed tensors | predicted ms | measured ms | error % |",
         "|---|---:|---:|---:|---:|",
     ]
     for key, r in results["rows"].items():
         err = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
         out.append(
             f"| {key} | {r['compressed']} | {r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
-            f"| {err:+.1%} |"
+            f"| {100 * err:+.1f} |"
         )
     return out
 
@@ -170,14 +170,14 @@ def sync_table(results: dict[str, Any]) -> list[str]:
         f"One sync of {top / 2**20:g} MB of float32 gradient; median ms, speed-up over DDP's "
         "allreduce in the same network and world size, bytes sent against fp32.",
         "",
-        "| network | workers | method | ms | x DDP | sent |",
+        "| network | workers | method | ms | x DDP | sent % |",
         "|---|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         if r["bytes"] == top:
             out.append(
                 f"| {r['network']} | {r['world_size']} | {r['method']} | {r['ms']:.2f} | "
-                f"{r['speedup']:.2f} | {100 * r['ratio']:.1f}% |"
+                f"{r['speedup']:.2f} | {100 * r['ratio']:.1f} |"
             )
     return out
 
@@ -216,13 +216,13 @@ def ring_table(results: dict[str, Any]) -> list[str]:
 def demo_table(results: dict[str, Any]) -> list[str]:
     """``hipress demo``: throughput, bytes sent and validation figures of each run."""
     out = [
-        "| run | samples/s | MB sent/step/worker | val loss | val acc | wall s |",
+        "| run | samples/s | MB sent/step/worker | val loss | val acc % | wall s |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
         out.append(
             f"| {r['spec']['name']} | {r['samples_per_s']:.1f} | {r['bytes_per_step'] / 2**20:.2f} "
-            f"| {r['final']['loss']:.3f} | {100 * r['final']['accuracy']:.1f}% | "
+            f"| {r['final']['loss']:.3f} | {100 * r['final']['accuracy']:.1f} | "
             f"{r['wall_s']:.1f} |"
         )
     return out

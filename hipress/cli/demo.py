@@ -64,8 +64,8 @@ def format_summary(result: DemoResult) -> str:
         "sent total",
         "val loss",
         "val ppl",
-        "val acc",
-        "wall",
+        "val acc %",
+        "wall s",
     )
     rows = [
         (
@@ -75,8 +75,8 @@ def format_summary(result: DemoResult) -> str:
             _mib(r.bytes_total),
             f"{r.final.loss:.3f}",
             f"{r.final.perplexity:.1f}",
-            f"{100 * r.final.accuracy:.1f}%",
-            f"{r.wall_s:.1f} s",
+            f"{100 * r.final.accuracy:.1f}",
+            f"{r.wall_s:.1f}",
         )
         for r in result.runs
     ]
