@@ -51,8 +51,10 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    merge=(5e-8, 0.005, 0.005), bytes_per_element=0.25, header=16,
                    params={"bitwidth": 2}).save(d / "profile.json")  # fmt: skip
     argv = ["plan", "--model", "mlp", "--workers", "4", "--profile", str(d / "profile.json"),
-            "--bandwidth", "100mbit", "--algorithm", "terngrad", "--out", str(d / "plan.json")]  # fmt: skip
+            "--bandwidth", "100mbit", "--algorithm", "terngrad", "--out", str(d / "plan.json"),
+            "--png", str(d / "plan.png")]  # fmt: skip
     assert main(argv) == 0
+    check_png(d / "plan.png")  # hipress plan --png
     return d / "plan.json"
 
 
@@ -150,4 +152,7 @@ def test_a_file_of_another_kind_or_no_matplotlib_is_a_clear_error(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     assert main(["chart", "plan", str(planned), "-o", str(tmp_path / "p.png")]) == 2
     assert "pip install 'hipress[demo]'" in capsys.readouterr().err
+    argv = ["plan", "--model", "mlp", "--workers", "4", "--bandwidth", "1gbit", "--png", "p.png"]
+    assert main(argv) == 2  # before any work
+    assert "argument --png: 'p.png' needs matplotlib" in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()

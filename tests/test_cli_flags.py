@@ -116,6 +116,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--bandwidth": ["abc", "1e999gbit", "0gbit"], "--max-partitions": ["0"],
             "--strategies": ["ring,tree"], "--bucket-cap-mb": ["0", "nan"], "--out": outs_file,
             "--shapes": ["x"], "--row-density": ["abc", "nan", "1.5", "-0.1"], "--model": MODELS,
+            "--png": outs_file,
         },
         ("profile",): {
             "--workers": ["1", many], "--nproc": ["1"], "--algorithm": ["abc"],

@@ -9,9 +9,12 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-__all__ = ["KINDS", "add_parser", "chart_next_to", "draw"]
+if TYPE_CHECKING:
+    from hipress.core.plan import Plan
+
+__all__ = ["KINDS", "add_parser", "chart_next_to", "check_png", "draw", "write_plan_png"]
 
 SKIPPED = "chart skipped: {why}"
 
@@ -80,6 +83,33 @@ def chart_next_to(kind: str, path: str | Path, png: str | Path, out: TextIO) -> 
     except ChartError as exc:
         print(SKIPPED.format(why=exc), file=out)
         return None
+
+
+def check_png(flag: str, value: Any, args: argparse.Namespace) -> None:
+    """The rule of a ``--png FILE`` option (:mod:`hipress.cli.checktable`): a file that can be
+    written, and matplotlib installed, before any work starts."""
+    from hipress.bench.charts import ChartError, require
+    from hipress.cli.checks import UsageError, check_out
+
+    check_out(flag, value, "file")
+    if value is not None:
+        try:
+            require()
+        except ChartError:
+            raise UsageError(flag, value, "needs matplotlib", "pip install 'hipress[demo]'"
+                             ) from None  # fmt: skip
+
+
+def write_plan_png(png: str | None, plan: Plan, model: str, out: TextIO) -> None:
+    """``hipress plan --png``: draw ``plan`` into ``png`` (nothing where ``png`` is None) and
+    say so on ``out``, or why not."""
+    from hipress.bench.charts import ChartError, write_plan_chart
+
+    if png is not None:
+        try:
+            print(f"wrote {write_plan_chart(plan, png, model)}", file=out)
+        except ChartError as exc:
+            print(SKIPPED.format(why=exc), file=out)
 
 
 def _cmd_chart(args: argparse.Namespace) -> int:

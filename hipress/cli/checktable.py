@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hipress.cli.charts import check_png
 from hipress.cli.checks import (
     Call,
     Int,
@@ -336,7 +337,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             **link, "model": Call(_model_spec),  # --workers, --profile, --overlap, --include,
             # --exclude: the command checks them itself, before any work
             "max_partitions": Int(1, 1024, none=True), "bucket_cap_mb": Num(0.0, 1e6, open_lo=True),
-            "row_density": Num(0.0, 1.0, none=True),
+            "row_density": Num(0.0, 1.0, none=True), "png": Call(check_png),
         },
         ("profile",): {**link, "workers": WORKERS, "model": Call(_model_spec)},  # --overlap: the command
         ("demo",): {

@@ -24,6 +24,7 @@ from hipress.cli.args import (
     parse_rate_mbit,
     parse_strategies,
 )
+from hipress.cli.charts import write_plan_png
 from hipress.cli.options import add_alias, spelled
 from hipress.cli.planreport import print_plan, print_profile, print_sources, warn_extrapolation
 from hipress.cli.progress import phase
@@ -140,6 +141,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "its touched rows where that is predicted faster, and says why")  # fmt: skip
     p.add_argument("--out", default=None, metavar="FILE", help="save the plan as JSON")
     p.add_argument("--json", action="store_true", help="print the plan JSON, not a table")
+    p.add_argument("--png", metavar="OUT", help="draw the plan to this PNG (needs matplotlib)")
     p.set_defaults(func=run_plan)
     return p
 
@@ -346,6 +348,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
         sources = print_sources(profile, largest, args.workers, _origin(args, profile), out)
         if args.out:
             print(f"plan saved to {args.out} (digest {plan.digest()})", file=out)
+    write_plan_png(args.png, plan, spec.name, err if args.json else out)
     out.flush()
     budget = profile.meta.get("compute_budget_s", args.budget)
     warn_extrapolation(profile, sources, largest, budget, err, args.model)
