@@ -4,7 +4,7 @@ Launch (2 CPU processes on this machine, gloo)::
 
     torchrun --standalone --nproc-per-node 2 examples/fsdp2_train.py --steps 50
 
-Options: ``--algorithm`` (default: onebit), ``--steps``. Rank 0 prints the plan, the loss and
+Options: ``--algorithm`` (default: qsgd), ``--steps``. Rank 0 prints the plan, the loss and
 hipress's metrics (``comp.metrics()``).
 """
 

@@ -4,8 +4,8 @@ Launch (2 CPU processes on this machine, gloo)::
 
     torchrun --standalone --nproc-per-node 2 examples/torchrun_ddp.py --steps 50
 
-On GPUs the same script picks NCCL. Options: ``--algorithm`` (default: onebit, with error
-feedback; ``none`` for plain DDP), ``--steps``. Rank 0 prints the loss and hipress's metrics.
+On GPUs the same script picks NCCL. Options: ``--algorithm`` (default: qsgd; ``none`` for
+plain DDP), ``--steps``. Rank 0 prints the loss and hipress's metrics.
 """
 
 from __future__ import annotations

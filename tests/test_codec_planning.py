@@ -140,7 +140,7 @@ def test_one_default_algorithm_on_every_entry_point(capsys: pytest.CaptureFixtur
         entry_points.append(getattr(mod, "HipressCallback", None) or mod.register)
     for fn in entry_points:
         default = inspect.signature(fn).parameters["algorithm"].default
-        assert default == DEFAULT_ALGORITHM == "onebit", fn
+        assert default == DEFAULT_ALGORITHM == "qsgd", fn
     # `hipress plan` without --algorithm plans for it, and the hook's default accepts that plan
     argv = ["plan", "--model", "mlp", "--workers", "2", "--bandwidth", "1gbit", "--budget", "0.1"]
     assert main([*argv, "--threads", "1", "--json"]) == 0

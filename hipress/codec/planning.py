@@ -50,9 +50,11 @@ _TWICE = (Strategy.PS, Strategy.RING)
 # the plan arguments that are words, not paths: the default rule and SeCoPa's plan
 PLAN_WORDS = ("default", "auto")
 # The algorithm every entry point runs (and `hipress plan` plans for) when none is named: the DDP
-# hook, Horovod, FSDP, the Lightning and Accelerate helpers. onebit keeps error feedback, so
-# what it drops in one step is sent in later ones.
-DEFAULT_ALGORITHM = "onebit"
+# hook, Horovod, FSDP, the Lightning and Accelerate helpers. qsgd (4 bits per element, one scale
+# per bucket of 512, stochastic rounding: unbiased) keeps each element's own size, which the Adam
+# family divides by; 1-bit and sparsifying codecs (onebit, topk) send fewer bytes but take that
+# size away and cost accuracy with AdamW, error feedback or not (docs: choose an algorithm).
+DEFAULT_ALGORITHM = "qsgd"
 
 
 def _default_plan(
