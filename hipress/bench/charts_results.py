@@ -123,6 +123,8 @@ def _demo_runs(results: Mapping[str, Any]) -> Figure:
         raise ChartError("a demo result needs a baseline run and at least one other")
     base = runs[0]
     others = runs[1:]
+    if not all(r.get("samples_per_s", 0) > 0 for r in runs):
+        raise ChartError("a demo run without a measured throughput (samples_per_s)")
     names = [r["spec"]["name"] for r in others]
     measured = [r["samples_per_s"] / base["samples_per_s"] for r in others]
     predicted = [r.get("predicted_speedup") or 0.0 for r in others]
