@@ -135,10 +135,10 @@ def _check(saved: list[dict[str, Any]], loaded: list[dict[str, Any]], step: int)
 
 def test_fsdp_error_feedback_reshards_2_to_4_and_4_to_2(tmp_path: Path) -> None:
     a, b, c = (str(tmp_path / d) for d in "abc")
-    at2 = run_workers(phase, 2, None, a, preload=PRELOAD, timeout=120)
-    at4 = run_workers(phase, 4, a, b, preload=PRELOAD, timeout=120)
+    at2 = run_workers(phase, 2, None, a, preload=PRELOAD, timeout=300)
+    at4 = run_workers(phase, 4, a, b, preload=PRELOAD, timeout=300)
     _check(at2, at4, 2)
-    back = run_workers(phase, 2, b, c, preload=PRELOAD, timeout=120)
+    back = run_workers(phase, 2, b, c, preload=PRELOAD, timeout=300)
     _check(at4, back, 4)
     for got in (at4, back):  # (a rank of the last holds no entry: it hears of the others')
         assert all(r["untouched"] is True for r in got)

@@ -163,6 +163,8 @@ def _local_sums(
                for m in _mass_names(comp, u.coders[0])}  # fmt: skip
         for r, entry in entries.items():
             chunks = entry[name].get("chunks") if isinstance(entry[name], Mapping) else None
+            if isinstance(chunks, Mapping) and not chunks:
+                continue  # (the unit was too small to compress at that world size: no mass)
             if not isinstance(chunks, Mapping) or set(chunks) != {str(j) for j in
                                                                   range(saved_ws)}:  # fmt: skip
                 raise FsdpError(f"the checkpoint's entry rank{r} does not hold {saved_ws} chunk "
