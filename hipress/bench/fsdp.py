@@ -342,7 +342,7 @@ def fsdp_markdown(results: dict[str, Any]) -> str:
             wire = r["wire_bytes_per_step"]
             out.append(
                 f"| {r['config']} | {r['samples_per_s']:.1f} | {r['step_ms']:.0f} | "
-                f"{sp.get('fsdp-fp32', 0):.2f} | {sp.get('fsdp-bf16-reduce', 0):.2f} | "
+                f"{sp.get('fsdp-fp32', 0):.2f}x | {sp.get('fsdp-bf16-reduce', 0):.2f}x | "
                 f"{'-' if wire is None else f'{wire / 1e6:.1f}'} | {m['params_shard'] / mib:.1f} | "
                 f"{m['feedback'] / mib:.1f} | {m['state'] / mib:.1f} | "
                 f"{m['peak_rss'] / mib:.0f} | {r['final_loss']:.3f} |"
