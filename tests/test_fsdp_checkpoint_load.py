@@ -2,10 +2,15 @@
 cannot read (truncated or missing data file, missing or damaged .metadata, a damaged entry header,
 a checkpoint saved without hipress) raises FsdpError naming the file and the reason on every rank,
 where dcp.load raises torch's CheckpointException (a BaseException); a damaged hipress entry on
-one rank makes every rank raise; nothing of it is logged as a traceback."""
+one rank makes every rank raise; nothing of it is logged as a traceback. Then seeded random
+truncations and bit flips of the checkpoint's files (HIPRESS_FUZZ_EXAMPLES of them, default 8):
+each is refused with FsdpError on every rank, or loads hipress's state exactly as saved (a flip
+in the model's tensor bytes, which torch does not check)."""
 
 from __future__ import annotations
 
+import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,7 @@ from torch import nn
 import hipress.fsdp
 from hipress.fsdp import FsdpError
 
+EXAMPLES = int(os.environ.get("HIPRESS_FUZZ_EXAMPLES", "0")) or 8
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "hipress.fsdp", "fsdp_workers")
 
 
@@ -76,7 +82,38 @@ def load_tampered(rank: int, world_size: int, root: str) -> dict[str, str]:
             out[tag] = str(exc)
         except BaseException as exc:
             out[tag] = f"not an FsdpError: {type(exc).__name__}: {exc}"
+    out["fuzz"] = _fuzz(rank, ckpt, saved, comp.state_dict()[f"rank{rank}"], model2, comp2)
     return out
+
+
+def _fuzz(rank: int, ckpt: Path, saved: dict[Path, bytes], mine: bytes, model: nn.Module,
+          comp: Any) -> str:  # fmt: skip
+    """Each example's outcome on this rank, ``;``-joined: ``refused``, ``same`` (loaded, this
+    rank's hipress state ``mine`` as saved) or what went wrong."""
+    rng, outcomes = random.Random(7), []
+    for i in range(EXAMPLES):
+        f = rng.choice(sorted(saved))
+        blob, at = bytearray(saved[f]), rng.randrange(len(saved[f]))
+        if i % 2:
+            blob[at] ^= 1 << rng.randrange(8)
+        else:
+            del blob[at:]
+        dist.barrier()
+        if rank == 0:
+            for g, b in saved.items():
+                g.write_bytes(b)
+            f.write_bytes(bytes(blob))
+        dist.barrier()
+        try:
+            hipress.fsdp.checkpoint.load({"model": model.state_dict(), "hipress": comp},
+                                         checkpoint_id=str(ckpt))  # fmt: skip
+            entry = comp.state_dict()[f"rank{rank}"]
+            outcomes.append("same" if entry == mine else f"#{i} {f.name}@{at}: changed state")
+        except FsdpError:
+            outcomes.append("refused")
+        except BaseException as exc:
+            outcomes.append(f"#{i} {f.name}@{at}: {type(exc).__name__}: {exc}")
+    return ";".join(outcomes)
 
 
 def test_unreadable_checkpoints_raise_fsdp_error_on_every_rank(tmp_path: Path, capfd: Any) -> None:
@@ -94,4 +131,8 @@ def test_unreadable_checkpoints_raise_fsdp_error_on_every_rank(tmp_path: Path, c
         flip = out["entry flipped"]
         assert "entry rank1 is damaged: its bytes do not match the digest" in flip, out
         assert ("it failed on other ranks (rank 1:" in flip) == (rank == 0), out
+    fuzz = [out["fuzz"].split(";") for out in got]
+    assert fuzz[0] == fuzz[1], fuzz  # every rank ends alike
+    assert set(fuzz[0]) <= {"refused", "same"}, fuzz[0]
+    assert all(fuzz[0][i] == "refused" for i in range(0, EXAMPLES, 2)), fuzz[0]  # truncations
     assert "Traceback" not in capfd.readouterr().err
