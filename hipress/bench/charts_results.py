@@ -110,7 +110,8 @@ def _plan_rows(results: Mapping[str, Any]) -> Figure:
                   fontsize=8)  # fmt: skip
     ax.set_ylabel("sync time per step (ms)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, title="% = predicted vs measured", title_fontsize=7)
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2,
+               title="% above a bar: predicted against measured", title_fontsize=7)  # fmt: skip
     net = (results.get("network") or {}).get("label", "")
     ax.set_title(f"hipress bench plan: predicted vs measured sync time, {results.get('algorithm')}"
                  f", {results.get('world_size', '?')} workers\n{net}", fontsize=9)  # fmt: skip
@@ -146,7 +147,7 @@ def _demo_runs(results: Mapping[str, Any]) -> Figure:
     ax.set_ylabel(f"speed-up over {base['spec']['name']} (x)")
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.2)
-    ax.legend(fontsize=7, loc="upper left")
+    fig.legend(fontsize=7, loc="outside lower center", ncols=1)
     cfg = results.get("config") or {}
     ax.set_title(f"hipress demo: predicted vs measured speed-up, {cfg.get('workers', '?')} "
                  f"workers\n{results.get('network', '')}", fontsize=9)  # fmt: skip
