@@ -98,6 +98,12 @@ def test_row_sparse_bytes_in_the_floor() -> None:
     sent = bytes_sent(entries, pay, 4)
     assert sent["e"] == pytest.approx(exact) and sent["d"] == allreduce_bytes(4 * 64_000, 4)
     assert sent["e"] < sent["d"] / 20
+    # a lossless row (no algorithm: everything plain, the embedding as exact rows) has a floor
+    compute = {"config": COMPUTE.name, "samples_per_s": 1.0, "step_ms": 100.0,
+               "grad_ready_lead_ms": {"e": 0.0, "d": 50.0}}  # fmt: skip
+    lossless = {"config": "hipress-none-rows", "samples_per_s": 1.0, "plan": {"entries": entries}}
+    floors([compute, lossless], {"e": 64_000, "d": 64_000}, 4, 1000.0)
+    assert lossless["network_floor_ms"] == pytest.approx(exact / 125e3)
 
 
 def test_fsdp_rows_with_memory_traffic_and_speedups() -> None:

@@ -62,14 +62,19 @@ def floors(
         if r["config"] in ("ddp-fp32", "ddp-fp16"):
             width = 4.0 if r["config"] == "ddp-fp32" else 2.0
             sent = {n: allreduce_bytes(width * k, world_size) for n, k in numels.items()}
-        elif "plan" in r and "algorithm" in r:
-            codec = load(r["algorithm"], backend="reference")
-            sent = bytes_sent(r["plan"]["entries"], codec.payload_nbytes, world_size)
+        elif "plan" in r:  # (no algorithm: every entry plain, dense or as exact rows)
+            pay = load(r["algorithm"], backend="reference").payload_nbytes if (
+                "algorithm" in r) else _no_payload  # fmt: skip
+            sent = bytes_sent(r["plan"]["entries"], pay, world_size)
         else:
             continue
         floor = exposed_floor_ms(leads, sent, rate_mbit)
         r["network_floor_ms"] = floor
         r["efficiency_bound"] = compute["step_ms"] / (compute["step_ms"] + floor)
+
+
+def _no_payload(numel: int) -> int:
+    raise ValueError("a plan without an algorithm compresses nothing")
 
 
 def fsdp_blocks(
