@@ -193,8 +193,10 @@ def _agree(comp: Any, error: FsdpError | None, held: int, saved_ws: int, device:
     if error is not None:
         raise error
     if int(flags[0]):
-        raise FsdpError("another rank refused its entries of the checkpoint (its error says "
-                        "why); nothing was restored")  # fmt: skip
+        raise FsdpError(
+            f"cannot reshard the checkpoint (world_size {saved_ws} -> {comp.world_size}): "
+            "another rank refused its entries of it (its error says why); nothing was restored"
+        )
     if int(flags[1]) != saved_ws:
         raise FsdpError(
             f"the checkpoint was saved at {saved_ws} ranks, and this run of "
@@ -217,7 +219,8 @@ def load_resharded(comp: Any, sd: Mapping[str, Any]) -> None:
         entries = {r: comp._entry(sd.get(f"rank{r}"), r) for r in held}
         sums, step = _local_sums(comp, entries, saved_ws)
     except FsdpError as exc:
-        error, sums, step = exc, {}, 0
+        head = f"cannot reshard the checkpoint (world_size {saved_ws} -> {comp.world_size})"
+        error, sums, step = FsdpError(f"{head}: {exc}"), {}, 0
     _agree(comp, error, len(held), saved_ws, device)
     top = torch.tensor([step], dtype=torch.int64, device=device)
     dist.all_reduce(top, op=dist.ReduceOp.MAX)
