@@ -66,3 +66,38 @@ def test_powersgd_trains_like_ddp_and_ranks_agree(world: int) -> None:
                                                 nn.Linear(96, 4)).parameters()) * 4  # fmt: skip
     assert ps["sent"] < 0.2 * full, ps  # P and Q, not the gradients
     assert ps["loss"] <= 1.1 * plain["loss"], (plain, ps)
+
+
+def _nonfinite(rank: int, world: int) -> list[list[torch.Tensor]]:
+    """Three steps of powersgd (rank 2) on one 6 x 10 gradient, the rounds summed by gloo: rank
+    0 holds a NaN at step 0 and rank 1 an Inf at step 1; every rank's outputs."""
+    from hipress.compll.rounds import load_rounds
+
+    def allreduce(x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x)
+        return x
+
+    alg = load_rounds("powersgd", backend="cpu", rank=2)
+    st = alg.init_state((6, 10))
+    outs = []
+    for s in range(3):
+        g = torch.randn(6, 10, generator=torch.Generator().manual_seed(10 * s + rank))
+        if s == 0 and rank == 0:
+            g[2, 3] = float("nan")
+        if s == 1 and rank == 1:
+            g[4, 7] = float("inf")
+        outs.append(alg.step(g, st, allreduce, world).view(6, 10).clone())
+    return outs
+
+
+def test_a_nan_or_inf_stays_non_finite_on_every_rank_and_the_state_is_dropped() -> None:
+    ranks = run_workers(_nonfinite, 2, timeout=120)
+    for outs in ranks:  # every rank applies the same
+        assert all(
+            torch.equal(a.view(torch.int32), b.view(torch.int32))
+            for a, b in zip(outs, ranks[0], strict=True)
+        )
+    nan_step, inf_step, after = ranks[0]
+    assert not torch.isfinite(nan_step[2, 3]) and not torch.isfinite(inf_step[4, 7])
+    # the next step starts afresh: no NaN carried in the residual or in Q
+    assert torch.isfinite(after).all()
