@@ -267,6 +267,31 @@ def robustness_table(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def diloco_table(results: dict[str, Any]) -> list[str]:
+    """``python -m hipress.bench.diloco`` runs (``results["runs"]``), a table each: every row's
+    samples/s, utilisation against the run's better compute-only row, MB on the wire per step,
+    seconds per outer sync (fragment sync when streaming) and the part the loop waited."""
+    out: list[str] = []
+    for run in results["runs"]:
+        m, rows = run["meta"], run["rows"]
+        ref = max(r["samples_per_s"] for r in rows if r["row"] == "compute" and "error" not in r)
+        out += ["", f"{m['model']}, {m['workers']} workers, {m['rate_mbit']:g} Mbit/s, "
+                    f"{m['steps']} timed steps per row:", "",
+                "| row | samples/s | utilisation | MB/step | s per outer sync | s waited |",
+                "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for r in rows:
+            if "error" in r:
+                out.append(f"| {r['row']} | failed |")
+                continue
+            wire = r.get("wire_bytes_per_step")
+            out.append(
+                f"| {r['row']} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / ref:.3f} | "
+                f"{fmt(None if wire is None else wire / 1e6, '.3f')} | "
+                f"{fmt(r.get('outer_sync_s'), '.3f')} | {fmt(r.get('outer_wait_s'), '.3f')} |"
+            )
+    return out[1:]
+
+
 TABLES: Mapping[str, Table] = MappingProxyType(
     {
         "e2e": e2e_table,
@@ -282,5 +307,6 @@ TABLES: Mapping[str, Table] = MappingProxyType(
         "demo": demo_table,
         "robustness-mlp": robustness_table,
         "robustness-lm": robustness_table,
+        "diloco": diloco_table,
     }
 )
