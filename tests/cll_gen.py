@@ -446,7 +446,8 @@ class _Enc:
 def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     """One `let` of encode (a parallel operator, or host scalars with `var` and `if`)."""
     kind = gen.pick(["reduce", "map", "scatter", "gather", "storage", "filter", "topk", "custom",
-                     "segreduce", "map", "sort", "scan", "packed", "host", "exact"])  # fmt: skip
+                     "segreduce", "map", "sort", "scan", "packed", "host", "exact",
+                     "matmul"])  # fmt: skip
     name = gen.fresh("a")
     line: str
     if kind == "map":
@@ -549,6 +550,22 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
         src = gen.pick(sc.arrays)
         line = f"let {name} = gather({src.name}, {idx.name});"
         arr = Arr(name, src.dtype, idx.length)
+    elif kind == "matmul":
+        grads = [a for a in sc.arrays if a.exact and a.dtype == "f32" and a.bits is None]
+        if not grads:
+            return
+        # A exact, B in {-1, 0, 1}: each element a sum of exact values, the same in any order;
+        # sizes past an operand's end (its definition: those elements read 0), k = 0 (zeros)
+        m, k, r = (
+            gen.pick(["1", "3"]),
+            gen.pick(["0", "2", "n / 3", "n"]),
+            gen.pick(["1", "4", "9"]),
+        )
+        j = gen.fresh("j")
+        b = f"map({k} * {r}, {j} => f32({j} % 3) - 1.0)"
+        f = gen.pick(["matmul", "matmul_at"])
+        line = f"let {name} = {f}({gen.pick(grads).name}, {b}, {m}, {k}, {r});"
+        arr = Arr(name, "f32", f"{m} * {r}")
     else:  # host scalars
         t = gen.pick([*NUM, "bool"])
         enc.lines.append(f"let {name}: {t} = {gen.expr(t, sc, 2)};")
