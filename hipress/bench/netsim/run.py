@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hipress.bench.netsim.network import STORE_PORT, Network, ShapedNetwork, WorkerFailed
-from hipress.core.signals import deferred_signals
+from hipress.core.signals import deferred_signals, ready_forkserver
 
 __all__ = ["deferred_signals", "run_in_network", "run_rank", "run_to_completion", "worker_failures"]
 
@@ -146,6 +146,7 @@ def run_in_network(
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
     port = STORE_PORT if isinstance(net, ShapedNetwork) else _free_loopback_port()
+    ready_forkserver(ctx)
     with tempfile.TemporaryDirectory(prefix="hipress-netsim-") as outdir:
         procs = [
             ctx.Process(

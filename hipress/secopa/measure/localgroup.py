@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from hipress.core.signals import deferred_signals
+from hipress.core.signals import deferred_signals, ready_forkserver
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ def run_local(
         raise LocalGroupError(f"a local group needs at least 2 processes, got {nproc}")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
+    ready_forkserver(ctx)
     results = ctx.Queue()
     out: dict[int, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hipress-secopa-") as tmp:
