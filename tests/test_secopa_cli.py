@@ -136,7 +136,6 @@ def test_plan_measures_compute_when_no_profile_is_given(capsys) -> None:  # type
     ("extra", "message"),
     [
         (["--model", "mlp", "--world-size", "4"], "give --bandwidth"),
-        (["--model", "resnet51", "--world-size", "4", "--bandwidth", "1gbit"], "unknown model"),
         (["--model", "mlp", "--world-size", "0", "--bandwidth", "1gbit"], "--world-size must"),
         (
             [
@@ -175,6 +174,12 @@ def test_user_errors_exit_2_with_a_message(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_an_unknown_model_is_a_usage_error_before_any_work(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", "--model", "resnet51", "--workers", "4", "--bandwidth", "1gbit"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --model: 'resnet51' is not a built-in model (allowed: bert-base" in err
 
 
 def test_profile_with_a_given_link(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
