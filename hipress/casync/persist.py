@@ -38,7 +38,8 @@ from hipress.core.plan import Plan, PlanError
 logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
 
-__all__ = ["gather", "load", "own", "plan_of", "plan_to_adopt", "read", "save"]
+__all__ = ["RANK_FILE", "gather", "load", "own", "plan_of", "plan_to_adopt", "read", "save",
+           "write_file"]  # fmt: skip
 
 
 def save(rt: Runtime, rank: int, world_size: int) -> dict[str, Any]:
@@ -49,6 +50,18 @@ def save(rt: Runtime, rank: int, world_size: int) -> dict[str, Any]:
         engine.unused.settle()
     extra = {"step": engine.step, "plan": rt.base_plan.to_dict()}
     return save_states(FORMAT, rank, world_size, rt.config, rt.parts(), extra)
+
+
+# a rank's own state file in a framework's checkpoint folder (Accelerate, the HF Trainer)
+RANK_FILE = "hipress_casync_rank{rank}.pt"
+
+
+def write_file(sd: Any, path: str | Path) -> None:
+    """``torch.save`` ``sd`` to ``path`` whole or not at all (a temporary file, renamed)."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    torch.save(sd, tmp)
+    tmp.replace(path)
 
 
 def read(path: str | Path) -> Any:

@@ -41,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
+from hipress.casync.persist import RANK_FILE, write_file
 from hipress.codec.checkpoint import gathered, is_gathered
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
@@ -50,7 +51,7 @@ __all__ = ["FILE", "GatheredCheckpoint", "log_metrics", "register"]
 logger = logging.getLogger(__name__)
 
 # a rank's own state file in a save_state folder (every rank but the main process's)
-FILE = "hipress_casync_rank{rank}.pt"
+FILE = RANK_FILE
 
 
 class GatheredCheckpoint:
@@ -84,10 +85,7 @@ class GatheredCheckpoint:
         :meth:`state_dict`)."""
         if self.state.rank in (None, 0):
             return
-        path = self._file(output_dir)
-        tmp = path.with_suffix(".tmp")
-        torch.save(self.state.state_dict(), tmp)
-        os.replace(tmp, path)  # (whole or absent)
+        write_file(self.state.state_dict(), self._file(output_dir))
 
     def load_hook(self, models: Any, input_dir: str) -> None:
         """``load_state``'s pre-hook: remember the folder, where this rank's file may be."""

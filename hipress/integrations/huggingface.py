@@ -45,7 +45,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import transformers
 from torch.nn.parallel import DistributedDataParallel
@@ -53,7 +52,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
-from hipress.casync.persist import read
+from hipress.casync.persist import RANK_FILE, read, write_file
 from hipress.codec.checkpoint import gathered
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
@@ -63,7 +62,7 @@ __all__ = ["FILE", "HipressTrainerCallback", "register"]
 
 logger = logging.getLogger(__name__)
 
-FILE = "hipress_casync_rank{rank}.pt"  # in each checkpoint-<step> folder
+FILE = RANK_FILE  # in each checkpoint-<step> folder
 
 
 class HipressTrainerCallback(transformers.TrainerCallback):
@@ -154,10 +153,7 @@ class HipressTrainerCallback(transformers.TrainerCallback):
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / FILE.format(rank=self.state.rank)
-        tmp = path.with_suffix(".tmp")
-        torch.save(self.state.state_dict(), tmp)
-        os.replace(tmp, path)  # (whole or absent)
+        write_file(self.state.state_dict(), folder / FILE.format(rank=self.state.rank))
 
     def _folder(self, args: Any, step: int) -> Path:
         """The checkpoint folder training resumes from."""
