@@ -12,15 +12,15 @@ result never changes, only the bytes. A plan given explicitly (a file or a ``Pla
 as it is: make it row-sparse with :func:`~hipress.casync.rowsparse.probe_plan`.
 
 :func:`touched_rows` (a step's touched rows per 2-D gradient) and :func:`plan_rows` (a plan
-with the sparse enough entries as rows) are the measure and the rule both paths share.
+with the sparse enough entries as rows) are the measure and the rule both paths share; the rule
+and the decision (:mod:`hipress.codec.rowplan`) are the Horovod wrapper's too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from hipress.casync.verdict import replan
 from hipress.codec.logs import RANK_FILTER
+from hipress.codec.rowplan import candidates, decide_rows, plan_rows
 from hipress.codec.rowsparse import row_states
-from hipress.core.plan import Plan, PlanError, Strategy
 
 __all__ = ["RowProbe", "candidates", "decide", "plan_rows", "touched_rows"]
 
@@ -45,70 +45,6 @@ def touched_rows(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[i
         g = p.grad
         if g is not None and g.dim() == 2 and not g.is_sparse:
             out[name] = (g.shape[0], int(g.ne(0).any(1).sum()))
-    return out
-
-
-def plan_rows(
-    plan: Plan,
-    measured: Mapping[str, tuple[int, int]],
-    world_size: int,
-    *,
-    slack: float = 2.0,
-    max_fraction: float = 0.25,
-) -> Plan:
-    """``plan`` with each measured tensor row-sparse where that pays: its bound is
-    ``ceil(slack * touched) + 1`` rows (at most its row count), and it is row-sparse when
-    SeCoPa priced it (``plan.meta["row_prices"]``, :mod:`hipress.secopa.model.rowcost`) and
-    ``touched`` is within its break-even count, or, for a tensor SeCoPa did not price, when
-    ``world_size`` bounds stay within ``max_fraction`` of its rows (the union of the ranks'
-    rows is then well below the dense tensor). The prices record ``touched`` and the choice.
-    Other entries are kept as they are. Raises
-    :class:`PlanError` naming a measured tensor the plan does not hold or whose rows do not
-    divide its size."""
-    if slack < 1 or not 0 < max_fraction <= 1:
-        raise PlanError(f"plan_rows: slack must be >= 1 and 0 < max_fraction <= 1, got "
-                        f"{slack}, {max_fraction}")  # fmt: skip
-    entries = []
-    prices = {n: dict(v) for n, v in dict(plan.meta.get("row_prices") or {}).items()}
-    names = {e.name for e in plan.entries}
-    unknown = sorted(set(measured) - names)
-    if unknown:
-        raise PlanError(f"plan_rows: the plan has no entry for measured tensors {unknown[:5]}")
-    for e in plan.entries:
-        if e.name not in measured:
-            entries.append(e)
-            continue
-        rows, touched = measured[e.name]
-        if rows <= 0 or e.numel % rows:
-            raise PlanError(f"plan_rows: {e.name}: {rows} rows do not divide {e.numel} elements")
-        bound = min(rows, math.ceil(slack * touched) + 1)
-        price = prices.get(e.name)
-        if price is not None and isinstance(price.get("breakeven"), int):
-            dense = touched > price["breakeven"]
-            price.update(touched=touched, chosen="dense" if dense else "rows")
-        else:
-            dense = world_size * bound > max_fraction * rows
-        if dense:
-            entries.append(dataclasses.replace(e, rows=0, row_bound=0))
-            continue
-        strategy = Strategy.ALLGATHER if e.compress else Strategy.ALLREDUCE
-        entries.append(dataclasses.replace(e, strategy=strategy, partitions=1, rows=rows,
-                                           row_bound=bound))  # fmt: skip
-    meta = {**dict(plan.meta), "row_sparse": {"slack": slack, "max_fraction": max_fraction}}
-    if prices:
-        meta["row_prices"] = prices
-    return dataclasses.replace(plan, entries=tuple(entries), meta=meta)
-
-
-def candidates(plan: Plan, shapes: Mapping[str, tuple[int, ...] | None]) -> dict[str, int]:
-    """``name -> rows`` of the plan's entries kept plain as embeddings, 2-D, not yet rows."""
-    kept: Mapping[str, str] = plan.meta.get("kept_plain", {}) or {}
-    out = {}
-    for e in plan.entries:
-        shape = shapes.get(e.name)
-        if (kept.get(e.name) == "embedding" and not e.compress and not e.row_bound
-                and shape is not None and len(shape) == 2 and shape[0] > 1):  # fmt: skip
-            out[e.name] = int(shape[0])
     return out
 
 
@@ -179,15 +115,9 @@ def decide(state: Any, rt: Any, device: torch.device) -> Any:
     dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=state.process_group)
     measured = {n: (probe.rows[n], int(c)) for n, c in zip(names, counts.cpu().tolist(),
                                                           strict=True)}  # fmt: skip
-    plan = plan_rows(rt.plan, measured, state.world_size)
-    chosen = [e for e in plan.entries if e.name in measured and e.row_bound]
-    prices = plan.meta.get("row_prices") or {}
-    for name, (rows, most) in measured.items():
-        be = prices.get(name, {}).get("breakeven")
-        why = "too many rows" if be is None else f"SeCoPa's break-even: {be} rows"
-        log.info("casync: %s: at most %d of %d rows touched in a step on any rank: %s (%s)",
-                 name, most, rows, "synchronised as rows from now on" if any(
-                     e.name == name for e in chosen) else "kept dense", why)  # fmt: skip
+    plan, chosen, lines = decide_rows(rt.plan, measured, state.world_size)
+    for line in lines:
+        log.info("casync: %s", line)
     if not chosen:  # (the plan run now still records the count and the choice)
         rt.plan = dataclasses.replace(rt.plan, meta=plan.meta)
         return rt

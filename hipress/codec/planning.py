@@ -30,6 +30,7 @@ from typing import Any
 
 from hipress.codec.algorithm import recompressible
 from hipress.codec.logs import RANK_FILTER
+from hipress.codec.rowplan import embedding_rows
 from hipress.core.compression import CompressionAlgorithm, Uncompressed, compresses
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.core.rule import DefaultRule, Selection
@@ -250,9 +251,7 @@ def resolve_plan(
     elif isinstance(plan, Plan):
         resolved = plan
     elif isinstance(plan, str) and plan == "auto":
-        kept = sel.reasons(pairs)  # embeddings kept plain: priced as exact rows
-        rows = {n: RowDensity(s[0], exact=True) for n, s in pairs
-                if kept.get(n) == "embedding" and s is not None and len(s) == 2}  # fmt: skip
+        rows = embedding_rows(sel, pairs)  # embeddings kept plain: priced as exact rows
         resolved = _auto_plan(algorithm, named_numels, world_size, group, device, probe, rows)
     elif isinstance(plan, (str, Path)):
         resolved = load_plan_for_model(plan, named_numels, world_size)
