@@ -88,6 +88,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--density-warmup-epochs": ["-1"], "--clip": ["-1", "nan"],
             "--fsdp-feedback": ["abc"], "--out": outs_dir,
             "--local-steps": ["h0", "diloco-nosuch-h4", "x"], "--bandwidth": ["abc", "0mbit"],
+            "--rows": ["abc", "none,abc"],
         },
         ("bench", "fsdp"): {
             "--workers": ["1", many], "--bandwidth": RATE, "--model": ["abc"],

@@ -30,6 +30,13 @@ from hipress.bench.convergence_options import (
     fsdp_refusal,
     own_momentum,
 )
+from hipress.bench.convergence_rows import (
+    PROBE_STEPS,
+    check_rows,
+    loss_gaps,
+    parse_row,
+    row_names,
+)
 from hipress.bench.convergence_train import train_rank
 from hipress.bench.diloco import Row
 from hipress.bench.diloco_torchft import version
@@ -63,9 +70,11 @@ def _has_ef(name: str) -> bool:
 
 def check_convergence(opts: ConvergenceOptions) -> dict[str, str]:
     """Check what can be checked before training: in FSDP mode, every algorithm's feedback
-    option. Returns algorithm entry -> resolved feedback option (empty under DDP); raises
-    ValueError for an unknown algorithm or an option it cannot use."""
+    option, under DDP the row-sparse rows' algorithms. Returns algorithm entry -> resolved
+    feedback option (empty under DDP); raises ValueError for an unknown algorithm or an
+    option it cannot use."""
     if not opts.fsdp:
+        check_rows(opts)
         return {}
     return {n: _fsdp_feedback(n, opts) for n in opts.resolved_algorithms()}
 
@@ -156,7 +165,7 @@ def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str,
     ``accuracy`` and ``valid_loss`` after the last epoch, ``epoch_accuracy`` and
     ``epoch_valid_loss`` after each epoch, ``best_accuracy``, ``best_epoch``, ``seconds``
     (training only), ...) and the summary over the seeds of :func:`summarise`, or ``error``."""
-    names = [UNCOMPRESSED, *opts.resolved_algorithms()]
+    names = [UNCOMPRESSED, *opts.resolved_algorithms(), *row_names(opts)]
     local = {r.variant: r for r in local_rows(opts)}
     feedback = check_convergence(opts)  # before hours of training
     data = _task_data(opts)
@@ -164,6 +173,7 @@ def run_convergence(opts: ConvergenceOptions, progress: Any = None) -> dict[str,
         rows = [_row(net, name, data, opts, feedback, local.get(name), progress)
                 for name in [*names, *local]]  # fmt: skip
     summarise(rows)
+    loss_gaps(rows, row_names(opts))
     if local:
         time_to_loss(rows, _window(local.values()))
     return {"meta": _meta(opts, data, net, local), "rows": rows}
@@ -183,7 +193,8 @@ def _window(rows: Any) -> int:
 def _row(net: Any, name: str, data: dict[str, Any], opts: ConvergenceOptions,
          feedback: dict[str, str], local: Row | None, progress: Any) -> dict[str, Any]:  # fmt: skip
     """One row: ``name`` (uncompressed, an algorithm or a local-step variant) over every seed."""
-    alg = None if name == UNCOMPRESSED or local is not None else name
+    rows, row_alg = parse_row(name, opts)
+    alg = None if name == UNCOMPRESSED or local is not None else row_alg if rows else name
     row: dict[str, Any] = {
         "algorithm": name,
         "error_feedback": None if alg is None else _has_ef(alg.partition(":")[0]),
@@ -213,14 +224,14 @@ def _row(net: Any, name: str, data: dict[str, Any], opts: ConvergenceOptions,
         try:
             res = run_in_network(
                 net, train_rank, data, alg, opts, seed, local=local, addresses=addresses,
-                timeout=opts.timeout, threads=opts.threads,
+                rows=rows, timeout=opts.timeout, threads=opts.threads,
             )  # fmt: skip
         except Exception as exc:  # one failing algorithm is a result, not a crash
             logger.error("convergence: %s (seed %d) failed: %s", name, seed, exc)
             row["error"] = str(exc)[-2000:]
             break
         run = {k: v for k, v in res[0].items() if k not in ("losses", "elapsed")}
-        if opts.local_steps:  # every rank's training loss, the slowest rank's time
+        if opts.local_steps or opts.row_sparse:  # every rank's loss, the slowest rank's time
             run["loss_curve"] = [
                 sum(x) / len(x) for x in zip(*(r["losses"] for r in res), strict=True)
             ]
@@ -292,9 +303,16 @@ def _setup_line(m: dict[str, Any]) -> str:
             f"{m.get('fsdp_feedback', 'auto')} unless the row says otherwise; units under "
             f"65536 elements plain). Warm-up: {warm} uncompressed."
         )
+    rows = (
+        f" Rows ALGORITHM-rows: the default rule's plan with the embeddings sent as their "
+        f"touched rows from the first step (hipress.casync.rowsparse.probe_plan over each "
+        f"rank's first {PROBE_STEPS} batches); none-rows: lossless, the rest plain."
+        if m.get("row_sparse")
+        else ""
+    )
     return head + (
         f"CaSync plan: {m['plan'] or 'default rule'}. CaSync warm-up: {warm} uncompressed. "
-        f"Sparsifiers' density warm-up: {m.get('density_warmup_epochs', 0)} epoch(s)."
+        f"Sparsifiers' density warm-up: {m.get('density_warmup_epochs', 0)} epoch(s).{rows}"
     )
 
 
@@ -327,6 +345,15 @@ def convergence_markdown(results: dict[str, Any]) -> str:
         "",
     ]
     out += convergence_rows(results)
+    gaps = [r for r in results["rows"] if "loss_curve_max_abs_diff" in r]
+    if gaps:
+        out += ["", "Row-sparse rows against uncompressed, seed by seed (largest over the seeds): "
+                "training loss per step (mean over ranks) and validation loss after each "
+                "epoch:", "", "| row | steps identical | max abs diff, training loss | "
+                "max abs diff, validation loss |", "|---|---:|---:|---:|",
+                *(f"| {r['algorithm']} | {r['loss_curve_same_steps']} of {r['steps']} | "
+                  f"{r['loss_curve_max_abs_diff']:.3g} | {r['valid_loss_max_abs_diff']:.3g} |"
+                  for r in gaps)]  # fmt: skip
     local = local_markdown(results)
     if local:
         out += ["", f"Training loss against DDP's (trailing mean over "

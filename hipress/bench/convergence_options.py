@@ -83,7 +83,10 @@ class ConvergenceOptions:
     way, and algorithms that need CaSync's state (a momentum hand-over, a density warm-up)
     are refused. ``local_steps``: local-step variants trained as rows too
     (:mod:`~hipress.bench.convergence_local`); ``rate_mbit``: run every row on a shaped link of
-    that rate (None: loopback), so their training times are the link's."""
+    that rate (None: loopback), so their training times are the link's. ``row_sparse``:
+    algorithms (``"none"``: lossless) also trained as ``ALGORITHM-rows`` rows, the embeddings
+    synchronised as their touched rows from the first step, as ``hipress bench e2e --rows``
+    runs them (:mod:`~hipress.bench.convergence_rows`), under DDP only."""
 
     workers: int = 4
     algorithms: tuple[str, ...] = ("all",)
@@ -112,6 +115,7 @@ class ConvergenceOptions:
     timeout: float = 3600.0
     local_steps: tuple[str, ...] = ()
     rate_mbit: float | None = None
+    row_sparse: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -133,6 +137,8 @@ class ConvergenceOptions:
                 )
         elif self.local_steps:
             raise ValueError("local-step variants train unsharded replicas: leave out --fsdp")
+        elif self.row_sparse:
+            raise ValueError("row-sparse rows (--rows) are CaSync's, under DDP: leave out --fsdp")
         elif self.plan is not None:
             raise ValueError(
                 f"plan {self.plan!r} is CaSync's; the FSDP2 mode compresses each unit by "

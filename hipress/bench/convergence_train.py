@@ -148,10 +148,13 @@ def _sync(
     seed: int,
     warmup: int,
     steps_per_epoch: int,
+    probe: list[torch.Tensor] | None = None,
 ) -> _Sync:
     """Wrap ``model``: FSDP2 (compressed by ``algorithm``, paused for the ``warmup`` steps)
-    with ``opts.fsdp``, else DDP with CaSync running ``algorithm`` (none for None). Raises
-    ValueError for an algorithm FSDP mode refuses."""
+    with ``opts.fsdp``, else DDP with CaSync running ``algorithm`` (none for None), or with
+    ``probe`` (this rank's first batches) CaSync with the row-sparse plan they measure
+    (:func:`~hipress.bench.convergence_rows.probed_plan`; ``algorithm`` None: lossless).
+    Raises ValueError for an algorithm FSDP mode refuses."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if opts.fsdp:
@@ -170,14 +173,19 @@ def _sync(
         return _Sync(model, eval_model, sharded=sharded)
     if algorithm in POWERSGD_ROWS:  # hipress's multi-round PowerSGD, or PyTorch's hook
         return _Sync(wrap_powersgd(model, algorithm, warmup), model)
+    plan: Any = opts.plan
+    if probe is not None:  # (on the bare model, before DDP wraps it)
+        from hipress.bench.convergence_rows import probed_plan
+
+        plan = probed_plan(model, algorithm, probe, RUNNERS[opts.task].loss)
     ddp = DDP(model)
-    if algorithm is None:
+    if algorithm is None and probe is None:
         return _Sync(ddp, model)
     import hipress.casync
 
     state = hipress.casync.register(
-        ddp, algorithm=algorithm, plan=opts.plan, warmup_steps=warmup, seed=seed,
-        params_schedule=density_schedule(
+        ddp, algorithm=algorithm, plan=plan, warmup_steps=warmup, seed=seed,
+        params_schedule=[] if algorithm is None else density_schedule(
             algorithm, opts.density_warmup_epochs, steps_per_epoch, start=warmup
         ),
     )  # fmt: skip
@@ -272,7 +280,7 @@ def _result(
 def _setup(
     model: nn.Module, rank: int, world_size: int, data: dict[str, Any], algorithm: str | None,
     opts: ConvergenceOptions, seed: int, warmup: int, steps_per_epoch: int, lr: float,
-    local: Row | None, addresses: list[str] | None,
+    local: Row | None, addresses: list[str] | None, probe: list[torch.Tensor] | None = None,
 ) -> tuple[_Sync, Any, HeavyBall, dict[str, nn.Parameter], bool, Any]:  # fmt: skip
     """The wrapped model, the optimizer to step, the optimizer-side momentum, the parameters
     whose momentum an algorithm takes over, whether it has its own, and the context to train
@@ -282,10 +290,26 @@ def _setup(
 
         module, opt, ctx = setup_local(model, local, opts, lr, rank, world_size, addresses)
         return _Sync(module, model), opt, HeavyBall([], 0.0), {}, False, ctx
-    sync = _sync(model, rank, data, algorithm, opts, seed, warmup, steps_per_epoch)
+    sync = _sync(model, rank, data, algorithm, opts, seed, warmup, steps_per_epoch, probe)
     momentum, handed, own = _momentum(model, algorithm, opts, sync.state)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
     return sync, opt, momentum, handed, own, contextlib.nullcontext()
+
+
+def _order(n: int, epoch: int, seed: int) -> torch.Tensor:
+    """The order of the ``n`` training samples in ``epoch`` (the same on every rank)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(epoch + 1000 * seed))
+
+
+def _probe(
+    train: torch.Tensor, seed: int, per_step: int, rank: int, world_size: int
+) -> list[torch.Tensor]:
+    """This rank's first batches of the first epoch, which the row-sparse probe measures."""
+    from hipress.bench.convergence_rows import PROBE_STEPS
+
+    first = _order(len(train), 0, seed)
+    steps = min(PROBE_STEPS, len(train) // per_step)
+    return [train[first[s * per_step : (s + 1) * per_step][rank::world_size]] for s in range(steps)]
 
 
 def train_rank(
@@ -297,6 +321,7 @@ def train_rank(
     seed: int,
     local: Row | None = None,
     addresses: list[str] | None = None,
+    rows: bool = False,
 ) -> dict[str, Any]:
     """Train ``opts.task`` on this rank with ``algorithm`` (None: uncompressed) from seed
     ``seed`` (the weights, the batch order and CaSync's RNG) under DDP, or with ``opts.fsdp``
@@ -307,7 +332,10 @@ def train_rank(
     ``units`` (name -> [padded elements, compressed], None for plain FSDP2) and ``feedback``,
     and on rank 0 the accuracy curve and its summary; ``losses`` and ``elapsed`` (training
     seconds) after each step. With ``local`` (a local-step row), that variant trains instead
-    (``algorithm`` None); ``addresses``: each rank's network address (torchft's servers)."""
+    (``algorithm`` None); ``addresses``: each rank's network address (torchft's servers).
+    With ``rows``, the embeddings are synchronised as their touched rows
+    (:mod:`~hipress.bench.convergence_rows`; ``algorithm`` None: lossless), and the result
+    holds the plan's ``row_sparse`` entries."""
     spec = TASKS[opts.task]
     task = RUNNERS[opts.task].setup(data, opts, seed)
     model: nn.Module = task["model"]
@@ -316,9 +344,10 @@ def train_rank(
     steps_per_epoch = len(train) // per_step
     warmup = opts.warmup_steps + round(opts.warmup_epochs * steps_per_epoch)
     lr = opts.lr or spec.lr
+    probe = _probe(train, seed, per_step, rank, world_size) if rows else None
     sync, opt, momentum, handed, own, ctx = _setup(
         model, rank, world_size, data, algorithm, opts, seed, warmup, steps_per_epoch, lr,
-        local, addresses,
+        local, addresses, probe,
     )  # fmt: skip
     clip = spec.clip if opts.clip is None else opts.clip
     moved, total = 0, opts.epochs * steps_per_epoch
@@ -328,8 +357,7 @@ def train_rank(
     t0, t_eval, step = time.perf_counter(), 0.0, 0
     with ctx:  # a local-step variant's outer syncs run in its context
         for epoch in range(opts.epochs):
-            gen = torch.Generator().manual_seed(epoch + 1000 * seed)
-            order = torch.randperm(len(train), generator=gen)
+            order = _order(len(train), epoch, seed)
             for s in range(steps_per_epoch):
                 if handed and step == warmup:
                     assert sync.state is not None
@@ -355,4 +383,8 @@ def train_rank(
     seconds = time.perf_counter() - t0 - t_eval
     dist.barrier()
     out = _result(sync, rank, seconds, losses, curve, (0.0 if own else opts.momentum, moved))
+    if rows and sync.state is not None:
+        from hipress.bench.convergence_rows import row_entries
+
+        out["row_sparse"] = row_entries(sync.state)
     return {**out, "losses": losses, "elapsed": elapsed}

@@ -123,6 +123,7 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
             fsdp_feedback=args.fsdp_feedback,
             local_steps=_names(args.local_steps),
             rate_mbit=args.rate_mbit,
+            row_sparse=_names(args.rows),
         )
         check_convergence(opts)
     except ValueError as exc:
@@ -257,6 +258,10 @@ def _add_convergence_parser(bench_sub: Any) -> None:
     c.add_argument("--local-steps", default="", metavar="VARIANT,..",
                    help="also local-step rows, as bench e2e's (hH: each named algorithm); "
                    "each row's time to DDP's final training loss is reported")  # fmt: skip
+    c.add_argument("--rows", default="", metavar="ALGORITHM,..",
+                   help="also row-sparse rows, as bench e2e's: ALGORITHM-rows, the embeddings "
+                   "sent as their touched rows from the first step; none: lossless, the rest "
+                   "plain; each row's largest loss gap to uncompressed is reported")  # fmt: skip
     c.add_argument("--bandwidth", type=parse_rate_mbit, dest="rate_mbit", default=None,
                    metavar="RATE", help="train on a shaped link of this rate (e.g. 1gbit; "
                    "default: loopback, whose times are not a network's)")  # fmt: skip

@@ -191,9 +191,8 @@ def _convergence_algorithms(flag: str, value: Any, args: argparse.Namespace) -> 
     from hipress.fsdp import FsdpError
     from hipress.fsdp.feedback import resolve_feedback
 
-    Names(lambda: [*_algorithms(), *NAMES], "algorithm", extra=("all",), colon=True).check(
-        flag, value, args
-    )
+    Names(lambda: [*_algorithms(), *NAMES], "algorithm", extra=("all",), colon=True,
+          empty=bool(getattr(args, "rows", ""))).check(flag, value, args)  # fmt: skip
     entries = [w.strip() for w in value.split(",") if w.strip() and w.strip() != "all"]
     colon = [e for e in entries if ":" in e]
     if colon and not args.fsdp:
@@ -310,6 +309,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "clip": Num(0.0, 1e9, none=True),
             "fsdp_feedback": Names(lambda: ("auto", "none", "fp32", "bf16", "int8"), "option"),
             "local_steps": Call(_local_steps), "rate_mbit": RATES,
+            "rows": Names(lambda: [*_algorithms(), "none"], "algorithm", empty=True),
         },
         ("bench", "fsdp"): {
             **_COMMON, "workers": WORKERS, "rates": RATES, "model": Names(_workloads, "model"),
