@@ -64,12 +64,15 @@ class Strategy(str, Enum):
         it receives from its left neighbour, adds its own shard, re-encodes and passes it on;
         the worker that ends with a shard's full sum averages and re-encodes it, and the N
         aggregates travel the ring compressed (N-1 more hops), decoded where they arrive.
+    ROUNDS: the plan's multi-round algorithm (e.g. powersgd): each round's payload is
+        all-reduced (summed), the next round's encode reads the sum, the decode the last.
     """
 
     ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"
     PS = "ps"
     RING = "ring"
+    ROUNDS = "rounds"
 
 
 @dataclass(frozen=True)
