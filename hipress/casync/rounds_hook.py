@@ -18,6 +18,8 @@ compression, as in PyTorch's hook).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +31,10 @@ from hipress.codec.errors import CaSyncError
 from hipress.compll.ir.state import State
 from hipress.compll.rounds import RoundsAlgorithm, load_rounds
 
-__all__ = ["RoundsHookState", "register_rounds", "rounds_hook"]
+__all__ = ["RoundsHookState", "RoundsRunner", "compresses", "register_rounds", "rounds_hook"]
+
+
+Issue = Callable[[str, Callable[[], Any], int], Any]  # (what, launch, bytes) -> the work
 
 
 @dataclass
@@ -46,11 +51,111 @@ class _Flight:
     sums: list[list[torch.Tensor]] = field(default_factory=list)  # per round, per tensor
     send: torch.Tensor | None = None
     sizes: list[int] = field(default_factory=list)
+    others: list[Any] = field(default_factory=list)  # (CaSync) the bucket's row-sparse part
+
+
+def _launch(what: str, launch: Callable[[], Any], nbytes: int) -> Any:
+    return launch()
+
+
+class RoundsRunner:
+    """The buckets of a step in flight through a multi-round algorithm (see the module
+    docstring): :meth:`begin` a bucket, :meth:`step` after each hook call's new bucket.
+
+    ``issue`` issues a collective (CaSync's counts and traces it), ``phase(figure)`` times an
+    encode or decode. A flight's ``others`` (objects with ``deferred``, ``advance(group)``,
+    ``future`` and ``settle()``: CaSync's row-sparse part of the bucket) advance with its
+    rounds, and the flight completes once they did.
+    """
+
+    def __init__(self, algorithm: RoundsAlgorithm, group: Any, world: int,
+                 issue: Issue = _launch,
+                 phase: Callable[[str], AbstractContextManager[Any]] = lambda _: nullcontext(),
+                 ) -> None:  # fmt: skip
+        self.algorithm = algorithm
+        self.group = group
+        self.world = world
+        self.issue = issue
+        self.phase = phase
+        self.flights: list[_Flight] = []
+        self.sent_bytes = 0  # of the last step: plain and every round, per worker
+
+    def begin(self, buffer: torch.Tensor, future: torch.futures.Future,
+              grads: list[torch.Tensor], states: list[State], plain: list[torch.Tensor],
+              others: Sequence[Any] = ()) -> None:  # fmt: skip
+        """Issue a bucket's plain all-reduce and first round (``grads`` with ``states`` run the
+        rounds, ``plain`` go as they are); ``future`` completes with ``buffer`` at its end."""
+        fl = _Flight(buffer, future, grads, states, plain, others=list(others))
+        if fl.plain:
+            staged = fl.staged = torch.cat([g.reshape(-1) for g in fl.plain]).div_(self.world)
+            nbytes = staged.numel() * staged.element_size()
+            fl.works.append(self.issue(
+                "rounds: plain allreduce", lambda: dist.all_reduce(
+                    staged, group=self.group, async_op=True), nbytes))  # fmt: skip
+            self.sent_bytes += nbytes
+        self._issue(fl)
+        self.flights.append(fl)
+
+    def _issue(self, fl: _Flight) -> None:
+        """Encode the flight's next round and issue its all-reduce (nothing if none left)."""
+        k = len(fl.sums)
+        if not fl.grads or k == len(self.algorithm.rounds):
+            fl.send = None
+            return
+        alg = self.algorithm
+        with self.phase("encode_ms"):
+            parts = [
+                alg.encode(k, g, st, [s[i] for s in fl.sums], self.world).view(torch.float32)
+                for i, (g, st) in enumerate(zip(fl.grads, fl.states, strict=True))
+            ]
+            fl.sizes = [p.numel() for p in parts]
+            send = fl.send = torch.cat(parts)
+        fl.works.append(self.issue(
+            f"rounds: {alg.rounds[k]} allreduce", lambda: dist.all_reduce(
+                send, group=self.group, async_op=True), send.numel() * 4))  # fmt: skip
+        self.sent_bytes += send.numel() * 4
+
+    def _advance(self, fl: _Flight) -> bool:
+        """Wait for the flight's collectives, then its next round or its end; True at the end."""
+        for o in fl.others:
+            if o.deferred:
+                o.advance(self.group)
+        for w in fl.works:
+            w.wait()
+        fl.works = []
+        if fl.send is not None:
+            fl.sums.append(list(torch.split(fl.send, fl.sizes)))
+            self._issue(fl)
+            if fl.send is not None:
+                return False
+        with self.phase("decode_ms"):
+            for i, (g, st) in enumerate(zip(fl.grads, fl.states, strict=True)):
+                out = self.algorithm.decode(g, st, [s[i] for s in fl.sums], self.world)
+                g.copy_(out.view(g.shape))
+            if fl.staged is not None:
+                pos = 0
+                for g in fl.plain:
+                    g.copy_(fl.staged[pos : pos + g.numel()].view(g.shape))
+                    pos += g.numel()
+        for o in fl.others:
+            o.future.wait()
+            o.settle()
+        fl.future.set_result(fl.buffer)
+        return True
+
+    def step(self, last: bool) -> None:
+        """Advance every flight but the newest by one round (all of them to the end if
+        ``last``), oldest first."""
+        if last:
+            while self.flights:
+                self.flights = [f for f in self.flights if not self._advance(f)]
+            return
+        self.flights = [f for f in self.flights[:-1] if not self._advance(f)] + self.flights[-1:]
 
 
 class RoundsHookState:
     """The state :func:`rounds_hook` runs over: the algorithm, per-parameter state, the buckets
-    in flight. ``iterations`` counts finished steps."""
+    in flight (a :class:`RoundsRunner`). ``iterations`` counts finished steps."""
 
     def __init__(self, algorithm: RoundsAlgorithm | str = "powersgd",
                  params: dict[str, Any] | None = None, process_group: Any = None,
@@ -70,35 +175,36 @@ class RoundsHookState:
         self.min_compression_rate = float(min_compression_rate)
         self.iterations = 0
         self.states: dict[int, State] = {}
-        self._flights: list[_Flight] = []
-        self.sent_bytes = 0  # of the last step: plain and every round, per worker
+        self.runner = RoundsRunner(algorithm, process_group, self.world)
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes sent in the last step: plain and every round, per worker."""
+        return self.runner.sent_bytes
+
+    @sent_bytes.setter
+    def sent_bytes(self, value: int) -> None:
+        self.runner.sent_bytes = value
 
     def _compress(self, grad: torch.Tensor) -> bool:
-        if grad.dim() < 2 or grad.dtype != torch.float32:
-            return False
-        rounds = sum(self.algorithm.round_nbytes(grad.shape))
-        return grad.numel() * 4 >= rounds * self.min_compression_rate
+        return grad.dtype == torch.float32 and compresses(
+            self.algorithm, grad.shape, self.min_compression_rate
+        )
 
     def start(self, bucket: dist.GradBucket) -> torch.futures.Future:
         buf = bucket.buffer()
         fut: torch.futures.Future = torch.futures.Future()
         if self.iterations < self.start_iter:
-            fl = _Flight(buf, fut, [], [], [buf])
-        else:
-            grads, states, plain = [], [], []
-            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                if self._compress(g):
-                    grads.append(g)
-                    states.append(self._state(p, g))
-                else:
-                    plain.append(g)
-            fl = _Flight(buf, fut, grads, states, plain)
-        if fl.plain:
-            fl.staged = torch.cat([g.reshape(-1) for g in fl.plain]).div_(self.world)
-            fl.works.append(dist.all_reduce(fl.staged, group=self.group, async_op=True))
-            self.sent_bytes += fl.staged.numel() * fl.staged.element_size()
-        self._issue(fl)
-        self._flights.append(fl)
+            self.runner.begin(buf, fut, [], [], [buf])
+            return fut
+        grads, states, plain = [], [], []
+        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            if self._compress(g):
+                grads.append(g)
+                states.append(self._state(p, g))
+            else:
+                plain.append(g)
+        self.runner.begin(buf, fut, grads, states, plain)
         return fut
 
     def _state(self, param: torch.Tensor, grad: torch.Tensor) -> State:
@@ -107,52 +213,23 @@ class RoundsHookState:
             st = self.states[id(param)] = self.algorithm.init_state(grad.shape, grad.device)
         return st
 
-    def _issue(self, fl: _Flight) -> None:
-        """Encode the flight's next round and issue its all-reduce (nothing if none left)."""
-        k = len(fl.sums)
-        if not fl.grads or k == len(self.algorithm.rounds):
-            fl.send = None
-            return
-        alg = self.algorithm
-        parts = [
-            alg.encode(k, g, st, [s[i] for s in fl.sums], self.world).view(torch.float32)
-            for i, (g, st) in enumerate(zip(fl.grads, fl.states, strict=True))
-        ]
-        fl.sizes = [p.numel() for p in parts]
-        fl.send = torch.cat(parts)
-        fl.works.append(dist.all_reduce(fl.send, group=self.group, async_op=True))
-        self.sent_bytes += fl.send.numel() * 4
-
-    def _advance(self, fl: _Flight) -> bool:
-        """Wait for the flight's collectives, then its next round or its end; True at the end."""
-        for w in fl.works:
-            w.wait()
-        fl.works = []
-        if fl.send is not None:
-            fl.sums.append(list(torch.split(fl.send, fl.sizes)))
-            self._issue(fl)
-            if fl.send is not None:
-                return False
-        for i, (g, st) in enumerate(zip(fl.grads, fl.states, strict=True)):
-            out = self.algorithm.decode(g, st, [s[i] for s in fl.sums], self.world)
-            g.copy_(out.view(g.shape))
-        if fl.staged is not None:
-            pos = 0
-            for g in fl.plain:
-                g.copy_(fl.staged[pos : pos + g.numel()].view(g.shape))
-                pos += g.numel()
-        fl.future.set_result(fl.buffer)
-        return True
-
     def step(self, last: bool) -> None:
         """Advance every flight but the newest by one round (all of them to the end if
-        ``last``), oldest first."""
+        ``last``, which ends the step), oldest first."""
+        self.runner.step(last)
         if last:
-            while self._flights:
-                self._flights = [f for f in self._flights if not self._advance(f)]
             self.iterations += 1
-            return
-        self._flights = [f for f in self._flights[:-1] if not self._advance(f)] + self._flights[-1:]
+
+
+def compresses(algorithm: RoundsAlgorithm, shape: Sequence[int],
+               min_compression_rate: float = 2.0) -> bool:  # fmt: skip
+    """Whether a float32 gradient of ``shape`` runs ``algorithm``'s rounds, as PyTorch's
+    ``powerSGD_hook`` decides: two or more dimensions, and the rounds' payloads less than
+    ``1 / min_compression_rate`` of its bytes."""
+    if len(shape) < 2:
+        return False
+    numel = int(torch.Size(shape).numel())
+    return numel * 4 >= sum(algorithm.round_nbytes(shape)) * min_compression_rate
 
 
 def rounds_hook(state: RoundsHookState, bucket: dist.GradBucket) -> torch.futures.Future:

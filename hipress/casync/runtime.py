@@ -22,17 +22,20 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hipress.casync.config import check_agreement
 from hipress.casync.engine import StepEngine
+from hipress.casync.rounds_engine import RoundsEngine, rounds_key
 from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.context import SyncContext
 from hipress.casync.strategies.driver import RingDriver
 from hipress.casync.unused import UnusedGuard
 from hipress.codec.algorithm import init_chunk_states
+from hipress.codec.errors import CaSyncError
 from hipress.codec.rowsparse import row_states
-from hipress.core.compression import CompressionAlgorithm
+from hipress.compll.rounds import RoundsAlgorithm
+from hipress.core.compression import CompressionAlgorithm, Uncompressed
 from hipress.core.layout import PlanLayout, layout_plan
-from hipress.core.plan import Plan
+from hipress.core.plan import Plan, Strategy, TensorPlan
 
-__all__ = ["Runtime", "build_runtime", "state_devices"]
+__all__ = ["Runtime", "build_runtime", "rounds_states", "state_devices"]
 
 
 # every live runtime's ring driver, closed and joined when the interpreter exits: a daemon
@@ -105,7 +108,7 @@ class Runtime:
 
 
 def build_runtime(
-    algorithm: CompressionAlgorithm,
+    algorithm: CompressionAlgorithm | RoundsAlgorithm,
     plan: Plan,
     *,
     rank: int,
@@ -119,25 +122,39 @@ def build_runtime(
     on_step_end: Callable[[int], None],
     base_plan: Plan | None = None,
     states: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    shapes: Mapping[str, tuple[int, ...] | None] | None = None,
 ) -> Runtime:
     """The runtime of ``plan`` run with ``algorithm`` on ``rank`` of ``world_size``.
 
     ``states`` (worker, server) are kept as they are (an unpickled state's); else they are made,
     all zero, with ``seed``. ``base_plan`` is ``plan`` unless given (it differs once a
     parameter schedule switched parameters). The ring's thread ends when the runtime is
-    collected, and at the latest when the interpreter exits.
+    collected, and at the latest when the interpreter exits. A multi-round ``algorithm``
+    (:class:`~hipress.compll.rounds.RoundsAlgorithm`) runs on a
+    :class:`~hipress.casync.rounds_engine.RoundsEngine`, its states made from the tensors'
+    ``shapes`` (one per ``strategy: rounds`` entry, under :func:`rounds_key`).
     """
-    layout = layout_plan(plan, world_size, algorithm.payload_nbytes)
+    multi = isinstance(algorithm, RoundsAlgorithm)
+    if multi:  # (its rounds need no chunks: the layout is the plain one's)
+        layout = layout_plan(_plain(plan), world_size, None)
+    else:
+        layout = layout_plan(plan, world_size, algorithm.payload_nbytes)
     if states is None:
-        states = init_chunk_states(algorithm, plan, rank, world_size, seed, devices, layout=layout)
+        states = (
+            (rounds_states(algorithm, plan.entries, devices, shapes or {}), {}) if multi
+            else init_chunk_states(algorithm, plan, rank, world_size, seed, devices, layout=layout)
+        )  # fmt: skip
         states[0].update(row_states(plan, rank, seed, devices))
     worker, server = states
     ctx = SyncContext(
-        rank=rank, world_size=world_size, algorithm=algorithm, worker_states=worker,
-        server_states=server, stats=stats, check_finite=check_finite,
+        rank=rank, world_size=world_size, algorithm=Uncompressed() if multi else algorithm,
+        worker_states=worker, server_states=server, stats=stats, check_finite=check_finite,
     )  # fmt: skip
     stats.tracer.rank = rank
-    engine = StepEngine(ctx, layout, warmup_steps, on_step_end)
+    engine = (
+        RoundsEngine(ctx, layout, warmup_steps, on_step_end, algorithm, plan, shapes or {})
+        if multi else StepEngine(ctx, layout, warmup_steps, on_step_end)
+    )  # fmt: skip
     runtime = Runtime(
         base_plan=base_plan or plan, plan=plan, layout=layout, worker_states=worker,
         server_states=server, config=config, ctx=ctx, engine=engine,
@@ -145,6 +162,28 @@ def build_runtime(
     weakref.finalize(runtime, ctx.ring.close)
     _RINGS.add(ctx.ring)
     return runtime
+
+
+def _plain(plan: Plan) -> Plan:
+    entries = tuple(
+        dataclasses.replace(e, compress=False, strategy=Strategy.ALLREDUCE)
+        if e.strategy is Strategy.ROUNDS else e for e in plan.entries
+    )  # fmt: skip
+    return dataclasses.replace(plan, entries=entries)
+
+
+def rounds_states(algorithm: RoundsAlgorithm, entries: Sequence[TensorPlan],
+                  devices: Mapping[str, torch.device],
+                  shapes: Mapping[str, tuple[int, ...] | None]) -> dict[str, Any]:  # fmt: skip
+    """The all-zero multi-round states of ``entries`` of ``strategy: rounds``, by key."""
+    out = {}
+    for e in entries:
+        if e.strategy is Strategy.ROUNDS:
+            shape = shapes.get(e.name)
+            if shape is None:
+                raise CaSyncError(f"{e.name}: {algorithm.name} needs the tensor's shape")
+            out[rounds_key(e.name)] = algorithm.init_state(shape, devices.get(e.name))
+    return out
 
 
 def state_devices(

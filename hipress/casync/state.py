@@ -18,10 +18,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hipress.casync import rounds_plan
 from hipress.casync.config import check_options, check_schedule, config_digest, describe, params_at
 from hipress.casync.metrics import SyncMetrics
 from hipress.casync.planlog import log_adopted
 from hipress.casync.probe import StateProbe
+from hipress.casync.rounds_plan import resolve_any
 from hipress.casync.rowprobe import RowProbe, decide
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.state_io import Checkpoints
@@ -32,6 +34,8 @@ from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError, CommError
 from hipress.codec.logs import RANK_FILTER
 from hipress.codec.planning import DEFAULT_ALGORITHM, check_plan_arg, resolve_plan
+from hipress.codec.rowsparse import build_row_kernels
+from hipress.compll.rounds import RoundsAlgorithm
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 from hipress.core.rule import DefaultRule, Selection, named_shapes
@@ -119,9 +123,14 @@ class CaSyncState(Checkpoints, SyncMetrics):
         self.world_size: int | None = None
         name = algorithm if isinstance(algorithm, str) else None
         self._spec = (name, dict(params or {}), backend) if name is not None else None
-        self.algorithm = resolve_algorithm(algorithm, params, backend)
+        self.algorithm = resolve_any(algorithm, params, backend)
+        self._multi = isinstance(self.algorithm, RoundsAlgorithm)  # (hipress.casync.rounds_plan)
+        if self._multi:
+            rounds_plan.check_options(self.algorithm, plan, fallback, params_schedule,
+                                      dict(self._shapes))  # fmt: skip
         schedule = check_schedule(params_schedule, name, params, self.algorithm)
         build_kernels(self.algorithm, self._devices.values())
+        build_row_kernels(self._shapes, self._devices)  # a gradient may travel as rows
         self._plan_arg = check_plan_arg(plan, self.algorithm)
         self._check = PlanCheck.of(self._plan_arg, fallback, warmup_steps)
         self._rows = RowProbe.of(self._plan_arg, warmup_steps)  # (embeddings as rows)
@@ -156,6 +165,12 @@ class CaSyncState(Checkpoints, SyncMetrics):
         self._runtime().plan = plan
 
     @property
+    def multi_round(self) -> bool:
+        """Whether the algorithm is a multi-round one (PowerSGD): see
+        :mod:`hipress.casync.rounds_plan`."""
+        return self._multi
+
+    @property
     def worker_states(self) -> dict[str, Any]:
         """This rank's worker states by chunk key (made with the plan, like :attr:`plan`)."""
         return self._runtime().worker_states
@@ -187,11 +202,14 @@ class CaSyncState(Checkpoints, SyncMetrics):
     def _adopt(self, plan: Plan | str | Path | None) -> Runtime:
         """Resolve ``plan`` (checked) and run it: its runtime, with all-zero states."""
         assert self.rank is not None and self.world_size is not None
-        resolved = resolve_plan(
-            plan, self.algorithm, self._numels, self.world_size, self._rule,
-            group=self.process_group, device=self._trained_on, probe=StateProbe(type(self)),
-            selection=self._select, shapes=self._shapes,
-        )  # fmt: skip
+        if self._multi:
+            resolved = self._rounds_plan(plan)
+        else:
+            resolved = resolve_plan(
+                plan, self.algorithm, self._numels, self.world_size, self._rule,
+                group=self.process_group, device=self._trained_on, probe=StateProbe(type(self)),
+                selection=self._select, shapes=self._shapes,
+            )  # fmt: skip
         config = config_digest(
             self.algorithm.digest, resolved.digest(), self.seed, self.check_finite,
             self.warmup_steps, self.params_schedule,
@@ -202,6 +220,18 @@ class CaSyncState(Checkpoints, SyncMetrics):
                     probe=getattr(self, "probe", False))  # (a probe: see StateProbe)
         return rt
 
+    def _rounds_plan(self, plan: Plan | str | Path | None) -> Plan:
+        """A multi-round algorithm's plan: the default split, or ``plan`` checked."""
+        assert self.world_size is not None
+        shapes = dict(self._shapes)
+        if isinstance(plan, Plan):
+            return rounds_plan.check_plan(plan, self.algorithm, self._numels, shapes,
+                                          self.world_size)  # fmt: skip
+        made = rounds_plan.make_plan(self.algorithm, self._numels, shapes, self.world_size,
+                                     self._select)  # fmt: skip
+        self._rows.rows = rounds_plan.row_candidates(made, shapes)
+        return made
+
     def _make_runtime(self, plan: Plan, base_plan: Plan, config: dict[str, str],
                       states: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Runtime:  # fmt: skip
         """The one place a runtime is made (a new plan's, or an unpickled state's)."""
@@ -210,7 +240,7 @@ class CaSyncState(Checkpoints, SyncMetrics):
             self.algorithm, plan, rank=self.rank, world_size=self.world_size, seed=self.seed,
             devices=self._devices, stats=self.stats, check_finite=self.check_finite,
             warmup_steps=self.warmup_steps, config=config, on_step_end=self._after_step,
-            base_plan=base_plan, states=states,
+            base_plan=base_plan, states=states, shapes=dict(self._shapes),
         )  # fmt: skip
         if self._unused_model is not None:
             self.watch_unused(self._unused_model)
@@ -268,7 +298,8 @@ class CaSyncState(Checkpoints, SyncMetrics):
         with self._lock:
             rt = self._runtime()  # (binds and plans at the first call, where still to do)
             if not rt.engine.open and self._rows.due(rt.engine.step):
-                rt = decide(self, rt, buffer.device)  # (embeddings as rows, where that pays)
+                decider = rounds_plan.decide_rows if self._multi else decide
+                rt = decider(self, rt, buffer.device)  # (embeddings as rows, where that pays)
             if not rt.engine.open and self._check.due(rt.engine.step, rt.plan):
                 rt = review(self, rt, buffer.device)  # (the plain plan, where compression loses)
             rt.engine.open_step()

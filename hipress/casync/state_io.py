@@ -11,7 +11,8 @@ from typing import Any
 
 from hipress.casync import persist
 from hipress.casync.config import params_at
-from hipress.codec.algorithm import build_kernels, resolve_algorithm
+from hipress.casync.rounds_plan import resolve_any
+from hipress.codec.algorithm import build_kernels
 from hipress.codec.errors import CaSyncError
 from hipress.core.plan import PlanError
 
@@ -106,7 +107,7 @@ class Checkpoints:
             if self.params_schedule:  # the step count does not pickle: start from step 0
                 params = params_at(self._base_params, self.params_schedule, 0)
                 self._spec = (name, params, backend)
-            self.algorithm = resolve_algorithm(name, params, backend)
+            self.algorithm = resolve_any(name, params, backend)
             build_kernels(self.algorithm, self._devices.values())
         self._init_local()
         if saved is not None:

@@ -11,6 +11,7 @@ leading dimension, built on first use.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ class RoundsAlgorithm:
         name, doc: from its ``algorithm`` declaration.
         rounds: the payloads' names, in round order.
         params: the hyper-parameters given (defaults filled in by each stage).
+        digest: a hash of every stage's IR (at one row) and the parameters, equal on every
+            rank that loaded the same algorithm.
     """
 
     def __init__(self, source: SourceFile, stages: Stages, backend: BackendSpec = "auto",
@@ -57,6 +60,9 @@ class RoundsAlgorithm:
         self._by_rows: dict[int, list[Algorithm]] = {}
         self.params = dict(self.stage_algorithms(1)[0].params)
         self.params.pop("rows", None)
+        self.digest = hashlib.sha256(
+            "|".join(a.digest for a in self.stage_algorithms(1)).encode()
+        ).hexdigest()[:16]
 
     def __repr__(self) -> str:
         ps = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
