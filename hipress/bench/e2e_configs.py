@@ -30,7 +30,8 @@ class Config:
     """One way to train. ``kind``: "compute" (no gradient exchange), "ddp" (``hook`` is
     "allreduce", "fp16" or "powersgd"), "hipress" (``algorithm`` under ``plan``) or "rounds"
     (a multi-round ``algorithm``, e.g. powersgd at ``powersgd_rank``, through
-    :mod:`hipress.casync.rounds_hook` with DDP's default buckets)."""
+    ``hipress.casync.register`` with DDP's default buckets: embeddings as exact rows where
+    sparse)."""
 
     name: str
     kind: str
@@ -51,7 +52,8 @@ class Config:
             extra = f", rank {self.powersgd_rank}, one bucket" if self.hook == "powersgd" else ""
             return f"DDP {self.hook}{extra}"
         if self.kind == "rounds":
-            return f"hipress {self.algorithm}, rank {self.powersgd_rank}, default buckets"
+            return (f"hipress {self.algorithm}, rank {self.powersgd_rank}, default buckets, "
+                    "embeddings as rows where sparse")  # fmt: skip
         if self.rows:
             return f"hipress {self.algorithm}, default rule, row-sparse where sparse (exact)"
         return f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"

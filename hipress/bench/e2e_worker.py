@@ -40,10 +40,11 @@ def wrap(
     kw = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
     ddp = DDP(model, gradient_as_bucket_view=bucket_view, **kw)  # type: ignore[arg-type]
     if cfg.kind == "rounds":  # PowerSGD's start as the powerSGD_hook row's: step 2
-        from hipress.casync.rounds_hook import register_rounds
+        import hipress.casync
 
-        register_rounds(ddp, cfg.algorithm or "", params={"rank": cfg.powersgd_rank}, start_iter=2)
-        return ddp, None
+        params = {"rank": cfg.powersgd_rank}
+        hipress.casync.register(ddp, cfg.algorithm or "", params=params, warmup_steps=2)
+        return ddp, None  # (no CaSync figures: SeCoPa does not price a multi-round plan)
     if cfg.kind == "hipress":
         import hipress.casync
 

@@ -1,7 +1,7 @@
 """PowerSGD rows of the convergence benchmark: hipress's (``powersgd``, the multi-round CompLL
-algorithm through :mod:`hipress.casync.rounds_hook`, DDP's default buckets) and PyTorch's own
-(``powersgd-hook``: ``powerSGD_hook`` with ``PowerSGDState``, one bucket, which gloo needs),
-both at :data:`RANK` with warm start and error feedback, compressing from the same step."""
+algorithm through ``hipress.casync.register``, DDP's default buckets, embeddings as exact rows
+where sparse) and PyTorch's own (``powersgd-hook``: ``powerSGD_hook`` with ``PowerSGDState``,
+one bucket, which gloo needs), both at :data:`RANK` with warm start and error feedback, compressing from the same step."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ def wrap(model: nn.Module, name: str, start: int) -> DDP:
     ``start`` (at least 2, PyTorch's own lower bound with error feedback)."""
     start = max(2, start)
     if name == "powersgd":
-        from hipress.casync.rounds_hook import register_rounds
+        import hipress.casync
 
         ddp = DDP(model)
-        register_rounds(ddp, "powersgd", params={"rank": RANK}, start_iter=start)
+        hipress.casync.register(ddp, "powersgd", params={"rank": RANK}, warmup_steps=start)
         return ddp
     if name != "powersgd-hook":
         raise ValueError(f"unknown PowerSGD row {name!r}; rows: {', '.join(NAMES)}")
