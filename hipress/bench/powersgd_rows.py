@@ -1,7 +1,8 @@
 """PowerSGD rows of the convergence benchmark: hipress's (``powersgd``, the multi-round CompLL
 algorithm through ``hipress.casync.register``, DDP's default buckets, embeddings as exact rows
 where sparse) and PyTorch's own (``powersgd-hook``: ``powerSGD_hook`` with ``PowerSGDState``,
-one bucket, which gloo needs), both at :data:`RANK` with warm start and error feedback, compressing from the same step."""
+one bucket, which gloo needs), both at :data:`RANK` with warm start and error feedback,
+compressing from the same step."""
 
 from __future__ import annotations
 
