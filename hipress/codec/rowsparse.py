@@ -1,7 +1,9 @@
 """What row-sparse synchronisation shares between CaSync and the Horovod wrapper: the rows of a
 2-D gradient that hold a non-zero (:func:`nonzero_rows`), the per-element error feedback of a
 compressed row-sparse tensor (:class:`RowState`, a worker state under :func:`row_state_key`)
-and the encode of a step's rows against it (:func:`encode_rows`).
+and the encode of a step's rows against it (:func:`encode_rows`). On the CPU the rows are
+found by a CompLL kernel (``rowscan.cll``, beside this module), built at registration
+(:func:`build_row_kernels`).
 
 Error feedback: after encoding ``c = rows + residual[union]``, ``residual[union]`` becomes
 ``c - decode(payload)``; the rows outside the union keep their residual until a step touches
@@ -12,8 +14,12 @@ residual twice.
 
 from __future__ import annotations
 
+import functools
+import logging
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +28,12 @@ from hipress.codec.algorithm import rank_seed
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 
-__all__ = ["RowState", "encode_rows", "nonzero_rows", "row_state_key", "row_states"]
+__all__ = [
+    "RowState", "build_row_kernels", "encode_rows", "nonzero_rows", "row_flags", "row_state_key",
+    "row_states", "scan_block", "scan_kernel",
+]  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 
 def row_state_key(name: str) -> str:
@@ -87,15 +98,92 @@ def row_states(
 
 
 def nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
-    """The indices of the rows of ``grad`` holding a bit that is not zero, ascending (-0.0
-    counts as touched, NaN too): read as 64-bit words where the layout allows (one pass, 2-3x
-    faster than comparing floats), else as values."""
-    words = grad.element_size() * grad.shape[1]
-    if grad.is_contiguous() and words % 8 == 0 and grad.data_ptr() % 8 == 0:
-        flags = grad.view(torch.uint8).view(torch.int64).any(1)
-    else:
-        flags = grad.ne(0).any(1)
+    """The indices of the rows of 2-D ``grad`` holding a bit that is not zero, ascending
+    (int64; -0.0 counts as touched, every NaN too), for any layout, dtype and device.
+
+    A contiguous float32 CPU tensor is scanned by the CompLL kernel ``rowscan.cll``
+    (:func:`scan_kernel`: one pass at read bandwidth); every other tensor, or a CPU without a
+    C compiler, reads its bits with torch (:func:`row_flags`)."""
+    if grad.dim() != 2:
+        raise ValueError(f"nonzero_rows takes a 2-D tensor, got shape {tuple(grad.shape)}")
+    flags = None
+    if _scannable(grad):
+        flags = _scanned(grad)
+    if flags is None:
+        flags = row_flags(grad)
     return flags.nonzero().flatten()
+
+
+def _scannable(grad: torch.Tensor) -> bool:
+    cpu = grad.device.type == "cpu" and grad.dtype == torch.float32
+    return cpu and grad.numel() > 0 and grad.is_contiguous()
+
+
+def row_flags(grad: torch.Tensor) -> torch.Tensor:
+    """Whether each row of 2-D ``grad`` holds a bit that is not zero (bool, one per row), read
+    with torch: as 64-bit words where the layout allows, else as integers of the element's
+    width (any strides), so -0.0 and NaN count as non-zero on every path."""
+    size = grad.element_size()
+    words = grad.numel() > 0 and grad.is_contiguous() and (size * grad.shape[1]) % 8 == 0
+    if words and grad.data_ptr() % 8 == 0:
+        return grad.view(torch.uint8).view(torch.int64).any(1)
+    as_int = _SAME_WIDTH.get(size) if grad.is_floating_point() else None
+    if as_int is not None:
+        return grad.view(as_int).ne(0).any(1)
+    return grad.ne(0).any(1)
+
+
+_SAME_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+SCAN_BLOCKS = (1, 2, 4, 8, 16, 32, 64)  # rowscan.cll's `seg` values
+
+
+def scan_block(width: int) -> int:
+    """The ``seg`` of ``rowscan.cll`` for rows of ``width`` >= 1 elements: the largest power of
+    two dividing ``width``, at most 64, so a row is a whole number of blocks."""
+    return min(width & -width, SCAN_BLOCKS[-1])
+
+
+@functools.cache
+def scan_kernel(seg: int) -> Any:
+    """``rowscan.cll`` with ``seg`` on the CPU backend, its kernel built (generated, compiled or
+    found in the kernel cache, loaded), or None where it cannot build (no C compiler; logged).
+    One object per ``seg``: the program is fixed, so loading it again would only repeat work."""
+    from hipress.compll import CllError, load_file  # deferred: only the CPU row path compiles
+
+    path = Path(str(resources.files("hipress.codec").joinpath("rowscan.cll")))
+    try:
+        return load_file(path, backend="cpu", seg=seg).build_kernels("cpu")
+    except CllError as exc:
+        logger.warning("the row scan kernel cannot build (%s); rows are found with torch", exc)
+        return None
+
+
+def build_row_kernels(
+    shapes: Iterable[tuple[str, Sequence[int] | None]], devices: Mapping[str, torch.device]
+) -> None:
+    """Build, now, the scan kernels :func:`nonzero_rows` would build at its first call for
+    the 2-D parameters among ``shapes`` (``(name, shape)``; None: unknown) whose gradients live
+    on the CPU (``devices``: name -> device; absent: the CPU), so that no step compiles. At most
+    one kernel per distinct :func:`scan_block` of their widths."""
+    segs = set()
+    for name, shape in shapes:
+        device = torch.device(devices.get(name, "cpu"))
+        if shape is not None and len(shape) == 2 and shape[1] > 0 and device.type == "cpu":
+            segs.add(scan_block(int(shape[1])))
+    for seg in sorted(segs):
+        scan_kernel(seg)
+
+
+def _scanned(grad: torch.Tensor) -> torch.Tensor | None:
+    rows, width = grad.shape
+    seg = scan_block(width)
+    alg = scan_kernel(seg)
+    if alg is None:
+        return None
+    n = grad.numel()
+    out = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8)
+    alg.encode(grad, alg.init_state(n), out)
+    return out[: n // seg].view(rows, width // seg).any(1)
 
 
 def encode_rows(
