@@ -18,7 +18,7 @@ from hipress.compll.backends.render import BANNER, generator_digest
 from hipress.compll.backends.targets import render
 from hipress.compll.frontend.check import check_source, param_combinations
 from hipress.compll.frontend.parse import parse
-from hipress.compll.ir.nodes import show_program
+from hipress.compll.ir.show import show_program
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = REPO / "generated"

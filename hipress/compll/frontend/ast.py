@@ -179,7 +179,16 @@ class For:
     span: Span = span_field()
 
 
-Stmt = Union[Let, LetTuple, VarDecl, Assign, If, For, Return]
+@dataclass(frozen=True)
+class BlockSection:
+    """``block(size) { body }``: the body's maps run block by block (block-local reads)."""
+
+    size: Expr
+    body: Block
+    span: Span = span_field()
+
+
+Stmt = Union[Let, LetTuple, VarDecl, Assign, If, For, BlockSection, Return]
 
 
 @dataclass(frozen=True)

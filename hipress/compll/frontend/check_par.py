@@ -58,6 +58,12 @@ def parallel(
             "`c ? a : b`",
             e.span,
         )
+    if ctx.block is not None and f not in ("map", "segreduce"):
+        raise cx.err(
+            f"`{f}` cannot run inside `block({ctx.block.size})`: only `map` and "
+            f"`segreduce(op, {ctx.block.size}, ...)` are block-local",
+            e.func_span,
+        )
     if f == "map":
         return _map(cx, e, scope, ctx, hint, expect)
     if f == "reduce":

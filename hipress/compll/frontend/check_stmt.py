@@ -5,6 +5,7 @@ its bounds are constants of the specialised program) and blocks."""
 from __future__ import annotations
 
 from hipress.compll.frontend import ast
+from hipress.compll.frontend.check_block import section
 from hipress.compll.frontend.check_expr import binary, scalar, value
 from hipress.compll.frontend.check_types import same_type, type_of
 from hipress.compll.frontend.coerce import coerce, emit_scalar
@@ -68,6 +69,9 @@ def stmt(cx: Elab, s: ast.Stmt, scope: Scope, ctx: Ctx) -> None:
     if isinstance(s, ast.For):
         for_(cx, s, scope, ctx)
         return
+    if isinstance(s, ast.BlockSection):
+        section(cx, s, scope, ctx, stmt)
+        return
     if isinstance(s, ast.Return):
         raise cx.err("`return` must be the last statement of its block", s.span)
     raise cx.err("unsupported statement", getattr(s, "span", None))  # pragma: no cover
@@ -111,7 +115,7 @@ def _let_tuple(cx: Elab, s: ast.LetTuple, scope: Scope, ctx: Ctx) -> None:
 
 def _assign_state(cx: Elab, s: ast.Assign, b: Binding, scope: Scope, ctx: Ctx) -> None:
     """``state = value`` at the top level of encode, once per state entry."""
-    if ctx.in_branch or ctx.in_loop or not ctx.host:
+    if ctx.in_branch or ctx.in_loop or not ctx.host or ctx.block is not None:
         raise cx.err("state can only be assigned at the top level of encode", s.span)
     if s.op != "=":
         raise cx.err("state arrays are assigned with `=` only", s.span)

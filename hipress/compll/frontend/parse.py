@@ -139,6 +139,9 @@ class _Build(Transformer):
         start, stop = (c[1], c[2]) if c[2] is not None else (None, c[1])
         return ast.For(str(c[0]), start, stop, c[3], _span(meta))
 
+    def block_stmt(self, meta, c):
+        return ast.BlockSection(c[0], c[1], _span(meta))
+
     def return_stmt(self, meta, c):
         return ast.Return(c[0], _span(meta))
 

@@ -141,6 +141,7 @@ class Ctx:
         self.in_branch = False  # inside an `if` branch
         self.no_parallel = False  # inside an inlined fn
         self.in_loop = False  # inside a `for` body
+        self.block: Any = None  # the `block(...)` section being elaborated (check_block)
 
 
 # ---------------------------------------------------------------- the checker's state

@@ -229,6 +229,8 @@ def run(ops: tuple[ir.Op, ...], env: Env, state_out: dict[str, torch.Tensor]) ->
             env.arrays[op.name] = _scan(op, env, n)
         elif isinstance(op, ir.Scatter):
             env.arrays[op.name] = _scatter(op, env, n)
+        elif isinstance(op, ir.Block):  # its masked reads are the block-local semantics
+            run(op.ops, env, state_out)
         elif isinstance(op, ir.StoreState):
             if isinstance(op.value, str):
                 state_out[op.state] = env.arrays[op.value]

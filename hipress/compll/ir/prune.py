@@ -43,7 +43,10 @@ def _live_ops(ops: tuple[ir.Op, ...], live: set[str]) -> tuple[ir.Op, ...]:
     for op in reversed(ops):
         if not isinstance(op, ir.StoreState) and not (set(_defines(op)) & live):
             continue
-        op = _pruned_lambdas(op)
+        if isinstance(op, ir.Block):  # its ops, as if they stood here (their reads stay inside)
+            op = ir.Block(op.size, op.length, _live_ops(op.ops, set(live)))
+        else:
+            op = _pruned_lambdas(op)
         kept.append(op)
         live |= _op_reads(op)
     return tuple(reversed(kept))
@@ -54,6 +57,8 @@ def _defines(op: ir.Op) -> tuple[str, ...]:
         return (op.idx, op.count)
     if isinstance(op, ir.StoreState):
         return ()
+    if isinstance(op, ir.Block):
+        return tuple(x for o in op.ops for x in _defines(o))
     return (op.name,)
 
 

@@ -37,6 +37,8 @@ def lambda_exprs(fn: ir.Lambda) -> Iterator[ir.Expr]:
 
 
 def op_lambdas(op: ir.Op) -> tuple[ir.Lambda, ...]:
+    if isinstance(op, ir.Block):
+        return tuple(fn for x in op.ops for fn in op_lambdas(x))
     if isinstance(op, ir.Map | ir.Reduce | ir.SegReduce | ir.Scan):
         extra = (op.combine,) if isinstance(op, ir.Reduce) and op.combine is not None else ()
         return (op.fn, *extra)
@@ -49,6 +51,8 @@ def op_lambdas(op: ir.Op) -> tuple[ir.Lambda, ...]:
 
 def op_exprs(op: ir.Op) -> tuple[ir.Expr, ...]:
     """Host expressions of an op (lengths, counts, let values, reduce init)."""
+    if isinstance(op, ir.Block):
+        return (op.length, *(e for x in op.ops for e in op_exprs(x)))
     if isinstance(op, ir.Let):
         return (op.value,)
     if isinstance(op, ir.Map):

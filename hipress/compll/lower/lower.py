@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hipress.compll.ir import nodes as ir
+from hipress.compll.ir.blocks import flatten_program
 from hipress.compll.lower.assemble import assemble
 from hipress.compll.lower.finite import add_flag
 from hipress.compll.lower.fuse import fuse
@@ -47,9 +48,12 @@ def lower(
     """Plan ``prog``'s ``fn`` ("encode" or "decode"; decode with or without accumulation);
     with ``nonfinite``, an encode also finds out whether the gradient holds NaN/Inf where its
     first pass can (:mod:`hipress.compll.lower.finite`), for a target that runs the plan's fusions
-    or, with ``unfused``, one that runs every loop on its own (CUDA)."""
+    or, with ``unfused``, one that runs every loop on its own (CUDA), and runs a
+    ``block(...)`` section as its ops (:func:`~hipress.compll.ir.blocks.flatten_program`)."""
     if fn not in ("encode", "decode"):
         raise ValueError(f"fn must be 'encode' or 'decode', got {fn!r}")
+    if unfused:
+        prog = flatten_program(prog)
     plan = fuse(assemble(place(prog, fn, accumulate)))
     if nonfinite:
         plan = add_flag(plan, prog, unfused)

@@ -26,6 +26,7 @@ from hipress.compll.lower.kernel_plan import (
     Special,
     frozen,
 )
+from hipress.compll.lower.place_block import declare_block, place_block
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ class _Placer:
                 self.arrays[op.name] = Array(
                     op.name, op.dtype, segment_count(op.length, op.seg), None, "op"
                 )
+            elif isinstance(op, ir.Block):
+                declare_block(self, op)
         for name, m in self.maps.items():
             self.cost[name] = self._lambda_cost(m.fn, set())
 
@@ -233,7 +236,7 @@ class _Placer:
 
     def _ready_load(self, x: ir.Load, loop_len: ir.Expr | None, param: str | None) -> int:
         a = self.arrays[x.array]
-        if a.origin in ("grad", "state", "payload"):
+        if a.origin in ("grad", "state", "payload", "block"):
             return 0
         aligned = (
             param is not None
@@ -365,8 +368,8 @@ class _Placer:
             self.specials.append(Special(lv, op, None))
             self.homes[op.name] = Destination("ws", op.name)
             self.levels[op.name] = lv
-        else:  # pragma: no cover - every op kind is placed above
-            raise TypeError(f"cannot place {type(op).__name__}")
+        else:
+            place_block(self, op, lv)
         return lv
 
     def _reads_pending(self, op: ir.Op) -> set[str]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from jinja2 import Environment
 
+from hipress.compll.backends.c.block import render_block
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
 from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool, tileable
@@ -127,7 +128,9 @@ class CFunction(CFamily):
     def special(self, sp: Special) -> str:
         """A stage of its own, by its rule in :data:`STAGES`, after its host code."""
         self.hoisted = []
-        text = STAGES[type(sp.op)](self, sp)
+        text = (
+            render_block(self, sp) if isinstance(sp.op, ir.Block) else STAGES[type(sp.op)](self, sp)
+        )
         return "".join(f"  {ln}\n" for ln in self.hoisted) + text
 
     def loop(self, lp: Loop) -> str:

@@ -73,6 +73,8 @@ class Emitter:
         self.mem = mem  # stored / input arrays
         self.lengths = lengths  # repr(length expr) -> C variable
         self.register = register  # makes the C variable of a length not seen yet
+        # arrays a block(...) section keeps in its own buffers: name -> their read rule
+        self.local: dict[str, Callable[[ir.Load, Body, dict[str, str]], str]] = {}
 
     def length(self, e: ir.Expr) -> str:
         got = self.lengths.get(repr(e))
@@ -224,6 +226,8 @@ class Emitter:
     # -- array reads
 
     def load(self, x: ir.Load, body: Body, env: dict[str, str]) -> str:
+        if x.array in self.local:
+            return self.local[x.array](x, body, env)
         idx = self.expr(x.index, body, env)
         key = (x.array, idx)
         if key in body.memo:

@@ -38,6 +38,7 @@ from hipress.compll.backends.cuda.render_sum import decode_sum_kernel, sparse_ke
 from hipress.compll.backends.cuda.stages import STAGES
 from hipress.compll.backends.render import ABI_VERSION, BANNER, environment
 from hipress.compll.ir import nodes as ir
+from hipress.compll.ir.blocks import flatten_program
 from hipress.compll.ir.types import I64, DType
 from hipress.compll.lower.kernel_plan import Destination, KernelPlan, Loop
 from hipress.compll.lower.lower import Lowered, lower_program
@@ -287,6 +288,7 @@ def render_program(prog: ir.Program, plans: Lowered) -> CudaSource:
     """CUDA kernels of ``prog``'s encode, decode and decode-accumulate from its plans (lowered
     for a target that runs every loop on its own), and its decode_sum or sparse decode kernels
     where it has them (see module doc)."""
+    prog = flatten_program(prog)  # a block(...) section runs as its ops
     env = environment()
     dec = plans.decode
     funcs = []
