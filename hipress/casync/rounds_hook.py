@@ -1,4 +1,8 @@
-"""A DDP communication hook for multi-round CompLL algorithms (PowerSGD): :func:`register_rounds`.
+"""A DDP communication hook for multi-round CompLL algorithms (PowerSGD): :func:`register_rounds`,
+and the machinery it runs (:class:`RoundsRunner`), which CaSync's
+:class:`~hipress.casync.rounds_engine.RoundsEngine` also runs: ``hipress.casync.register(ddp,
+"powersgd")`` gives the same result bit for bit, with a plan (embeddings as exact rows),
+checkpoints, statistics and timelines.
 
 Each bucket's gradients are split as PyTorch's ``powerSGD_hook`` splits them: a tensor of two or
 more dimensions whose rounds send fewer than ``1 / min_compression_rate`` of its bytes is
