@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
-from hipress.codec.checkpoint import load_states, save_states
 from hipress.codec.errors import CaSyncError
 from hipress.codec.planning import DEFAULT_ALGORITHM, keep_plain, resolve_plan
+from hipress.codec.rowplan import embedding_rows
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.core.rule import DefaultRule, Selection, Shapes
@@ -128,6 +128,7 @@ class _HiPressOptimizerMixin:
             self._delay[p] = self.backward_passes_per_step
         self._pending.clear()
         self._synchronized = True
+        sync.end_step()  # (while embeddings' rows are counted: may decide which go as rows)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -172,27 +173,21 @@ class _HiPressOptimizerMixin:
     # ---- compression state (per rank) ---------------------------------------------------------
 
     def compression_state_dict(self) -> dict[str, Any]:
-        """This rank's algorithm states (error feedback, momentum, RNG counters), CPU copies.
+        """This rank's algorithm states (error feedback, momentum, RNG counters), CPU copies,
+        and the row decision (which embeddings travel as rows, and the counts behind it).
 
         Kept apart from ``state_dict()`` because it differs per rank, while the optimizer state
         is the same on every rank and ``hvd.broadcast_optimizer_state`` copies it from rank 0.
         Save one per rank and load each into the same rank.
         """
-        sync = self._hipress_sync
-        parts = {"worker": sync.worker_states, "server": sync.server_states}
-        return save_states(_FORMAT, sync.rank, sync.world_size, sync.config(), parts)
+        return self._hipress_sync.state_dict(_FORMAT)
 
     def load_compression_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore :meth:`compression_state_dict` in place, all or nothing. Raises
         :class:`HorovodSyncError` (naming the rank and the entry) if it was saved by another
-        rank or world size, or for another algorithm, plan or seed, or is damaged."""
-        sync = self._hipress_sync
-        load_states(
-            sd, fmt=_FORMAT, what="hipress.horovod", rank=sync.rank,
-            world_size=sync.world_size, config=sync.config(),
-            parts={"worker": sync.worker_states, "server": sync.server_states},
-            error=HorovodSyncError,
-        )  # fmt: skip
+        rank or world size, or for another algorithm, plan or seed, or is damaged. The
+        saved row decision is taken again: the plan runs as it ran when saved."""
+        self._hipress_sync.load_state_dict(sd, _FORMAT)
 
 
 def _names(
@@ -239,10 +234,14 @@ def _auto_plan(
     hvd: Any,
     alg: CompressionAlgorithm,
     named_numels: list[tuple[str, int]],
-    device: torch.device | None = None,
+    device: torch.device | None,
+    select: Selection,
+    shaped: list[tuple[str, tuple[int, ...]]],
 ) -> Plan:
     """SeCoPa's ``plan="auto"`` over Horovod: profile with Horovod's operations on every rank
-    (a few seconds), plan on rank 0, broadcast; the same plan on every rank."""
+    (a few seconds), plan on rank 0, broadcast; the same plan on every rank, keeping plain
+    what ``select`` keeps plain, as SeCoPa's plan for the DDP hook does. The embeddings kept
+    plain are priced as exact rows (their break-even counts, decided by later)."""
     if not compresses(alg):
         raise PlanError("plan='auto' needs a compression algorithm")
     t0 = time.perf_counter()
@@ -250,12 +249,12 @@ def _auto_plan(
     config = PlannerConfig(strategies=(Strategy.ALLGATHER, Strategy.PS))
     plan = auto_plan(
         alg, named_numels, hvd.size(), comm=HorovodComm(hvd, device), config=config,
-        device=device,
+        device=device, rows=embedding_rows(select, shaped),
     )  # fmt: skip
     log.info(
         "hipress.horovod: plan='auto' profiled and planned in %.1f s", time.perf_counter() - t0
     )
-    return plan
+    return keep_plain(plan, select.reasons(shaped))
 
 
 def _selection(include: Any, exclude: Any, shapes: Any) -> Selection:
@@ -353,25 +352,21 @@ def DistributedOptimizer(
         build_kernels(alg, devices.values())
     except CaSyncError as exc:
         raise HorovodSyncError(str(exc)) from exc
+    count_rows = plan is None or (isinstance(plan, str) and plan in ("default", "auto"))
     if isinstance(plan, str) and plan == "auto":
-        plan = _auto_plan(hvd, alg, named_numels, next(iter(devices.values()), None))
-        plan = keep_plain(plan, select.reasons(shaped))  # (as SeCoPa's plan for the DDP hook)
+        plan = _auto_plan(hvd, alg, named_numels, next(iter(devices.values()), None), select,
+                          shaped)  # fmt: skip
     resolved = resolve_plan(plan, alg, named_numels, hvd.size(), rule, selection=select,
                             shapes=shaped)  # fmt: skip
     sync = HorovodSync(
-        hvd, alg, resolved, seed, compression, gradient_predivide_factor, devices=devices
-    )
+        hvd, alg, resolved, seed, compression, gradient_predivide_factor, devices=devices,
+        shapes=dict(shaped), count_rows=count_rows,
+    )  # fmt: skip
     sync.check_agreement()
     log.info("hipress.horovod: %s, %d/%d tensors compressed, %d ranks",
              alg.name if compresses(alg) else "no compression",
              sum(e.compress for e in resolved.entries), len(resolved.entries), hvd.size())  # fmt: skip
-    cls = type(
-        optimizer.__class__.__name__,
-        (optimizer.__class__,),
-        {
-            k: v
-            for k, v in _HiPressOptimizerMixin.__dict__.items()
-            if k not in ("__dict__", "__weakref__")
-        },
-    )
+    mixin = _HiPressOptimizerMixin.__dict__.items()
+    body = {k: v for k, v in mixin if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), body)
     return cls(optimizer.param_groups, names, sync, backward_passes_per_step, sparse_as_dense)

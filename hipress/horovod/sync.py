@@ -29,13 +29,16 @@ from typing import Any
 import torch
 
 from hipress.codec.algorithm import decode_mean, encode_reporting, init_chunk_states
+from hipress.codec.checkpoint import load_states, save_states
 from hipress.codec.errors import ConfigMismatchError
 from hipress.codec.flags import Flag, FlagMode
-from hipress.codec.rowsparse import row_states
+from hipress.codec.rowsparse import row_state_key, row_states
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.layout import ChunkLayout, layout_plan
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.horovod import rowsparse
+from hipress.horovod.errors import HorovodSyncError
+from hipress.horovod.rowprobe import RowCounter, parse_decision
 
 __all__ = ["HorovodSync", "Pending"]
 
@@ -89,6 +92,10 @@ class HorovodSync:
         devices: parameter name -> the device its gradient lives on (default CPU); the
             algorithm states, payloads and outputs live there too. Non-finite flags of CUDA
             gradients stay on the device (:mod:`hipress.codec.flags`).
+        shapes: parameter name -> its shape (which embeddings may travel as rows).
+        count_rows: count the embeddings' touched rows and decide which travel as rows
+            (:mod:`hipress.horovod.rowprobe`); ``plan`` is then the plan run until the
+            decision (:attr:`base_plan`), :attr:`plan` the one run now.
     """
 
     def __init__(
@@ -100,10 +107,13 @@ class HorovodSync:
         compression: Any = None,
         gradient_predivide_factor: float = 1.0,
         devices: Mapping[str, torch.device] | None = None,
+        shapes: Mapping[str, tuple[int, ...] | None] | None = None,
+        count_rows: bool = False,
     ) -> None:
         self.hvd = hvd
         self.algorithm = algorithm
-        self.plan = plan
+        self.plan = self.base_plan = plan
+        self.devices = dict(devices or {})
         self.seed = seed
         self.rank = hvd.rank()
         self.world_size = hvd.size()
@@ -121,7 +131,26 @@ class HorovodSync:
         self.worker_states, self.server_states = init_chunk_states(
             algorithm, plan, self.rank, self.world_size, seed, devices, layout=self.layout
         )
-        self.worker_states.update(row_states(plan, self.rank, seed, devices or {}))
+        self.worker_states.update(row_states(plan, self.rank, seed, self.devices))
+        self.rows = RowCounter(plan, shapes or {}, count_rows)
+
+    def _use(self, plan: Plan) -> None:
+        """Run ``plan`` from now on (``base_plan`` with some embeddings as rows, or not): the
+        row states of its compressed row entries are kept or made, the others dropped."""
+        old = {row_state_key(e.name) for e in self.plan.entries if e.row_bound and e.compress}
+        new = row_states(plan, self.rank, self.seed, self.devices)
+        for key in old - set(new):
+            del self.worker_states[key]
+        for key, state in new.items():
+            self.worker_states.setdefault(key, state)
+        self.plan, self.entries = plan, {e.name: e for e in plan.entries}
+        self.layout = layout_plan(plan, self.world_size, self.algorithm.payload_nbytes)
+
+    def end_step(self) -> None:
+        """After every ``synchronize()``: while embeddings' rows are counted, the collective
+        that may take the row decision (every rank calls it as often)."""
+        if self.rows.end_step(self.hvd) is not None:
+            self._use(self.rows.decide(self.base_plan, self.world_size, self.rank))
 
     # ---- starting -----------------------------------------------------------------------------
 
@@ -132,6 +161,7 @@ class HorovodSync:
         """
         e = self.entries[name]
         p = Pending(name, e, grad)
+        self.rows.observe(name, grad)
         if e.row_bound:  # (hipress.horovod.rowsparse)
             p.chunks.append(_Chunk(rowsparse.start(self.hvd, name, grad)))
             return p
@@ -254,16 +284,17 @@ class HorovodSync:
         FlagMode.fill_nan(out, bad)
 
     def describe(self) -> str:
-        """A one-line description of the algorithm, plan digest and seed (what ranks compare)."""
+        """A one-line description of the algorithm, plan digest (of :attr:`base_plan`) and
+        seed (what ranks compare)."""
         alg = self.algorithm
         what = (
             f"{alg.name} {dict(alg.params)} [{alg.digest[:16]}]"
             if compresses(alg)
             else "no compression"
         )
-        compressed = sum(e.compress for e in self.plan.entries)
+        compressed = sum(e.compress for e in self.base_plan.entries)
         return (
-            f"{what}; plan {self.plan.digest()} ({compressed}/{len(self.plan.entries)} "
+            f"{what}; plan {self.base_plan.digest()} ({compressed}/{len(self.plan.entries)} "
             f"compressed); seed {self.seed}"
         )
 
@@ -282,10 +313,42 @@ class HorovodSync:
     # ---- checkpoints --------------------------------------------------------------------------
 
     def config(self) -> dict[str, Any]:
-        """What a checkpoint must match: algorithm digest, plan digest and seed."""
+        """What a checkpoint must match: algorithm digest, plan digest (of the plan given,
+        :attr:`base_plan`) and seed."""
         alg = self.algorithm
         return {
             "algorithm": alg.digest,
-            "plan": self.plan.digest(),
+            "plan": self.base_plan.digest(),
             "seed": self.seed,
         }
+
+    def state_dict(self, fmt: str) -> dict[str, Any]:
+        """This rank's algorithm states and row decision (sealed, CPU copies)."""
+        parts = {"worker": self.worker_states, "server": self.server_states}
+        extra = {"rows": self.rows.state_dict()}
+        return save_states(fmt, self.rank, self.world_size, self.config(), parts, extra)
+
+    def load_state_dict(self, sd: Mapping[str, Any], fmt: str) -> None:
+        """Restore :meth:`state_dict` in place, all or nothing: the row decision first (the
+        plan it makes, and its row states), then every state. Raises
+        :class:`HorovodSyncError` naming the rank and what is wrong."""
+        where, rows = f"rank {self.rank}", self.rows
+        saved = sd.get("rows") if isinstance(sd, Mapping) else None
+        before = (rows.measured, dict(rows.touched), self.plan, dict(self.worker_states))
+        try:
+            rows.measured = parse_decision(saved, rows.rows, where, HorovodSyncError)
+            rows.touched.clear()
+            self._use(rows.decide(self.base_plan, self.world_size, self.rank))
+            load_states(
+                sd, fmt=fmt, what="hipress.horovod", rank=self.rank,
+                world_size=self.world_size, config=self.config(),
+                parts={"worker": self.worker_states, "server": self.server_states},
+                error=HorovodSyncError,
+            )  # fmt: skip
+        except BaseException:
+            rows.measured, rows.touched, plan, worker = before
+            self.worker_states.clear()
+            self.worker_states.update(worker)
+            self.plan, self.entries = plan, {e.name: e for e in plan.entries}
+            self.layout = layout_plan(plan, self.world_size, self.algorithm.payload_nbytes)
+            raise
