@@ -85,7 +85,8 @@ def test_ranks_that_register_differently_all_raise_naming_the_setting() -> None:
             assert "rank 0:" in msg and "rank 1:" in msg
     kind0, msg0 = results[0][-2]
     kind1, msg1 = results[1][-2]
-    assert kind0 == "FsdpError" and "failed on rank 1" in msg0 and "nosuch" in msg0, msg0
+    assert kind0 == "FsdpError" and "hipress.fsdp.register failed on rank 1;" in msg0, msg0
+    assert "\n  rank 1: FsdpError: " in msg0 and "nosuch" in msg0, msg0
     assert kind1 == "FsdpError" and "nosuch" in msg1 and "failed on rank" not in msg1, msg1
     assert all(r[-1][0] == "accepted" for r in results)  # agreeing ranks still train
 

@@ -108,3 +108,5 @@ def test_a_trainer_without_ddp_is_refused(tmp_path: Path) -> None:
 def test_process_group_option_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CaSyncError, match="process_group"):
         hipress_hf.HipressTrainerCallback(None, "onebit", process_group=object())  # type: ignore[arg-type]
+    with pytest.raises(CaSyncError, match="shapes must be 'all', 'matrices'"):  # when built
+        hipress_hf.HipressTrainerCallback(None, "onebit", shapes="vectors")  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ __all__ = [
     "check_options",
     "check_schedule",
     "check_selection",
+    "check_wrapper_options",
     "config_digest",
     "describe",
     "params_at",
@@ -251,3 +252,15 @@ def check_selection(options: Mapping[str, Any]) -> None:
                   options.get("shapes", "all"))  # fmt: skip
     except ValueError as exc:
         raise CaSyncError(str(exc)) from None
+
+
+def check_wrapper_options(options: Mapping[str, Any], who: str, group_of: str) -> None:
+    """The checks a framework's wrapper (a Lightning or Trainer callback) makes on ``options``,
+    the keyword arguments it passes to register, when it is built: no ``process_group`` (it
+    synchronises over the process group of ``group_of``, the framework's), and the selection
+    (:func:`check_selection`). Raises :class:`CaSyncError` naming ``who`` and the option."""
+    if options.get("process_group") is not None:
+        raise CaSyncError(
+            f"{who} synchronises over the {group_of}'s process group: do not pass `process_group`"
+        )
+    check_selection(options)

@@ -5,17 +5,17 @@ that do not fit: one crashes, all wait out the process group's timeout, or the g
 out wrong with nothing said. So :func:`~hipress.fsdp.register` describes its configuration on
 each rank (:func:`settings`) and the ranks exchange the descriptions (one ``all_gather_object``
 over the default group) before the first compressed collective. A rank whose own setup failed
-sends its error instead, so the other ranks raise too rather than wait for it.
+sends its error instead, so the other ranks raise too rather than wait for it
+(:func:`~hipress.codec.outcome.agree_outcome`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch.distributed as dist
 
-from hipress.codec.errors import CommError
+from hipress.codec.outcome import agree_outcome
 from hipress.core.compression import CompressionAlgorithm
 from hipress.fsdp.errors import FsdpConfigMismatchError, FsdpError
 from hipress.fsdp.planning import UnitInfo, UnitPlan
@@ -59,33 +59,23 @@ def settings(
 def agree(mine: Mapping[str, str] | None, error: BaseException | None = None) -> None:
     """Exchange this rank's :func:`settings` (or, with ``mine`` None, the ``error`` its setup
     raised) with every rank of the default group. Returns if every rank sent the same
-    settings (at once, without a process group or with one rank). Raises
-    :class:`FsdpError` naming the ranks whose setup failed and their errors,
-    :class:`FsdpConfigMismatchError` naming each setting that differs and every rank's value,
+    settings (at once, without a process group or with one rank). Raises ``error`` on its
+    own rank, and on the others :class:`FsdpError` naming the ranks whose setup failed and
+    their errors (:func:`~hipress.codec.outcome.agree_outcome`);
+    :class:`FsdpConfigMismatchError` naming each setting that differs and every rank's value;
     or :class:`~hipress.codec.errors.CommError` if the exchange itself failed. A collective:
     every rank must call it, once per registration."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
+        if mine is None and error is not None:
+            raise error
         return
-    world = dist.get_world_size()
-    sent: Any = dict(mine) if mine is not None else f"{type(error).__name__}: {error}"
-    every: list[Any] = [None] * world
-    try:
-        dist.all_gather_object(every, sent)
-    except Exception as exc:  # gloo/NCCL error: a peer died or timed out
-        raise CommError(
-            "hipress.fsdp.register: the check that every rank registers the same configuration "
-            f"failed (did a rank exit, or not call register?): {exc}"
-        ) from exc
-    failed = [r for r, got in enumerate(every) if isinstance(got, str)]
-    if failed:
-        if mine is None:
-            return  # this rank raises its own error
-        lines = "\n".join(f"  rank {r}: {every[r]}" for r in failed)
-        raise FsdpError(
-            f"hipress.fsdp.register failed on rank{'s' if len(failed) > 1 else ''} "
-            f"{', '.join(map(str, failed))}, so no rank can compress; fix that and register "
-            f"on every rank:\n{lines}"
-        )
+    every = agree_outcome(
+        error if mine is None else None,
+        what="hipress.fsdp.register",
+        advice="no rank can compress: fix that and register on every rank",
+        kind=FsdpError,
+        payload=None if mine is None else dict(mine),
+    )
     differ = [k for k in every[0] if any(got.get(k) != every[0][k] for got in every)]
     if not differ:
         return

@@ -28,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
+from hipress.codec.outcome import agree_outcome
 from hipress.fsdp.errors import FsdpError
 
 __all__ = ["load"]
@@ -43,18 +44,18 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str] | 
     ``dcp.load`` unchanged. Another exception a rank's own ``Stateful`` raises is re-raised on
     that rank; the other ranks raise :class:`FsdpError` naming it."""
     where = _where(checkpoint_id, kwargs.get("storage_reader"))
-    no_dist = kwargs.get("no_dist", False)
-    error: BaseException | None = _unreadable(checkpoint_id, kwargs)
+    group, local = process_group, bool(kwargs.get("no_dist", False))
     # agreed before dcp.load, so that no rank enters its collectives alone (the ranks may not
     # share a file system)
-    _settle(error, _agree(error, process_group, no_dist), where)
+    _settle(_unreadable(checkpoint_id, kwargs), where, group, local, loaded=False)
+    error: BaseException | None = None
     try:
         dcp.load(state_dict, checkpoint_id=checkpoint_id, process_group=process_group, **kwargs)
     except CheckpointException as exc:
         error = FsdpError(f"cannot load the checkpoint {where}: {_explain(exc, where)}")
     except Exception as exc:  # a Stateful's own error, hipress's FsdpError among them
         error = exc
-    _settle(error, _agree(error, process_group, no_dist), where)
+    _settle(error, where, group, local, loaded=True)
 
 
 def _unreadable(checkpoint_id: Any, kwargs: dict[str, Any]) -> FsdpError | None:
@@ -77,34 +78,24 @@ def _unreadable(checkpoint_id: Any, kwargs: dict[str, Any]) -> FsdpError | None:
     return FsdpError(f"cannot load the checkpoint {root}: {why}; resume from an intact checkpoint")
 
 
-def _settle(error: BaseException | None, failed: list[tuple[int, str]], where: str) -> None:
-    """Raise this rank's ``error``, or an :class:`FsdpError` naming the ranks that ``failed``."""
-    if error is not None:
-        raise error from None
-    if failed:
-        ranks = ", ".join(f"rank {r}: {msg}" for r, msg in failed)
-        raise FsdpError(
-            f"cannot load the checkpoint {where}: it failed on other ranks ({ranks}); this "
-            "rank's state is left as it was loaded, but the ranks no longer agree: resume "
-            "from an intact checkpoint on every rank"
-        )
+def _settle(error: BaseException | None, where: str, group: dist.ProcessGroup | None,
+            local: bool, loaded: bool) -> None:  # fmt: skip
+    """Raise this rank's ``error``, or an :class:`FsdpError` naming the ranks that failed
+    (:func:`~hipress.codec.outcome.agree_outcome`); with ``local`` (``no_dist``), this rank's
+    only."""
+    if local:
+        if error is not None:
+            raise error
+        return
+    state = ("this rank's state is left as it was loaded, but the ranks no longer agree: "
+             if loaded else "nothing was loaded: ")  # fmt: skip
+    agree_outcome(error, what=f"loading the checkpoint {where}", kind=FsdpError,
+                  advice=f"{state}resume from an intact checkpoint on every rank", group=group)  # fmt: skip
 
 
 def _where(checkpoint_id: Any, reader: Any) -> str:
     path = checkpoint_id if checkpoint_id is not None else getattr(reader, "path", None)
     return str(path) if path is not None else "(given by its storage reader)"
-
-
-def _agree(error: BaseException | None, group: dist.ProcessGroup | None,
-           no_dist: bool) -> list[tuple[int, str]]:  # fmt: skip
-    """Every rank's failure, ``(rank, message)``, gathered over ``group``; [] on a single
-    process. Each rank takes part whatever its outcome, so none waits for another."""
-    if no_dist or not (dist.is_available() and dist.is_initialized()):
-        return []
-    mine = None if error is None else f"{type(error).__name__}: {error}"
-    every: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, (dist.get_rank(), mine), group=group)
-    return [(r, m) for r, m in every if m is not None]
 
 
 def _explain(exc: CheckpointException, where: str) -> str:

@@ -52,8 +52,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
+from hipress.casync.config import check_wrapper_options
 from hipress.casync.persist import RANK_FILE, read, write_file
 from hipress.codec.checkpoint import gathered
+from hipress.codec.outcome import agree_outcome
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
@@ -94,11 +96,7 @@ class HipressTrainerCallback(transformers.TrainerCallback):
         checkpoint: bool = True,
         **options: Any,
     ) -> None:
-        if options.get("process_group") is not None:
-            raise CaSyncError(
-                "HipressTrainerCallback synchronises over the Trainer's process group: do not "
-                "pass `process_group`"
-            )
+        check_wrapper_options(options, "HipressTrainerCallback", "Trainer")
         self.trainer = trainer
         self.algorithm = algorithm
         self.plan = plan
@@ -168,21 +166,16 @@ class HipressTrainerCallback(transformers.TrainerCallback):
         """Load the compression state saved in ``folder``, every rank or none (see the module
         doc); the ranks agree on the outcome, so none trains on while another stopped."""
         assert self.state is not None
-        error: CaSyncError | None = None
+        error: Exception | None = None
+        sd = None
         try:
             sd = _saved_state(folder, self.state.rank, dist.get_world_size())
             if sd is not None:
                 self.state.load_state_dict(sd)
-        except CaSyncError as exc:
-            error, sd = exc, None
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, None if error is None else str(error))
-        if error is not None:
-            raise error
-        failed = [f"rank {r}: {m}" for r, m in enumerate(every) if m is not None]
-        if failed:
-            raise CaSyncError(f"cannot restore the compression state from {folder}: "
-                              f"{'; '.join(failed)}")  # fmt: skip
+        except Exception as exc:  # (any: the other ranks must learn of it, not wait for it)
+            error = exc
+        agree_outcome(error, what=f"restoring the compression state from {folder}",
+                      advice="resume from a checkpoint every rank can read")  # fmt: skip
         if sd is None:
             logger.warning("hipress: %s holds no compression state (%s): training resumes "
                            "with all-zero error feedback", folder,

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hipress.casync
 from hipress.casync import CaSyncError, CaSyncState
-from hipress.casync.config import check_selection
+from hipress.casync.config import check_wrapper_options
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
@@ -80,12 +80,7 @@ class HipressCallback(pl.Callback):
         log_metrics: bool = True,
         **options: Any,
     ) -> None:
-        if options.get("process_group") is not None:
-            raise CaSyncError(
-                "HipressCallback synchronises over the strategy's process group: do not pass "
-                "`process_group`"
-            )
-        check_selection(options)
+        check_wrapper_options(options, "HipressCallback", "strategy")
         self.algorithm = algorithm
         self.plan = plan
         self.log_metrics = log_metrics
