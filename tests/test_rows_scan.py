@@ -90,7 +90,8 @@ def test_block_divides_the_row() -> None:
     for width in range(1, 300):
         seg = scan_block(width)
         assert seg in SCAN_BLOCKS and width % seg == 0
-    assert scan_block(512) == 64 and scan_block(96) == 32 and scan_block(9) == 1
+    assert scan_block(512) == 512 and scan_block(96) == 32 and scan_block(9) == 1
+    assert scan_block(3 * 2048) == 1024
 
 
 def test_build_row_kernels_builds_the_cpu_widths() -> None:

@@ -134,12 +134,13 @@ def row_flags(grad: torch.Tensor) -> torch.Tensor:
 
 
 _SAME_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-SCAN_BLOCKS = (1, 2, 4, 8, 16, 32, 64)  # rowscan.cll's `seg` values
+SCAN_BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # rowscan.cll's `seg` values
 
 
 def scan_block(width: int) -> int:
     """The ``seg`` of ``rowscan.cll`` for rows of ``width`` >= 1 elements: the largest power of
-    two dividing ``width``, at most 64, so a row is a whole number of blocks."""
+    two dividing ``width``, at most 1024, so a row is a whole number of blocks (one where the
+    width is a power of two up to 1024: the kernel's flags are then the rows')."""
     return min(width & -width, SCAN_BLOCKS[-1])
 
 
@@ -183,7 +184,8 @@ def _scanned(grad: torch.Tensor) -> torch.Tensor | None:
     n = grad.numel()
     out = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8)
     alg.encode(grad, alg.init_state(n), out)
-    return out[: n // seg].view(rows, width // seg).any(1)
+    hits = out[: n // seg]
+    return hits.view(rows, width // seg).any(1) if seg < width else hits
 
 
 def encode_rows(
