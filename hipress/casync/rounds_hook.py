@@ -22,7 +22,7 @@ compression, as in PyTorch's hook).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +35,10 @@ from hipress.codec.errors import CaSyncError
 from hipress.compll.ir.state import State
 from hipress.compll.rounds import RoundsAlgorithm, load_rounds
 
-__all__ = ["RoundsHookState", "RoundsRunner", "compresses", "register_rounds", "rounds_hook"]
+__all__ = [
+    "RoundsHookState", "RoundsRunner", "compresses", "register_rounds", "rounds_hook",
+    "shared_rounds",
+]  # fmt: skip
 
 
 Issue = Callable[[str, Callable[[], Any], int], Any]  # (what, launch, bytes) -> the work
@@ -165,7 +168,7 @@ class RoundsHookState:
                  params: dict[str, Any] | None = None, process_group: Any = None,
                  start_iter: int = 10, min_compression_rate: float = 2.0) -> None:  # fmt: skip
         if isinstance(algorithm, str):
-            algorithm = load_rounds(algorithm, **(params or {}))
+            algorithm = shared_rounds(algorithm, "auto", params)
         elif params:
             raise CaSyncError("params go with an algorithm given by name")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
@@ -223,6 +226,19 @@ class RoundsHookState:
         self.runner.step(last)
         if last:
             self.iterations += 1
+
+
+_LOADED: dict[str, RoundsAlgorithm] = {}
+
+
+def shared_rounds(name: str, backend: str, params: Mapping[str, Any] | None) -> RoundsAlgorithm:
+    """The shipped multi-round algorithm ``name`` with ``params`` on ``backend``, loaded once
+    per process (its kernels, built per leading dimension, are shared; states are not)."""
+    key = repr((name, backend, sorted(dict(params or {}).items())))
+    alg = _LOADED.get(key)
+    if alg is None:
+        alg = _LOADED[key] = load_rounds(name, backend, **dict(params or {}))
+    return alg
 
 
 def compresses(algorithm: RoundsAlgorithm, shape: Sequence[int],

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipress.casync.rounds_hook import compresses
+from hipress.casync.rounds_hook import compresses, shared_rounds
 from hipress.casync.rowprobe import plan_rows
 from hipress.casync.runtime import rounds_states
 from hipress.casync.verdict import replan
@@ -62,14 +62,14 @@ def resolve(algorithm: Any, params: Mapping[str, Any] | None, backend: str) -> R
         return algorithm
     if not isinstance(algorithm, str) or algorithm == "none":
         return None
-    from hipress.compll.rounds import load_rounds, rounds_algorithms
+    from hipress.compll.rounds import rounds_algorithms
 
     if algorithm not in rounds_algorithms():
         return None
     from hipress import compll
 
     try:
-        return load_rounds(algorithm, backend, **dict(params or {}))
+        return shared_rounds(algorithm, backend, params)
     except (compll.CllError, TypeError, ValueError) as exc:
         raise CaSyncError(f"cannot load algorithm {algorithm!r}:\n{exc}") from exc
 
