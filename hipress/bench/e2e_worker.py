@@ -39,11 +39,11 @@ def wrap(
         plan = probe_plan(model, probe, cfg.algorithm)
     kw = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
     ddp = DDP(model, gradient_as_bucket_view=bucket_view, **kw)  # type: ignore[arg-type]
-    if cfg.kind == "rounds":  # PowerSGD's start as the powerSGD_hook row's: step 2
-        import hipress.casync
+    if cfg.kind == "rounds":  # (compressing from step 0, as the other hipress rows: rows
+        import hipress.casync  # counted in step 0, plan checked at step 5, all in the warm-up)
 
         params = {"rank": cfg.powersgd_rank}
-        hipress.casync.register(ddp, cfg.algorithm or "", params=params, warmup_steps=2)
+        hipress.casync.register(ddp, cfg.algorithm or "", params=params)
         return ddp, None  # (no CaSync figures: SeCoPa does not price a multi-round plan)
     if cfg.kind == "hipress":
         import hipress.casync
