@@ -33,7 +33,7 @@ from hipress.codec.checkpoint import (
 )
 from hipress.codec.errors import CaSyncError
 from hipress.codec.logs import RANK_FILTER
-from hipress.core.plan import Plan, PlanError
+from hipress.core.plan import Plan, PlanError, Strategy
 
 logger = logging.getLogger(__name__)
 logger.addFilter(RANK_FILTER)
@@ -198,6 +198,13 @@ def load(rt: Runtime, sd: Any, step: int, *, rank: int, world_size: int, carry_o
             )
         sd = _carried(rt, sd, saved, rank)
     if moved:
+        if any(e.strategy is Strategy.ROUNDS for e in rt.base_plan.entries):
+            raise CaSyncError(
+                f"rank {rank}: cannot reshard the states of {rt.base_plan.algorithm}'s rounds "
+                f"(the checkpoint was saved at another world size, this run has {world_size}): "
+                "resume at the world size it was saved at, or do not load the hook's state "
+                "(error feedback then starts afresh)"
+            )
         sd = _resharded(rt, sd, rank, world_size)
     load_states(
         sd, fmt=FORMAT, what="CaSync", rank=rank, world_size=world_size, config=rt.config,
