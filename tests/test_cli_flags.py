@@ -37,6 +37,7 @@ SELF = {
         "--overlap",
         "--include",
         "--exclude",
+        "--readiness",
     ),
     ("profile",): ("--overlap",),
     ("bench", "ring"): ("profiles",),
@@ -78,6 +79,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--name": ["", "a/b", ".."],
             "--local-steps": ["h0", "diloco-nosuch-h4", "postlocal-h4-f2-tau0", "x"],
             "--rows": ["abc", "none,abc"],
+            "--bucket-cap-mb": ["abc", "0", "default,-1", "nan", "inf"],
         },
         ("bench", "convergence"): {
             "--workers": ["1", many], "--algorithms": ["abc", "onebit:fp32", "all,abc"],

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from hipress.bench import fsdp as fsdp_bench
+from hipress.bench.e2e_caps import resolve
 from hipress.bench.e2e_configs import (
     BASELINES,
     COMPUTE,
@@ -124,6 +125,10 @@ def run_config(
     }
     if cfg.algorithm is not None:
         res["algorithm"] = cfg.algorithm
+    if cfg.kind in ("ddp", "hipress"):
+        res["bucket_cap_mb"] = cfg.bucket_cap_mb  # None: DDP's default
+    if cfg.cap_advice is not None:
+        res["bucket_cap_advice"] = cfg.cap_advice
     if "grad_ready_lead_ms" in per_rank[0]:
         leads = [r["grad_ready_lead_ms"] for r in per_rank]
         res["grad_ready_lead_ms"] = {n: sum(x[n] for x in leads) / len(leads) for n in leads[0]}
@@ -157,10 +162,17 @@ def _rounds(
     hipress rounds, and the FSDP2 rounds of each reshard setting."""
     runs: Runs = {}
     fsdp_runs: FsdpRuns = {}
+    caps: dict[str, Config] = {}  # the hipress rows at bucket_cap_mb "auto", resolved
     # rounds go over every configuration in turn, so a change in the machine's load hits all
     # of them alike; each keeps its best round
     for rnd in range(opts.repeats):
         for cfg in configs_for(opts):
+            if cfg.bucket_cap_mb == "auto":
+                if cfg.name not in caps and progress is not None:
+                    progress(f"{model_name} | {net.label} | {cfg.name} | SeCoPa's bucket cap")
+                compute = runs.get(COMPUTE.name, [{}])[0]
+                rate = getattr(net, "rate_mbit", None)
+                cfg = resolve(cfg, model_name, data, compute, net.world_size, rate, caps)
             if progress is not None:
                 progress(f"{model_name} | {net.label} | {cfg.name} | round {rnd + 1}")
             res = run_config(net, model_name, data, cfg, opts)
@@ -234,6 +246,7 @@ def _meta(opts: E2EOptions) -> dict[str, Any]:
         "plan": opts.plan,
         "powersgd_rank": opts.powersgd_rank,
         "gradient_as_bucket_view": opts.bucket_view,
+        "hipress_bucket_caps": ["default" if c is None else c for c in opts.bucket_caps],
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         **opts.extra,
     }

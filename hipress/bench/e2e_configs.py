@@ -4,7 +4,7 @@ the baselines, and what a run covers (:class:`E2EOptions`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hipress.bench import fsdp as fsdp_bench
@@ -17,6 +17,7 @@ __all__ = [
     "NOCOMM",
     "Config",
     "E2EOptions",
+    "cap_name",
     "configs_for",
     "fsdp_configs_for",
 ]
@@ -38,9 +39,10 @@ class Config:
     hook: str = "allreduce"
     algorithm: str | None = None
     plan: str | None = "auto"
-    bucket_cap_mb: float | None = None
+    bucket_cap_mb: float | str | None = None  # "auto": SeCoPa's, resolved per cell (e2e_caps)
     powersgd_rank: int = 4
     rows: bool = False  # (hipress) the default rule's plan, row-sparse where a probe says
+    cap_advice: dict[str, Any] | None = field(default=None, compare=False)  # why that cap
 
     def describe(self) -> str:
         """One line for tables."""
@@ -55,8 +57,18 @@ class Config:
             return (f"hipress {self.algorithm}, rank {self.powersgd_rank}, default buckets, "
                     "embeddings as rows where sparse")  # fmt: skip
         if self.rows:
-            return f"hipress {self.algorithm}, default rule, row-sparse where sparse (exact)"
-        return f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"
+            what = f"hipress {self.algorithm}, default rule, row-sparse where sparse (exact)"
+        else:
+            what = f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"
+        return what + self._buckets()
+
+    def _buckets(self) -> str:
+        """A hipress row's DDP buckets, as run."""
+        auto = " (SeCoPa's recommendation)" if self.cap_advice is not None else ""
+        cap = self.bucket_cap_mb
+        if cap is None:
+            return f", DDP's default buckets{auto}"
+        return f", bucket_cap_mb {cap if isinstance(cap, str) else f'{cap:g}'}{auto}"
 
 
 BASELINES = (
@@ -98,6 +110,9 @@ class E2EOptions:
     fsdp_bf16_params: bool = False
     local_steps: tuple[str, ...] = ()
     row_sparse: tuple[str, ...] = ()  # algorithms ("none": lossless) with row-sparse embeddings
+    # DDP bucket caps of the hipress rows, each a row of its own: None (DDP's default), MB or
+    # "auto" (SeCoPa's recommendation, hipress.bench.e2e_caps); DDP's rows keep their own
+    bucket_caps: tuple[float | str | None, ...] = (None,)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -110,6 +125,9 @@ class E2EOptions:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.steps < 1 or self.warmup < 3:
             raise ValueError("steps must be >= 1 and warmup >= 3 (PowerSGD starts at step 2)")
+        if not self.bucket_caps or any(c not in (None, "auto") and not (
+                isinstance(c, float | int) and c > 0) for c in self.bucket_caps):  # fmt: skip
+            raise ValueError(f"bucket_caps are None, 'auto' or MB > 0, got {self.bucket_caps}")
         if self.fsdp and not self.fsdp_reshard:
             raise ValueError("fsdp_reshard needs at least one setting (True, False or both)")
         if self.local_steps:  # ValueError naming a variant that is not one
@@ -137,7 +155,21 @@ def configs_for(opts: E2EOptions) -> list[Config]:
     ]
     rows = [Config(f"hipress-{a}-rows", "hipress", algorithm=None if a == "none" else a,
                    plan=None, rows=True) for a in opts.row_sparse]  # fmt: skip
-    return [COMPUTE, NOCOMM, *base, *ours, *rows]
+    out = [COMPUTE, NOCOMM, *base]
+    for c in [*ours, *rows]:
+        if c.kind != "hipress":
+            out.append(c)
+            continue
+        out += [replace(c, name=c.name + cap_name(cap), bucket_cap_mb=cap)
+                for cap in opts.bucket_caps]  # fmt: skip
+    return out
+
+
+def cap_name(cap: float | str | None) -> str:
+    """The suffix of a hipress row run at ``cap`` (DDP's default: none)."""
+    if cap is None:
+        return ""
+    return "-cap-auto" if cap == "auto" else f"-cap{float(cap):g}"
 
 
 def fsdp_configs_for(opts: E2EOptions) -> list[fsdp_bench.FsdpConfig]:

@@ -9,7 +9,8 @@ from typing import Any
 from hipress.bench.e2e_configs import BASELINES, COMPUTE, NOCOMM, E2EOptions
 from hipress.bench.fsdp_rows import finish_block
 from hipress.bench.report import check_fsdp_targets
-from hipress.bench.tail import allreduce_bytes, bytes_sent, exposed_floor_ms
+from hipress.bench.tail import allreduce_bytes, bucket_leads, bytes_sent, exposed_floor_ms
+from hipress.secopa.model.ddpbuckets import ddp_caps
 
 __all__ = ["best_round", "derive", "floors", "fsdp_blocks"]
 
@@ -50,7 +51,11 @@ def floors(
 ) -> None:
     """Each DDP fp32/fp16 and hipress row's network floor (:mod:`hipress.bench.tail`): the
     least communication any schedule of its bytes leaves exposed after backward on this link
-    (``network_floor_ms``), and the scaling efficiency that allows (``efficiency_bound``)."""
+    (``network_floor_ms``), and the scaling efficiency that allows (``efficiency_bound``); and
+    the same under the row's DDP buckets, where a bucket's bytes leave once its last gradient
+    is ready (``bucket_floor_ms``, ``bucket_efficiency_bound``: :func:`~hipress.bench.tail.
+    bucket_leads`)."""
+    from hipress.casync.buckets import first_is_cap
     from hipress.compll import load
 
     by = {r["config"]: r for r in rows if "samples_per_s" in r}
@@ -58,6 +63,7 @@ def floors(
     if compute is None or rate_mbit is None or "grad_ready_lead_ms" not in compute:
         return
     leads = compute["grad_ready_lead_ms"]
+    first = first_is_cap()
     for r in by.values():
         if r["config"] in ("ddp-fp32", "ddp-fp16"):
             width = 4.0 if r["config"] == "ddp-fp32" else 2.0
@@ -71,6 +77,12 @@ def floors(
         floor = exposed_floor_ms(leads, sent, rate_mbit)
         r["network_floor_ms"] = floor
         r["efficiency_bound"] = compute["step_ms"] / (compute["step_ms"] + floor)
+        # the same under the row's DDP buckets: a bucket's bytes leave when its last is ready
+        caps = ddp_caps(r.get("bucket_cap_mb"), first)
+        held = bucket_leads(leads, numels, caps.cap_mb, caps.first_mb)
+        floor = exposed_floor_ms(held, sent, rate_mbit)
+        r["bucket_floor_ms"] = floor
+        r["bucket_efficiency_bound"] = compute["step_ms"] / (compute["step_ms"] + floor)
 
 
 def _no_payload(numel: int) -> int:

@@ -23,9 +23,13 @@ from typing import Any
 from hipress.core.layout import layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
 from hipress.secopa.measure.readiness import ReadyClock
+from hipress.secopa.model.ddpbuckets import ready_buckets
 from hipress.secopa.model.network import ALGORITHMS
 
-__all__ = ["ReadyClock", "allreduce_bytes", "bytes_sent", "exposed_floor_ms", "row_bytes_sent"]
+__all__ = [
+    "ReadyClock", "allreduce_bytes", "bucket_leads", "bytes_sent", "exposed_floor_ms",
+    "row_bytes_sent",
+]  # fmt: skip
 
 
 def _sent(algorithm: str, nbytes: float, world_size: int) -> float:
@@ -109,3 +113,20 @@ def exposed_floor_ms(
         acc += sent[name]
         floor = max(floor, acc / per_ms - leads.get(name, 0.0))
     return floor
+
+
+def bucket_leads(
+    leads: Mapping[str, float], numels: Mapping[str, int], cap_mb: float, first_mb: float
+) -> dict[str, float]:
+    """Each gradient's lead once DDP's buckets hold it back: DDP hands a bucket to the hook
+    when its last gradient is ready, so every member of a bucket leaves with the lead of the
+    one ready last (the buckets DDP rebuilds in ready order at these caps,
+    :func:`~hipress.secopa.model.ddpbuckets.ready_buckets`). :func:`exposed_floor_ms` over
+    these leads is the floor under that bucketing (``bucket_floor_ms`` in bench e2e)."""
+    names = list(numels)
+    lead = [leads.get(n, 0.0) for n in names]
+    out = {}
+    for b in ready_buckets([numels[n] for n in names], lead, cap_mb, first_mb):
+        least = min(lead[i] for i in b)
+        out.update({names[i]: least for i in b})
+    return out

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hipress.casync.buckets import check_buckets
 from hipress.casync.optimizers import check_optimizer, watch_optimizers
 from hipress.casync.state import CaSyncState
 from hipress.casync.unused import supported
@@ -135,5 +136,6 @@ def register(
                 "casync: this torch's DDP does not say which parameters went unused; with "
                 "find_unused_parameters=True, error feedback may lose what it had kept for them"
             )
+    check_buckets(ddp_model, named)  # a large gradient ready last holding back earlier ones
     ddp_model.register_comm_hook(state, casync_hook)
     return state

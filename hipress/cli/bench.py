@@ -42,6 +42,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 def _cmd_e2e(args: argparse.Namespace) -> int:
     from hipress.bench.e2e import E2EOptions, run_matrix
+    from hipress.bench.e2e_caps import parse_caps
     from hipress.bench.provenance import stamp
     from hipress.bench.report import e2e_markdown, e2e_png, write_json
 
@@ -64,6 +65,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         fsdp_bf16_params=args.fsdp_bf16_params,
         local_steps=_names(args.local_steps),
         row_sparse=_names(args.rows),
+        bucket_caps=parse_caps(args.bucket_cap_mb),
         extra={"command": invocation(args)},
     )
     results = stamp(run_matrix(opts, progress=step_line), invocation(args))
@@ -200,6 +202,10 @@ def _add_e2e_parser(bench_sub: Any) -> None:
                    "(hipress.casync.rowsparse.probe_plan); none: lossless, the rest plain. The "
                    "hipress-ALGORITHM rows send embeddings as rows where SeCoPa prices them "
                    "cheaper, after one counted step")  # fmt: skip
+    e.add_argument("--bucket-cap-mb", default="default", metavar="CAP,..",
+                   help="DDP bucket_cap_mb of the hipress rows, each a row of its own: default "
+                   "(DDP's), MB, or auto (SeCoPa's recommendation from the measured ready "
+                   "times); DDP's rows keep their own (default: default)")  # fmt: skip
     e.add_argument("--out", default=RESULTS, help="directory for the result files")
     e.add_argument("--name", default="e2e", help="basename of the result files")
     e.set_defaults(func=_cmd_e2e)

@@ -250,6 +250,16 @@ def _e2e_warmup(flag: str, value: Any, args: argparse.Namespace) -> None:
     Int(3, 10_000).check(flag, value, args)  # PowerSGD's baseline starts at step 2
 
 
+def _bucket_caps(flag: str, value: Any, args: argparse.Namespace) -> None:
+    from hipress.bench.e2e_caps import parse_caps
+
+    try:
+        parse_caps(value)
+    except ValueError as exc:
+        allowed = "default, auto or MB above 0 to 1e6, comma-separated"
+        raise UsageError(flag, str(exc), "is not a bucket cap", allowed) from None
+
+
 def _report_paths(flag: str, value: Any, args: argparse.Namespace) -> None:
     if "\0" in value:
         raise UsageError(flag, value, "holds a NUL character", "a path")
@@ -294,7 +304,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
         ("bench", "e2e"): {
             **_COMMON, "workers": WORKERS, "rates": RATES,
             "models": Names(_workloads, "model"), "plan": Call(_plan),
-            "algorithms": Names(_e2e_algorithms, "algorithm"),
+            "algorithms": Names(_e2e_algorithms, "algorithm"), "bucket_cap_mb": Call(_bucket_caps),
             "steps": STEPS, "warmup": Call(_e2e_warmup), "repeats": Int(1, 100),
             "powersgd_rank": Int(1, 1024), "local_steps": Call(_local_steps),
             "rows": Names(lambda: [*_algorithms(), "none"], "algorithm", empty=True),
@@ -336,8 +346,8 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
         ("plan",): {
             **link, "model": Call(_model_spec),  # --workers, --profile, --overlap, --include,
             # --exclude: the command checks them itself, before any work
-            "max_partitions": Int(1, 1024, none=True), "bucket_cap_mb": Num(0.0, 1e6, open_lo=True),
-            "row_density": Num(0.0, 1.0, none=True), "png": Call(check_png),
+            "max_partitions": Int(1, 1024, none=True), "row_density": Num(0.0, 1.0, none=True),
+            "bucket_cap_mb": Num(0.0, 1e6, open_lo=True, none=True), "png": Call(check_png),
         },
         ("profile",): {**link, "workers": WORKERS, "model": Call(_model_spec)},  # --overlap: the command
         ("demo",): {

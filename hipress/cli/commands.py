@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 import hipress
-from hipress.cli import bench, casync, charts, compll, demo, secopa, selftest, trace
+from hipress.cli import bench, casync, charts, compll, demo, secopa, secopa_plan, selftest, trace
 from hipress.cli.checks import check_args
 from hipress.cli.checktable import RULES
 from hipress.cli.options import add_verbose_everywhere, print_deprecations
@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     compll.add_parsers(sub)  # check, show, algorithms, build
     selftest.add_parser(sub)
-    secopa.add_parsers(sub)  # plan, profile
+    secopa_plan.add_plan_parser(sub)
+    secopa.add_parsers(sub)  # profile
     demo.add_parser(sub)
     trace.add_parser(sub)
     charts.add_parser(sub)

@@ -1,4 +1,5 @@
-"""The SeCoPa commands: ``hipress plan``, ``hipress profile``, ``hipress bench plan``.
+"""The SeCoPa commands: ``hipress profile``, ``hipress bench plan``, and what ``hipress plan``
+(:mod:`hipress.cli.secopa_plan`) shares with them.
 
 Each ``add_*_parser(subparsers)`` adds one sub-command to an argparse sub-parser group and sets
 ``func`` to its handler; a handler takes the parsed namespace and returns the exit code. The
@@ -24,22 +25,20 @@ from hipress.cli.args import (
     parse_rate_mbit,
     parse_strategies,
 )
-from hipress.cli.charts import write_plan_png
-from hipress.cli.options import add_alias, spelled
-from hipress.cli.planreport import print_plan, print_profile, print_sources, warn_extrapolation
+from hipress.cli.options import add_alias
+from hipress.cli.planreport import print_profile, warn_extrapolation
 from hipress.cli.progress import phase
 from hipress.cli.waitpolicy import before_timing
-from hipress.codec.planning import DEFAULT_ALGORITHM, keep_plain
-from hipress.core.plan import PlanError, Strategy
-from hipress.core.rule import SHAPE_WORDS, Selection
+from hipress.codec.planning import DEFAULT_ALGORITHM
+from hipress.core.plan import PlanError
+from hipress.core.rule import SHAPE_WORDS
 from hipress.secopa.measure.localgroup import LocalGroupError, measure_local
 from hipress.secopa.measure.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
 from hipress.secopa.measure.timed_codec import TimedCodecError, load_timed_codec
 from hipress.secopa.model.coverage import cost_sources
-from hipress.secopa.model.planner import PlannerConfig, plan_named
+from hipress.secopa.model.planner import PlannerConfig
 from hipress.secopa.model.profile import Profile, ProfileError, link_network
-from hipress.secopa.model.rowcost import declared_rows
-from hipress.secopa.model.specs import ModelSpec, ModelSpecError, builtin_models, resolve_model
+from hipress.secopa.model.specs import ModelSpecError, builtin_models, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -102,48 +101,6 @@ def _add_link_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fraction of compute hidden by pipelining, 0..1 (default: profile's)",
     )
-
-
-def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``plan``: plan a model for N workers and print the decisions."""
-    p = subparsers.add_parser(
-        "plan",
-        help="plan per tensor whether and how to compress",
-        description="Plan a model's gradient synchronisation for N workers. Compute costs come "
-        "from --profile or are measured now for --algorithm; the network from --bandwidth/"
-        "--latency (any number of workers) or from the profile's measured network. Prints "
-        "what each cost rests on and warns where one is priced far beyond what was measured. "
-        "The same --profile always gives the same plan; measuring now varies with the load.",
-    )
-    p.add_argument("--model", required=True, help=MODEL_HELP)
-    need = p.add_mutually_exclusive_group(required=True)
-    need.add_argument("--workers", type=int, dest="workers", metavar="N",
-                      help="number of workers (processes) to plan for")  # fmt: skip
-    add_alias(need, "--world-size", "workers", "--workers N", type=int, metavar="N")
-    p.add_argument("--profile", default=None, metavar="FILE", help="profile JSON (hipress profile)")
-    _add_link_args(p)
-    _add_algorithm_args(p)
-    p.add_argument("--max-partitions", type=int, default=None, metavar="K",
-                   help="largest number of pipelined partitions per tensor (default N)")  # fmt: skip
-    p.add_argument(
-        "--strategies",
-        type=parse_strategies,
-        default=(Strategy.ALLGATHER, Strategy.PS),
-        help="compressed strategies to consider, comma-separated (default allgather,ps; add "
-        "ring to let it choose CaSync's compressed ring)",
-    )
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, metavar="MB",
-                   help="DDP's bucket_cap_mb of the training job (default 25)")  # fmt: skip
-    _add_selection_args(p)
-    p.add_argument("--row-density", type=float, default=None, metavar="FRACTION",
-                   help="fraction of each embedding's rows one worker's step touches (measure it "
-                   "with hipress.casync.rowsparse.touched_rows): the plan sends an embedding as "
-                   "its touched rows where that is predicted faster, and says why")  # fmt: skip
-    p.add_argument("--out", default=None, metavar="FILE", help="save the plan as JSON")
-    p.add_argument("--json", action="store_true", help="print the plan JSON, not a table")
-    p.add_argument("--png", metavar="OUT", help="draw the plan to this PNG (needs matplotlib)")
-    p.set_defaults(func=run_plan)
-    return p
 
 
 def _add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -314,55 +271,6 @@ def _origin(args: argparse.Namespace, profile: Profile) -> str:
     )
 
 
-def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Handler of ``hipress plan``: returns 0, or 2 on a user error (message on ``err``)."""
-    out, err = out or sys.stdout, err or sys.stderr
-    try:
-        if args.workers < 1:
-            flag = spelled(args, "workers", "--workers")
-            raise PlanError(f"{flag} must be >= 1, got {args.workers}")
-        spec = resolve_model(args.model)
-        largest = max((n for _, n in spec.named_numels()), default=1)
-        profile = make_profile(args, largest)
-        config = PlannerConfig(
-            bucket_cap_mb=args.bucket_cap_mb,
-            max_partitions=args.max_partitions,
-            strategies=args.strategies,
-        )
-        select = _selection(args, spec)
-        rows = None if args.row_density is None else (
-            declared_rows(spec.params, select, args.row_density))  # fmt: skip
-        with phase(f"planning {len(spec.params)} tensors for {args.workers} workers"):
-            plan = plan_named(spec.named_numels(), profile, args.workers, config, rows)
-            plan = keep_plain(plan, select.reasons(spec.params))
-        if args.out:
-            plan.save(args.out)
-    except USER_ERRORS as exc:
-        print(f"error: {exc}", file=err)
-        return 2
-    if args.json:
-        print(plan.to_json(), file=out)
-        sources = cost_sources(profile, largest)
-    else:
-        print_plan(plan, spec.name, profile, out)
-        sources = print_sources(profile, largest, args.workers, _origin(args, profile), out)
-        if args.out:
-            print(f"plan saved to {args.out} (digest {plan.digest()})", file=out)
-    write_plan_png(args.png, plan, spec.name, err if args.json else out)
-    out.flush()
-    budget = profile.meta.get("compute_budget_s", args.budget)
-    warn_extrapolation(profile, sources, largest, budget, err, args.model)
-    return 0
-
-
-def _selection(args: argparse.Namespace, spec: ModelSpec) -> Selection:
-    try:
-        return Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
-    except ValueError as exc:
-        raise PlanError(str(exc).replace("include=", "--include ").replace(
-            "exclude=", "--exclude ")) from None  # fmt: skip
-
-
 def run_profile(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
@@ -393,6 +301,5 @@ def run_profile(
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Add ``plan`` and ``profile`` to the top-level group."""
-    add_plan_parser(subparsers)
+    """Add ``profile`` to the top-level group (``plan``: :mod:`hipress.cli.secopa_plan`)."""
     add_profile_parser(subparsers)

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from hipress.core.plan import Strategy
 from hipress.core.rule import DefaultRule
 from hipress.secopa.model.costmodel import Choice, CostModel, Member
+from hipress.secopa.model.ddpbuckets import ready_buckets
 from hipress.secopa.model.readiness import Readiness
-from hipress.secopa.model.selection import ddp_buckets
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +60,6 @@ class Tolerance:
 
     def band(self, own_ms: float) -> float:
         return max(self.abs_ms, self.rel * own_ms)
-
-
-def ready_buckets(
-    numels: Sequence[int],
-    leads: Sequence[float],
-    bucket_cap_mb: float,
-    first_bucket_mb: float,
-) -> list[list[int]]:
-    """DDP's buckets (parameter indices, in the order they run) when gradients become ready in
-    the order of ``leads`` (the largest lead first; ties in reverse parameter order, DDP's
-    initial order): the layout DDP rebuilds after its first step."""
-    order = sorted(range(len(numels)), key=lambda i: (-leads[i], -i))
-    # ddp_buckets fills buckets from the last index down: hand it the order reversed
-    seq = order[::-1]
-    buckets = ddp_buckets([numels[i] for i in seq], bucket_cap_mb, first_bucket_mb)
-    return [[seq[j] for j in b] for b in buckets]
 
 
 class Exposure:

@@ -18,6 +18,7 @@ the sum-of-costs plan, and the planner logs that it plans without ready times.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,15 +26,11 @@ from typing import Any
 
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.secopa.model.costmodel import CASYNC_FORMULAS, Choice, CostModel, Formula, Member
-from hipress.secopa.model.exposure import (
-    Exposure,
-    Tolerance,
-    preference,
-    ready_buckets,
-    refine,
-)
+from hipress.secopa.model.ddpbuckets import ready_buckets
+from hipress.secopa.model.exposure import Exposure, Tolerance, preference, refine
 from hipress.secopa.model.profile import AlphaBeta, MeasuredComm, Profile
 from hipress.secopa.model.rowcost import RowDensity, choose_rows, price_rows
+from hipress.secopa.model.rowexposure import rows_by_exposure
 from hipress.secopa.model.selection import Decision, Selector, ddp_buckets
 
 log = logging.getLogger(__name__)
@@ -114,6 +111,16 @@ class Planner:
             grid_per_octave=cfg.grid_per_octave,
         )
 
+    def at_caps(self, bucket_cap_mb: float, first_bucket_mb: float) -> Planner:
+        """This planner for other DDP bucket caps (and the exposed objective), sharing the
+        cost model and the per-size decisions, which do not depend on the buckets."""
+        other = copy.copy(self)
+        other.config = replace(self.config, bucket_cap_mb=bucket_cap_mb,
+                               first_bucket_mb=first_bucket_mb, objective="exposed")  # fmt: skip
+        other.selector = copy.copy(self.selector)
+        other.selector.bucket_cap_mb, other.selector.first_bucket_mb = bucket_cap_mb, first_bucket_mb
+        return other
+
     def decide(self, numel: int) -> Decision:
         """Both alternatives for a tensor of ``numel`` elements and rule 1's verdict
         (:meth:`Selector.decide`)."""
@@ -149,12 +156,18 @@ class Planner:
         members = [self._member(k, assign.get(k)) for k in numels]
         meta = self.meta()
         meta["selection"] = record
+        exposed = self._exposed()
         if rows:
-            members, meta["row_prices"] = choose_rows(
-                self.model, names, members, rows, self.plain, self.formula_for(Strategy.ALLGATHER)
-            )  # fmt: skip
+            dense, gather = members, self.formula_for(Strategy.ALLGATHER)
+            members, prices = choose_rows(self.model, names, members, rows, self.plain, gather)
+            meta["row_prices"] = prices
+            if exposed:  # row-sparse where that lowers the step's exposed time
+                members = rows_by_exposure(
+                    self.exposure(names, numels), self.model, names, dense, members, rows,
+                    prices, (self.plain, gather), self._tolerance(),
+                )  # fmt: skip
         extra: dict[str, float] = {}
-        if self._exposed():
+        if exposed:
             members, meta["exposure"] = self.refine(names, members)
             extra["exposed"] = float(meta["exposure"]["exposed_ms"])  # type: ignore[index]
         entries = []
@@ -212,9 +225,7 @@ class Planner:
         if ready is None:
             raise PlanError("the profile has no gradient ready times")
         cfg = self.config
-        numels = [m.numel for m in members]
-        leads = [ready.lead(n) for n in names]
-        buckets = ready_buckets(numels, leads, cfg.bucket_cap_mb, cfg.first_bucket_mb)
+        exposure = self.exposure(names, [m.numel for m in members])
         cands: list[list[Choice]] = []
         for m in members:
             if m.fixed is not None or not self.model.formula(m.formula).compressed:
@@ -227,11 +238,32 @@ class Planner:
                 cs.append(Choice(f.name, f.strategy, True, m.k, ms))
             cands.append(cs)
         out, record = refine(
-            Exposure(self.model, names, buckets, ready), names, members, cands, ready,
-            preference(cfg.strategies, self.world_size), Tolerance(cfg.tie_rel, cfg.tie_abs_ms),
+            exposure, names, members, cands, ready, preference(cfg.strategies, self.world_size),
+            self._tolerance(),
         )  # fmt: skip
         record["unmeasured"] = sum(n not in ready.leads_ms for n in names)
         return out, record
+
+    def _tolerance(self) -> Tolerance:
+        return Tolerance(self.config.tie_rel, self.config.tie_abs_ms)
+
+    def exposure(self, names: Sequence[str], numels: Sequence[int]) -> Exposure:
+        """The step's :class:`~hipress.secopa.model.exposure.Exposure` over DDP's buckets as
+        it rebuilds them in ready order at this config's caps; needs the profile's ready
+        times."""
+        ready = self.profile.readiness
+        if ready is None:
+            raise PlanError("the profile has no gradient ready times")
+        leads = [ready.lead(n) for n in names]
+        cfg = self.config
+        buckets = ready_buckets(numels, leads, cfg.bucket_cap_mb, cfg.first_bucket_mb)
+        return Exposure(self.model, names, buckets, ready)
+
+    def exposed(self, plan: Plan) -> float:
+        """Predicted exposed ms of a step of any plan for these parameters, at this config's
+        bucket caps (needs the profile's ready times)."""
+        exposure = self.exposure([e.name for e in plan.entries], [e.numel for e in plan.entries])
+        return exposure.of([self.member(plan, i) for i in range(len(plan.entries))])
 
     def totals(self, numels: Sequence[int], assign: dict[int, Choice]) -> dict[str, float]:
         """Predicted ms: ``planned`` (sizes in ``assign`` compressed as it says),

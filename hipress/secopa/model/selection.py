@@ -41,6 +41,9 @@ import numpy as np
 
 from hipress.core.plan import PlanError, Strategy
 from hipress.secopa.model.costmodel import Choice, CostModel, Member
+from hipress.secopa.model.ddpbuckets import ddp_buckets
+
+__all__ = ["Decision", "Selector", "ddp_buckets", "size_grid"]
 
 GRID_TOP = 1 << 32
 
@@ -54,25 +57,6 @@ class Decision:
     uncompressed_ms: float  # marginal share of the bucket's allreduce
     compressed: Choice | None  # best candidate passing rule 2
     faster: bool  # rule 1 at this size
-
-
-def ddp_buckets(
-    numels: Sequence[int], bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0
-) -> list[list[int]]:
-    """DDP's bucket assignment (float32): parameter indices in reverse order, a bucket closes
-    once it reaches its cap (1 MiB for the first, ``bucket_cap_mb`` after)."""
-    buckets: list[list[int]] = []
-    cur: list[int] = []
-    size, cap = 0, first_bucket_mb * 2**20
-    for i in reversed(range(len(numels))):
-        cur.append(i)
-        size += 4 * numels[i]
-        if size >= cap:
-            buckets.append(cur)
-            cur, size, cap = [], 0, bucket_cap_mb * 2**20
-    if cur:
-        buckets.append(cur)
-    return buckets
 
 
 def size_grid(lo: int, per_octave: int, top: int = GRID_TOP) -> list[int]:

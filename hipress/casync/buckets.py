@@ -1,0 +1,102 @@
+"""A check of DDP's buckets at :func:`~hipress.casync.register`: does a large gradient ready
+last hold back gradients ready before it?
+
+DDP hands a bucket to the hook once every gradient in it is ready, and after its first step it
+rebuilds its buckets in the order the gradients became ready; a bucket closes once its bytes
+reach ``bucket_cap_mb`` (:mod:`hipress.secopa.model.ddpbuckets`). A gradient of at least the cap
+therefore closes whatever bucket it joins: the gradients that joined that bucket before it wait
+for it, and when it is ready last in backward (an LM's input embedding) their bytes leave only
+once backward ends. :func:`check_buckets` predicts the layout from the parameters in reverse
+registration order (DDP's own assumption about the ready order, and the order backward usually
+follows) and DDP's caps, and logs, once, which tensor holds back how many MB, with the largest
+of SeCoPa's candidate caps that frees them; ``hipress plan --bucket-cap-mb auto`` picks one
+from measured ready times and costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipress.codec.logs import RANK_FILTER
+from hipress.secopa.model.bucketcap import CANDIDATES_MB
+from hipress.secopa.model.ddpbuckets import ddp_buckets
+
+__all__ = ["check_buckets", "ddp_first_bucket_mb", "first_is_cap", "late_merges"]
+
+log = logging.getLogger(__name__)
+log.addFilter(RANK_FILTER)
+
+MIB = 2**20
+WAIT_MB = 1.0  # less than this waiting is not worth a change
+
+
+def first_is_cap() -> bool:
+    """Whether this torch's DDP limits the first bucket by an explicitly given
+    ``bucket_cap_mb`` too (torch >= 2.13: ``_BucketCapacityConfig``); else 1 MiB."""
+    from torch.nn.parallel import distributed as ddp_mod
+
+    return hasattr(ddp_mod, "_BucketCapacityConfig")
+
+
+def ddp_first_bucket_mb(ddp_model: Any) -> float:
+    """The first bucket's limit, in MiB, of a DDP model as built."""
+    config = getattr(ddp_model, "_bucket_config", None)
+    if config is not None:
+        return float(config.first_bucket_bytes_cap) / MIB
+    return float(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MIB)) / MIB
+
+
+def late_merges(
+    named: Sequence[tuple[str, int]], cap_mb: float, first_mb: float
+) -> list[dict[str, Any]]:
+    """Each bucket (gradients ready in reverse order of ``named``) closed by a tensor of at
+    least ``cap_mb`` that holds ``WAIT_MB`` or more of gradients ready before it: ``name``,
+    ``mb``, ``waiting_mb`` and ``waiting`` (their names)."""
+    numels = [k for _, k in named]
+    out = []
+    for b in ddp_buckets(numels, cap_mb, first_mb):
+        last = min(b)  # ready last: the first registered
+        others = [i for i in b if i != last]
+        waiting = sum(4 * numels[i] for i in others) / MIB
+        if 4 * numels[last] >= cap_mb * MIB and waiting >= WAIT_MB:
+            out.append({"name": named[last][0], "mb": 4 * numels[last] / MIB,
+                        "waiting_mb": waiting, "waiting": [named[i][0] for i in others]})  # fmt: skip
+    return out
+
+
+def _freeing_cap(named: Sequence[tuple[str, int]], first_is: bool) -> float | None:
+    """The largest candidate cap with no late merge."""
+    for cap in sorted(CANDIDATES_MB, reverse=True):
+        if not late_merges(named, cap, cap if first_is else 1.0):
+            return cap
+    return None
+
+
+def check_buckets(ddp_model: Any, named: Sequence[tuple[str, torch.nn.Parameter]]) -> list[str]:
+    """Log (rank 0, warning) each large tensor that holds back earlier gradients in DDP's
+    buckets (module docstring), with what to change; returns the messages."""
+    cap_mb = float(getattr(ddp_model, "bucket_bytes_cap", 25 * MIB)) / MIB
+    first_mb = ddp_first_bucket_mb(ddp_model)
+    sizes = [(n, p.numel() * p.element_size() // 4) for n, p in named]
+    msgs = []
+    for m in late_merges(sizes, cap_mb, first_mb):
+        fix = _freeing_cap(sizes, first_is_cap())
+        how = (f"build DistributedDataParallel with bucket_cap_mb={fix:g} to send them while "
+               "backward runs" if fix is not None else
+               "no bucket_cap_mb separates them")  # fmt: skip
+        msgs.append(
+            f"casync: DDP's bucket_cap_mb {cap_mb:g} puts {m['name']} ({m['mb']:.1f} MB, "
+            f"likely ready last in backward) in one bucket with {m['waiting_mb']:.1f} MB of "
+            f"gradients ready before it ({', '.join(m['waiting'][:3])}"
+            f"{', ...' if len(m['waiting']) > 3 else ''}), which wait for it and leave only "
+            f"when backward ends: {how}; `hipress plan --bucket-cap-mb auto --readiness FILE` "
+            "picks a cap from measured ready times"
+        )
+    for msg in msgs:
+        log.warning(msg)
+    return msgs
