@@ -64,7 +64,7 @@ from hipress.bench.provenance import cpu_name, stamp
 from hipress.bench.torch_ops import Fn, torch_versions
 from hipress.bench.traffic import grad_reads
 from hipress.cli.waitpolicy import before_timing
-from hipress.compll import Algorithm, algorithms, load, load_source
+from hipress.compll import Algorithm, algorithms, load, load_file, load_source
 from hipress.compll.backends.base import decode_sum_by_parts
 from hipress.compll.ir.source import SourceFile
 from hipress.timing import best_of
@@ -92,6 +92,11 @@ def roofline(copy: float, read: float, traffic: float, reads: float, gpu: bool =
     return min(by_traffic, 4 * read / reads) if reads > 0 else by_traffic
 
 
+def _load(name: str, backend: str) -> Algorithm:
+    """A shipped algorithm by name, or a ``.cll`` file by its path."""
+    return load_file(name, backend=backend) if name.endswith(".cll") else load(name, backend=backend)
+
+
 def _setup(kind: str) -> tuple[str, torch.device, Callable[[str], Algorithm]]:
     """The device kind to measure, its torch device, and how to load an algorithm there."""
     if kind == "auto":
@@ -99,16 +104,16 @@ def _setup(kind: str) -> tuple[str, torch.device, Callable[[str], Algorithm]]:
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("bench kernels --device cuda: torch sees no CUDA GPU")
-        return kind, torch.device("cuda"), lambda name: load(name, backend="cuda")
+        return kind, torch.device("cuda"), lambda name: _load(name, "cuda")
     if kind == "emulated":
         from hipress.compll.backends.cuda.emu import emulated_backend
 
         def make(name: str) -> Algorithm:
-            prog = load(name, backend="reference").program
+            prog = _load(name, "reference").program
             return Algorithm(prog, emulated_backend(prog, blocks=None))
 
         return kind, torch.device("cpu"), make
-    return "cpu", torch.device("cpu"), lambda name: load(name, backend="cpu")
+    return "cpu", torch.device("cpu"), lambda name: _load(name, "cpu")
 
 
 # Philox words alone, as the kernels draw them (a word per element, nothing read, 1/8 byte
@@ -224,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
                 row[f"{key}_vs_write"] = write / row[f"{key}_out"]
             row["encode_roofline"] = roofline(copy, read, row["encode_bytes_per_elem"], enc_r, gpu)
             row["decode_roofline"] = roofline(copy, read, row["decode_bytes_per_elem"], dec_r, gpu)
-            if not args.no_torch and n % 512 == 0:
+            if not args.no_torch and n % 512 == 0 and not name.endswith(".cll"):
                 enc, dec = torch_versions(name, x)
                 row["torch_encode"] = 4 * n / timed(enc, max(1, args.reps // 2)) / 1e9
                 row["torch_decode"] = 4 * n / timed(dec, max(1, args.reps // 2)) / 1e9

@@ -1,8 +1,8 @@
 """Elaboration of ``block(B) { ... }``: a section of maps and per-block segment reductions that
 run block by block (see :mod:`hipress.compll.ir.blocks` for the rule its reads follow).
 
-The body is elaborated like any statements; then every op it emitted is checked (maps of one
-length, ``segreduce`` with segments of exactly B, host ``let``s that read no section array,
+The body is elaborated like any statements (in the enclosing scope: what it binds is visible
+after it); then every op it emitted is checked (maps, ``segreduce`` with segments of exactly B, host ``let``s that read no section array,
 which run before the section), its reads of the section's own arrays are masked, and the
 section becomes one :class:`~hipress.compll.ir.nodes.Block` op."""
 
@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 from hipress.compll.frontend import ast
 from hipress.compll.frontend.check_expr import scalar
-from hipress.compll.frontend.check_types import same_length
-from hipress.compll.frontend.scope import Binding, Ctx, Elab, Scope
+from hipress.compll.frontend.scope import Ctx, Elab, Scope
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.blocks import defines, mask_lambda
@@ -26,7 +25,7 @@ StmtFn = Callable[[Elab, ast.Stmt, Scope, Ctx], None]
 
 
 class Section:
-    """The section being elaborated: its block size, its length (the first map's) and the
+    """The section being elaborated: its block size, its first op's length and the
     arrays it defined so far (name -> per-block)."""
 
     def __init__(self, size: int, span: Span) -> None:
@@ -52,24 +51,19 @@ def section(cx: Elab, s: ast.BlockSection, scope: Scope, ctx: Ctx, stmt: StmtFn)
     outer = ctx.ops
     hoisted: list[ir.Op] = []
     inner: list[ir.Op] = []
-    sub = Scope(scope)
     ctx.ops, ctx.block = [], sec
     try:
         for st in s.body.stmts:
             if isinstance(st, ast.Return):
                 raise cx.err("`return` cannot stand in a `block(...)` section", st.span)
             start = len(ctx.ops)
-            stmt(cx, st, sub, ctx)
+            stmt(cx, st, scope, ctx)  # no scope of its own: its names live on after it
             for op in ctx.ops[start:]:
                 _admit(cx, op, sec, st.span, hoisted, inner)
     finally:
         ctx.ops, ctx.block = outer, None
     if sec.length is None:
         raise cx.err("this `block(...)` section computes no map", s.span)
-    for name, b in sub.names.items():
-        if b.kind == "assigned" and scope.lookup(name) is not None:
-            here = name in scope.names and scope.names[name].kind == "var"
-            scope.names[name] = Binding(b.value, "var" if here else "assigned")
     outer += hoisted
     outer.append(ir.Block(sec.size, sec.length, tuple(inner)))
 
@@ -124,16 +118,8 @@ def _admit(
 
 
 def _shape(cx: Elab, op: ir.Map | ir.SegReduce, sec: Section, span: Span) -> None:
-    length = op.type.length if isinstance(op, ir.Map) else op.length
     if sec.length is None:
-        sec.length = length
-    elif not same_length(length, sec.length):
-        raise cx.err(
-            f"every map of a `block({sec.size})` section has the section's length, "
-            f"{ir.show_expr(sec.length)} (its first map's); this one has "
-            f"{ir.show_expr(length)}",
-            span,
-        )
+        sec.length = op.type.length if isinstance(op, ir.Map) else op.length
     if isinstance(op, ir.SegReduce) and (
         op.matmul is not None or op.seg != ir.Const(sec.size, op.seg.dtype)
     ):

@@ -111,7 +111,7 @@ class _Assembler:
             j = ir.Ref(f"__c_{name}", I64)
             m = ir.Map(
                 f"{name}->{t.kind}:{t.name}",
-                ArrayType(a.dtype, a.length, a.bits),
+                ArrayType(a.dtype, a.length, self._field_bits(t, a.bits)),
                 ir.Lambda((j,), (), ir.Load(name, j, a.dtype)),
             )
             lv = self.maxlv + 1 if t.kind == "state" else pl.levels.get(name, 0) + 1
@@ -159,6 +159,14 @@ class _Assembler:
             d = next(pl.deferred[it.op.name] for it in dr.items)
             ffs.append(FilterFusion(sp.level, sp, done[id(dr)], d.index, d.param, d.offset))
         return steps, tuple(ffs)
+
+    def _field_bits(self, t: Destination, bits: int | None) -> int | None:
+        """The packing of what a copy to ``t`` stores: a payload field's own (a section's
+        packed array is stored unpacked), else ``bits``."""
+        if t.kind != "payload":
+            return bits
+        f = next(f for f in self.pl.prog.payload if f.name == t.name)
+        return f.type.bits if isinstance(f.type, ArrayType) else bits
 
     def _layout_ok(self, name: str, t: Destination) -> bool:
         a = self.pl.arrays[name]

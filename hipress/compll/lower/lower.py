@@ -77,7 +77,9 @@ class Lowered:
 
 def lower_program(prog: ir.Program, unfused: bool = False) -> Lowered:
     """Lower ``prog`` once per function and variant (see :func:`lower`; ``unfused``: for a
-    target that runs every loop on its own)."""
+    target that runs every loop on its own, and every ``block(...)`` section as its ops)."""
+    if unfused:
+        prog = flatten_program(prog)
     return Lowered(
         encode=lower(prog, "encode", nonfinite=True, unfused=unfused),
         decode=lower(prog, "decode", accumulate=False),

@@ -16,6 +16,7 @@ from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.blocks import unmask
+from hipress.compll.ir.walk import lambda_exprs, walk
 from hipress.compll.lower.kernel_plan import Special
 
 
@@ -55,64 +56,129 @@ def _reader(f: CRenderer, buf: str, dt: ir.DType, size: int, per_block: bool):
     return read
 
 
+def _body(f: CRenderer, fn: ir.Lambda, length: ir.Expr, lv: int, safe: str | None):
+    """``fn``'s statements and result at ``i``; ``safe``: the length (repr) that ``i`` is
+    known to be below, so reads at ``[i]`` of arrays that long need no check."""
+    body = Body(level=lv, index="i", loop_len=length)
+    if safe is not None:
+        body.safe["i"] = safe
+    v = f.em.apply(fn, ["i"], body)
+    f.hoisted += body.hoist
+    return body.lines, v
+
+
+def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None) -> str:
+    """One map of the section over the block's elements, into its buffer (and its home)."""
+    body, v = _body(f, x.fn, x.type.length, lv, safe)
+    st = [f"{buf}[hp_off + i] = {v};"]
+    home = f.plan.homes.get(x.name)
+    if home is not None:
+        st.append(f.store(home, f.plan.arrays[x.name].dtype, v))
+    ln, e = f.length(x.type.length), f.names.fresh("be")
+    return (
+        f"      const int64_t {e} = hp_b1 < {ln} ? hp_b1 : {ln};\n"
+        f"      #pragma omp simd\n      for (int64_t i = hp_b0; i < {e}; i++) {{\n"
+        + "".join(f"        {ln_}\n" for ln_ in [*body, *st])
+        + "      }\n"
+        f"      for (int64_t i = ({e} > hp_b0 ? {e} : hp_b0) + hp_off; i < {2 * size}; i++) "
+        f"{buf}[i] = 0;\n"
+    )
+
+
+def _segreduce(f: CRenderer, x: ir.SegReduce, sv: str, lv: int, safe: str | None) -> str:
+    """One per-block reduction of the section: scalar ``sv`` (0 past the reduction's end)."""
+    body, v = _body(f, x.fn, x.length, lv, safe)
+    red = reduction(x.op, v, x.fn.result.dtype, x.dtype, "(hp_b1 - hp_b0)", f.names)
+    ln, e = f.length(x.length), f.names.fresh("be")
+    decl = "".join(f"      {a.ctype} {a.name} = {a.init};\n" for a in red.accs)
+    clauses = "".join(f" reduction({a.clause}:{a.name})" for a in red.accs)
+    text = (
+        f"      const int64_t {e} = hp_b1 < {ln} ? hp_b1 : {ln};\n"
+        + decl
+        + f"      #pragma omp simd{clauses}\n"
+        f"      for (int64_t i = hp_b0; i < {e}; i++) {{\n"
+        + "".join(f"        {ln_}\n" for ln_ in [*body, *red.update])
+        + f"      }}\n      const {ctype(x.dtype)} {sv} = hp_b0 < {ln} ? "
+        f"({ctype(x.dtype)})({red.final}) : ({ctype(x.dtype)})0;\n"
+    )
+    home = f.plan.homes.get(x.name)
+    if home is not None:
+        line = f.store(home, f.plan.arrays[x.name].dtype, sv)
+        text += f"      if (hp_b0 < {ln}) {{ const int64_t i = hp_blk; {line} }}\n"
+    return text
+
+
+def _streamed_length(f: CRenderer, op: ir.Block) -> ir.Expr | None:
+    """The length of the arrays from outside the section that its ops read most at ``[i]``
+    (the gradient, state): blocks that end within it read them unchecked."""
+    seen: dict[str, tuple[int, ir.Expr]] = {}
+    for x in op.ops:
+        p = x.fn.params[0].name
+        for e in lambda_exprs(x.fn):
+            for ld in walk(e):
+                if not isinstance(ld, ir.Load) or ld.array in f.em.local:
+                    continue
+                if isinstance(ld.index, ir.Ref) and ld.index.name == p:
+                    ln = f.plan.arrays[ld.array].length
+                    k, _ = seen.get(repr(ln), (0, ln))
+                    seen[repr(ln)] = (k + 1, ln)
+    return max(seen.values(), key=lambda t: t[0])[1] if seen else None
+
+
+def _parts(f: CRenderer, op: ir.Block, vars_: list[str], lv: int, safe: str | None) -> str:
+    out = []
+    for x, var in zip(op.ops, vars_, strict=True):
+        if isinstance(x, ir.Map):
+            out.append(_map(f, x, var, op.size, lv, safe))
+        else:
+            assert isinstance(x, ir.SegReduce)
+            out.append(_segreduce(f, x, var, lv, safe))
+    return "".join(out)
+
+
 def render_block(f: CRenderer, sp: Special) -> str:
+    """The section ``sp``: a parallel loop over blocks of the longest of its ops; the blocks
+    that end within the arrays it streams run a version without their bounds checks."""
     op = sp.op
     assert isinstance(op, ir.Block)
     size, lv = op.size, sp.level
-    plan = f.plan
-    ln = f.length(op.length)
     setup: list[str] = []
-    parts: list[str] = []
+    vars_: list[str] = []
+    lengths = []
     for x in op.ops:
-        a = plan.arrays[x.name]
-        dt = x.type.dtype if isinstance(x, ir.Map) else x.dtype
-        home = plan.homes.get(x.name)
         if isinstance(x, ir.Map):
+            dt = x.type.dtype
             scr = f.scratch(ctype(dt), f"(int64_t)nt * {3 * size}")
-            buf = f.names.fresh("blk")
-            setup.append(f"{ctype(dt)}* const {buf} = {scr} + (int64_t)hp_t * {3 * size};")
-            setup.append(f"memset({buf}, 0, sizeof({ctype(dt)}) * {3 * size});")
-            body, v = f.lambda_body(x.fn, op.length, lv, idx="i")
-            st = [f"{buf}[hp_off + i] = {v};"]
-            if home is not None:
-                st.append(f.store(home, a.dtype, v))
-            parts.append(
-                "      #pragma omp simd\n      for (int64_t i = hp_b0; i < hp_b1; i++) {\n"
-                + "".join(f"        {ln_}\n" for ln_ in [*body, *st])
-                + "      }\n"
-                + f"      for (int64_t i = hp_b1 + hp_off; i < {2 * size}; i++) {buf}[i] = 0;\n"
-            )
-            f.em.local[x.name] = _reader(f, buf, dt, size, False)
+            var = f.names.fresh("blk")
+            setup.append(f"{ctype(dt)}* const {var} = {scr} + (int64_t)hp_t * {3 * size};")
+            setup.append(f"memset({var}, 0, sizeof({ctype(dt)}) * {3 * size});")
+            lengths.append(f.length(x.type.length))
         else:
             assert isinstance(x, ir.SegReduce)
-            body, v = f.lambda_body(x.fn, op.length, lv, idx="i")
-            red = reduction(x.op, v, x.fn.result.dtype, x.dtype, "(hp_b1 - hp_b0)", f.names)
-            sv = f.names.fresh("bs")
-            decl = "".join(f"      {a_.ctype} {a_.name} = {a_.init};\n" for a_ in red.accs)
-            clauses = "".join(f" reduction({a_.clause}:{a_.name})" for a_ in red.accs)
-            parts.append(
-                decl + f"      #pragma omp simd{clauses}\n"
-                f"      for (int64_t i = hp_b0; i < hp_b1; i++) {{\n"
-                + "".join(f"        {ln_}\n" for ln_ in [*body, *red.update])
-                + f"      }}\n      const {ctype(x.dtype)} {sv} = {red.final};\n"
-            )
-            if home is not None:
-                parts.append(
-                    f"      {{ const int64_t i = hp_blk; {f.store(home, a.dtype, sv)} }}\n"
-                )
-            f.em.local[x.name] = _reader(f, sv, x.dtype, size, True)
+            dt, var = x.dtype, f.names.fresh("bs")
+            lengths.append(f.length(x.length))
+        vars_.append(var)
+        f.em.local[x.name] = _reader(f, var, dt, size, isinstance(x, ir.SegReduce))
+    streamed = _streamed_length(f, op)
+    body = _parts(f, op, vars_, lv, None)
+    if streamed is not None:
+        fast = _parts(f, op, vars_, lv, repr(streamed))
+        body = (
+            f"      if (hp_b1 <= {f.length(streamed)}) {{\n{fast}      }} else {{\n{body}      }}\n"
+        )
     for x in op.ops:
         f.em.local.pop(x.name, None)
+    longest = lengths[0]
+    for ln in lengths[1:]:
+        longest = f"({ln} > {longest} ? {ln} : {longest})"
     return (
         f"  {{ /* level {lv}: block({size}) section of {len(op.ops)} ops */\n"
-        f"    const int64_t hp_bl = {ln}, hp_bn = (hp_bl + {size - 1}) / {size};\n"
+        f"    const int64_t hp_bl = {longest}, hp_bn = (hp_bl + {size - 1}) / {size};\n"
         f"    #pragma omp parallel num_threads(nt) if(hp_bl >= HP_PAR_MIN)\n    {{\n"
         f"      const int hp_t = omp_get_thread_num();\n"
         + "".join(f"      {s}\n" for s in setup)
         + "      #pragma omp for schedule(static)\n"
         f"      for (int64_t hp_blk = 0; hp_blk < hp_bn; hp_blk++) {{\n"
         f"      const int64_t hp_b0 = hp_blk * {size}, hp_off = {size} - hp_b0;\n"
-        f"      const int64_t hp_b1 = hp_b0 + {size} < hp_bl ? hp_b0 + {size} : hp_bl;\n"
-        + "".join(parts)
-        + "      }\n    }\n  }"
+        f"      const int64_t hp_b1 = hp_b0 + {size};\n" + body + "      }\n    }\n  }"
     )
