@@ -35,6 +35,16 @@ def _algorithms() -> list[str]:
     return algorithms()
 
 
+def _kernel_algorithms(flag: str, value: Any, args: argparse.Namespace) -> None:
+    """``bench kernels --algorithms``: shipped names, or paths of ``.cll`` files."""
+    words = [w.strip() for w in str(value).split(",") if w.strip()]
+    for w in words:
+        if w.endswith(".cll") and not Path(w).is_file():
+            raise UsageError(flag, w, "is not a .cll file", "shipped names or .cll paths")
+    names = ",".join(w for w in words if not w.endswith(".cll"))
+    Names(_algorithms, "algorithm", empty=True).check(flag, names, args)
+
+
 def _e2e_algorithms() -> list[str]:  # bench e2e also runs multi-round ones (powersgd)
     from hipress.compll.rounds import rounds_algorithms
 
@@ -293,7 +303,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
     return {
         ("bench", "kernels"): {
             "device": Call(_device), "sizes": Call(_kernel_sizes),
-            "algorithms": Names(_algorithms, "algorithm", empty=True), "reps": Int(1, 10_000),
+            "algorithms": Call(_kernel_algorithms), "reps": Int(1, 10_000),
             "out": _out("file"),
         },
         ("bench", "sync"): {
