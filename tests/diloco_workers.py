@@ -399,3 +399,15 @@ def auto(rank: int, world: int, step_ms: float | None) -> dict[str, Any]:
         "utilisation": d.auto.utilisation,
         "anchors": [a.clone() for a in d.anchors],  # the global weights
     }
+
+
+# ---------------------------------------------------------------- many cases, one launch
+
+
+def each(rank: int, world: int, calls: list[tuple[Any, ...]]) -> list[Any]:
+    """The functions above named by ``calls`` (``(name, args)`` or ``(name, args, kwargs)``),
+    in turn in one process group, so the cases of a test module share one launch; their
+    results in order. Each function builds its model, data and DiLoCo from fixed seeds, so it
+    returns what it returns alone."""
+    return [globals()[name](rank, world, *args, **(kw[0] if kw else {}))
+            for name, args, *kw in calls]  # fmt: skip

@@ -4,6 +4,8 @@ reference interpreter's encode/decode math; error feedback keeps the sum."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import diloco_workers as w
 import pytest
 import torch
@@ -12,6 +14,27 @@ from dist_utils import run_workers
 from hipress.codec.algorithm import chunk_tensor_id, decode_mean, rank_seed
 from hipress.compll import Algorithm, load
 from hipress.compll.backends.base import ReferenceBackend
+
+DYADIC = {2: (0.7, 0.9), 4: (0.5, 0.5)}  # world -> (outer lr, momentum)
+COMPRESSED = [(2, "onebit", None), (4, "topk", {"ratio": 0.25}), (2, "terngrad", None)]
+FEEDBACK = ["onebit", "topk", "signsgd"]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[tuple[Any, ...], list[Any]]:
+    """Every case of this module, one launch per world size: case -> each rank's result."""
+    cases: dict[int, dict[tuple[Any, ...], tuple[Any, ...]]] = {2: {}, 4: {}}
+    for world, (lr, mu) in DYADIC.items():
+        cases[world][("dyadic", world)] = ("dyadic_rounds", (None, 3, lr, mu))
+    for world, name, params in COMPRESSED:
+        cases[world][("compressed", name)] = ("trained_rounds", (name, 3), {"params": params})
+    for name in FEEDBACK:
+        cases[2][("mass", name)] = ("mass", (name, 4))
+    out = {}
+    for world, mine in cases.items():
+        got = run_workers(w.each, world, list(mine.values()), timeout=300)
+        out.update({key: [g[i] for g in got] for i, key in enumerate(mine)})
+    return out
 
 
 def _nesterov_reference(start, deltas_per_rank, rounds, lr, mu):  # type: ignore[no-untyped-def]
@@ -34,12 +57,13 @@ def _nesterov_reference(start, deltas_per_rank, rounds, lr, mu):  # type: ignore
     return out
 
 
-@pytest.mark.parametrize(("world", "lr", "mu"), [(2, 0.7, 0.9), (4, 0.5, 0.5)])
+@pytest.mark.parametrize("world", sorted(DYADIC))
 def test_uncompressed_outer_step_is_the_mean_delta_and_nesterov_bit_for_bit(
-    world: int, lr: float, mu: float
+    world: int, runs: dict[tuple[Any, ...], list[Any]]
 ) -> None:
     # two ranks: a + b is the same in any order; four: every value stays on a binary grid
-    got = run_workers(w.dyadic_rounds, world, None, 3, lr, mu)
+    lr, mu = DYADIC[world]
+    got = runs[("dyadic", world)]
     for r in range(1, world):
         for a, b in zip(got[0]["start"], got[r]["start"], strict=True):
             assert torch.equal(a, b)  # every rank starts from rank 0's weights
@@ -71,11 +95,10 @@ def _reference_means(name: str, got, params=None):  # type: ignore[no-untyped-de
     return out
 
 
-@pytest.mark.parametrize(("world", "name", "params"), [
-    (2, "onebit", None), (4, "topk", {"ratio": 0.25}), (2, "terngrad", None),
-])  # fmt: skip
-def test_compressed_mean_is_the_reference_interpreters(world: int, name: str, params) -> None:  # type: ignore[no-untyped-def]
-    got = run_workers(w.trained_rounds, world, name, 3, params=params)
+@pytest.mark.parametrize(("world", "name", "params"), COMPRESSED)
+def test_compressed_mean_is_the_reference_interpreters(world: int, name: str, params, runs) -> None:  # type: ignore[no-untyped-def]
+    got = runs[("compressed", name)]
+    assert len(got) == world
     ref = _reference_means(name, got, params)
     for r in range(world):
         assert len(got[r]["means"]) == 3
@@ -87,9 +110,9 @@ def test_compressed_mean_is_the_reference_interpreters(world: int, name: str, pa
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["onebit", "topk", "signsgd"])
-def test_error_feedback_keeps_the_sum(name: str) -> None:
-    got = run_workers(w.mass, 2, name, 4)
+@pytest.mark.parametrize("name", FEEDBACK)
+def test_error_feedback_keeps_the_sum(name: str, runs: dict[tuple[Any, ...], list[Any]]) -> None:
+    got = runs[("mass", name)]
     for i in range(len(got[0]["moved"])):
         sent = (got[0]["sent"][i] + got[1]["sent"][i]) / 2
         owed = (got[0]["owed"][i] + got[1]["owed"][i]) / 2

@@ -3,6 +3,8 @@ a sync in flight), and a foreign or damaged one is refused without changing anyt
 
 from __future__ import annotations
 
+from typing import Any
+
 import diloco_workers as w
 import pytest
 import torch
@@ -18,30 +20,61 @@ CASES = {
 }  # fmt: skip
 
 
+STOP, TOTAL = 6, 13
+WORLD = {case: 4 if case == "onebit" else 2 for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, list[Any]]:
+    """Every run of this module, one launch per world size and phase: each case trained
+    straight through (saving at STOP), then resumed from what it saved (and onebit at two
+    ranks resumed without its DiLoCo state, the control), and the refused loads."""
+    first: dict[int, dict[str, tuple[Any, ...]]] = {2: {"errors": ("load_errors", ())}, 4: {}}
+    for case, kw in CASES.items():
+        first[WORLD[case]][f"straight {case}"] = ("resume", (kw, STOP, TOTAL, None))
+    first[2]["straight control"] = ("resume", (CASES["onebit"], STOP, TOTAL, None))
+    out = _launch(first)
+    second: dict[int, dict[str, tuple[Any, ...]]] = {2: {}, 4: {}}
+    for case, kw in CASES.items():
+        saved = [s["saved"] for s in out[f"straight {case}"]]
+        second[WORLD[case]][f"resumed {case}"] = ("resume", (kw, STOP, TOTAL, saved))
+    saved = [s["saved"] for s in out["straight control"]]
+    second[2]["blind control"] = ("resume", (CASES["onebit"], STOP, TOTAL, saved, False))
+    return {**out, **_launch(second)}
+
+
+def _launch(cases: dict[int, dict[str, tuple[Any, ...]]]) -> dict[str, list[Any]]:
+    out = {}
+    for world, mine in cases.items():
+        if mine:
+            got = run_workers(w.each, world, list(mine.values()), timeout=300)
+            out.update({key: [g[i] for g in got] for i, key in enumerate(mine)})
+    return out
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_resume_is_bit_exact(case: str) -> None:
-    kw, stop, total, world = CASES[case], 6, 13, 2 if case != "onebit" else 4
-    straight = run_workers(w.resume, world, kw, stop, total, None)
-    resumed = run_workers(w.resume, world, kw, stop, total, [s["saved"] for s in straight])
+def test_resume_is_bit_exact(case: str, runs: dict[str, list[Any]]) -> None:
+    straight, resumed = runs[f"straight {case}"], runs[f"resumed {case}"]
+    assert len(straight) == len(resumed) == WORLD[case]
     for a, b in zip(straight, resumed, strict=True):
-        assert a["syncs"] == b["syncs"] and a["inner_steps"] == b["inner_steps"] == total
+        assert a["syncs"] == b["syncs"] and a["inner_steps"] == b["inner_steps"] == TOTAL
         assert sum(a["syncs"]) >= 3
         assert b["saved"] == b""  # the resumed run saved nothing: it started after `stop`
         for x, y in zip(a["params"], b["params"], strict=True):
             assert torch.equal(x, y)
 
 
-def test_resuming_without_the_diloco_state_is_not_the_same_run() -> None:
+def test_resuming_without_the_diloco_state_is_not_the_same_run(runs: dict[str, list[Any]]) -> None:
     # the control for the test above: the DiLoCo state is what makes the resume exact
-    kw = CASES["onebit"]
-    straight = run_workers(w.resume, 2, kw, 6, 13, None)
-    blind = run_workers(w.resume, 2, kw, 6, 13, [s["saved"] for s in straight], False)
+    straight, blind = runs["straight control"], runs["blind control"]
     assert not all(torch.equal(x, y) for x, y in
                    zip(straight[0]["params"], blind[0]["params"], strict=True))  # fmt: skip
 
 
-def test_foreign_or_damaged_state_dicts_are_refused_and_change_nothing() -> None:
-    msgs = run_workers(w.load_errors, 2)[0]
+def test_foreign_or_damaged_state_dicts_are_refused_and_change_nothing(
+    runs: dict[str, list[Any]],
+) -> None:
+    msgs = runs["errors"][0]
     assert len(msgs) == 6, msgs
     assert "not a DiLoCo state dict" in msgs[0]
     assert "load each rank's own state dict" in msgs[1]

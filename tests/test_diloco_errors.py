@@ -3,6 +3,8 @@ error with a clear message (or a NaN that stays NaN), never a hang or a silent m
 
 from __future__ import annotations
 
+from typing import Any
+
 import diloco_workers as w
 import pytest
 import torch
@@ -42,13 +44,28 @@ def test_bad_arguments_name_what_is_wrong() -> None:
         assert want in got, (want, got)
 
 
-@pytest.mark.parametrize(("kw", "shown"), [
+MISMATCHES = [
     ({"sync_every": 8}, "sync_every=8"),
     ({"algorithm": "topk"}, "topk"),
     ({"fragment_update_alpha": 0.5}, "alpha=0.5"),
-])  # fmt: skip
-def test_ranks_that_disagree_all_raise_config_mismatch(kw, shown) -> None:  # type: ignore[no-untyped-def]
-    msgs = run_workers(w.mismatch, 2, kw)
+]
+NAN_ALGORITHMS = [None, "onebit", "int8"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[Any, list[Any]]:
+    """The runs of the mismatch and NaN cases, in one launch of 2 ranks: case -> each rank's
+    result (a mismatch case is keyed by its shown text, a NaN case by its algorithm)."""
+    calls = {shown: ("mismatch", (kw,)) for kw, shown in MISMATCHES}
+    calls.update({("nan", a): ("nan_rounds", (a,)) for a in NAN_ALGORITHMS})
+    got = run_workers(w.each, 2, list(calls.values()), timeout=300)
+    return {key: [g[i] for g in got] for i, key in enumerate(calls)}
+
+
+@pytest.mark.parametrize(("kw", "shown"), MISMATCHES)
+def test_ranks_that_disagree_all_raise_config_mismatch(kw, shown, two_ranks) -> None:  # type: ignore[no-untyped-def]
+    msgs = two_ranks[shown]
+    assert len(msgs) == 2
     for m in msgs:
         assert "DiLoCo ranks disagree" in m and "rank 0: as rank 0" in m and shown in m, m
 
@@ -62,9 +79,9 @@ def test_a_dead_peer_ends_the_others_with_comm_error() -> None:
         assert "resume all of them from the last checkpoint" in got[r]["error"]
 
 
-@pytest.mark.parametrize("algorithm", [None, "onebit", "int8"])
-def test_nan_in_an_outer_gradient_never_becomes_finite(algorithm) -> None:  # type: ignore[no-untyped-def]
-    got = run_workers(w.nan_rounds, 2, algorithm)
+@pytest.mark.parametrize("algorithm", NAN_ALGORITHMS)
+def test_nan_in_an_outer_gradient_never_becomes_finite(algorithm, two_ranks) -> None:  # type: ignore[no-untyped-def]
+    got = two_ranks[("nan", algorithm)]
     for g in got:
         assert [f["0.weight"] for f in g["finite"]] == [False, False]  # every rank, both syncs
         assert g["finite"][0]["2.weight"] and g["finite"][0]["2.bias"]  # the others unharmed

@@ -3,6 +3,8 @@ alpha) and replicas of several processes (DDP inside, DiLoCo across), in real gl
 
 from __future__ import annotations
 
+from typing import Any
+
 import diloco_workers as w
 import pytest
 import torch
@@ -28,9 +30,30 @@ def test_a_count_of_fragments_splits_by_size_in_model_order() -> None:
     assert split_fragments(named, [m[2], m[0], m[1]]) == [[4, 5], [0, 1], [2, 3]]
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.5])
-def test_streaming_applies_the_mean_sent_tau_steps_earlier_and_mixes_by_alpha(alpha: float) -> None:
-    got = run_workers(w.streaming, 2, alpha)
+ALPHAS = [0.0, 0.5]
+REPLICA_ALGORITHMS = [None, "onebit"]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[Any, list[Any]]:
+    """Every run of this module, one launch per world size: the streaming runs at 2 ranks
+    (keyed by alpha, and "onebit"), the replica runs at 4 (keyed by ("replicas", algorithm))."""
+    cases: dict[int, dict[Any, tuple[Any, ...]]] = {2: {}, 4: {}}
+    cases[2].update({alpha: ("streaming", (alpha,)) for alpha in ALPHAS})
+    cases[2]["onebit"] = ("streaming", (0.0, "onebit"))
+    cases[4].update({("replicas", a): ("replicas", (a, 8)) for a in REPLICA_ALGORITHMS})
+    out = {}
+    for world, mine in cases.items():
+        got = run_workers(w.each, world, list(mine.values()), timeout=300)
+        out.update({key: [g[i] for g in got] for i, key in enumerate(mine)})
+    return out
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_streaming_applies_the_mean_sent_tau_steps_earlier_and_mixes_by_alpha(
+    alpha: float, runs: dict[Any, list[Any]]
+) -> None:
+    got = runs[alpha]
     frags = got[0][0]["frags"]
     applied = 0
     for t, rec in enumerate(got[0]):
@@ -55,15 +78,15 @@ def test_streaming_applies_the_mean_sent_tau_steps_earlier_and_mixes_by_alpha(al
                     assert torch.equal(rec["anchors"][i], got[0][t]["anchors"][i])
 
 
-def test_streaming_with_a_codec_keeps_ranks_in_step() -> None:
-    got = run_workers(w.streaming, 2, 0.0, "onebit")
+def test_streaming_with_a_codec_keeps_ranks_in_step(runs: dict[Any, list[Any]]) -> None:
+    got = runs["onebit"]
     for a, b in zip(got[0][-1]["anchors"], got[1][-1]["anchors"], strict=True):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("algorithm", [None, "onebit"])
-def test_replicas_of_two_ranks_ddp_inside_diloco_across(algorithm) -> None:  # type: ignore[no-untyped-def]
-    got = run_workers(w.replicas, 4, algorithm, 8)
+@pytest.mark.parametrize("algorithm", REPLICA_ALGORITHMS)
+def test_replicas_of_two_ranks_ddp_inside_diloco_across(algorithm, runs) -> None:  # type: ignore[no-untyped-def]
+    got = runs[("replicas", algorithm)]
     for step in range(8):
         ws = [g["weights"][step] for g in got]
         assert torch.equal(ws[0], ws[1]) and torch.equal(ws[2], ws[3])  # DDP inside
