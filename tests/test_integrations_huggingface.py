@@ -91,6 +91,19 @@ def test_a_resumed_run_is_bit_exact(runs: dict[str, Any], rank: int) -> None:
     assert late(resumed) == late(whole) and len(late(whole)) == 2  # (hipress/step too)
 
 
+def test_a_damaged_compression_state_stops_every_rank(runs: dict[str, Any]) -> None:
+    # rank 1 cannot read its file: it raises its own error, and rank 0, which could restore,
+    # raises too, naming rank 1 and why, instead of training on alone
+    folder = runs["_out"] / "damaged" / "checkpoint-5"
+    why = f"{folder / 'hipress_casync_rank1.pt'}: not a readable checkpoint (truncated"
+    mine, other = runs["damaged-rank1"]["error"], runs["damaged-rank0"]["error"]
+    assert mine.startswith(f"CaSyncError: {why}"), mine
+    assert other.startswith(
+        f"CaSyncError: restoring the compression state from {folder} failed on rank 1; resume "
+        f"from a checkpoint every rank can read:\n  rank 1: CaSyncError: {why}"
+    ), other
+
+
 def test_a_trainer_without_ddp_is_refused(tmp_path: Path) -> None:
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1, bos_token_id=0,

@@ -6,12 +6,14 @@ same initial weights and batches: with the Trainer's DDP alone (``plain``) and w
 :func:`hipress.integrations.huggingface.register` and onebit (``onebit``, saving checkpoints at
 steps 5 and 10); then onebit resumed from ``onebit``'s step-5 checkpoint (``resumed``). Each
 rank writes ``OUT/<run>-rank<r>.pt``: the log history, the comm hook DDP ran, the final
-weights, the last step's bytes.
+weights, the last step's bytes. Last, a resume from a copy of that checkpoint whose rank-1
+compression state is truncated (``damaged``): each rank writes the error it raised.
 """
 
 from __future__ import annotations
 
 import pydoc_data.topics
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from hipress.casync import DefaultRule
+from hipress.casync import CaSyncError, DefaultRule
 from hipress.integrations import huggingface as hipress_hf
 
 STEPS, CONTEXT, BATCH = 10, 32, 8
@@ -66,8 +68,25 @@ def train(out: Path, name: str, algorithm: str | None, save: bool = False,
     torch.save(extra, out / f"{name}-rank{dist.get_rank()}.pt")
 
 
+def damaged(out: Path) -> None:
+    """Resume from a copy of onebit's step-5 checkpoint whose rank-1 file is cut short."""
+    folder = out / "damaged" / "checkpoint-5"
+    if dist.get_rank() == 0:
+        shutil.copytree(out / "onebit" / "checkpoint-5", folder)
+        cut = folder / hipress_hf.FILE.format(rank=1)
+        cut.write_bytes(cut.read_bytes()[:64])
+    dist.barrier()
+    try:
+        train(out, "damaged", "onebit", resume=folder)
+        error = "resumed"
+    except CaSyncError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    torch.save({"error": error}, out / f"damaged-rank{dist.get_rank()}.pt")
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     train(out, "plain", None)
     train(out, "onebit", "onebit", save=True)  # checkpoints at steps 5 and 10
     train(out, "resumed", "onebit", resume=out / "onebit" / "checkpoint-5")
+    damaged(out)
