@@ -14,6 +14,7 @@
 - :mod:`~hipress.codec.planning` -- which plan runs: given, from a file, ``"auto"`` or the
   default rule (:class:`~hipress.core.rule.DefaultRule`).
 - :mod:`~hipress.codec.logs` -- log lines that name their rank.
+- :mod:`~hipress.codec.outcome` -- every rank raises together when a step fails on one rank.
 
 It sits above SeCoPa (``plan="auto"`` asks its planner) and below every integration.
 """
