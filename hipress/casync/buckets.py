@@ -4,13 +4,14 @@ last hold back gradients ready before it?
 DDP hands a bucket to the hook once every gradient in it is ready, and after its first step it
 rebuilds its buckets in the order the gradients became ready; a bucket closes once its bytes
 reach ``bucket_cap_mb`` (:mod:`hipress.secopa.model.ddpbuckets`). A gradient of at least the cap
-therefore closes whatever bucket it joins: the gradients that joined that bucket before it wait
-for it, and when it is ready last in backward (an LM's input embedding) their bytes leave only
-once backward ends. :func:`check_buckets` predicts the layout from the parameters in reverse
-registration order (DDP's own assumption about the ready order, and the order backward usually
-follows) and DDP's caps, and logs, once, which tensor holds back how many MB, with the largest
-of SeCoPa's candidate caps that frees them; ``hipress plan --bucket-cap-mb auto`` picks one
-from measured ready times and costs.
+therefore closes whatever bucket it joins, and a cap above the whole model puts everything in
+one bucket: the gradients that joined the bucket before it wait for it, and when it is ready
+last in backward (an LM's input embedding) their bytes leave only once backward ends.
+:func:`check_buckets` predicts the layout from the parameters in reverse registration order
+(DDP's own assumption about the ready order, and the order backward usually follows) and DDP's
+caps, and logs, once, when the gradient ready last outweighs the 1 MB or more of others
+waiting for it in the last bucket, with the largest of SeCoPa's candidate caps that frees
+them; ``hipress plan --readiness FILE`` recommends one from measured ready times and costs.
 """
 
 from __future__ import annotations
@@ -54,16 +55,18 @@ def ddp_first_bucket_mb(ddp_model: Any) -> float:
 def late_merges(
     named: Sequence[tuple[str, int]], cap_mb: float, first_mb: float
 ) -> list[dict[str, Any]]:
-    """Each bucket (gradients ready in reverse order of ``named``) closed by a tensor of at
-    least ``cap_mb`` that holds ``WAIT_MB`` or more of gradients ready before it: ``name``,
-    ``mb``, ``waiting_mb`` and ``waiting`` (their names)."""
+    """The last bucket (gradients ready in reverse order of ``named``) when its gradient ready
+    last outweighs the others in it together, which are ``WAIT_MB`` or more: ``name``, ``mb``,
+    ``waiting_mb`` and ``waiting`` (their names); else nothing."""
     numels = [k for _, k in named]
     out = []
     for b in ddp_buckets(numels, cap_mb, first_mb):
-        last = min(b)  # ready last: the first registered
+        if 0 not in b:  # only the bucket released at the end of backward
+            continue
+        last = 0  # ready last: the first registered
         others = [i for i in b if i != last]
         waiting = sum(4 * numels[i] for i in others) / MIB
-        if 4 * numels[last] >= cap_mb * MIB and waiting >= WAIT_MB:
+        if 4 * numels[last] >= waiting * MIB and waiting >= WAIT_MB:
             out.append({"name": named[last][0], "mb": 4 * numels[last] / MIB,
                         "waiting_mb": waiting, "waiting": [named[i][0] for i in others]})  # fmt: skip
     return out
@@ -94,8 +97,8 @@ def check_buckets(ddp_model: Any, named: Sequence[tuple[str, torch.nn.Parameter]
             f"likely ready last in backward) in one bucket with {m['waiting_mb']:.1f} MB of "
             f"gradients ready before it ({', '.join(m['waiting'][:3])}"
             f"{', ...' if len(m['waiting']) > 3 else ''}), which wait for it and leave only "
-            f"when backward ends: {how}; `hipress plan --bucket-cap-mb auto --readiness FILE` "
-            "picks a cap from measured ready times"
+            f"when backward ends: {how} (`hipress plan --readiness FILE` recommends a cap from "
+            "measured ready times)"
         )
     for msg in msgs:
         log.warning(msg)

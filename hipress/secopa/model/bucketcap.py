@@ -12,8 +12,9 @@ collectives (each with its latency and CaSync's cost per call).
 exposed step time over the buckets DDP rebuilds in ready order
 (:meth:`~hipress.secopa.model.planner.Planner.exposed`), and takes the least. Close calls are
 broken by a fixed order, not by noise: every candidate within the tie band of the best
-(``max(tie_abs_ms, tie_rel * best)``) counts as tied; DDP's default wins a tie (nothing to
-change), else the largest tied cap (the fewest collectives). The tie is logged and recorded.
+(``max(tie_abs_ms, tie_rel * best, tie_rel * backward)``: a change of DDP's configuration must
+gain a few percent of backward) counts as tied; DDP's default wins a tie (nothing to change),
+else the largest tied cap (the fewest collectives). The tie is logged and recorded.
 """
 
 from __future__ import annotations
@@ -130,7 +131,11 @@ def recommend_cap(
         plans[c.label()] = plan
         scored.append((planner.exposed(plan), c))
     best = min(ms for ms, _ in scored)
-    band = Tolerance(config.tie_rel, config.tie_abs_ms).band(best)
+    # a change of DDP's configuration must be worth a few percent of backward, not of the
+    # (possibly tiny) exposed time: the link's per-call costs are the model's least sure part
+    tol = Tolerance(config.tie_rel, config.tie_abs_ms)
+    backward = max([ready.backward_ms, *ready.leads_ms.values()])
+    band = max(tol.band(best), config.tie_rel * backward)
     near = [c for ms, c in scored if ms <= best + band]
     pick = next((c for c in near if c.default), None) or max(near, key=lambda c: c.cap_mb)
     exposed = {c.label(): ms for ms, c in scored}
