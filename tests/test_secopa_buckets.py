@@ -188,3 +188,33 @@ def test_the_same_inputs_give_the_same_plan_ten_times_two_in_fresh_processes() -
         out = subprocess.run([sys.executable, "-c", code], cwd=here.parent, env=env, check=True,
                              capture_output=True, text=True, timeout=300).stdout  # fmt: skip
         assert out.strip().splitlines()[-1] == first
+
+
+def test_hipress_plan_prints_and_stores_the_recommended_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hipress.cli import main
+    from hipress.core.plan import Plan
+
+    (tmp_path / "m.py").write_text(
+        "import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Embedding(32768, "
+        "512), torch.nn.Linear(512, 2048), torch.nn.Linear(2048, 1024))\n")  # fmt: skip
+    ready = {"0.weight": 0.0, "1.weight": 60.0, "1.bias": 60.0, "2.weight": 90.0, "2.bias": 90.0}
+    (tmp_path / "ready.json").write_text(json.dumps(ready))
+    # the embedding as rows, the 4 MB layer plain: its bytes are what the buckets hold back
+    argv = ["plan", "--model", f"{tmp_path / 'm.py'}:make", "--workers", "2", "--bandwidth",
+            "1gbit", "--profile", str(GOLDEN / "profile_lstm_lm_onebit_loopback.json"),
+            "--exclude", "1.weight", "--row-density", "0.004"]  # fmt: skip
+    out = tmp_path / "plan.json"
+    assert main([*argv, "--readiness", str(tmp_path / "ready.json"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    # DDP's default: the 16 MB first bucket closes alone, the 4 MB layer waits for the embedding
+    assert "recommended DDP bucket cap: bucket_cap_mb=" in text and "0.weight (64.0 MB)" in text
+    saved = Plan.load(out).meta["bucket_cap"]
+    assert saved["bucket_cap_mb"] <= 4 and saved["reason"] in text
+    assert f"re-plan with --bucket-cap-mb {saved['bucket_cap_mb']:g}" in text
+    assert main(argv) == 0  # no ready times: no recommendation, and it says why
+    assert "no recommendation without the gradients' ready times" in capsys.readouterr().out
+    (tmp_path / "other.json").write_text(json.dumps({"embed.weight": 0.0}))
+    assert main([*argv, "--readiness", str(tmp_path / "other.json")]) == 2
+    assert "names none of" in capsys.readouterr().err
