@@ -86,7 +86,7 @@ def _convergence_seeds_rows(results: dict[str, Any]) -> list[str]:
             f"| {r['algorithm']} | {ef} | {_pct_spread(r, 'final')} | {_gap(r, 'delta')} | "
             f"{_pct_spread(r, 'best')} | {_gap(r, 'best_delta')} | "
             f"{','.join(map(str, r['best_epochs']))} | {r['valid_loss']:.3f} | "
-            f"{r['seconds']:.0f} |"
+            f"{fmt(r.get('seconds'), '.0f')} |"
         )
     return out
 
