@@ -447,9 +447,12 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     """One `let` of encode (a parallel operator, or host scalars with `var` and `if`)."""
     kind = gen.pick(["reduce", "map", "scatter", "gather", "storage", "filter", "topk", "custom",
                      "segreduce", "map", "sort", "scan", "packed", "host", "exact",
-                     "matmul"])  # fmt: skip
+                     "matmul", "block"])  # fmt: skip
     name = gen.fresh("a")
     line: str
+    if kind == "block":
+        _block(gen, sc, enc)
+        return
     if kind == "map":
         t = gen.pick([*NUM, "bool"])
         length = gen.length(sc)
@@ -580,6 +583,36 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     sc.arrays.append(arr)
     enc.values.append((arr.name, arr.dtype if arr.bits is None else f"uint<{arr.bits}>",
                        arr.length))  # fmt: skip
+
+
+def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
+    """A `block(B) { ... }` section: a map, a map reading it at the element and its neighbours
+    (0 outside the element's block), a per-block reduction and a map reading it at `[i / B]`;
+    each of them visible after the section."""
+    size = gen.pick(["1", "2", "4", "8", "32"])
+    t = gen.pick(["f32", "f64", "i32", "i64", "u32"])
+    length = gen.length(sc)
+    x, y, r, z = gen.fresh("a"), gen.fresh("a"), gen.fresh("a"), gen.fresh("a")
+    i = gen.fresh("i")
+    near = [f"{x}[{i}]", f"{x}[{i} + 1]", f"{x}[{i} - 1]", f"{x}[{i} ^ 1]"]
+    if int(size) > 7:
+        near.append(f"{x}[{i} + 7]")
+    elif size == "1":
+        near = [f"{x}[{i}]", f"{x}[{i} * 2]"]
+    shifted = " + ".join(gen.pick(near) for _ in range(gen.draw(st.integers(1, 3))))
+    op, rt = gen.pick(["min", "max"]), t
+    enc.lines += [
+        f"block({size}) {{",
+        f"    let {x} = map({length}, {gen.lam(t, sc)});",
+        f"    let {y} = map({length}, {i} => {shifted} + {gen.expr(t, sc.inner(i), 1)});",
+        f"    let {r} = segreduce({op}, {size}, {y});",
+        f"    let {z} = map({length}, {i} => {r}[{i} / {size}] == {y}[{i}]);",
+        "}",
+    ]
+    nb = f"(({length}) + {size} - 1) / {size}"
+    for arr in (Arr(x, t, length), Arr(y, t, length), Arr(r, rt, nb), Arr(z, "bool", length)):
+        sc.arrays.append(arr)
+        enc.values.append((arr.name, arr.dtype, arr.length))
 
 
 def _field_type(t: str, length: str | None) -> str:

@@ -41,8 +41,11 @@ def declare_block(placer: Any, op: ir.Block) -> None:
             length, dt, bits = segment_count(x.length, x.seg), x.dtype, None
         else:  # pragma: no cover - the checker keeps maps and segment reductions only
             raise TypeError(f"not a section op: {x!r}")
-        origin = "op" if x.name in stored else "block"
-        placer.arrays[x.name] = Array(x.name, dt, length, None if stored else bits, origin)
+        keep = x.name in stored
+        placer.arrays[x.name] = Array(x.name, dt, length, None if keep else bits,
+                                      "op" if keep else "block")  # fmt: skip
+        if keep:  # ready inside the section itself (its level comes in place_block)
+            placer.levels[x.name] = 0
 
 
 def place_block(placer: Any, op: ir.Op, lv: int) -> None:
