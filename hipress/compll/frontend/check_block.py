@@ -8,6 +8,7 @@ section becomes one :class:`~hipress.compll.ir.nodes.Block` op."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from hipress.compll.frontend import ast
@@ -144,8 +145,9 @@ def _outside(cx: Elab, fn: ir.Lambda, sec: Section, span: Span) -> None:
             if not (isinstance(ix.a, ir.Ref) and ix.a.name == p and isinstance(ix.b, ir.Const)):
                 continue
             if abs(int(ix.b.value)) >= sec.size:
+                shown = re.sub(r"\.\d+\b", "", f"{x.array}[{ir.show_expr(ix)}]")
                 raise cx.err(
-                    f"`{x.array}[{ir.show_expr(ix)}]` reads another block than its element's "
+                    f"`{shown}` reads another block than its element's "
                     f"(blocks of {sec.size}): inside `block(...)` such a read is always 0",
                     span,
                 )
