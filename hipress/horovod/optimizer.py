@@ -24,6 +24,7 @@ from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError
 from hipress.codec.planning import DEFAULT_ALGORITHM, keep_plain, resolve_plan
 from hipress.codec.rowplan import embedding_rows
+from hipress.codec.rowsparse import build_row_kernels
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.core.rule import DefaultRule, Selection, Shapes
@@ -350,6 +351,7 @@ def DistributedOptimizer(
     try:
         alg = resolve_algorithm(algorithm, params, backend)
         build_kernels(alg, devices.values())
+        build_row_kernels(shaped, devices)  # (an embedding may travel as rows)
     except CaSyncError as exc:
         raise HorovodSyncError(str(exc)) from exc
     count_rows = plan is None or (isinstance(plan, str) and plan in ("default", "auto"))
