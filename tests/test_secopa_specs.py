@@ -113,6 +113,29 @@ def test_a_file_path_or_a_module_from_the_current_directory(
     assert str(tmp_path) not in sys.path and "" not in sys.path  # left as it was
 
 
+DATACLASS_FILE = """
+from __future__ import annotations
+from dataclasses import dataclass
+from torch import nn
+
+@dataclass
+class Config:
+    width: int = 4
+
+def make_model(width: int = 4) -> nn.Module:
+    return nn.Linear(Config(width).width, 2)
+"""
+
+
+def test_a_file_with_a_dataclass(tmp_path: Path) -> None:
+    """A file is run as an imported module is, registered in ``sys.modules`` while it runs
+    (``@dataclass`` looks its module up there; before, planning such a file failed with
+    "'NoneType' object has no attribute '__dict__'")."""
+    (tmp_path / "cfg_train.py").write_text(DATACLASS_FILE)
+    spec = resolve_model(f"{tmp_path}/cfg_train.py:make_model(width=3)")
+    assert spec.named_numels() == [("weight", 6), ("bias", 2)]
+
+
 @pytest.mark.parametrize(
     ("ref", "message"),
     [

@@ -197,11 +197,14 @@ def _load_file(ref: str, where: str) -> ModuleType:
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
     argv, sys.argv = sys.argv, [str(path)]  # as `python train.py` would see it, no options
+    sys.modules[spec.name] = module  # (as an import does: dataclasses and pickle look it up)
     try:
         spec.loader.exec_module(module)
     except SystemExit as exc:  # a module-level parse_args() or exit(): report, do not exit
+        del sys.modules[spec.name]
         raise ModelSpecError(_exited(ref, str(path), exc)) from None
     except Exception as exc:  # the user's file: report, never a raw traceback
+        del sys.modules[spec.name]
         raise ModelSpecError(f"{ref!r}: running {str(path)!r} failed: {_describe(exc)}") from None
     finally:
         sys.argv = argv
