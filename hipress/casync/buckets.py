@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from hipress.codec.logs import RANK_FILTER
 from hipress.secopa.model.bucketcap import CANDIDATES_MB
-from hipress.secopa.model.ddpbuckets import ddp_buckets
+from hipress.secopa.model.ddpbuckets import ddp_buckets, ddp_caps
 
 __all__ = ["check_buckets", "ddp_first_bucket_mb", "first_is_cap", "late_merges"]
 
@@ -75,7 +75,8 @@ def late_merges(
 def _freeing_cap(named: Sequence[tuple[str, int]], first_is: bool) -> float | None:
     """The largest candidate cap with no late merge."""
     for cap in sorted(CANDIDATES_MB, reverse=True):
-        if not late_merges(named, cap, cap if first_is else 1.0):
+        caps = ddp_caps(cap, first_is)
+        if not late_merges(named, caps.cap_mb, caps.first_mb):
             return cap
     return None
 
@@ -86,9 +87,10 @@ def check_buckets(ddp_model: Any, named: Sequence[tuple[str, torch.nn.Parameter]
     cap_mb = float(getattr(ddp_model, "bucket_bytes_cap", 25 * MIB)) / MIB
     first_mb = ddp_first_bucket_mb(ddp_model)
     sizes = [(n, p.numel() * p.element_size() // 4) for n, p in named]
+    merges = late_merges(sizes, cap_mb, first_mb)
+    fix = _freeing_cap(sizes, first_is_cap()) if merges else None
     msgs = []
-    for m in late_merges(sizes, cap_mb, first_mb):
-        fix = _freeing_cap(sizes, first_is_cap())
+    for m in merges:
         how = (f"build DistributedDataParallel with bucket_cap_mb={fix:g} to send them while "
                "backward runs" if fix is not None else
                "no bucket_cap_mb separates them")  # fmt: skip
