@@ -29,7 +29,7 @@ import torch.distributed as dist
 from hipress.casync.verdict import replan
 from hipress.codec.logs import RANK_FILTER
 from hipress.codec.rowplan import candidates, decide_rows, plan_rows
-from hipress.codec.rowsparse import row_states
+from hipress.codec.rowsparse import nonzero_rows, row_states
 
 __all__ = ["RowProbe", "candidates", "decide", "plan_rows", "touched_rows"]
 
@@ -39,12 +39,13 @@ log.addFilter(RANK_FILTER)
 
 def touched_rows(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[int, int]]:
     """``name -> (rows, touched)`` of every 2-D parameter with a gradient: its row count and
-    how many rows of its gradient hold a non-zero (pass the largest over a few steps)."""
+    how many rows of its gradient hold a non-zero bit, as the row-sparse sync reads them
+    (:func:`~hipress.codec.rowsparse.nonzero_rows`; pass the largest over a few steps)."""
     out = {}
     for name, p in named:
         g = p.grad
         if g is not None and g.dim() == 2 and not g.is_sparse:
-            out[name] = (g.shape[0], int(g.ne(0).any(1).sum()))
+            out[name] = (g.shape[0], int(nonzero_rows(g).numel()))
     return out
 
 
@@ -89,7 +90,7 @@ class RowProbe:
             rows = self.rows.get(name)
             if rows is not None:
                 g = buffer[offset : offset + n].view(rows, n // rows)
-                count = int(g.ne(0).any(1).sum())
+                count = int(nonzero_rows(g).numel())
                 self.touched[name] = max(count, self.touched.get(name, 0))
             offset += n
 
