@@ -7,47 +7,22 @@ ranks. The missing-Horovod test runs without Horovod, in a subprocess that block
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from horovod_launch import assert_checked, launch, needs_horovod
 
 WORKERS = Path(__file__).parent / "horovod_workers"
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 NP = 2
-
-needs_horovod = pytest.mark.skipif(
-    importlib.util.find_spec("horovod") is None or not HOROVODRUN.exists(),
-    reason=f"horovod is not installed (or no {HOROVODRUN}); run `bash .ci/horovod.sh "
-    f"{sys.executable}` to build and install it",
-)
 
 
 @pytest.fixture(scope="module")
 def worker_output() -> str:
     """Run the worker under horovodrun once; return its combined output."""
-    cmd = [str(HOROVODRUN), "-np", str(NP), "-H", f"localhost:{NP}", "--gloo"]
-    cmd += [sys.executable, str(WORKERS / "check_optimizer.py")]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0 and "CHECK" not in out:
-        pytest.fail(f"horovodrun exited {proc.returncode} before any check:\n{out[-4000:]}")
-    return out
-
-
-def _assert_check(output: str, name: str) -> None:
-    ok = set(re.findall(rf"\[rank (\d+)\] CHECK {name} ok", output))
-    if ok != {str(r) for r in range(NP)}:
-        fails = re.findall(rf"CHECK {name} FAIL .*", output)
-        pytest.fail(
-            f"check {name} passed on ranks {sorted(ok)}; failures: {fails}\n{output[-3000:]}"
-        )
+    return launch(NP, WORKERS / "check_optimizer.py")
 
 
 @needs_horovod
@@ -70,7 +45,7 @@ def _assert_check(output: str, name: str) -> None:
     ],
 )
 def test_horovod_check(worker_output: str, check: str) -> None:
-    _assert_check(worker_output, check)
+    assert_checked(worker_output, check, NP)
 
 
 def test_missing_horovod_gives_install_hint() -> None:

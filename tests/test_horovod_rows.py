@@ -12,47 +12,19 @@ second launch (about as long again on two cores), so it runs only with
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
-import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from horovod_launch import assert_checked, launch, needs_horovod
 from torch import nn
 
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 VOCAB, POS, DIM, STEPS = 32768, 8, 64, 6
 DENSE_STEP, EMPTY_STEP = 3, 4  # rank 0 touches 300 rows / no rank touches a token row
-
-needs_horovod = pytest.mark.skipif(
-    importlib.util.find_spec("horovod") is None or not HOROVODRUN.exists(),
-    reason=f"horovod is not installed (or no {HOROVODRUN})",
-)
-
-
-def _launch(n: int, checks: list[str]) -> str:
-    cmd = [str(HOROVODRUN), "-np", str(n), "-H", f"localhost:{n}", "--gloo", sys.executable,
-           __file__, *checks]  # fmt: skip
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0 and "CHECK" not in out:
-        pytest.fail(f"horovodrun exited {proc.returncode} before any check:\n{out[-4000:]}")
-    return out
-
-
-def _assert_passed(out: str, check: str, n: int) -> None:
-    ok = set(re.findall(rf"\[rank (\d+)\] CHECK {check} ok", out))
-    assert ok == {str(r) for r in range(n)}, (
-        f"{check} passed on ranks {sorted(ok)}: {re.findall(rf'CHECK {check} FAIL .*', out)}\n"
-        f"{out[-3000:]}"
-    )
 
 
 TWO = ["auto", "default", "resume"]
@@ -61,19 +33,19 @@ FOUR = ["default"]
 
 @pytest.fixture(scope="module")
 def two() -> str:
-    return _launch(2, TWO)
+    return launch(2, __file__, *TWO)
 
 
 @pytest.fixture(scope="module")
 def four() -> str:
-    return _launch(4, FOUR)
+    return launch(4, __file__, *FOUR)
 
 
 @needs_horovod
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("check", TWO)
 def test_two_ranks(two: str, check: str) -> None:
-    _assert_passed(two, check, 2)
+    assert_checked(two, check, 2)
 
 
 @needs_horovod
@@ -82,7 +54,7 @@ def test_two_ranks(two: str, check: str) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("check", FOUR)
 def test_four_ranks(four: str, check: str) -> None:
-    _assert_passed(four, check, 4)
+    assert_checked(four, check, 4)
 
 
 # ---- the worker (under horovodrun) ---------------------------------------------------------

@@ -3,29 +3,19 @@ tests/horovod_workers/check_rowsparse.py once; each test asserts its check passe
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from horovod_launch import launch, needs_horovod
 
 WORKER = Path(__file__).parent / "horovod_workers" / "check_rowsparse.py"
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("horovod") is None or not HOROVODRUN.exists(),
-    reason=f"horovod is not installed (or no {HOROVODRUN})",
-)
+pytestmark = needs_horovod
 
 
 @pytest.fixture(scope="module")
 def output() -> str:
-    cmd = [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(WORKER)]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    return proc.stdout + proc.stderr
+    return launch(2, WORKER)
 
 
 @pytest.mark.parametrize("check", ["exact_equals_horovod", "feedback_keeps_the_sum"])
