@@ -16,6 +16,7 @@ from hipress.bench import fsdp as fsdp_bench
 from hipress.bench.e2e import (
     COMPUTE,
     NOCOMM,
+    SYNC,
     Config,
     E2EOptions,
     configs_for,
@@ -34,10 +35,11 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
                       plan=None, steps=2, warmup=3, repeats=1, shaped=False,
                       trace_dir=str(tmp_path))  # fmt: skip
     data = WORKLOADS["lstm-lm"].prepare()
-    configs = [COMPUTE, NOCOMM, Config("hipress-onebit", "hipress", algorithm="onebit", plan=None)]
+    configs = [COMPUTE, NOCOMM, SYNC,
+               Config("hipress-onebit", "hipress", algorithm="onebit", plan=None)]  # fmt: skip
     with LoopbackNetwork(2, "test") as net:
         rows = [run_config(net, "lstm-lm", data, c, opts) for c in configs]
-    assert [r.get("error") for r in rows] == [None] * 3
+    assert [r.get("error") for r in rows] == [None] * 4
     derive(rows)
     for row in rows:
         assert set(BREAKDOWN) <= set(row["breakdown"]) and row["breakdown"]["step"] > 0
@@ -48,7 +50,7 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
         assert row["of_ddp_ceiling"] > 0
         doc = json.loads(Path(row["traces"][0]).read_text())
         assert doc["metadata"]["config"] == row["config"]
-    compute, nocomm, onebit = rows
+    compute, nocomm, sync, onebit = rows
     assert compute["breakdown"]["encode"] == 0 and nocomm["breakdown"]["encode"] == 0
     assert onebit["breakdown"]["encode"] > 0 and onebit["breakdown"]["network"] > 0
     assert onebit["compressed_tensors"] >= 2  # the default rule compressed the big tensors
@@ -71,7 +73,7 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     least = (8 * (bound + 1) + 4 * union * width) / 125e3 - leads["embed.weight"]
     assert onebit["network_floor_ms"] >= least - 1e-9
     assert 0 < onebit["efficiency_bound"] < 1
-    assert "network_floor_ms" not in nocomm
+    assert "network_floor_ms" not in nocomm and "network_floor_ms" not in sync
     # the floor of the same plan with the embedding dense: its fp32 allreduce, far more
     dense = {**onebit, "plan": {"entries": [e[:5] for e in onebit["plan"]["entries"]]}}
     floors([compute, dense], numels, 2, 1000.0)

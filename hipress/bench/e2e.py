@@ -13,7 +13,10 @@ rate (the same N processes training with no gradient exchange at all, i.e. an in
 network on the same CPUs; on a 2-core machine N processes share the cores, so comparing with N x
 a lone process would charge CPU sharing to the network). ``ddp-nocomm`` (DDP with a hook that
 exchanges nothing) measures DDP's own cost, the ceiling of every DDP hook; ``of_ddp_ceiling`` is
-each row's rate against it. Every DDP model is built with ``gradient_as_bucket_view=True`` (one
+each row's rate against it. ``ddp-sync`` (a hook that all-reduces 4 bytes per bucket and keeps the
+local gradient) measures what synchronising every step costs with nothing to move: the link's
+latency and the wait for the slowest worker, which grows when workers share cores; no per-step
+scheme's efficiency can pass it. Every DDP model is built with ``gradient_as_bucket_view=True`` (one
 copy of the gradients fewer per step, for every configuration alike) unless
 ``E2EOptions.bucket_view`` is False. With a trace directory, each configuration keeps the
 timeline of its timed steps (:mod:`hipress.casync.trace`) and its per-step ``breakdown``.
@@ -57,6 +60,7 @@ from hipress.bench.e2e_configs import (
     BASELINES,
     COMPUTE,
     NOCOMM,
+    SYNC,
     Config,
     E2EOptions,
     configs_for,
@@ -74,6 +78,7 @@ __all__ = [
     "BASELINES",
     "COMPUTE",
     "NOCOMM",
+    "SYNC",
     "Config",
     "E2EOptions",
     "configs_for",

@@ -15,6 +15,7 @@ __all__ = [
     "BASELINES",
     "COMPUTE",
     "NOCOMM",
+    "SYNC",
     "Config",
     "E2EOptions",
     "cap_name",
@@ -50,6 +51,8 @@ class Config:
             return "compute only (no gradient exchange)"
         if self.kind == "ddp" and self.hook == "noop":
             return "DDP, no gradient exchange (DDP's own cost)"
+        if self.kind == "ddp" and self.hook == "sync":
+            return "DDP, one 4-byte all-reduce per bucket (the cost of synchronising each step)"
         if self.kind == "ddp":
             extra = f", rank {self.powersgd_rank}, one bucket" if self.hook == "powersgd" else ""
             return f"DDP {self.hook}{extra}"
@@ -80,6 +83,10 @@ COMPUTE = Config("compute-only", "compute")
 # DDP with a hook that exchanges nothing: DDP's own cost (bucketing, autograd hooks), the
 # ceiling of any DDP communication hook
 NOCOMM = Config("ddp-nocomm", "ddp", "noop")
+# DDP with a hook that all-reduces 4 bytes per bucket and keeps the local gradient: what
+# synchronising every step costs with no bytes to move (the link's latency, and waiting for the
+# slowest worker, which grows when workers share cores), the ceiling of any per-step scheme
+SYNC = Config("ddp-sync", "ddp", "sync")
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,7 @@ def configs_for(opts: E2EOptions) -> list[Config]:
     ]
     rows = [Config(f"hipress-{a}-rows", "hipress", algorithm=None if a == "none" else a,
                    plan=None, rows=True) for a in opts.row_sparse]  # fmt: skip
-    out = [COMPUTE, NOCOMM, *base]
+    out = [COMPUTE, NOCOMM, SYNC, *base]
     for c in [*ours, *rows]:
         if c.kind != "hipress":
             out.append(c)
