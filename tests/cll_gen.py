@@ -218,6 +218,7 @@ class _Gen:
         self.draw = draw
         self.k = 0
         self.positive: list[str] = []  # consts that are at least 1 (segment lengths)
+        self.static: list[str] = ["true", "false"]  # bools known when compiling (parameters)
 
     def fresh(self, base: str) -> str:
         self.k += 1
@@ -447,7 +448,7 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     """One `let` of encode (a parallel operator, or host scalars with `var` and `if`)."""
     kind = gen.pick(["reduce", "map", "scatter", "gather", "storage", "filter", "topk", "custom",
                      "segreduce", "map", "sort", "scan", "packed", "host", "exact",
-                     "matmul", "block"])  # fmt: skip
+                     "matmul", "block", "choice"])  # fmt: skip
     name = gen.fresh("a")
     line: str
     if kind == "block":
@@ -545,6 +546,13 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
         f = gen.pick(["scatter", "scatter_set"])
         line = f"let {name} = {f}({b}, {idx.name}, {vals}{count});"
         arr = Arr(name, t, length)
+    elif kind == "choice":  # an array chosen by a parameter (both sides of one type)
+        a = gen.pick(sc.arrays)
+        same = [b for b in sc.arrays if (b.dtype, b.length, b.bits) == (a.dtype, a.length, a.bits)]
+        b = gen.pick(same)
+        line = f"let {name} = {gen.pick(gen.static)} ? {a.name} : {b.name};"
+        count = a.count if a.count == b.count else None
+        arr = Arr(name, a.dtype, a.length, a.bits, a.exact and b.exact, count)
     elif kind == "gather":
         idxs = [a for a in sc.arrays if a.dtype in ("i32", "i64", "u8") and a.bits is None]
         if not idxs:
@@ -635,6 +643,7 @@ def programs(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
         ])  # fmt: skip
         decls.append(f"param {p}: {t}{con} = {default};")
         top.scalars.append((p, t))
+        gen.static.append(p if t == "bool" else f"{p} {gen.pick(['<', '==', '!='])} {default}")
         if gen.chance(0.3):
             params[p] = other
     for _ in range(draw(st.integers(0, 2))):

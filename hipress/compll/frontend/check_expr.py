@@ -14,6 +14,7 @@ from hipress.compll.frontend import ast
 from hipress.compll.frontend.check_bits import bits_call
 from hipress.compll.frontend.check_call import clamp, conversion, math1, minmax, random_call
 from hipress.compll.frontend.coerce import coerce, float_literal, no_storage, unify
+from hipress.compll.frontend.lengths import same_length
 from hipress.compll.frontend.scope import (
     BIT_BUILTINS,
     MATH1,
@@ -68,6 +69,10 @@ def value(
         raise cx.err("concat is only allowed as `return concat(...)` in encode", e.span)
     if isinstance(e, ast.Call) and e.func in cx.fns:
         return cx.inline(cx, e, scope, ctx, name_hint)
+    if isinstance(e, ast.Cond) and (
+        _names_array(cx, e.then, scope) or _names_array(cx, e.other, scope)
+    ):
+        return _choice(cx, e, scope, ctx)
     if isinstance(e, ast.Name):
         b = scope.lookup(e.id)
         if b is not None and isinstance(b.value, Array | Tuple_) and b.kind != "payload":
@@ -87,6 +92,66 @@ def array(cx: Elab, e: ast.Expr, scope: Scope, ctx: Ctx, what: str) -> Array:
     if not isinstance(v, Array):
         raise cx.err(f"{what} expects an array here, got a scalar", e.span)
     return v
+
+
+def _names_array(cx: Elab, e: ast.Expr, scope: Scope) -> bool:
+    """Whether ``e`` names an array (a let, var, state or fn parameter, a payload field) or is
+    a ``?:`` with such a side."""
+    if isinstance(e, ast.Cond):
+        return _names_array(cx, e.then, scope) or _names_array(cx, e.other, scope)
+    if isinstance(e, ast.Name):
+        b = scope.lookup(e.id)
+        return b is not None and isinstance(b.value, Array)
+    if isinstance(e, ast.Field) and isinstance(e.base, ast.Name):
+        b = scope.lookup(e.base.id)
+        return (
+            b is not None
+            and b.kind == "payload"
+            and isinstance(cx.payload_fields.get(e.name), Array)
+        )
+    return False
+
+
+def _choice(cx: Elab, e: ast.Cond, scope: Scope, ctx: Ctx) -> Array:
+    """``c ? a : b`` between two arrays of one type: ``c`` is a constant of the specialised
+    program (parameters, consts, literals), so the choice is made here and what follows reads
+    the chosen array itself."""
+    c = scalar(cx, e.cond, scope, ctx)
+    if c.dtype != BOOL:
+        raise cx.err(f"condition must be bool, got {c.dtype}", e.cond.span)
+    if not isinstance(c.expr, ir.Const):
+        raise cx.err(
+            "a `?:` between arrays chooses once, when the program is compiled: its condition "
+            "must be computed from parameters, consts and literals (to choose per element, "
+            "write `map(n, i => c ? a[i] : b[i])`)",
+            e.cond.span,
+        )
+    sides: list[Array] = []
+    for side in (e.then, e.other):
+        if isinstance(side, ast.Number | ast.Bool | ast.Unary | ast.Binary):
+            raise cx.err("this side of `?:` is a scalar and the other an array", side.span)
+        if not _names_array(cx, side, scope):
+            raise cx.err(
+                "both sides of a `?:` between arrays must be arrays, each an array's name or "
+                "a payload field (bind a computed array with `let` first)",
+                side.span,
+            )
+        v = value(cx, side, scope, ctx)
+        assert isinstance(v, Array)
+        sides.append(v)
+    a, b = (x.type for x in sides)
+    if a.dtype != b.dtype or a.bits != b.bits:
+        raise cx.err(
+            f"the sides of `?:` are arrays of different element types: {a.describe()} and "
+            f"{b.describe()}",
+            e.span,
+        )
+    if not same_length(a.length, b.length):
+        raise cx.err(
+            f"the sides of `?:` are arrays of different lengths: {a.describe()} and {b.describe()}",
+            e.span,
+        )
+    return sides[0] if c.expr.value else sides[1]
 
 
 def field(cx: Elab, e: ast.Field, scope: Scope, ctx: Ctx) -> Value | None:

@@ -1,5 +1,6 @@
-"""Types and array lengths: type annotations, length expressions (integer expressions of ``n``
-and the parameters) and when two lengths agree."""
+"""Types and array lengths: type annotations and length expressions (integer expressions of
+``n`` and the parameters); when two lengths agree is :mod:`hipress.compll.frontend.lengths`
+(re-exported here)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import torch
 
 from hipress.compll.frontend import ast
 from hipress.compll.frontend.check_expr import scalar
+from hipress.compll.frontend.lengths import same_length, same_type
 from hipress.compll.frontend.scope import Ctx, Elab, Scope
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.fold import fold
-from hipress.compll.ir.interp import eval_scalar, eval_size
+from hipress.compll.ir.interp import eval_scalar
 from hipress.compll.ir.source import Span
 from hipress.compll.ir.types import I64, PACKED_BITS, SCALAR_TYPES, U8, ArrayType, DType
 from hipress.compll.ir.walk import walk
+
+__all__ = ["MAX_LENGTH", "refs", "same_length", "same_type", "size", "static", "type_of"]
 
 
 def type_of(cx: Elab, t: ast.TypeAnn, scope: Scope) -> DType | ArrayType:
@@ -91,38 +95,3 @@ def refs(e: ir.Expr) -> set[str]:
         elif isinstance(x, ir.Rand):
             out.add("<random>")
     return out
-
-
-_PROBES = (
-    *range(0, 70),
-    100,
-    127,
-    128,
-    129,
-    255,
-    256,
-    1000,
-    1023,
-    1024,
-    4097,
-    65535,
-    1 << 20,
-    (1 << 20) + 3,
-    12345678,
-    (1 << 31) - 1,
-)
-
-
-def same_length(a: ir.Expr, b: ir.Expr) -> bool:
-    """Whether two length expressions agree (structurally, or at every probe size n)."""
-    if a == b:
-        return True
-    try:
-        return all(eval_size(a, n) == eval_size(b, n) for n in _PROBES)
-    except (RuntimeError, ValueError, OverflowError):  # pragma: no cover - defensive
-        return False
-
-
-def same_type(a: ArrayType, b: ArrayType) -> bool:
-    """Whether two array types agree (element type, packing and length)."""
-    return a.dtype == b.dtype and a.bits == b.bits and same_length(a.length, b.length)
