@@ -15,7 +15,12 @@ tensors of two or more dimensions whose rounds send under half their bytes), min
 :class:`~hipress.core.rule.Selection` keeps plain by ``exclude``/``shapes``. Embeddings run the
 plain (exact) in the first compressed step, which counts their touched rows; from the next
 step on they go as exact rows where rows pay (:func:`~hipress.casync.rowprobe.plan_rows`'s
-rule), else run the rounds (:func:`decide_rows`). SeCoPa does not price rounds: ``plan="auto"`` is refused.
+rule), else run the rounds (:func:`decide_rows`).
+
+``plan="auto"`` (:func:`auto_plan`) has SeCoPa choose per tensor from measured costs
+(:func:`~hipress.secopa.model.rounds_planner.plan_rounds`): the rounds, plain, or (for
+embeddings) exact rows by its break-even count, falling back to what
+``meta["embedding_dense"]`` says when the rows are too many.
 """
 
 from __future__ import annotations
@@ -38,10 +43,20 @@ from hipress.codec.logs import RANK_FILTER
 from hipress.compll.rounds import RoundsAlgorithm
 from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
 from hipress.core.rule import Selection
+from hipress.secopa.measure.broadcast import broadcast_plan
+from hipress.secopa.measure.comm import TorchComm
+from hipress.secopa.measure.netprofiler import (
+    DEFAULT_NETWORK_REPS,
+    DEFAULT_NETWORK_SIZES,
+    measure_network,
+    network_meta,
+)
+from hipress.secopa.model.rounds import measure_compute_ms, measure_merge
+from hipress.secopa.model.rounds_planner import RoundsProfile, plan_rounds
 
 __all__ = [
-    "check_options", "check_plan", "decide_rows", "make_plan", "resolve", "resolve_any",
-    "row_candidates",
+    "auto_plan", "check_options", "check_plan", "decide_rows", "make_plan", "resolve",
+    "resolve_any", "row_candidates",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -77,11 +92,6 @@ def resolve(algorithm: Any, params: Mapping[str, Any] | None, backend: str) -> R
 def check_options(alg: RoundsAlgorithm, plan: Any, fallback: Any, schedule: Any,
                   shapes: Shapes) -> None:  # fmt: skip
     """Refuse, naming the option, what a multi-round algorithm does not support."""
-    if isinstance(plan, str) and plan == "auto":
-        raise CaSyncError(
-            f"plan='auto': SeCoPa does not price multi-round algorithms ({alg.name}); use "
-            "plan=None (PyTorch's split, embeddings as exact rows where that pays) or a plan file"
-        )
     if schedule:
         raise CaSyncError(f"params_schedule is not supported with the multi-round {alg.name}")
     if fallback is not None and not isinstance(fallback, bool):
@@ -164,11 +174,14 @@ def _rows_plan(plan: Plan, measured: Mapping[str, tuple[int, int]], world_size: 
     """``plan`` with each measured embedding as exact rows where :func:`plan_rows` says rows
     pay, else running the rounds."""
     rows = plan_rows(plan, measured, world_size)
+    dense = dict(plan.meta.get("embedding_dense") or {})  # (plan="auto": rounds or plain)
     entries = tuple(
-        e if e.row_bound or e.name not in measured else _entry(e.name, e.numel, True)
+        e if e.row_bound or e.name not in measured
+        else _entry(e.name, e.numel, dense.get(e.name, "rounds") == "rounds")
         for e in rows.entries
-    )
-    kept = {k: v for k, v in dict(rows.meta.get("kept_plain") or {}).items() if k not in measured}
+    )  # fmt: skip
+    kept = {k: v for k, v in dict(rows.meta.get("kept_plain") or {}).items()
+            if k not in measured or dense.get(k) == "plain"}  # fmt: skip
     return dataclasses.replace(rows, entries=entries, meta={**rows.meta, "kept_plain": kept})
 
 
@@ -185,12 +198,14 @@ def decide_rows(state: Any, rt: Any, device: torch.device) -> Any:
                 for n, c in zip(names, counts.cpu().tolist(), strict=True)}  # fmt: skip
     plan = _rows_plan(rt.plan, measured, state.world_size)
     chosen = {e.name for e in plan.entries if e.row_bound}
+    rounds_of = {e.name: e.compress for e in plan.entries}
     for name, (rows, most) in measured.items():
         log.info("casync: %s: at most %d of %d rows touched in a step on any rank: %s", name,
                  most, rows, "exact rows from now on" if name in chosen else
+                 "plain from now on" if rounds_of.get(name) is False else
                  f"{state.algorithm.name}'s rounds from now on")  # fmt: skip
     base = _rows_plan(rt.base_plan, measured, state.world_size)
-    new = [e for e in plan.entries if e.name in measured and e.name not in chosen]
+    new = [e for e in plan.entries if e.name in measured and e.name not in chosen and e.compress]
     worker = {**rt.worker_states,
               **rounds_states(state.algorithm, new, state._devices, dict(state._shapes))}  # fmt: skip
     return replan(state, rt, plan, base, states=(worker, rt.server_states))
@@ -201,3 +216,34 @@ def resolve_any(algorithm: Any, params: Mapping[str, Any] | None, backend: str) 
     :func:`~hipress.codec.algorithm.resolve_algorithm`'s."""
     multi = resolve(algorithm, params, backend)
     return multi if multi is not None else resolve_algorithm(algorithm, params, backend)
+
+
+def auto_plan(alg: RoundsAlgorithm, numels: Sequence[tuple[str, int]], shapes: Shapes,
+              selection: Selection | None, group: Any = None, device: Any = None) -> Plan:  # fmt: skip
+    """SeCoPa's plan (``plan="auto"``): every rank measures the network (the collectives in
+    ``group``, up to the largest gradient's float32 bytes), the encodes and decode of each
+    shape that may run the rounds and a float32 pass; rank 0 plans
+    (:func:`~hipress.secopa.model.rounds_planner.plan_rounds`) and sends the plan to all.
+    Every rank must call it; returns the same plan on every rank."""
+    comm = TorchComm(group, device)
+    top = max((n for _, n in numels), default=1)
+    most = 4 * max(top, 1 << 10)  # (the sizes the plan prices, and one step above)
+    sizes = [s for s in DEFAULT_NETWORK_SIZES if s < most]
+    reps = DEFAULT_NETWORK_REPS[: len(sizes)]
+    net = measure_network(group, [*sizes, most], [*reps, reps[-1]], comm=comm, extend=False)
+    select = selection or Selection()
+    named = [(n, tuple(shapes[n] or ())) for n, _ in numels]
+    wanted = sorted({s for n, s in named if len(s) >= 2 and select.reason(n, s, implicit=False)
+                     is None})  # fmt: skip
+    compute = {s: measure_compute_ms(alg, s, budget_s=0.3) for s in wanted}
+    profile = RoundsProfile(net.ops, compute, measure_merge(), meta=network_meta(net))
+    result: Plan | Exception | None = None
+    if comm.rank == 0:
+        try:
+            result = plan_rounds(alg, named, comm.size, profile, select)
+        except PlanError as exc:
+            result = exc
+    plan = broadcast_plan(result, comm=comm)
+    log.info("casync: plan %s (SeCoPa, %s): %d of %d tensors run the rounds", plan.digest(),
+             alg.name, sum(e.compress for e in plan.entries), len(plan.entries))  # fmt: skip
+    return plan

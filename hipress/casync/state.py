@@ -23,6 +23,7 @@ from hipress.casync.config import check_options, check_schedule, config_digest, 
 from hipress.casync.metrics import SyncMetrics
 from hipress.casync.planlog import log_adopted
 from hipress.casync.probe import StateProbe
+from hipress.casync.ready import ReadyProbe
 from hipress.casync.rounds_plan import resolve_any
 from hipress.casync.rowprobe import RowProbe, decide
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
@@ -88,7 +89,9 @@ class CaSyncState(Checkpoints, SyncMetrics):
     initialised, else at its first use (so it can be made before ``init_process_group``, e.g.
     for Lightning's ``DDPStrategy(ddp_comm_state=...)``; a plan that does not fit the world
     size raises then). ``plan="auto"`` plans at the first step (every rank takes part), unless
-    :meth:`load_state_dict` brought a checkpoint's plan first. The state pickles without its
+    :meth:`load_state_dict` brought a checkpoint's plan first; with ``ready_steps=N`` it
+    synchronises the first N steps uncompressed while timing when each gradient is ready,
+    then plans with those times (:mod:`hipress.casync.ready`). The state pickles without its
     process group, binding, buffers and in-flight work: :meth:`bind` it and register it again.
     """
 
@@ -110,6 +113,7 @@ class CaSyncState(Checkpoints, SyncMetrics):
         device: torch.device | str | None = None,
         selection: Selection | None = None,
         fallback: bool | None = None,
+        ready_steps: int = 0,
     ) -> None:
         check_options(params, seed, rule, check_finite, log_every, warmup_steps, plan)
         named = list(named_parameters)
@@ -132,8 +136,10 @@ class CaSyncState(Checkpoints, SyncMetrics):
         build_kernels(self.algorithm, self._devices.values())
         build_row_kernels(self._shapes, self._devices)  # a gradient may travel as rows
         self._plan_arg = check_plan_arg(plan, self.algorithm)
-        self._check = PlanCheck.of(self._plan_arg, fallback, warmup_steps)
-        self._rows = RowProbe.of(self._plan_arg, warmup_steps)  # (embeddings as rows)
+        self._ready = ReadyProbe.of(self._plan_arg, self._multi, named, ready_steps)
+        start = self._ready.start(warmup_steps)
+        self._check = PlanCheck.of(self._plan_arg, fallback, start)
+        self._rows = RowProbe.of(self._plan_arg, start)  # (embeddings as rows)
         self._rule = rule
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
@@ -202,33 +208,41 @@ class CaSyncState(Checkpoints, SyncMetrics):
     def _adopt(self, plan: Plan | str | Path | None) -> Runtime:
         """Resolve ``plan`` (checked) and run it: its runtime, with all-zero states."""
         assert self.rank is not None and self.world_size is not None
+        stand_in = self._ready.waiting(plan)  # ("auto": the default plan, uncompressed, first)
         if self._multi:
             resolved = self._rounds_plan(plan)
         else:
             resolved = resolve_plan(
-                plan, self.algorithm, self._numels, self.world_size, self._rule,
-                group=self.process_group, device=self._trained_on, probe=StateProbe(type(self)),
-                selection=self._select, shapes=self._shapes,
+                None if stand_in else plan, self.algorithm, self._numels, self.world_size,
+                self._rule, group=self.process_group, device=self._trained_on,
+                probe=StateProbe(type(self)), selection=self._select, shapes=self._shapes,
+                readiness=self._ready.readiness,
             )  # fmt: skip
         config = config_digest(
             self.algorithm.digest, resolved.digest(), self.seed, self.check_finite,
             self.warmup_steps, self.params_schedule,
         )  # fmt: skip
         rt = self._make_runtime(resolved, resolved, config)
+        self._ready.started(rt, stand_in)
         self._after_step(0)  # (the schedule's parameters at step 0)
         log_adopted(logger, resolved, plan, self._rule, self.world_size,
                     probe=getattr(self, "probe", False))  # (a probe: see StateProbe)
         return rt
 
     def _rounds_plan(self, plan: Plan | str | Path | None) -> Plan:
-        """A multi-round algorithm's plan: the default split, or ``plan`` checked."""
+        """A multi-round algorithm's plan: the default split, SeCoPa's (``"auto"``), or
+        ``plan`` checked."""
         assert self.world_size is not None
         shapes = dict(self._shapes)
         if isinstance(plan, Plan):
             return rounds_plan.check_plan(plan, self.algorithm, self._numels, shapes,
                                           self.world_size)  # fmt: skip
-        made = rounds_plan.make_plan(self.algorithm, self._numels, shapes, self.world_size,
-                                     self._select)  # fmt: skip
+        if isinstance(plan, str) and plan == "auto":  # (SeCoPa prices the rounds)
+            made = rounds_plan.auto_plan(self.algorithm, self._numels, shapes, self._select,
+                                         self.process_group, self._trained_on)  # fmt: skip
+        else:
+            made = rounds_plan.make_plan(self.algorithm, self._numels, shapes,
+                                         self.world_size, self._select)  # fmt: skip
         self._rows.rows = rounds_plan.row_candidates(made, shapes)
         return made
 
@@ -297,6 +311,8 @@ class CaSyncState(Checkpoints, SyncMetrics):
         """
         with self._lock:
             rt = self._runtime()  # (binds and plans at the first call, where still to do)
+            if not rt.engine.open and self._ready.due(rt):
+                rt = self._ready.adopt(self, rt, buffer.device)  # ("auto", with ready times)
             if not rt.engine.open and self._rows.due(rt.engine.step):
                 decider = rounds_plan.decide_rows if self._multi else decide
                 rt = decider(self, rt, buffer.device)  # (embeddings as rows, where that pays)
@@ -309,6 +325,7 @@ class CaSyncState(Checkpoints, SyncMetrics):
                                     self.warmup_steps)  # fmt: skip
                     rt.agree(note, self.process_group, buffer.device)
                 self._rows.observe(self, rt, buffer, names)
+                self._ready.stamp(last)
                 return rt.engine.submit(buffer, names, last, self.process_group)
             except CommError as exc:
                 self.comm_error = exc

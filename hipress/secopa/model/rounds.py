@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from hipress.compll.rounds import RoundsAlgorithm
+from hipress.secopa.model.costfn import AffineFloor
 
-__all__ = ["RoundsCost", "measure_compute_ms", "price_rounds"]
+__all__ = ["RoundsCost", "measure_compute_ms", "measure_merge", "price_rounds"]
 
 
 @dataclass(frozen=True)
@@ -56,16 +57,35 @@ def price_rounds(alg: RoundsAlgorithm, shape: Sequence[int], world_size: int,
     return RoundsCost(rounds, float(compute_ms), float(op.time(4 * n, world_size)))
 
 
-def measure_compute_ms(alg: RoundsAlgorithm, shape: Sequence[int], repeats: int = 3) -> float:
+def measure_compute_ms(alg: RoundsAlgorithm, shape: Sequence[int], repeats: int = 3,
+                       budget_s: float = 0.0) -> float:  # fmt: skip
     """The best of ``repeats`` timings of every encode and the decode of ``alg`` on a random
     float32 gradient of ``shape`` (one worker: each sum is the worker's own payload), in ms;
-    the first run, which builds the kernels, is not timed."""
+    the first run, which builds the kernels, is not timed. With ``budget_s``, more timings
+    follow while they fit in it (the best of many resists a busy CPU)."""
     g = torch.randn(tuple(shape), generator=torch.Generator().manual_seed(0))
     state = alg.init_state(g.shape)
     alg.step(g, state, lambda x: x, 1)
-    best = float("inf")
-    for _ in range(max(1, repeats)):
+    best, start, done = float("inf"), time.perf_counter(), 0
+    while done < max(1, repeats) or time.perf_counter() - start + best < budget_s:
         t0 = time.perf_counter()
         alg.step(g, state, lambda x: x, 1)
-        best = min(best, time.perf_counter() - t0)
+        best, done = min(best, time.perf_counter() - t0), done + 1
     return best * 1e3
+
+
+def measure_merge(sizes: tuple[int, int] = (1 << 14, 1 << 20), repeats: int = 3) -> AffineFloor:
+    """A float32 read-write pass (``a += b``) over n elements, in ms: the best of ``repeats``
+    timings at each of the two ``sizes``, joined by a line (never below the smaller time)."""
+    (n1, n2), ts = sizes, []
+    for n in sizes:
+        a, b = torch.zeros(n), torch.ones(n)
+        a.add_(b)
+        best = float("inf")
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            a.add_(b)
+            best = min(best, time.perf_counter() - t0)
+        ts.append(best * 1e3)
+    w = max(0.0, (ts[1] - ts[0]) / (n2 - n1))
+    return AffineFloor(w, ts[0] - w * n1, min(ts))
