@@ -44,15 +44,17 @@ def lower(
     accumulate: bool = False,
     nonfinite: bool = False,
     unfused: bool = False,
+    sections: bool = False,
 ) -> KernelPlan:
     """Plan ``prog``'s ``fn`` ("encode" or "decode"; decode with or without accumulation);
     with ``nonfinite``, an encode also finds out whether the gradient holds NaN/Inf where its
     first pass can (:mod:`hipress.compll.lower.finite`), for a target that runs the plan's fusions
     or, with ``unfused``, one that runs every loop on its own (CUDA), and runs a
-    ``block(...)`` section as its ops (:func:`~hipress.compll.ir.blocks.flatten_program`)."""
+    ``block(...)`` section as its ops (:func:`~hipress.compll.ir.blocks.flatten_program`)
+    unless ``sections`` (it runs each section left in ``prog`` as one stage)."""
     if fn not in ("encode", "decode"):
         raise ValueError(f"fn must be 'encode' or 'decode', got {fn!r}")
-    if unfused:
+    if unfused and not sections:
         prog = flatten_program(prog)
     plan = fuse(assemble(place(prog, fn, accumulate)))
     if nonfinite:
@@ -75,13 +77,14 @@ class Lowered:
     sparse: SparseDecode | None
 
 
-def lower_program(prog: ir.Program, unfused: bool = False) -> Lowered:
+def lower_program(prog: ir.Program, unfused: bool = False, sections: bool = False) -> Lowered:
     """Lower ``prog`` once per function and variant (see :func:`lower`; ``unfused``: for a
-    target that runs every loop on its own, and every ``block(...)`` section as its ops)."""
-    if unfused:
+    target that runs every loop on its own, and every ``block(...)`` section as its ops unless
+    ``sections``)."""
+    if unfused and not sections:
         prog = flatten_program(prog)
     return Lowered(
-        encode=lower(prog, "encode", nonfinite=True, unfused=unfused),
+        encode=lower(prog, "encode", nonfinite=True, unfused=unfused, sections=sections),
         decode=lower(prog, "decode", accumulate=False),
         decode_acc=lower(prog, "decode", accumulate=True),
         sparse=sparse_decode(prog),

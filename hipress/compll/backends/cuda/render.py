@@ -34,11 +34,11 @@ from hipress.compll.backends.cuda.abi import (
     WsEntry,
     struct_fields,
 )
+from hipress.compll.backends.cuda.block import passes, render_block
 from hipress.compll.backends.cuda.render_sum import decode_sum_kernel, sparse_kernels
 from hipress.compll.backends.cuda.stages import STAGES
 from hipress.compll.backends.render import ABI_VERSION, BANNER, environment
 from hipress.compll.ir import nodes as ir
-from hipress.compll.ir.blocks import flatten_program
 from hipress.compll.ir.types import I64, DType
 from hipress.compll.lower.kernel_plan import Destination, KernelPlan, Loop
 from hipress.compll.lower.lower import Lowered, lower_program
@@ -201,7 +201,10 @@ class CudaFunction(CFamily):
             for lp in step.loops:
                 self.loop_pieces(lp)
             for sp in step.specials:
-                STAGES[type(sp.op)](self, sp)
+                if isinstance(sp.op, ir.Block):
+                    render_block(self, sp)
+                else:
+                    STAGES[type(sp.op)](self, sp)
             if step.lets:
                 body = Body(level=step.level)
                 for let in step.lets:
@@ -288,7 +291,7 @@ def render_program(prog: ir.Program, plans: Lowered) -> CudaSource:
     """CUDA kernels of ``prog``'s encode, decode and decode-accumulate from its plans (lowered
     for a target that runs every loop on its own), and its decode_sum or sparse decode kernels
     where it has them (see module doc)."""
-    prog = flatten_program(prog)  # a block(...) section runs as its ops
+    prog = passes(prog)  # a section too big for shared memory runs as its ops
     env = environment()
     dec = plans.decode
     funcs = []
@@ -330,8 +333,9 @@ def render_program(prog: ir.Program, plans: Lowered) -> CudaSource:
 
 def lower(prog: ir.Program) -> Lowered:
     """The plans the CUDA target renders ``prog`` from: every loop on its own (its encode's
-    NaN/Inf flag may go in a loop the C target fuses)."""
-    return lower_program(prog, unfused=True)
+    NaN/Inf flag may go in a loop the C target fuses), each section that fits in shared
+    memory as one stage (:mod:`hipress.compll.backends.cuda.block`)."""
+    return lower_program(passes(prog), unfused=True, sections=True)
 
 
 def cuda_source(prog: ir.Program) -> CudaSource:
