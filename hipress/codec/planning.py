@@ -38,6 +38,7 @@ from hipress.secopa.measure.calibrate import StepProbe
 from hipress.secopa.measure.runtime import auto_plan, load_plan_for_model
 from hipress.secopa.measure.runtime import check_plan as check_plan_fits_model
 from hipress.secopa.model.planner import PlannerConfig
+from hipress.secopa.model.readiness import Readiness
 from hipress.secopa.model.rowcost import RowDensity
 
 __all__ = [
@@ -129,6 +130,7 @@ def _auto_plan(
     device: Any = None,
     probe: StepProbe | None = None,
     rows: Mapping[str, RowDensity] | None = None,
+    readiness: Readiness | None = None,
 ) -> Plan:
     # ---- SeCoPa hook-up: the single place where plan="auto" asks the planner. ----
     # auto_plan profiles this machine and network (every rank takes part, a few seconds),
@@ -140,7 +142,7 @@ def _auto_plan(
     config = None if recompressible(algorithm) else PlannerConfig(strategies=(Strategy.ALLGATHER,))
     return auto_plan(
         algorithm, named_numels, world_size, group=group, device=device, config=config,
-        probe=probe, rows=rows,
+        probe=probe, rows=rows, readiness=readiness,
     )  # fmt: skip
 
 
@@ -227,6 +229,7 @@ def resolve_plan(
     probe: StepProbe | None = None,
     selection: Selection | None = None,
     shapes: Sequence[tuple[str, tuple[int, ...] | None]] = (),
+    readiness: Readiness | None = None,
 ) -> Plan:
     """Return the plan to run and check that it fits.
 
@@ -239,7 +242,8 @@ def resolve_plan(
     parameters, was made for another world size or algorithm, or asks for partitions too small
     to split. ``selection`` (default: :class:`Selection`'s defaults) says which tensors are kept
     plain, judged with their ``shapes`` (``(name, shape)`` pairs; a name left out has an
-    unknown shape).
+    unknown shape). ``readiness``: the gradients' ready times ``"auto"`` plans with (the
+    exposed step time).
     """
     if algorithm is None:
         algorithm = Uncompressed()
@@ -252,7 +256,8 @@ def resolve_plan(
         resolved = plan
     elif isinstance(plan, str) and plan == "auto":
         rows = embedding_rows(sel, pairs)  # embeddings kept plain: priced as exact rows
-        resolved = _auto_plan(algorithm, named_numels, world_size, group, device, probe, rows)
+        resolved = _auto_plan(algorithm, named_numels, world_size, group, device, probe, rows,
+                              readiness)  # fmt: skip
     elif isinstance(plan, (str, Path)):
         resolved = load_plan_for_model(plan, named_numels, world_size)
     else:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from hipress.secopa.measure.comm import Comm, TorchComm
 from hipress.secopa.measure.netprofiler import measure_network, measure_overlap, network_meta
 from hipress.secopa.measure.profiler import build_profile, measure_compute
 from hipress.secopa.measure.timed_codec import TimedAlgorithm, as_timed_codec
+from hipress.secopa.model.bucketcap import recommend_cap
 from hipress.secopa.model.planner import PlannerConfig, plan_named
 from hipress.secopa.model.profile import Profile
 from hipress.secopa.model.readiness import Readiness
@@ -115,13 +117,31 @@ def plan_for_model(
         try:
             if profile is None:
                 raise PlanError("rank 0 has no profile to plan with")
-            result = plan_named(named, profile, world_size or world, config, rows)
+            result = _with_readiness(
+                plan_named(named, profile, world_size or world, config, rows), named, profile,
+                world_size or world, config, rows,
+            )  # fmt: skip
         except PlanError as exc:
             result = exc
     plan = broadcast_plan(result, comm=comm)
     check_plan(plan, named)
     log.info("plan %s: %d of %d tensors compressed", plan.digest(), _ncomp(plan), len(named))
     return plan
+
+
+def _with_readiness(plan: Plan, named: NamedNumels, profile: Profile, world: int,
+                    config: PlannerConfig | None,
+                    rows: Mapping[str, RowDensity] | None) -> Plan:  # fmt: skip
+    """``plan`` with, when the profile holds ready times, those times
+    (``meta["readiness"]``, so a saved plan can be made again) and the DDP ``bucket_cap_mb``
+    SeCoPa recommends (``meta["bucket_cap"]``, :func:`~hipress.secopa.model.bucketcap.
+    recommend_cap`)."""
+    if profile.readiness is None:
+        return plan
+    advice = recommend_cap(named, profile, world, config, rows)
+    meta = {**plan.meta, "readiness": profile.readiness.to_dict(),
+            "bucket_cap": advice.to_dict()}  # fmt: skip
+    return dataclasses.replace(plan, meta=meta)
 
 
 def _ncomp(plan: Plan) -> int:
