@@ -13,6 +13,7 @@ from hipress.compll.backends.cfamily.body import Body
 from hipress.compll.backends.cfamily.protocol import FamilyRenderer
 from hipress.compll.backends.cfamily.reduce import combine_acc, minmax_identity, reduction
 from hipress.compll.backends.cfamily.syntax import ctype, mtype, scatter_combine
+from hipress.compll.backends.cuda import matmul
 from hipress.compll.backends.cuda.abi import WsEntry
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
@@ -159,6 +160,10 @@ def _scan_lines(f: CudaRenderer, op: ir.Scan, lv: int, home: str) -> list[str]:
 
 def _segreduce(f: CudaRenderer, sp: Special) -> None:
     op, lv, home = _start(f, sp, ir.SegReduce)
+    tiled = matmul.render(f, op, lv, home)
+    if tiled is not None:
+        f.piece(f"matmul{'_at' if op.matmul and op.matmul.at else ''} (tiled)", tiled)
+        return
     body = Body(level=lv, index="j", loop_len=op.length)
     res = f.em.apply(op.fn, ["j"], body)
     red = reduction(op.op, res, op.fn.result.dtype, op.dtype, "(j1 - j0)", f.names)
