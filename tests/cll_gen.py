@@ -40,7 +40,7 @@ BUILTIN_NAMES = ("map", "reduce", "segreduce", "filter", "topk", "sort", "scan",
                  "isinf", "isfinite", "clamp", "uniform", "urand", "randint", "size", "n", "inf",
                  "nan", "as_u32", "as_i32", "as_f32", "as_i64", "as_f64", "exponent",
                  "ldexp", "hash")  # fmt: skip
-TYPE_NAMES = ("bool", "u8", "u16", "u32", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64")
+TYPE_NAMES = ("bool", "u8", "u16", "u32", "i8", "i16", "i32", "i64", "f16", "bf16", "f8e4m3", "f8e5m2", "f32", "f64")
 OPERATORS = ("=>", "->", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||", "+=", "-=", "*=", "/=",
              "+", "-", "*", "/", "%", "<", ">", "=", "!", "~", "&", "|", "^", "?", ":", ";", ",",
              ".", "(", ")", "{", "}", "[", "]")  # fmt: skip
@@ -263,7 +263,7 @@ class _Gen:
 
     def leaf(self, t: str, sc: Scope) -> str:
         same = [s for s, d in sc.scalars if d == t]
-        other = [s for s, d in sc.scalars if d != t and d not in ("f16", "bf16")]
+        other = [s for s, d in sc.scalars if d != t and d not in ("f16", "bf16", "f8e4m3", "f8e5m2")]
         opts = ["lit"] + ["var"] * (3 if same else 0) + ["cast"] * bool(other)
         opts += ["load"] * (3 if sc.arrays else 0) + ["index"] * (2 if sc.index else 0)
         kind = self.pick(opts)
@@ -471,9 +471,9 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
         line = f"let {name}: uint<{bits}>[{length}] = map({length}, {lam});"
         arr = Arr(name, "u8", length, bits)
     elif kind == "storage":
-        t = gen.pick(["f16", "bf16", "i8", "i16", "u16"])
+        t = gen.pick(["f16", "bf16", "f8e4m3", "f8e5m2", "i8", "i16", "u16"])
         length = gen.length(sc)
-        src_t = "f32" if t in ("f16", "bf16") else gen.pick(NUM)
+        src_t = "f32" if t[0] == "f" else gen.pick(NUM)
         i = gen.fresh("i")
         line = f"let {name} = map({length}, {i} => {t}({gen.expr(src_t, sc.inner(i), 2)}));"
         arr = Arr(name, t, length)

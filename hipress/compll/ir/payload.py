@@ -53,8 +53,15 @@ def layout(prog: ir.Program, n: int) -> tuple[list[FieldLayout], int]:
 
 # Every NaN is stored as the positive quiet NaN, so payload bytes do not depend on how a backend
 # propagates NaN payload bits.
-CANONICAL_NAN = {"f16": 0x7E00, "bf16": 0x7FC0, "f32": 0x7FC00000, "f64": 0x7FF8000000000000}
-_SAME_WIDTH_INT = {16: torch.int16, 32: torch.int32, 64: torch.int64}
+CANONICAL_NAN = {
+    "f8e4m3": 0x7F,
+    "f8e5m2": 0x7F,
+    "f16": 0x7E00,
+    "bf16": 0x7FC0,
+    "f32": 0x7FC00000,
+    "f64": 0x7FF8000000000000,
+}
+_SAME_WIDTH_INT = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 def _to_bytes(v: torch.Tensor, dt: DType) -> torch.Tensor:

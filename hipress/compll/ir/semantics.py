@@ -74,6 +74,8 @@ def cast(x: torch.Tensor, src: DType, dst: DType) -> torch.Tensor:
         out = torch.where(over, torch.full_like(safe, hi), safe)
         return torch.where(under, torch.full_like(safe, lo), out)
     # dst is float
+    if dst.bits == 8:  # fp8: from f32, as the C-family targets convert
+        return x.to(torch.float32).to(torch_compute_dtype(dst))
     if src.is_int:
         return x.to(torch_compute_dtype(dst))
     return x.to(torch_compute_dtype(dst))

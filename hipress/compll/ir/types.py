@@ -13,7 +13,8 @@ import torch
 
 @dataclass(frozen=True)
 class DType:
-    """A scalar type. ``bits`` is the storage width; f16/bf16 are storage-only types."""
+    """A scalar type. ``bits`` is the storage width; f16/bf16/f8e4m3/f8e5m2 are storage-only
+    types."""
 
     name: str
     kind: str  # "bool" | "int" | "uint" | "float"
@@ -41,8 +42,8 @@ class DType:
 
     @property
     def storage_only(self) -> bool:
-        """f16 and bf16 can be stored and converted, not computed with."""
-        return self.name in ("f16", "bf16")
+        """f16, bf16 and the fp8 types can be stored and converted, not computed with."""
+        return self.name in STORAGE_FLOATS
 
     def __str__(self) -> str:
         return self.name
@@ -58,11 +59,14 @@ I32 = DType("i32", "int", 32)
 I64 = DType("i64", "int", 64)
 F16 = DType("f16", "float", 16)
 BF16 = DType("bf16", "float", 16)
+F8E4M3 = DType("f8e4m3", "float", 8)  # torch.float8_e4m3fn: no inf, saturates at 448
+F8E5M2 = DType("f8e5m2", "float", 8)  # torch.float8_e5m2
+STORAGE_FLOATS = ("f16", "bf16", F8E4M3.name, F8E5M2.name)
 F32 = DType("f32", "float", 32)
 F64 = DType("f64", "float", 64)
 
 SCALAR_TYPES: dict[str, DType] = {
-    t.name: t for t in (BOOL, U8, U16, U32, I8, I16, I32, I64, F16, BF16, F32, F64)
+    t.name: t for t in (BOOL, U8, U16, U32, I8, I16, I32, I64, F16, BF16, F8E4M3, F8E5M2, F32, F64)
 }
 PARAM_TYPES = ("bool", "i32", "i64", "u32", "f32", "f64")
 PACKED_BITS = (1, 2, 4, 8)
@@ -73,6 +77,8 @@ _TORCH = {
     "bool": torch.bool,
     "f16": torch.float16,
     "bf16": torch.bfloat16,
+    "f8e4m3": torch.float8_e4m3fn,
+    "f8e5m2": torch.float8_e5m2,
     "f32": torch.float32,
     "f64": torch.float64,
 }

@@ -24,14 +24,19 @@ from dataclasses import replace
 
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
-from hipress.compll.ir.types import BF16, BOOL, F16, F32, I64
+from hipress.compll.ir.types import BF16, BOOL, F8E5M2, F16, F32, I64
 from hipress.compll.ir.walk import lambda_exprs, op_lambdas, walk
 from hipress.compll.lower.kernel_plan import Item, KernelPlan, replace_loop
 
 NONFINITE = "__nonfinite"  # the reduction's name: true if any gradient element is NaN/Inf
 
 # the least magnitude a float32 rounds to infinity from (round to nearest even) in each type
-CAST_BOUNDS = {F16.name: 65520.0, BF16.name: 1.99609375 * 2.0**127}  # bf16: f32 bits 0x7f7f8000
+# (f8e4m3 saturates at 448, so no finite value becomes infinite there)
+CAST_BOUNDS = {
+    F16.name: 65520.0,
+    BF16.name: 1.99609375 * 2.0**127,  # f32 bits 0x7f7f8000
+    F8E5M2.name: 61440.0,
+}
 
 
 def cast_bound(prog: ir.Program) -> float | None:

@@ -78,6 +78,44 @@ def _unpack_tables() -> list[dict[str, object]]:
     return out
 
 
+# the 8-bit float storage types: (name, exponent bias, mantissa bits, f32 bits of the least
+# magnitude that overflows, the code it becomes, the test of a NaN code on its low 7 bits)
+_FP8 = (
+    ("f8e4m3", 7, 3, 0x43E00000, 0x7E, "== 0x7fu"),  # saturates at 448 (torch float8_e4m3fn)
+    ("f8e5m2", 15, 2, 0x47700000, 0x7C, "> 0x7cu"),  # from 61440 up: inf (torch float8_e5m2)
+)
+
+
+def _fp8() -> str:
+    """C for the fp8 storage types (kept as their byte): f32 -> fp8 rounding to nearest even,
+    with overflow saturating (e4m3) or going to inf (e5m2) and NaN -> sign | 0x7f, as torch
+    converts; fp8 -> f32 exactly; the canonical payload NaN (0x7f); the select."""
+    out = ["/* ---- f8e4m3 / f8e5m2 (storage types, kept as their byte) ---- */"]
+    for name, bias, mant, over, big, nan in _FP8:
+        shift = 23 - mant
+        magic = (127 + 1 - bias - mant + 23) << 23  # adding it rounds a subnormal to its quantum
+        out.append(f"""HP_FN uint8_t hp_f32_to_{name}(float f) {{
+  const uint32_t x = hp_f32_bits(f), sign = (x >> 24) & 0x80u, a = x & 0x7fffffffu;
+  const uint32_t sub = hp_f32_bits(hp_f32_from_bits(a) + hp_f32_from_bits({magic}u)) - {magic}u;
+  const uint32_t nrm = (a + ((uint32_t)({bias} - 127) << 23) + {(1 << (shift - 1)) - 1}u
+                        + ((a >> {shift}) & 1u)) >> {shift};
+  const uint32_t top = hp_sel_u32(a > 0x7f800000u, 0x7fu, {big:#x}u);
+  const uint32_t o = hp_sel_u32(a >= {over:#x}u, top, hp_sel_u32(a < {(128 - bias) << 23}u, sub, nrm));
+  return (uint8_t)(o | sign);
+}}
+HP_FN uint8_t hp_canon_{name}(uint8_t c) {{ return hp_sel_u8((c & 0x7fu) {nan}, 0x7fu, c); }}
+HP_FN uint8_t hp_sel_{name}(bool c, uint8_t a, uint8_t b) {{ return hp_sel_u8(c, a, b); }}""")
+    out.append("""HP_FN float hp_f8e4m3_to_f32(uint8_t c) {
+  const uint32_t a = c & 0x7fu, sign = ((uint32_t)c & 0x80u) << 24;
+  const uint32_t nrm = (a << 20) + ((uint32_t)(127 - 7) << 23);
+  const uint32_t sub = hp_f32_bits((float)a * 0x1p-9f);
+  const uint32_t r = hp_sel_u32(a == 0x7fu, 0x7fc00000u, hp_sel_u32(a < 8u, sub, nrm));
+  return hp_f32_from_bits(r | sign);
+}
+HP_FN float hp_f8e5m2_to_f32(uint8_t c) { return hp_f16_to_f32((uint16_t)((uint16_t)c << 8)); }""")
+    return "\n".join(out) + "\n"
+
+
 def prelude(cuda: bool, **layout: int) -> str:
     """The helper functions every kernel of ``cuda``/C uses (semantics of the IR). ``layout``:
     the target's own constants the template names (the C target's ``tile``, ``maxt`` and
@@ -92,6 +130,7 @@ def prelude(cuda: bool, **layout: int) -> str:
             floats=floats,
             f2i=f2i,
             unpack=_unpack_tables(),
+            fp8=_fp8(),
             **layout,
         )
     )

@@ -18,12 +18,12 @@ from types import MappingProxyType
 import torch
 
 from hipress.compll.ir import ops
-from hipress.compll.ir.types import DType
+from hipress.compll.ir.types import STORAGE_FLOATS, DType, torch_compute_dtype
 
 CTYPE = {
     "bool": "bool", "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "i8": "int8_t",
     "i16": "int16_t", "i32": "int32_t", "i64": "int64_t", "f16": "uint16_t", "bf16": "uint16_t",
-    "f32": "float", "f64": "double",
+    "f8e4m3": "uint8_t", "f8e5m2": "uint8_t", "f32": "float", "f64": "double",
 }  # fmt: skip
 # the element type arrays of each dtype are stored as (bool arrays are bytes)
 MTYPE = {**CTYPE, "bool": "uint8_t"}
@@ -97,10 +97,10 @@ def const(value: int | float | bool, dt: DType) -> str:
             return f"UINT32_C({v})"
         return f"(({ctype(dt)}){v})"
     v = float(value)
-    if dt.name in ("f16", "bf16"):
-        tdt = torch.float16 if dt.name == "f16" else torch.bfloat16
-        bits = int(torch.tensor(v, dtype=torch.float32).to(tdt).view(torch.int16).item()) & 0xFFFF
-        return f"((uint16_t)0x{bits:04x})"
+    if dt.name in STORAGE_FLOATS:
+        store = torch.tensor(v, dtype=torch.float32).to(torch_compute_dtype(dt))
+        bits = int(store.view(torch.int16 if dt.bits == 16 else torch.uint8).item())
+        return f"(({ctype(dt)})0x{bits & 0xFFFF:04x})"
     if dt.name == "f32":
         if v != v:
             return "hp_f32_from_bits(0x7fc00000u)"
@@ -119,11 +119,11 @@ def cast(x: str, src: DType, dst: DType) -> str:
     """C code converting ``x`` from ``src`` to ``dst`` with the semantics module's rules."""
     if src == dst:
         return x
-    if src.name in ("f16", "bf16"):
+    if src.name in STORAGE_FLOATS:
         return cast(f"hp_{src.name}_to_f32({x})", F32, dst)
     if dst.is_bool:
         return f"({x} != 0)"
-    if dst.name in ("f16", "bf16"):
+    if dst.name in STORAGE_FLOATS:
         if src.is_float and src.name == "f32":
             return f"hp_f32_to_{dst.name}({x})"
         return f"hp_f32_to_{dst.name}({cast(x, src, F32)})"

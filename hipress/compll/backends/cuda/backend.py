@@ -59,6 +59,8 @@ _TORCH = {
     "u32": torch.int32,
     "f16": torch.int16,
     "bf16": torch.int16,
+    "f8e4m3": torch.uint8,
+    "f8e5m2": torch.uint8,
     "bool": torch.uint8,
 }
 # (unsigned and half values are moved by a sort, never read: a type of the same width will do)
