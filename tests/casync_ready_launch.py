@@ -61,6 +61,9 @@ def auto_worker(rank: int, world_size: int, steps: int = STEPS) -> dict[str, Any
         "bucket_cap": dict(plan.meta.get("bucket_cap") or {}),
         "rows": {e.name: e.row_bound for e in plan.entries if e.row_bound},
         "names": [e.name for e in plan.entries],
+        "choices": [(e.name, e.compress, e.strategy.value, e.partitions, e.row_bound)
+                    for e in plan.entries],
+        "totals": dict(plan.totals),
         "log": lines,
     }
 

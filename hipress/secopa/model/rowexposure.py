@@ -9,7 +9,10 @@ row-sparse when the step with it as rows, every other tensor as planned, exposes
 than the step with it dense, by more than the tie band; within the band (a close call) the
 per-tensor verdict stands, and the tie is logged and recorded. Its break-even count (what
 CaSync decides by once it has counted rows, :func:`hipress.casync.rowprobe.plan_rows`) is the
-most rows one rank may touch for the rows' step to stay strictly below the dense one's.
+most rows one rank may touch for the rows' step to stay below the dense one's by more than the
+tie band (a margin against run-to-run noise in the measured costs: a closer call is dense);
+where even no row at all is within the band of dense, the break-even by the tensor's time
+alone stands, logged and recorded as a tie.
 """
 
 from __future__ import annotations
@@ -36,16 +39,21 @@ def _row_member(
 
 
 def _breakeven(exposure: Exposure, cur: list[Member], i: int, dense_ms: float,
-               make: Any, rows: int) -> int:  # fmt: skip
-    """The most touched rows with the step's exposed ms strictly below ``dense_ms``; -1 if
-    none (exposed time grows with the count: bisection)."""
+               make: Any, rows: int, band: float = 0.0) -> int | None:  # fmt: skip
+    """The most touched rows with the step's exposed ms below ``dense_ms`` by more than
+    ``band``; -1 if none (exposed time grows with the count: bisection); None when even no
+    row at all is within ``band`` of ``dense_ms`` (a close call at any count)."""
 
     def ms(t: int) -> float:
         trial = list(cur)
         trial[i] = make(t)
         return exposure.of(trial)
 
-    if not ms(0) < dense_ms:
+    least = ms(0)
+    if abs(least - dense_ms) <= band:
+        return None
+    dense_ms -= band
+    if not least < dense_ms:
         return -1
     lo, hi = 0, rows
     if ms(hi) < dense_ms:
@@ -93,7 +101,13 @@ def rows_by_exposure(
         dense_ms = exposure.of(trial)
         rec["objective"] = "exposed step"
         rec["breakeven_alone"] = rec["breakeven"]
-        rec["breakeven"] = _breakeven(exposure, cur, i, dense_ms, make, d.rows)
+        be = _breakeven(exposure, cur, i, dense_ms, make, d.rows, tol.band(dense_ms))
+        if be is None:  # a close call even at no row: the per-tensor verdict decides
+            rec["near_tie"] = True
+            log.info("plan: %s: as rows, even with no row touched, the step exposes within "
+                     "the tie band of dense (%.3f ms): kept the break-even by its time alone "
+                     "(%d rows)", name, dense_ms, rec["breakeven_alone"])  # fmt: skip
+        rec["breakeven"] = rec["breakeven_alone"] if be is None else be
         rec["dense_exposed_ms"] = round(dense_ms, 6)
         if d.touched is None:
             continue
