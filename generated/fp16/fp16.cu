@@ -489,6 +489,38 @@ HP_FN double hp_canon_f64(double x) { return hp_sel_f64(x != x, hp_f64_from_bits
 HP_FN uint16_t hp_canon_f16(uint16_t h) { return hp_sel_u16((h & 0x7fffu) > 0x7c00u, 0x7e00u, h); }
 HP_FN uint16_t hp_canon_bf16(uint16_t h) { return hp_sel_u16((h & 0x7fffu) > 0x7f80u, 0x7fc0u, h); }
 
+/* ---- f8e4m3 / f8e5m2 (storage types, kept as their byte) ---- */
+HP_FN uint8_t hp_f32_to_f8e4m3(float f) {
+  const uint32_t x = hp_f32_bits(f), sign = (x >> 24) & 0x80u, a = x & 0x7fffffffu;
+  const uint32_t sub = hp_f32_bits(hp_f32_from_bits(a) + hp_f32_from_bits(1182793728u)) - 1182793728u;
+  const uint32_t nrm = (a + ((uint32_t)(7 - 127) << 23) + 524287u
+                        + ((a >> 20) & 1u)) >> 20;
+  const uint32_t top = hp_sel_u32(a > 0x7f800000u, 0x7fu, 0x7eu);
+  const uint32_t o = hp_sel_u32(a >= 0x43e00000u, top, hp_sel_u32(a < 1015021568u, sub, nrm));
+  return (uint8_t)(o | sign);
+}
+HP_FN uint8_t hp_canon_f8e4m3(uint8_t c) { return hp_sel_u8((c & 0x7fu) == 0x7fu, 0x7fu, c); }
+HP_FN uint8_t hp_sel_f8e4m3(bool c, uint8_t a, uint8_t b) { return hp_sel_u8(c, a, b); }
+HP_FN uint8_t hp_f32_to_f8e5m2(float f) {
+  const uint32_t x = hp_f32_bits(f), sign = (x >> 24) & 0x80u, a = x & 0x7fffffffu;
+  const uint32_t sub = hp_f32_bits(hp_f32_from_bits(a) + hp_f32_from_bits(1124073472u)) - 1124073472u;
+  const uint32_t nrm = (a + ((uint32_t)(15 - 127) << 23) + 1048575u
+                        + ((a >> 21) & 1u)) >> 21;
+  const uint32_t top = hp_sel_u32(a > 0x7f800000u, 0x7fu, 0x7cu);
+  const uint32_t o = hp_sel_u32(a >= 0x47700000u, top, hp_sel_u32(a < 947912704u, sub, nrm));
+  return (uint8_t)(o | sign);
+}
+HP_FN uint8_t hp_canon_f8e5m2(uint8_t c) { return hp_sel_u8((c & 0x7fu) > 0x7cu, 0x7fu, c); }
+HP_FN uint8_t hp_sel_f8e5m2(bool c, uint8_t a, uint8_t b) { return hp_sel_u8(c, a, b); }
+HP_FN float hp_f8e4m3_to_f32(uint8_t c) {
+  const uint32_t a = c & 0x7fu, sign = ((uint32_t)c & 0x80u) << 24;
+  const uint32_t nrm = (a << 20) + ((uint32_t)(127 - 7) << 23);
+  const uint32_t sub = hp_f32_bits((float)a * 0x1p-9f);
+  const uint32_t r = hp_sel_u32(a == 0x7fu, 0x7fc00000u, hp_sel_u32(a < 8u, sub, nrm));
+  return hp_f32_from_bits(r | sign);
+}
+HP_FN float hp_f8e5m2_to_f32(uint8_t c) { return hp_f16_to_f32((uint16_t)((uint16_t)c << 8)); }
+
 /* ---- Philox4x32-10 (hipress/compll/ir/rng.py) ---- */
 HP_FN void hp_philox_block(uint64_t blk, uint32_t stream, uint32_t k0, uint32_t k1, uint32_t step,
                            uint32_t tid, uint32_t* o) {
