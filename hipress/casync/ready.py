@@ -120,10 +120,10 @@ class ReadyProbe:
         step = rt.engine.step
         rt.ctx.ring.close()
         state._rt = None
+        state._rows.rows, state._rows.touched = None, {}  # (counted under the new plan)
         new = state._adopt("auto")
         new.engine.resume_at(step)
         state._after_step(step)
-        state._rows.rows, state._rows.touched = None, {}  # (counted under the new plan)
         _log_cap(new.plan)
         return new
 

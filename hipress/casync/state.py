@@ -26,6 +26,7 @@ from hipress.casync.probe import StateProbe
 from hipress.casync.ready import ReadyProbe
 from hipress.casync.rounds_plan import resolve_any
 from hipress.casync.rowprobe import RowProbe, decide
+from hipress.casync.rowsel import RowSelect
 from hipress.casync.runtime import Runtime, build_runtime, state_devices
 from hipress.casync.state_io import Checkpoints
 from hipress.casync.stats import SyncStats
@@ -84,7 +85,9 @@ class CaSyncState(Checkpoints, SyncMetrics):
     plan file raises before training starts. ``selection``: which tensors stay plain
     (:class:`~hipress.core.rule.Selection`); ``fallback``: run the plain plan where compression
     loses (:mod:`~hipress.casync.verdict`; None: for ``plan="auto"`` only). With the default rule
-    or ``"auto"``, embeddings travel as rows where that pays (:mod:`~hipress.casync.rowprobe`).
+    or ``"auto"``, embeddings travel as rows where that pays (:mod:`~hipress.casync.rowprobe`);
+    ``rows`` says otherwise (``"none"``, ``"exact"`` or parameter names,
+    :mod:`~hipress.casync.rowsel`).
     The state binds to its process group at construction if ``torch.distributed`` is
     initialised, else at its first use (so it can be made before ``init_process_group``, e.g.
     for Lightning's ``DDPStrategy(ddp_comm_state=...)``; a plan that does not fit the world
@@ -114,6 +117,7 @@ class CaSyncState(Checkpoints, SyncMetrics):
         selection: Selection | None = None,
         fallback: bool | None = None,
         ready_steps: int = 0,
+        rows: Any = "auto",
     ) -> None:
         check_options(params, seed, rule, check_finite, log_every, warmup_steps, plan)
         named = list(named_parameters)
@@ -140,6 +144,8 @@ class CaSyncState(Checkpoints, SyncMetrics):
         start = self._ready.start(warmup_steps)
         self._check = PlanCheck.of(self._plan_arg, fallback, start)
         self._rows = RowProbe.of(self._plan_arg, start)  # (embeddings as rows)
+        self._rowsel = RowSelect.of(rows, self._plan_arg, self._multi, dict(self._shapes))
+        self._rows.enabled &= not self._rowsel.never
         self._rule = rule
         self.seed = int(seed)
         self.check_finite = bool(check_finite)
@@ -218,6 +224,7 @@ class CaSyncState(Checkpoints, SyncMetrics):
                 probe=StateProbe(type(self)), selection=self._select, shapes=self._shapes,
                 readiness=self._ready.readiness,
             )  # fmt: skip
+        resolved = self._rowsel.prepare(resolved, dict(self._shapes), self._rows)
         config = config_digest(
             self.algorithm.digest, resolved.digest(), self.seed, self.check_finite,
             self.warmup_steps, self.params_schedule,
