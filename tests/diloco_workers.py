@@ -272,7 +272,7 @@ def bad_arguments(rank: int, world: int) -> list[str]:
     from torch.distributed.fsdp import fully_shard
 
     sharded = small_model()
-    fully_shard(sharded)
+    fully_shard(sharded[0])  # sharded and plain parameters mixed
     try:
         DiLoCo(sharded, torch.optim.SGD(sharded.parameters(), lr=0.1), sync_every=4)
     except DiLoCoError as exc:
@@ -411,3 +411,153 @@ def each(rank: int, world: int, calls: list[tuple[Any, ...]]) -> list[Any]:
     returns what it returns alone."""
     return [globals()[name](rank, world, *args, **(kw[0] if kw else {}))
             for name, args, *kw in calls]  # fmt: skip
+
+
+# ---------------------------------------------------------------- FSDP2 inside a replica
+
+
+def _meshes(world: int) -> Any:
+    """A (replica, shard) DeviceMesh: two replicas of ``world // 2`` ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replica", "shard"))
+
+
+def _uneven_model() -> nn.Sequential:
+    # 15 rows do not split evenly over two ranks: FSDP2 gives 8 and 7
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 15), nn.Tanh(), nn.Linear(15, 4))
+
+
+def _sharded(model: nn.Sequential, mesh: Any) -> nn.Sequential:
+    from torch.distributed.fsdp import fully_shard
+
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _wrap(mesh: Any, fsdp: bool) -> tuple[nn.Module, nn.Module]:
+    """The model, and what the training loop calls: FSDP2 over the replica's ranks, or DDP."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _uneven_model()
+    if fsdp:
+        return _sharded(model, mesh["shard"]), model
+    return model, DDP(model, process_group=mesh["shard"].get_group())
+
+
+def _full(model: nn.Module) -> list[torch.Tensor]:
+    """Whole parameters (gathered, for the test to compare; DiLoCo never gathers them)."""
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for p in model.parameters()]  # fmt: skip
+
+
+def fsdp_vs_ddp(rank: int, world: int, fsdp: bool, kw: dict[str, Any], steps: int,
+                mesh: Any = None) -> dict[str, Any]:  # fmt: skip
+    """``steps`` AdamW steps of two replicas, FSDP2 (or DDP) inside each, DiLoCo with ``kw``
+    across them over the replica dimension. Returns the whole weights after every outer sync
+    and the held-out loss at the start and the end."""
+    mesh = mesh if mesh is not None else _meshes(world)
+    model, call = _wrap(mesh, fsdp)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.02)
+    d = DiLoCo(model, inner, process_group=mesh["replica"].get_group(), **kw)
+    x, y = batch(99, 0, 64)
+    held = [float(nn.functional.mse_loss(call(x), y).detach())]
+    weights = []
+    with d:
+        for step in range(1, steps + 1):
+            xb, yb = batch(rank, step)
+            inner.zero_grad()
+            nn.functional.mse_loss(call(xb), yb).backward()
+            done = d.stats.syncs
+            inner.step()
+            if d.stats.syncs != done:
+                weights.append(_full(model))
+    held.append(float(nn.functional.mse_loss(call(x), y).detach()))
+    return {"weights": weights, "held": held, "syncs": d.stats.syncs,
+            "owed": {n: v.shape for n, v in d.owed().items()}}  # fmt: skip
+
+
+def _rows_state(sd: Any) -> Any:
+    """A state dict with every DTensor replaced by this rank's rows (what torch.save keeps)."""
+    from hipress.diloco.shards import local
+
+    if isinstance(sd, torch.Tensor):
+        return local(sd).clone()
+    if isinstance(sd, dict):
+        return {k: _rows_state(v) for k, v in sd.items()}
+    if isinstance(sd, list | tuple):
+        return type(sd)(_rows_state(v) for v in sd)
+    return sd
+
+
+def fsdp_resume(rank: int, world: int, kw: dict[str, Any], stop: int, total: int) -> bool:
+    """FSDP2 inside two replicas trained ``total`` steps straight (saving this rank's state
+    after ``stop``: its rows of the weights, the inner optimizer, DiLoCo), then a fresh model,
+    optimizers and DiLoCo loaded from those bytes and trained from ``stop``: whether the
+    weights end bit for bit equal."""
+    from hipress.diloco.shards import local, rewrap_state
+
+    mesh = _meshes(world)
+    runs, blob = [], b""
+    for resumed in (False, True):
+        model, _ = _wrap(mesh, True)
+        inner = torch.optim.AdamW(model.parameters(), lr=0.02)
+        d = DiLoCo(model, inner, process_group=mesh["replica"].get_group(), **kw)
+        first = 1
+        if resumed:
+            sd = torch.load(io.BytesIO(blob), weights_only=True)
+            with torch.no_grad():
+                for p, rows in zip(model.parameters(), sd["model"], strict=True):
+                    local(p).copy_(rows)
+            inner.load_state_dict(sd["inner"])
+            rewrap_state(inner)
+            d.load_state_dict(sd["diloco"])
+            first = stop + 1
+        with d:
+            for step in range(first, total + 1):
+                inner_step(model, inner, rank, step)
+                if step == stop and not resumed:
+                    buf = io.BytesIO()
+                    torch.save({"model": [local(p) for p in model.parameters()],
+                                "inner": _rows_state(inner.state_dict()),
+                                "diloco": d.state_dict()}, buf)  # fmt: skip
+                    blob = buf.getvalue()
+        runs.append(_full(model))
+    return all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def fsdp_errors(rank: int, world: int) -> list[str]:
+    """The refused FSDP2 configurations, each error's type and message: a process group that
+    pairs different shards, sharded and plain parameters mixed, plan="auto"."""
+    import torch.distributed as dist
+
+    mesh = _meshes(world)
+    out = []
+    cases = [
+        lambda: (_sharded(_uneven_model(), mesh["shard"]), dist.group.WORLD, {}),
+        lambda: (_sharded(_uneven_model(), mesh["shard"]), mesh["shard"].get_group(), {}),
+        lambda: (_mixed(mesh), mesh["replica"].get_group(), {}),
+        lambda: (_sharded(_uneven_model(), mesh["shard"]), mesh["replica"].get_group(),
+                 {"plan": "auto", "algorithm": "onebit"}),
+    ]  # fmt: skip
+    for make in cases:
+        model, group, kw = make()
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        try:
+            DiLoCo(model, inner, sync_every=2, process_group=group, **kw)
+            out.append("accepted")
+        except (ConfigMismatchError, DiLoCoError) as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+    return out
+
+
+def _mixed(mesh: Any) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _uneven_model()
+    fully_shard(model[0], mesh=mesh["shard"])  # model[2] stays plain
+    return model

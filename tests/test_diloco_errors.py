@@ -36,7 +36,7 @@ def test_bad_arguments_name_what_is_wrong() -> None:
         "is in fragments 0 and 1",
         "no fragment holds 2.weight and 1 more",
         "the algorithm mapping must name every trainable parameter once",
-        "0.weight is a DTensor (FSDP2 or tensor parallelism)",
+        "2.weight is a plain tensor and 0.weight a DTensor",
         "step() inside `with diloco:` counts each inner step twice",
     ]
     assert len(msgs) == len(expected), msgs

@@ -3,7 +3,8 @@ feedback and codec states differ per rank.
 
 Entries: ``format``, ``rank``, ``world_size``, ``config`` (the digest every rank agreed on),
 ``inner_steps`` and ``syncs`` (the counters), ``outer`` (the outer optimizer's state dict),
-``anchors`` (parameter name -> the anchor weights), ``codecs`` (parameter name -> the codec's
+``anchors`` (parameter name -> the anchor weights; with FSDP2, this rank's rows; the outer
+optimizer's state likewise), ``codecs`` (parameter name -> the codec's
 state and feedback memory), ``pending`` (fragment -> the received buffer of a sync in flight,
 waited for before saving). Loading checks everything first and changes nothing unless all of it
 fits.
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from hipress.diloco import shards
 from hipress.diloco.errors import DiLoCoError
 from hipress.diloco.sync import Pending
 
@@ -30,8 +32,8 @@ FORMAT = "hipress.diloco/1"
 
 def _cpu(x: Any) -> Any:
     """A deep copy of ``x`` with every tensor on the CPU (not shared with the live state)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", copy=True)
+    if isinstance(x, torch.Tensor):  # a DTensor (FSDP2's outer state): this rank's rows
+        return shards.local(x).to("cpu", copy=True)
     if isinstance(x, Mapping):
         return {k: _cpu(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
@@ -77,8 +79,8 @@ def _check(d: DiLoCo, sd: Any) -> None:
         if not isinstance(sd[part], Mapping) or set(sd[part]) != set(names):
             raise DiLoCoError(f"{me}: the state dict's {part} do not match the model's parameters")
     for n, p in d.named:
-        a = sd["anchors"][n]
-        if not isinstance(a, torch.Tensor) or a.shape != p.shape or a.dtype != p.dtype:
+        a, x = sd["anchors"][n], shards.local(p)
+        if not isinstance(a, torch.Tensor) or a.shape != x.shape or a.dtype != x.dtype:
             raise DiLoCoError(f"{me}: the anchor of {n} does not fit the parameter")
     steps, syncs = sd["inner_steps"], sd["syncs"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
@@ -115,6 +117,7 @@ def _restore(d: DiLoCo, sd: Mapping[str, Any]) -> None:
         raise DiLoCoError(
             f"rank {d.rank}: the outer optimizer's state does not fit: {exc}"
         ) from None
+    shards.rewrap_state(d.outer)
     for (n, _), a, c in zip(d.named, d.anchors, d.coders, strict=True):
         a.copy_(sd["anchors"][n])
         c.load_state_dict(sd["codecs"][n], f"rank {d.rank}, {n}")

@@ -26,11 +26,11 @@ from torch import nn
 from hipress.codec.algorithm import chunk_tensor_id, rank_seed
 from hipress.codec.logs import RANK_FILTER
 from hipress.core.compression import CompressionAlgorithm
-from hipress.diloco import checkpoint
+from hipress.diloco import checkpoint, setup, shards
 from hipress.diloco.auto import auto_plan
 from hipress.diloco.coder import OuterCoder, resolve_feedback
 from hipress.diloco.config import Choice, describe, digest, resolve_codecs
-from hipress.diloco.errors import ConfigMismatchError, DiLoCoError
+from hipress.diloco.errors import DiLoCoError
 from hipress.diloco.fragments import Fragments, Schedule, split_fragments
 from hipress.diloco.stats import DiLoCoStats
 from hipress.diloco.sync import FragmentSync, Pending, guarded
@@ -121,13 +121,8 @@ class DiLoCo:
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.named:
             raise DiLoCoError("the model has no trainable parameter")
-        sharded = [n for n, p in self.named if hasattr(p, "placements")]
-        if sharded:
-            raise DiLoCoError(
-                f"{sharded[0]} is a DTensor (FSDP2 or tensor parallelism): DiLoCo averages "
-                "whole parameters; wrap the model in DDP inside a replica instead"
-            )
-        self._check_inner()
+        self.sharded = shards.check(self.named, plan)
+        setup.check_inner(self.named, inner_optimizer)
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.frags = split_fragments(self.named, fragments)
@@ -138,60 +133,25 @@ class DiLoCo:
         if self.auto is not None:
             algorithm = self.auto.algorithms
         names = [n for n, _ in self.named]
-        devices = [p.device for _, p in self.named]
-        self.codecs = resolve_codecs(algorithm, params, names, devices, backend)
+        rows = [shards.local(p) for _, p in self.named]  # this rank's (all of a plain tensor)
+        self.codecs = resolve_codecs(algorithm, params, names, [x.device for x in rows], backend)
         self.feedback = [resolve_feedback(a, feedback) for a in self.codecs]
-        self.outer = outer_optimizer if outer_optimizer is not None else self._default_outer()
-        self._check_outer()
-        self.config_lines = describe(
-            names, [tuple(p.shape) for _, p in self.named], self.codecs, self.feedback,
-            self.frags, self._options(),
-        )  # fmt: skip
+        self.outer = (outer_optimizer if outer_optimizer is not None
+                      else setup.default_outer(self.named, self.feedback))  # fmt: skip
+        setup.check_outer(self.named, self.outer, inner_optimizer)
+        self.config_lines = describe(names, [tuple(x.shape) for x in rows], self.codecs,
+                                     self.feedback, self.frags, self._options())  # fmt: skip
         self.config = digest(self.config_lines)
-        self._agree()
-        self._broadcast_weights()
+        setup.agree(self.group, self.config, self.config_lines, shards.layout(self.named))
+        setup.broadcast_weights(self.named, self.group)
         self.coders = self._make_coders()
         self.syncs = [self._fragment_sync(k) for k in range(len(self.frags))]
-        self.anchors = [p.detach().clone() for _, p in self.named]
+        self.anchors = [x.clone() for x in rows]
         self.pending: list[Pending | None] = [None] * len(self.frags)
         self.stats = DiLoCoStats(per_fragment=[0] * len(self.frags))
         self._hook: Any = None
 
     # ---- checks at construction ---------------------------------------------------------------
-
-    def _check_inner(self) -> None:
-        mine = {id(p) for _, p in self.named}
-        for g in self.inner.param_groups:
-            if any(id(p) not in mine for p in g["params"]):
-                raise DiLoCoError(
-                    "inner_optimizer holds a parameter that is not one of the model's trainable "
-                    "parameters; build it over model.parameters()"
-                )
-
-    def _default_outer(self) -> torch.optim.Optimizer:
-        # error feedback re-sends what a sync left out, and the workers, restarted from the
-        # global weights, find much of it again: with momentum on top the outer step
-        # overshoots (docs/explanation/local-step-training.md has the figures), so the
-        # feedback memory takes momentum's place, as SparseLoCo does
-        params = [p for _, p in self.named]
-        if any(f != "none" for f in self.feedback):
-            log.info("outer optimizer: SGD, lr 1.0, no momentum (the codec keeps error feedback)")
-            return torch.optim.SGD(params, lr=1.0)
-        return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
-
-    def _check_outer(self) -> None:
-        if not isinstance(self.outer, torch.optim.Optimizer):
-            raise DiLoCoError(
-                f"outer_optimizer must be a torch.optim.Optimizer, got {type(self.outer).__name__}"
-            )
-        if self.outer is self.inner:
-            raise DiLoCoError("outer_optimizer must be another optimizer than inner_optimizer")
-        theirs = [id(p) for g in self.outer.param_groups for p in g["params"]]
-        if sorted(theirs) != sorted(id(p) for _, p in self.named):
-            raise DiLoCoError(
-                "outer_optimizer must hold exactly the model's trainable parameters, each once "
-                "(as torchft's): build it over model.parameters()"
-            )
 
     def _options(self) -> dict[str, Any]:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.outer.param_groups]
@@ -202,51 +162,26 @@ class DiLoCo:
             "outer_optimizer": f"{type(self.outer).__name__} {groups}",
         }  # fmt: skip
 
-    def _agree(self) -> None:
-        every: list[Any] = [None] * self.size
-        guarded(
-            "the configuration check at construction",
-            lambda: dist.all_gather_object(
-                every, (self.config, self.config_lines), group=self.group
-            ),
-        )
-        if len({d for d, _ in every}) == 1:
-            return
-        base = every[0][1]
-        lines = []
-        for r, (_, mine) in enumerate(every):
-            diff = next((x for x in mine if x not in base), None)
-            if diff is None and len(mine) != len(base):
-                diff = f"{len(mine)} lines against rank 0's {len(base)}"
-            lines.append(f"  rank {r}: {'as rank 0' if diff is None else diff}")
-        raise ConfigMismatchError(
-            "DiLoCo ranks disagree; every rank must pass the same model, algorithm, parameters, "
-            "fragments, schedule, seed and outer optimizer:\n" + "\n".join(lines)
-        )
-
-    def _broadcast_weights(self) -> None:
-        src = dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0
-        with torch.no_grad():
-            for _, p in self.named:
-                guarded("the initial weight broadcast",
-                        lambda p=p: dist.broadcast(p.data, src=src, group=self.group))  # fmt: skip
-
     def _make_coders(self) -> list[OuterCoder]:
         key = rank_seed(self.seed, self.rank)
         return [
-            OuterCoder(alg, fb, p.numel(), p.device, key, chunk_tensor_id(f"diloco:{n}"))
-            for (n, p), alg, fb in zip(self.named, self.codecs, self.feedback, strict=True)
+            OuterCoder(alg, fb, x.numel(), x.device, key, chunk_tensor_id(f"diloco:{n}"))
+            for (n, x), alg, fb in zip(self._rows(), self.codecs, self.feedback, strict=True)
         ]
 
+    def _rows(self) -> list[tuple[str, torch.Tensor]]:
+        """Each parameter's name and the rows of it this rank holds (all, unsharded)."""
+        return [(n, shards.local(p)) for n, p in self.named]
+
     def _fragment_sync(self, k: int) -> FragmentSync:
-        idx = self.frags[k]
-        devices = {self.named[i][1].device for i in idx}
+        idx, rows = self.frags[k], [x for _, x in self._rows()]
+        devices = {rows[i].device for i in idx}
         if len(devices) > 1:
             raise DiLoCoError(
                 f"fragment {k} has parameters on {sorted(map(str, devices))}: a fragment's "
                 "parameters must share a device; split it into fragments per device"
             )
-        return FragmentSync([self.named[i][1].numel() for i in idx],
+        return FragmentSync([rows[i].numel() for i in idx],
                             [self.coders[i] for i in idx], devices.pop(), self.group)  # fmt: skip
 
     # ---- driving --------------------------------------------------------------------------------
@@ -297,7 +232,7 @@ class DiLoCo:
         sync = self.syncs[k]
         with torch.no_grad():
             for i, view in zip(self.frags[k], sync.views, strict=True):
-                p, a = self.named[i][1], self.anchors[i]
+                p, a = shards.local(self.named[i][1]), self.anchors[i]
                 out = view.view(p.shape)
                 if p.dtype == torch.float32:
                     torch.sub(a, p, out=out)
@@ -335,17 +270,17 @@ class DiLoCo:
                 for p in params:
                     p.grad = None
                 for i, m in zip(self.frags[k], means, strict=True):
-                    p = params[i]
-                    local.append(p.detach().clone() if self.alpha else None)
-                    p.copy_(self.anchors[i])
-                    p.grad = m.view(p.shape).to(p.dtype)
+                    x = shards.local(params[i])
+                    local.append(x.clone() if self.alpha else None)
+                    x.copy_(self.anchors[i])
+                    params[i].grad = shards.as_grad(params[i], m)
             self.outer.step()
             with torch.no_grad():
                 for i, loc in zip(self.frags[k], local, strict=True):
-                    p = params[i]
-                    self.anchors[i].copy_(p)
+                    x = shards.local(params[i])
+                    self.anchors[i].copy_(x)
                     if loc is not None:
-                        p.lerp_(loc, self.alpha)
+                        x.lerp_(loc, self.alpha)
         finally:
             for p, g in zip(params, saved, strict=True):
                 p.grad = g
