@@ -176,6 +176,14 @@ def _algorithm_params(flag: str, value: Any, args: argparse.Namespace) -> None:
                          f"`hipress show {value}` lists its parameters") from None  # fmt: skip
 
 
+def _plan_algorithm(flag: str, value: Any, args: argparse.Namespace) -> None:
+    """``plan --algorithm``: a multi-round one too (:mod:`hipress.cli.secopa_rounds`)."""
+    from hipress.cli.secopa_rounds import check_rounds_algorithm
+
+    if not check_rounds_algorithm(flag, value, args):
+        _algorithm_params(flag, value, args)
+
+
 def _variants(flag: str, value: Any, args: argparse.Namespace) -> None:
     """``ALGORITHM[:FEEDBACK]`` entries of ``bench fsdp --variants``."""
     from hipress.compll import load
@@ -358,6 +366,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             # --exclude: the command checks them itself, before any work
             "max_partitions": Int(1, 1024, none=True), "row_density": Num(0.0, 1.0, none=True),
             "bucket_cap_mb": Num(0.0, 1e6, open_lo=True, none=True), "png": Call(check_png),
+            "algorithm": Call(_plan_algorithm),
         },
         ("profile",): {**link, "workers": WORKERS, "model": Call(_model_spec)},  # --overlap: the command
         ("demo",): {

@@ -25,6 +25,7 @@ from hipress.cli.secopa import (
     _origin,
     make_profile,
 )
+from hipress.cli.secopa_rounds import is_rounds, run_rounds_plan
 from hipress.codec.planning import keep_plain
 from hipress.core.plan import PlanError, Strategy
 from hipress.core.rule import Selection
@@ -89,6 +90,8 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Handler of ``hipress plan``: returns 0, or 2 on a user error (message on ``err``)."""
     out, err = out or sys.stdout, err or sys.stderr
+    if is_rounds(args):  # (a multi-round algorithm: its own planner)
+        return run_rounds_plan(args, out, err)
     try:
         if args.workers < 1:
             flag = spelled(args, "workers", "--workers")
