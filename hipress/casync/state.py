@@ -237,14 +237,19 @@ class CaSyncState(Checkpoints, SyncMetrics):
         return rt
 
     def _rounds_plan(self, plan: Plan | str | Path | None) -> Plan:
-        """A multi-round algorithm's plan: the default split, or ``plan`` checked."""
+        """A multi-round algorithm's plan: the default split, SeCoPa's (``"auto"``), or
+        ``plan`` checked."""
         assert self.world_size is not None
         shapes = dict(self._shapes)
         if isinstance(plan, Plan):
             return rounds_plan.check_plan(plan, self.algorithm, self._numels, shapes,
                                           self.world_size)  # fmt: skip
-        made = rounds_plan.make_plan(self.algorithm, self._numels, shapes, self.world_size,
-                                     self._select)  # fmt: skip
+        if isinstance(plan, str) and plan == "auto":  # (SeCoPa prices the rounds)
+            made = rounds_plan.auto_plan(self.algorithm, self._numels, shapes, self._select,
+                                         self.process_group, self._trained_on)  # fmt: skip
+        else:
+            made = rounds_plan.make_plan(self.algorithm, self._numels, shapes,
+                                         self.world_size, self._select)  # fmt: skip
         self._rows.rows = rounds_plan.row_candidates(made, shapes)
         return made
 
