@@ -18,6 +18,8 @@ the codec layer (:mod:`hipress.codec`), not on the DDP hook. See docs/reference/
 - :mod:`~hipress.diloco.sync` -- one fragment's outer collective (all-reduce or all-gather).
 - :mod:`~hipress.diloco.coder` -- one tensor's codec and error feedback.
 - :mod:`~hipress.diloco.config` -- codecs per parameter, what ranks agree on.
+- :mod:`~hipress.diloco.shards` -- FSDP2 inside a replica: each rank's rows of a parameter.
+- :mod:`~hipress.diloco.setup` -- the checks at construction.
 - :mod:`~hipress.diloco.checkpoint` -- the state dict.
 - :mod:`~hipress.diloco.stats` -- the counters of the outer syncs.
 """

@@ -47,7 +47,8 @@ class DiLoCo:
     docs/reference/diloco-api.md).
 
     Args:
-        model: the module trained (its trainable parameters are averaged; buffers stay local).
+        model: the module trained (its trainable parameters are averaged; buffers stay local);
+            plain or FSDP2-sharded (``fully_shard`` over the replica's ranks) throughout.
         inner_optimizer: the optimizer the training loop steps (over the model's parameters).
         sync_every: H, inner steps between two syncs of a fragment.
         algorithm: the outer gradient's codec: a CompLL name, an algorithm object,
@@ -63,7 +64,9 @@ class DiLoCo:
             (0: take the global ones).
         feedback: ``"auto"``, ``"fp32"`` or ``"none"`` (:mod:`hipress.diloco.coder`).
         process_group: the group the outer sync runs over (default: the default group); with
-            replicas of several processes, the group of this rank's peers in other replicas.
+            replicas of several processes (DDP or FSDP2 inside each), the group of this rank's
+            peers in other replicas; with FSDP2, the peers that hold the same shard
+            (:mod:`hipress.diloco.shards`: every state is then per shard).
         seed: base seed of random codecs' streams.
         backend: CompLL backend for algorithm names (``"auto"``, ``"c"``, ``"cuda"``,
             ``"reference"``).
