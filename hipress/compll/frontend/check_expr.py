@@ -122,8 +122,8 @@ def _choice(cx: Elab, e: ast.Cond, scope: Scope, ctx: Ctx) -> Array:
     if not isinstance(c.expr, ir.Const):
         raise cx.err(
             "a `?:` between arrays chooses once, when the program is compiled: its condition "
-            "must be computed from parameters, consts and literals (to choose per element, "
-            "write `map(n, i => c ? a[i] : b[i])`)",
+            "must follow from the parameters alone (parameters, literals, consts not computed "
+            "from `n`); to choose per element, write `map(n, i => c ? a[i] : b[i])`",
             e.cond.span,
         )
     sides: list[Array] = []
