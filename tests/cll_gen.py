@@ -278,7 +278,12 @@ class _Gen:
                 return f"({sc.index} % 2 == 0)"
             return sc.index if t == "i64" else f"{t}({sc.index})"  # type: ignore[return-value]
         arr = self.pick(sc.arrays)
-        text = f"{arr.name}[{self.index(sc, arr)}]"
+        name = arr.name
+        twins = [b for b in sc.arrays if b is not arr
+                 and (b.dtype, b.length, b.bits) == (arr.dtype, arr.length, arr.bits)]  # fmt: skip
+        if twins and self.chance(0.1):  # one of two arrays, chosen by a parameter
+            name = f"({self.pick(self.static)} ? {name} : {self.pick(twins).name})"
+        text = f"{name}[{self.index(sc, arr)}]"
         return text if arr.dtype == t else f"{t}({text})"
 
     def expr(self, t: str, sc: Scope, depth: int) -> str:
@@ -595,9 +600,10 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
 
 def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     """A `block(B) { ... }` section: a map, a map reading it at the element and its neighbours
-    (0 outside the element's block), a per-block reduction and a map reading it at `[i / B]`;
-    each of them visible after the section."""
-    size = gen.pick(["1", "2", "4", "8", "32"])
+    (0 outside the element's block; for B >= 16, often chosen on a bit of the index), a
+    per-block reduction and a map reading it at `[i / B]`; each of them visible after the
+    section."""
+    size = gen.pick(["1", "2", "4", "8", "16", "32"])
     t = gen.pick(["f32", "f64", "i32", "i64", "u32"])
     length = gen.length(sc)
     x, y, r, z = gen.fresh("a"), gen.fresh("a"), gen.fresh("a"), gen.fresh("a")
@@ -608,11 +614,15 @@ def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     elif size == "1":
         near = [f"{x}[{i}]", f"{x}[{i} * 2]"]
     shifted = " + ".join(gen.pick(near) for _ in range(gen.draw(st.integers(1, 3))))
+    yfn = f"{shifted} + {gen.expr(t, sc.inner(i), 1)}"
+    if int(size) >= 16 and gen.chance(0.7):  # a choice on a bit of the index (C: pair loops)
+        d, eq = gen.pick(["8", "16"][: int(size) // 16]), gen.pick(["==", "!="])
+        yfn = f"({i} & {d}) {eq} 0 ? {yfn} : {x}[{i} + {d}] - {x}[{i} - {d}]"
     op, rt = gen.pick(["min", "max"]), t
     enc.lines += [
         f"block({size}) {{",
         f"    let {x} = map({length}, {gen.lam(t, sc)});",
-        f"    let {y} = map({length}, {i} => {shifted} + {gen.expr(t, sc.inner(i), 1)});",
+        f"    let {y} = map({length}, {i} => {yfn});",
         f"    let {r} = segreduce({op}, {size}, {y});",
         f"    let {z} = map({length}, {i} => {r}[{i} / {size}] == {y}[{i}]);",
         "}",

@@ -112,3 +112,53 @@ def test_hadamard_example_round_trips_on_every_backend() -> None:
     g[5] = float("nan")
     out = ref.decode(ref.encode(g, ref.init_state(40)), 40)
     assert not torch.isfinite(out[:16]).any() and torch.isfinite(out[16:]).all()
+
+
+# the C target's fast paths inside a section: a map choosing on bit d of its index runs as
+# pairs (i, i + d) on whole blocks, reads at [i / B] read the block's index, and uint<1>
+# arrays read at [i] are unpacked a byte at a time per block; each must give the reference's
+# bytes, on whole and partial blocks, with NaN inputs
+PAIRS = """algorithm t2;
+param lb: i32 in [1, 12] = 4;
+const b = 1 << lb;
+const blocks = (n + b - 1) / b;
+payload { s: f32[blocks]; q: uint<1>[n]; h: f32[n]; }
+encode(g) {
+    block(b) {
+        var h = map(n, i => g[i] * 3.0);
+        for s in range(lb) {
+            let d = 1 << s;
+            h = map(n, i => (i & d) == 0 ? h[i] + h[i + d] : h[i - d] - h[i]);
+        }
+        let l1 = segreduce(sum, b, n, i => abs(h[i]));
+        let q: uint<1>[n] = map(n, i => h[i] < 0.0 ? 1 : 0);
+    }
+    return concat(map(blocks, k => l1[k]), q, h);
+}
+decode(p) {
+    block(b) {
+        let x = map(n, i => p.q[i] == 0 ? p.s[i / b] : -p.s[i / b]);
+        let y = map(n, i => (i & (b / 2)) != 0 ? x[i - b / 2] * 2.0
+                                                : x[i] + x[i + b / 2] + f32(i / b));
+    }
+    return y;
+}
+"""
+
+
+@pytest.mark.parametrize("lb", [1, 4, 12])
+def test_pairs_and_packed_reads_equal_the_reference(lb: int) -> None:
+    from hipress.compll.backends.c.render import render_c
+
+    src = SourceFile("t2.cll", PAIRS)
+    ref = load_source(src, backend="reference", lb=lb)
+    cpu = load_source(src, backend="cpu", lb=lb)
+    # the pair loop is emitted where the bit is at least SPLIT_MIN (B >= 16 here)
+    assert ("hp_j += " in render_c(ref.program)) == (lb >= 4)
+    for n in (1, 9, 1000, 8197):
+        g = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        g[n // 3] = float("nan")
+        p1, p2 = ref.encode(g, ref.init_state(n)), cpu.encode(g, cpu.init_state(n))
+        assert torch.equal(p1, p2), (lb, n)
+        d1, d2 = ref.decode(p1, n), cpu.decode(p1, n)
+        assert torch.equal(d1.view(torch.int32), d2.view(torch.int32)), (lb, n)

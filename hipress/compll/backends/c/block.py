@@ -15,7 +15,7 @@ from hipress.compll.backends.cfamily.reduce import reduction
 from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
-from hipress.compll.ir.blocks import unmask
+from hipress.compll.ir.blocks import rewrite, unmask
 from hipress.compll.ir.walk import lambda_exprs, walk
 from hipress.compll.lower.kernel_plan import Special
 
@@ -56,38 +56,127 @@ def _reader(f: CRenderer, buf: str, dt: ir.DType, size: int, per_block: bool):
     return read
 
 
-def _body(f: CRenderer, fn: ir.Lambda, length: ir.Expr, lv: int, safe: str | None):
-    """``fn``'s statements and result at ``i``; ``safe``: the length (repr) that ``i`` is
-    known to be below, so reads at ``[i]`` of arrays that long need no check."""
-    body = Body(level=lv, index="i", loop_len=length)
+def _per_block(fn: ir.Lambda, size: int) -> ir.Lambda:
+    """``fn`` with ``i / size`` (``i`` its element index) read as the block's index, which is
+    the same for every element of the block (one load, not one division and gather each)."""
+    i = fn.params[0]
+    whole = ir.Binary(ops.DIV.name, i, ir.Const(size, i.dtype), i.dtype)
+
+    def f(x: ir.Expr) -> ir.Expr | None:
+        return ir.Ref(BLOCK_REF, i.dtype) if x == whole else None
+
+    return ir.Lambda(
+        fn.params, tuple((n, rewrite(v, f)) for n, v in fn.lets), rewrite(fn.result, f)
+    )
+
+
+# elements per tile of the C target's inner loops (HP_TILE)
+TILE = 2048
+BLOCK_REF = "__hp_blk"  # the block's index in a section's lambdas (the C variable hp_blk)
+SPLIT_MIN = 8  # a map choosing on bit d of its index runs as pairs from d = SPLIT_MIN up
+
+
+def _body(
+    f: CRenderer, fn: ir.Lambda, length: ir.Expr, lv: int, safe: str | None,
+    index: str = "i", tile: str | None = None,
+) -> tuple[list[str], str, Body]:  # fmt: skip
+    """``fn``'s statements and result at ``index``; ``safe``: the length (repr) that the
+    index is known to be below, so reads at it of arrays that long need no check."""
+    body = Body(level=lv, index=index, loop_len=length, tile=tile)
     if safe is not None:
-        body.safe["i"] = safe
-    v = f.em.apply(fn, ["i"], body)
+        body.safe[index] = safe
+    v = f.em.apply(fn, [index], body, {BLOCK_REF: "hp_blk"})
     f.hoisted += body.hoist
-    return body.lines, v
+    return body.lines, v, body
 
 
-def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None) -> str:
-    """One map of the section over the block's elements, into its buffer (and its home)."""
-    body, v = _body(f, x.fn, x.type.length, lv, safe)
+def _split(fn: ir.Lambda, size: int) -> tuple[int, ir.Lambda, ir.Lambda] | None:
+    """``fn`` as ``(i & d) == 0 ? lo : hi`` (``d`` a power of two, ``2d`` dividing the block):
+    ``d`` and the two branches as lambdas of their own, else None."""
+    e, i = fn.result, fn.params[0]
+    if not (isinstance(e, ir.Select) and isinstance(e.cond, ir.Binary)):
+        return None
+    c = e.cond
+    if c.op not in (ops.EQ.name, ops.NE.name) or c.b != ir.Const(0, c.b.dtype):
+        return None
+    m = c.a
+    if not (isinstance(m, ir.Binary) and m.op == ops.BAND.name and m.a == i):
+        return None
+    if not (isinstance(m.b, ir.Const) and m.b.dtype == i.dtype):
+        return None
+    d = int(m.b.value)
+    if d < SPLIT_MIN or d & (d - 1) or size % (2 * d):
+        return None
+    lo, hi = (e.a, e.b) if c.op == ops.EQ.name else (e.b, e.a)
+    return d, ir.Lambda(fn.params, fn.lets, lo), ir.Lambda(fn.params, fn.lets, hi)
+
+
+def _stores(f: CRenderer, x: ir.Map, buf: str, v: str) -> list[str]:
     st = [f"{buf}[hp_off + i] = {v};"]
     home = f.plan.homes.get(x.name)
     if home is not None:
         st.append(f.store(home, f.plan.arrays[x.name].dtype, v))
+    return st
+
+
+def _pairs(f: CRenderer, x: ir.Map, fn: ir.Lambda, buf: str, lv: int, safe: str | None) -> str:
+    """A whole block of a map choosing on bit ``d`` of its index: a loop over the pairs
+    ``(i, i + d)`` computing both branches, with no select (each element's operations are
+    those of its branch, in the same order)."""
+    got = _split(fn, 1 << 30)
+    assert got is not None
+    d, lo, hi = got
+    b1, v1, _ = _body(f, lo, x.type.length, lv, safe)
+    b2, v2, _ = _body(f, hi, x.type.length, lv, safe, index="hp_k")
+    st = [*_stores(f, x, buf, v1), "{ const int64_t i = hp_k;", *_stores(f, x, buf, v2), "}"]
+    return (
+        f"      for (int64_t hp_j = hp_b0; hp_j < hp_b1; hp_j += {2 * d}) {{\n"
+        f"      #pragma omp simd\n      for (int64_t i = hp_j; i < hp_j + {d}; i++) {{\n"
+        f"        const int64_t hp_k = i + {d};\n"
+        + "".join(f"        {ln_}\n" for ln_ in [*b1, *b2, *st])
+        + "      }\n      }\n"
+    )
+
+
+def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None) -> str:
+    """One map of the section over the block's elements, into its buffer (and its home)."""
+    fn = _per_block(x.fn, size)
+    tiled = size % 8 == 0 and size <= TILE
+    lines, v, body = _body(f, fn, x.type.length, lv, safe, tile="t" if tiled else None)
+    st = _stores(f, x, buf, v)
     ln, e = f.length(x.type.length), f.names.fresh("be")
+    if tiled:
+        pre = f.tile_pre(body)
+        loop = (
+            f"      {{ const int64_t i0 = hp_b0, tl = {e} - hp_b0;\n"
+            + "".join(f"      {p}\n" for p in pre)
+            + "      #pragma omp simd\n      for (int64_t t = 0; t < tl; t++) {\n"
+            "        const int64_t i = i0 + t;\n"
+            + "".join(f"        {ln_}\n" for ln_ in [*lines, *st])
+            + "      }\n      }\n"
+        )
+        if pre:
+            loop = f"      if ({e} > hp_b0) {{\n{loop}      }}\n"
+    else:
+        loop = (
+            f"      #pragma omp simd\n      for (int64_t i = hp_b0; i < {e}; i++) {{\n"
+            + "".join(f"        {ln_}\n" for ln_ in [*lines, *st])
+            + "      }\n"
+        )
+    if _split(fn, size) is not None:
+        pairs = _pairs(f, x, fn, buf, lv, safe)
+        loop = f"      if ({e} == hp_b1) {{\n{pairs}      }} else {{\n{loop}      }}\n"
     return (
         f"      const int64_t {e} = hp_b1 < {ln} ? hp_b1 : {ln};\n"
-        f"      #pragma omp simd\n      for (int64_t i = hp_b0; i < {e}; i++) {{\n"
-        + "".join(f"        {ln_}\n" for ln_ in [*body, *st])
-        + "      }\n"
-        f"      for (int64_t i = ({e} > hp_b0 ? {e} : hp_b0) + hp_off; i < {2 * size}; i++) "
+        + loop
+        + f"      for (int64_t i = ({e} > hp_b0 ? {e} : hp_b0) + hp_off; i < {2 * size}; i++) "
         f"{buf}[i] = 0;\n"
     )
 
 
-def _segreduce(f: CRenderer, x: ir.SegReduce, sv: str, lv: int, safe: str | None) -> str:
+def _segreduce(f: CRenderer, x: ir.SegReduce, sv: str, size: int, lv: int, safe: str | None) -> str:
     """One per-block reduction of the section: scalar ``sv`` (0 past the reduction's end)."""
-    body, v = _body(f, x.fn, x.length, lv, safe)
+    body, v, _ = _body(f, _per_block(x.fn, size), x.length, lv, safe)
     red = reduction(x.op, v, x.fn.result.dtype, x.dtype, "(hp_b1 - hp_b0)", f.names)
     ln, e = f.length(x.length), f.names.fresh("be")
     decl = "".join(f"      {a.ctype} {a.name} = {a.init};\n" for a in red.accs)
@@ -132,7 +221,7 @@ def _parts(f: CRenderer, op: ir.Block, vars_: list[str], lv: int, safe: str | No
             out.append(_map(f, x, var, op.size, lv, safe))
         else:
             assert isinstance(x, ir.SegReduce)
-            out.append(_segreduce(f, x, var, lv, safe))
+            out.append(_segreduce(f, x, var, op.size, lv, safe))
     return "".join(out)
 
 
@@ -168,12 +257,11 @@ def render_block(f: CRenderer, sp: Special) -> str:
         )
     for x in op.ops:
         f.em.local.pop(x.name, None)
-    longest = lengths[0]
-    for ln in lengths[1:]:
-        longest = f"({ln} > {longest} ? {ln} : {longest})"
+    longest = "".join(f" if ({ln} > hp_bl) hp_bl = {ln};" for ln in dict.fromkeys(lengths))
     return (
         f"  {{ /* level {lv}: block({size}) section of {len(op.ops)} ops */\n"
-        f"    const int64_t hp_bl = {longest}, hp_bn = (hp_bl + {size - 1}) / {size};\n"
+        f"    int64_t hp_bl = 0;{longest}\n"
+        f"    const int64_t hp_bn = (hp_bl + {size - 1}) / {size};\n"
         f"    #pragma omp parallel num_threads(nt) if(hp_bl >= HP_PAR_MIN)\n    {{\n"
         f"      const int hp_t = omp_get_thread_num();\n"
         + "".join(f"      {s}\n" for s in setup)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from jinja2 import Environment
 
-from hipress.compll.backends.c.block import render_block
+from hipress.compll.backends.c.block import TILE, render_block
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
 from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool, tileable
@@ -26,8 +26,8 @@ from hipress.compll.ir.walk import walk
 from hipress.compll.lower.kernel_plan import Destination, Item, KernelPlan, Loop, SegFusion, Special
 from hipress.compll.lower.lower import Lowered, lower_program
 
-# the C layout: elements per tile of an inner loop, most threads, length below which one thread
-TILE = 2048
+# the C layout (TILE, elements per tile of an inner loop: from block.py), most threads, length
+# below which one thread
 MAXT = 64
 PAR_MIN = 16384
 
