@@ -532,7 +532,7 @@ def fsdp_resume(rank: int, world: int, kw: dict[str, Any], stop: int, total: int
 
 def fsdp_errors(rank: int, world: int) -> list[str]:
     """The refused FSDP2 configurations, each error's type and message: a process group that
-    pairs different shards, sharded and plain parameters mixed, plan="auto"."""
+    pairs different shards (two ways), sharded and plain parameters mixed."""
     import torch.distributed as dist
 
     mesh = _meshes(world)
@@ -541,9 +541,7 @@ def fsdp_errors(rank: int, world: int) -> list[str]:
         lambda: (_sharded(_uneven_model(), mesh["shard"]), dist.group.WORLD, {}),
         lambda: (_sharded(_uneven_model(), mesh["shard"]), mesh["shard"].get_group(), {}),
         lambda: (_mixed(mesh), mesh["replica"].get_group(), {}),
-        lambda: (_sharded(_uneven_model(), mesh["shard"]), mesh["replica"].get_group(),
-                 {"plan": "auto", "algorithm": "onebit"}),
-    ]  # fmt: skip
+    ]
     for make in cases:
         model, group, kw = make()
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -561,3 +559,24 @@ def _mixed(mesh: Any) -> nn.Module:
     model = _uneven_model()
     fully_shard(model[0], mesh=mesh["shard"])  # model[2] stays plain
     return model
+
+
+def fsdp_auto(rank: int, world: int) -> dict[str, Any]:
+    """plan="auto" per shard with a fixed profile, two fragments, FSDP2 inside two replicas:
+    the codec each parameter got here, and the anchors (this rank's rows of the global
+    weights)."""
+    from hipress.secopa.model.profile import affine_profile
+
+    profile = affine_profile("onebit", encode=(0, 10, 10), decode=(0, 4, 4), merge=(0, 0, 0),
+                             bytes_per_element=1 / 8, header=8, bandwidth_bytes_per_s=16000,
+                             latency_s=1e-4)  # fmt: skip
+    mesh = _meshes(world)
+    model, _ = _wrap(mesh, True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02)
+    d = DiLoCo(model, opt, 4, "onebit", fragments=[model[0], model[2]], plan="auto",
+               profile=profile, inner_step_ms=5.0, process_group=mesh["replica"].get_group())
+    with d:
+        for s in range(1, 5):
+            inner_step(model, opt, rank, s)
+    return {"codecs": {n: a.name for n, a in d.algorithms.items()},
+            "anchors": [a.clone() for a in d.anchors], "syncs": d.stats.syncs}  # fmt: skip

@@ -1,7 +1,8 @@
 """FSDP2 inside a replica: two replicas of two ranks (and of one), each FSDP2-sharded over its
 own ranks, DiLoCo across them per shard, in real gloo groups. Uncompressed it gives the same
 weights, bit for bit, as DDP inside each replica; onebit trains; checkpoints resume bit for
-bit; groups that pair different shards and other layouts are refused."""
+bit; plan="auto" plans per shard; groups that pair different shards and other layouts are
+refused."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def runs() -> dict[Any, list[Any]]:
     cases[4]["onebit"] = ("fsdp_vs_ddp", (True, ONEBIT, 24))
     cases[4]["resume"] = ("fsdp_resume", (RESUMED, 6, 13))
     cases[4]["errors"] = ("fsdp_errors", ())
+    cases[4]["auto"] = ("fsdp_auto", ())
     out = {}
     for world, mine in cases.items():
         got = run_workers(w.each, world, list(mine.values()), timeout=300)
@@ -72,10 +74,21 @@ def test_resume_is_bit_exact(runs) -> None:  # type: ignore[no-untyped-def]
 
 def test_bad_layouts_are_refused(runs) -> None:  # type: ignore[no-untyped-def]
     for msgs in runs["errors"]:
-        world, pairs_replica, mixed, auto = msgs
+        world, pairs_replica, mixed = msgs
         for wrong in (world, pairs_replica):
             assert wrong.startswith("ConfigMismatchError: the process_group pairs different "
                                     "shards"), wrong  # fmt: skip
         assert "rows 0..8" in world and "rows 8..15" in world
         assert mixed.startswith("DiLoCoError: 2.weight is a plain tensor and 0.weight a DTensor")
-        assert auto.startswith('DiLoCoError: plan="auto" plans whole parameters')
+
+
+def test_plan_auto_per_shard(runs) -> None:  # type: ignore[no-untyped-def]
+    got = runs["auto"]
+    # the ranks that hold the same shard (0 and 2, 1 and 3) agree on each fragment's codec
+    assert got[0]["codecs"] == got[2]["codecs"] and got[1]["codecs"] == got[3]["codecs"]
+    assert {c for r in got for c in r["codecs"].values()} <= {"onebit", "none"}
+    assert [r["syncs"] for r in got] == [2] * 4
+    for a, b in ((0, 2), (1, 3)):  # the global rows agree across replicas
+        pairs = zip(got[a]["anchors"], got[b]["anchors"], strict=True)
+        assert all(torch.equal(x, y) for x, y in pairs)
+    assert got[0]["anchors"][0].shape == (8, 8) and got[1]["anchors"][0].shape == (7, 8)

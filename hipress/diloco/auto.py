@@ -33,7 +33,9 @@ log.addFilter(RANK_FILTER)
 
 class AutoPlan:
     """The per-fragment choice of ``plan="auto"`` (:attr:`plan`) and the utilisation it predicts
-    (:attr:`utilisation`, once a compute time per inner step is known)."""
+    (:attr:`utilisation`, once a compute time per inner step is known). ``named``: the tensors
+    this rank sends (with FSDP2, its rows of each parameter: each group of ranks holding the
+    same shard plans its own)."""
 
     def __init__(self, named: Sequence[tuple[str, torch.nn.Parameter]],
                  frags: Sequence[Sequence[int]], schedule: Schedule, algorithm: Choice,
@@ -51,8 +53,11 @@ class AutoPlan:
             raise DiLoCoError(f"plan='auto' needs a compressing algorithm, got {alg.name}")
         self.schedule, self.step_ms = schedule, step_ms
         if profile is None:
-            profile = self._measure(alg, group, max(p.numel() for _, p in named), named[0][1])
-        numels = [sum(named[i][1].numel() for i in idx) for idx in frags]
+            profile = self._measure(alg, group, max(1, *(p.numel() for _, p in named)),
+                                    named[0][1])  # fmt: skip
+        # a fragment of FSDP2 shards may hold no rows on this rank (dim 0 shorter than the
+        # replica): planned as one element, its collective's fixed cost, not the fit's at zero
+        numels = [max(1, sum(named[i][1].numel() for i in idx)) for idx in frags]
         size = dist.get_world_size(group)
         mine = plan_local_steps(profile, size, numels, schedule.sync_every, schedule.delay,
                                 step_ms) if dist.get_rank(group) == 0 else None  # fmt: skip

@@ -17,9 +17,24 @@ from hipress.codec.errors import CaSyncError
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.diloco.errors import DiLoCoError
 
-__all__ = ["describe", "digest", "resolve_codecs"]
+__all__ = ["OUTER_FEEDBACK", "OUTER_PLAIN", "describe", "digest", "outer_defaults", "resolve_codecs"]
 
 Choice = str | CompressionAlgorithm | None
+
+# The default outer optimizer's settings (torch.optim.SGD keywords). Uncompressed: DiLoCo's
+# Nesterov step. Where a codec keeps error feedback, the feedback memory already re-sends what
+# earlier syncs left out, so momentum 0.9 overshoots; half of it, at lr 1, gained on both
+# language models of ``hipress bench convergence`` and matched no momentum on a small task
+# (docs/explanation/local-step-training.md has the figures).
+OUTER_PLAIN: dict[str, Any] = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
+OUTER_FEEDBACK: dict[str, Any] = {"lr": 1.0, "momentum": 0.5, "nesterov": True}
+
+
+def outer_defaults(feedback: Sequence[str]) -> dict[str, Any]:
+    """The default outer SGD's keywords for tensors whose feedback options (``"own"``,
+    ``"fp32"``, ``"none"``) are ``feedback``: :data:`OUTER_FEEDBACK` if any keeps error
+    feedback, else :data:`OUTER_PLAIN` (a copy)."""
+    return dict(OUTER_FEEDBACK if any(f != "none" for f in feedback) else OUTER_PLAIN)
 
 
 def _one(choice: Choice, params: Mapping[str, Any] | None, backend: str, what: str

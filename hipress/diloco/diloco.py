@@ -124,14 +124,15 @@ class DiLoCo:
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.named:
             raise DiLoCoError("the model has no trainable parameter")
-        self.sharded = shards.check(self.named, plan)
+        self.sharded = shards.check(self.named)
         setup.check_inner(self.named, inner_optimizer)
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.frags = split_fragments(self.named, fragments)
         self.schedule = Schedule.checked(sync_every, len(self.frags), fragment_sync_delay)
         self.alpha, self.seed = float(alpha), seed
-        self.auto = auto_plan(plan, self.named, self.frags, self.schedule, algorithm, params,
+        # with FSDP2, per shard: the rows this rank sends, over the group that sends them
+        self.auto = auto_plan(plan, self._rows(), self.frags, self.schedule, algorithm, params,
                               self.group, profile, inner_step_ms, backend)  # fmt: skip
         if self.auto is not None:
             algorithm = self.auto.algorithms

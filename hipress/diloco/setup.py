@@ -15,6 +15,7 @@ from torch import nn
 
 from hipress.codec.logs import RANK_FILTER
 from hipress.diloco import shards
+from hipress.diloco.config import OUTER_PLAIN, outer_defaults
 from hipress.diloco.errors import ConfigMismatchError, DiLoCoError
 from hipress.diloco.sync import guarded
 
@@ -40,15 +41,10 @@ def check_inner(named: Named, inner: torch.optim.Optimizer) -> None:
 def default_outer(named: Named, feedback: Sequence[str]) -> torch.optim.Optimizer:
     """The outer optimizer when none is given (over the parameters themselves, DTensors
     included: its state is then per shard)."""
-    # error feedback re-sends what a sync left out, and the workers, restarted from the
-    # global weights, find much of it again: with momentum on top the outer step
-    # overshoots (docs/explanation/local-step-training.md has the figures), so the
-    # feedback memory takes momentum's place, as SparseLoCo does
-    params = [p for _, p in named]
-    if any(f != "none" for f in feedback):
-        log.info("outer optimizer: SGD, lr 1.0, no momentum (the codec keeps error feedback)")
-        return torch.optim.SGD(params, lr=1.0)
-    return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+    kw = outer_defaults(feedback)  # less momentum where a codec keeps error feedback
+    if kw != OUTER_PLAIN:
+        log.info("outer optimizer: Nesterov SGD %s (a codec keeps error feedback)", kw)
+    return torch.optim.SGD([p for _, p in named], **kw)
 
 
 def check_outer(named: Named, outer: Any, inner: torch.optim.Optimizer) -> None:

@@ -30,10 +30,9 @@ def local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local().detach() if isinstance(p, DTensor) else p.detach()
 
 
-def check(named: Sequence[tuple[str, nn.Parameter]], plan: str | None) -> bool:
+def check(named: Sequence[tuple[str, nn.Parameter]]) -> bool:
     """Whether the parameters are FSDP2 shards; raises :class:`DiLoCoError` if some are and
-    others are not, for another placement than ``Shard(0)`` on a 1-D mesh, or for
-    ``plan="auto"`` (it plans whole parameters)."""
+    others are not, or for another placement than ``Shard(0)`` on a 1-D mesh."""
     sharded = [n for n, p in named if isinstance(p, DTensor)]
     if not sharded:
         return False
@@ -52,11 +51,6 @@ def check(named: Sequence[tuple[str, nn.Parameter]], plan: str | None) -> bool:
                 "FSDP2 parameters sharded on dim 0 over the replica's ranks (Shard(0) on a 1-D "
                 "mesh); for HSDP or tensor parallelism inside a replica, not supported"
             )
-    if plan == "auto":
-        raise DiLoCoError(
-            'plan="auto" plans whole parameters and does not take FSDP2 shards: pass plan=None '
-            "and choose the algorithm (or one per parameter name) yourself"
-        )
     return True
 
 
