@@ -49,7 +49,8 @@ def derive(rows: list[dict[str, Any]]) -> None:
 def floors(
     rows: list[dict[str, Any]], numels: dict[str, int], world_size: int, rate_mbit: float | None
 ) -> None:
-    """Each DDP fp32/fp16 and hipress row's network floor (:mod:`hipress.bench.tail`): the
+    """Each DDP fp32/fp16 and hipress row's network floor (hipress-powersgd's too: each
+    round's bytes, :func:`~hipress.bench.tail.bytes_sent`) (:mod:`hipress.bench.tail`): the
     least communication any schedule of its bytes leaves exposed after backward on this link
     (``network_floor_ms``), and the scaling efficiency that allows (``efficiency_bound``); and
     the same under the row's DDP buckets, where a bucket's bytes leave once its last gradient
@@ -69,9 +70,10 @@ def floors(
             width = 4.0 if r["config"] == "ddp-fp32" else 2.0
             sent = {n: allreduce_bytes(width * k, world_size) for n, k in numels.items()}
         elif "plan" in r:  # (no algorithm: every entry plain, dense or as exact rows)
+            rounds = r["plan"].get("round_bytes")  # (a multi-round algorithm: PowerSGD)
             pay = load(r["algorithm"], backend="reference").payload_nbytes if (
-                "algorithm" in r) else _no_payload  # fmt: skip
-            sent = bytes_sent(r["plan"]["entries"], pay, world_size)
+                "algorithm" in r and rounds is None) else _no_payload  # fmt: skip
+            sent = bytes_sent(r["plan"]["entries"], pay, world_size, rounds)
         else:
             continue
         floor = exposed_floor_ms(leads, sent, rate_mbit)

@@ -43,8 +43,8 @@ def wrap(
         import hipress.casync  # counted in step 0, plan checked at step 5, all in the warm-up)
 
         params = {"rank": cfg.powersgd_rank}
-        hipress.casync.register(ddp, cfg.algorithm or "", params=params)
-        return ddp, None  # (no CaSync figures: SeCoPa does not price a multi-round plan)
+        state = hipress.casync.register(ddp, cfg.algorithm or "", params=params)
+        return ddp, state  # (its plan and each round's bytes: the row's network floor)
     if cfg.kind == "hipress":
         import hipress.casync
 
@@ -185,5 +185,15 @@ def _casync_figures(state: Any, model: torch.nn.Module) -> dict[str, Any]:
             ],
             "totals": dict(state.plan.totals),
             "selection": state.plan.meta.get("selection"),
+            **_round_bytes(state, model),
         },
     }
+
+
+def _round_bytes(state: Any, model: torch.nn.Module) -> dict[str, Any]:
+    """``round_bytes``: each rounds entry's payload bytes per round (a multi-round state)."""
+    if not getattr(state, "multi_round", False):
+        return {}
+    shapes = {n: tuple(p.shape) for n, p in getattr(model, "module", model).named_parameters()}
+    return {"round_bytes": {e.name: state.algorithm.round_nbytes(shapes[e.name])
+                            for e in state.plan.entries if e.strategy.value == "rounds"}}  # fmt: skip

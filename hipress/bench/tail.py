@@ -8,6 +8,11 @@ end. Whatever a gradient's bytes take on the link can only start once it exists,
     exposed >= max over tau of (sum of bytes ready within tau of the end) / rate - tau
 
 whatever the bucketing, partitioning or overlap (encode, decode and latency only add to it).
+A multi-round algorithm (PowerSGD) sends each of its rounds as an all-reduce: its bytes count
+from the gradient's ready time too. The rounds of one tensor do not overlap each other (a round's
+encode needs the sum of the round before), but they do overlap the backward of the gradients
+still to come; the floor counts their bytes only, so the sequencing inside a tensor (a latency
+and an encode between rounds) only adds to it and the bound stays a bound.
 :func:`exposed_floor_ms` computes it from :class:`ReadyClock`'s measurements (each gradient's
 lead over the end of backward, in a compute-only run where nothing delays backward; the clock is
 SeCoPa's, :mod:`hipress.secopa.measure.readiness`) and the bytes each rank sends per gradient
@@ -45,17 +50,26 @@ def allreduce_bytes(nbytes: float, world_size: int) -> float:
 
 
 def bytes_sent(
-    entries: Sequence[Sequence[Any]], payload_nbytes: Any, world_size: int
+    entries: Sequence[Sequence[Any]],
+    payload_nbytes: Any,
+    world_size: int,
+    round_bytes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """Bytes one rank sends per step for each tensor of a hipress plan, given as
     ``[name, numel, compress, strategy, partitions]`` rows (``hipress bench e2e``'s ``plan``),
     optionally followed by ``rows, row_bound, union`` (a row-sparse entry,
     :func:`row_bytes_sent`): the all-gather sends a rank's payload to each of the N-1 others;
     PS and the ring send N-1 shard payloads twice (scatter-reduce, then all-gather);
-    uncompressed tensors an fp32 allreduce's share."""
+    uncompressed tensors an fp32 allreduce's share; a multi-round entry (strategy ``rounds``)
+    an allreduce's share of each of its rounds' payloads (``round_bytes[name]``)."""
     out: dict[str, float] = {}
     for name, numel, compress, strategy, parts, *more in entries:
         rows, bound, union = [*more, 0, 0, None][:3]
+        if strategy == Strategy.ROUNDS.value:
+            if round_bytes is None or name not in round_bytes:
+                raise ValueError(f"{name}: a rounds entry needs its rounds' payload bytes")
+            out[name] = sum(allreduce_bytes(float(b), world_size) for b in round_bytes[name])
+            continue
         if bound:
             out[name] = row_bytes_sent(numel, rows, bound, union, compress, payload_nbytes,
                                        world_size)  # fmt: skip
