@@ -8,8 +8,9 @@ import pytest
 from dist_utils import run_workers
 
 STEPS = 96  # 12 outer syncs at H = 8
-SGD = {"lr": 1.0}  # the default outer optimizer of a codec with error feedback
+SGD = {"lr": 1.0}  # model averaging: no momentum
 NESTEROV = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
+HALF = {"lr": 1.0, "momentum": 0.5, "nesterov": True}  # the default with error feedback
 ALGORITHMS = {"onebit": None, "topk": {"ratio": 0.25}, "int8": None, "terngrad": None}
 
 # every run of this module, in one launch of 2 ranks: name -> (DiLoCo keywords, inner steps)
@@ -19,6 +20,7 @@ RUNS = {
     **{a: ({"sync_every": 8, "algorithm": a, "params": p, "outer": SGD}, STEPS)
        for a, p in ALGORITHMS.items()},
     "onebit default outer": ({"sync_every": 8, "algorithm": "onebit"}, STEPS),
+    "onebit half momentum": ({"sync_every": 8, "algorithm": "onebit", "outer": HALF}, STEPS),
     "onebit nesterov": ({"sync_every": 8, "algorithm": "onebit", "outer": NESTEROV}, STEPS),
 }  # fmt: skip
 
@@ -40,9 +42,10 @@ def test_compressed_outer_sync_trains_close_to_uncompressed(algorithm, losses) -
     assert got[0] < 1.15 * plain[0], (algorithm, got[0], plain[0], start)
 
 
-def test_with_error_feedback_the_default_outer_step_has_no_momentum(losses) -> None:  # type: ignore[no-untyped-def]
-    # with Nesterov momentum 0.9 the same run ends far worse (about 4x the loss here): error
-    # feedback and momentum both re-apply what earlier syncs left out
-    default, explicit = losses["onebit default outer"], losses["onebit"]
-    assert default == explicit
+def test_with_error_feedback_the_default_outer_step_has_half_momentum(losses) -> None:  # type: ignore[no-untyped-def]
+    # with DiLoCo's momentum 0.9 the same run ends far worse (about 4x the loss here): error
+    # feedback and momentum both re-apply what earlier syncs left out; 0.5 is as good as none
+    default = losses["onebit default outer"]
+    assert default == losses["onebit half momentum"]
     assert losses["onebit nesterov"][0] > 2 * default[0]
+    assert default[0] < 1.15 * losses["plain"][0]

@@ -57,7 +57,7 @@ class DiLoCo:
         params: the algorithm's parameters (with a name).
         outer_optimizer: an optimizer over exactly the model's trainable parameters (default:
             SGD, lr 0.7, momentum 0.9, Nesterov; where a tensor's codec keeps error feedback,
-            SGD, lr 1.0, no momentum).
+            SGD, lr 1.0, momentum 0.5, Nesterov).
         fragments: a count, or a list of modules or parameter lists (Streaming DiLoCo).
         fragment_sync_delay: tau, inner steps a fragment's collective overlaps (< H / F).
         fragment_update_alpha: weight of the local weights when mixed with the new global ones
