@@ -80,15 +80,26 @@ def test_auto_records_ready_times_agreed_over_ranks_in_reverse_layer_order(
 def test_auto_plans_rows_by_the_exposed_step_and_advises_a_cap(
     launches: list[list[dict[str, Any]]],
 ) -> None:
-    r = launches[0][0]
-    price = r["row_prices"]["0.weight"]  # the embedding, ready last: it hides nothing
-    assert price["objective"] == "exposed step" and price["chosen"] == "rows", price
-    assert price["touched"] <= price["breakeven"] and r["rows"].get("0.weight", 0) > 0
-    cap = r["bucket_cap"]
-    assert "bucket_cap_mb" in cap and cap["reason"]
-    assert any("pass DistributedDataParallel(model" in line for line in r["log"]), r["log"]
+    for r in (ranks[0] for ranks in launches):
+        price = r["row_prices"]["0.weight"]  # the embedding, ready last: it hides nothing
+        assert price["objective"] == "exposed step" and "breakeven_alone" in price, price
+        assert price["touched"] == 64  # the most rows one rank touched in the counted step
+        rows = price["touched"] <= price["breakeven"]  # (rows pay: the step exposes less)
+        assert price["chosen"] == ("rows" if rows else "dense"), price
+        assert (r["rows"].get("0.weight", 0) == 129) == rows, (r["rows"], price)
+        cap = r["bucket_cap"]
+        assert "bucket_cap_mb" in cap and cap["reason"] and cap["exposed_ms"], cap
+        assert any("pass DistributedDataParallel(model" in line for line in r["log"]), r["log"]
 
 
-def test_two_fresh_launches_give_the_same_plan(launches: list[list[dict[str, Any]]]) -> None:
-    digests = {r["digest"] for ranks in launches for r in ranks}
-    assert len(digests) == 1, [[r["readiness"] for r in ranks] for ranks in launches]
+def test_two_fresh_launches_plan_alike_on_every_rank(
+    launches: list[list[dict[str, Any]]],
+) -> None:
+    for ranks in launches:  # one plan per launch, on every rank, from the same ready times
+        assert len({r["digest"] for r in ranks}) == 1
+        assert ranks[0]["readiness"] == ranks[1]["readiness"]
+    # (the same plan across launches is counted by `python tests/casync_ready_launch.py`:
+    # the measured costs, not only the ready times, vary from launch to launch)
+    order = [sorted(r[0]["readiness"]["leads_ms"], key=r[0]["readiness"]["leads_ms"].get)
+             for r in launches]  # fmt: skip
+    assert [o[0] for o in order] == ["0.weight", "0.weight"], order

@@ -5,9 +5,10 @@ is ready in backward (:mod:`hipress.secopa.model.exposure`): rows or dense for a
 and the DDP ``bucket_cap_mb`` to use. A state made with ``plan="auto"`` and ``ready_steps=N``
 (N > 0; :data:`READY_STEPS` is a good N) from a model's parameters measures those times
 itself: its first N steps are synchronised
-uncompressed (DDP's own all-reduce, bit for bit, like ``warmup_steps``) while a
-:class:`~hipress.secopa.measure.readiness.ReadyClock` stamps each gradient as it is
-accumulated; at the start of the next step every rank takes the median lead over the ranks,
+uncompressed (DDP's own all-reduce, bit for bit, like ``warmup_steps``, each step's buckets
+handed over together once its last gradient is ready, so that no all-reduce runs during the
+backward being timed) while a :class:`~hipress.secopa.measure.readiness.ReadyClock` stamps each
+gradient as it is accumulated; at the start of the next step every rank takes the median lead over the ranks,
 rounded to :data:`~hipress.secopa.measure.readiness.QUANTUM_MS` (the same times on every
 rank, and run-to-run noise below the grid moves no plan), and SeCoPa plans with them. The plan
 records the times (``meta["readiness"]``) and the recommended cap (``meta["bucket_cap"]``),
@@ -21,7 +22,9 @@ ready times.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -54,6 +57,7 @@ class ReadyProbe:
         self.steps = steps
         self.readiness: Readiness | None = None
         self._stand_in: Plan | None = None  # the plan run while measuring
+        self._held: list[tuple[torch.Tensor, Sequence[str], Any]] = []  # (a step's buckets)
 
     @classmethod
     def of(cls, plan_arg: Any, multi: bool, named: list[tuple[str, Any]],
@@ -92,12 +96,25 @@ class ReadyProbe:
         log.info("casync: plan='auto': timing when each gradient is ready over the first %d "
                  "steps (synchronised uncompressed), then planning", self.steps)  # fmt: skip
 
-    def stamp(self, last: bool) -> None:
-        """A bucket was handed over; at the step's ``last`` one, record the step's leads."""
+    def submit(self, rt: Any, buffer: torch.Tensor, names: Sequence[str], last: bool,
+               group: Any) -> torch.futures.Future[torch.Tensor]:  # fmt: skip
+        """Hand a bucket to ``rt``'s engine; while measuring, hold the step's buckets until
+        its ``last`` one (so no all-reduce shares the cores with the backward being timed),
+        record the step's leads, then hand them all over in order."""
         clock = self.clock
-        if last and clock is not None and clock.on:
-            clock.step_done(at_last=True)
-            clock.on = clock.steps < self.steps
+        if clock is None or not clock.on:
+            return rt.engine.submit(buffer, names, last, group)
+        out: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._held.append((buffer, names, out))
+        if not last:
+            return out
+        clock.step_done(at_last=True)
+        clock.on = clock.steps < self.steps
+        held, self._held = self._held, []
+        for j, (buf, bn, fut) in enumerate(held):
+            done = rt.engine.submit(buf, bn, j == len(held) - 1, group)
+            done.then(functools.partial(_settle, fut))
+        return out
 
     def due(self, rt: Any) -> bool:
         """Whether to plan now, at the start of a step of ``rt`` (once: a state that
@@ -133,7 +150,15 @@ class ReadyProbe:
         self.clock, self._stand_in = None, None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "clock": None, "_stand_in": None}  # (hooks do not pickle)
+        return {**self.__dict__, "clock": None, "_stand_in": None, "_held": []}  # (hooks)
+
+
+def _settle(out: torch.futures.Future[torch.Tensor], done: torch.futures.Future[torch.Tensor]) -> None:
+    """Complete a held bucket's future ``out`` as the engine's ``done`` completed."""
+    try:
+        out.set_result(done.value())
+    except Exception as exc:  # (the engine's CommError reaches DDP as it would have)
+        out.set_exception(exc)
 
 
 def _log_cap(plan: Plan) -> None:

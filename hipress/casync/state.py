@@ -332,8 +332,7 @@ class CaSyncState(Checkpoints, SyncMetrics):
                                     self.warmup_steps)  # fmt: skip
                     rt.agree(note, self.process_group, buffer.device)
                 self._rows.observe(self, rt, buffer, names)
-                self._ready.stamp(last)
-                return rt.engine.submit(buffer, names, last, self.process_group)
+                return self._ready.submit(rt, buffer, names, last, self.process_group)
             except CommError as exc:
                 self.comm_error = exc
                 raise
