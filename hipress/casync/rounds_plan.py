@@ -222,7 +222,7 @@ def auto_plan(alg: RoundsAlgorithm, numels: Sequence[tuple[str, int]], shapes: S
               selection: Selection | None, group: Any = None, device: Any = None) -> Plan:  # fmt: skip
     """SeCoPa's plan (``plan="auto"``): every rank measures the network (the collectives in
     ``group``, up to the largest gradient's float32 bytes), the encodes and decode of each
-    shape that may run the rounds and a float32 pass; rank 0 plans
+    shape that may run the rounds (on the group's device) and a float32 pass; rank 0 plans
     (:func:`~hipress.secopa.model.rounds_planner.plan_rounds`) and sends the plan to all.
     Every rank must call it; returns the same plan on every rank."""
     comm = TorchComm(group, device)
@@ -235,7 +235,7 @@ def auto_plan(alg: RoundsAlgorithm, numels: Sequence[tuple[str, int]], shapes: S
     named = [(n, tuple(shapes[n] or ())) for n, _ in numels]
     wanted = sorted({s for n, s in named if len(s) >= 2 and select.reason(n, s, implicit=False)
                      is None})  # fmt: skip
-    compute = {s: measure_compute_ms(alg, s, budget_s=0.3) for s in wanted}
+    compute = {s: measure_compute_ms(alg, s, budget_s=0.3, device=comm.device) for s in wanted}
     profile = RoundsProfile(net.ops, compute, measure_merge(), meta=network_meta(net))
     result: Plan | Exception | None = None
     if comm.rank == 0:

@@ -58,18 +58,22 @@ def price_rounds(alg: RoundsAlgorithm, shape: Sequence[int], world_size: int,
 
 
 def measure_compute_ms(alg: RoundsAlgorithm, shape: Sequence[int], repeats: int = 3,
-                       budget_s: float = 0.0) -> float:  # fmt: skip
+                       budget_s: float = 0.0, device: torch.device | str | None = None) -> float:  # fmt: skip
     """The best of ``repeats`` timings of every encode and the decode of ``alg`` on a random
-    float32 gradient of ``shape`` (one worker: each sum is the worker's own payload), in ms;
-    the first run, which builds the kernels, is not timed. With ``budget_s``, more timings
-    follow while they fit in it (the best of many resists a busy CPU)."""
-    g = torch.randn(tuple(shape), generator=torch.Generator().manual_seed(0))
-    state = alg.init_state(g.shape)
+    float32 gradient of ``shape`` on ``device`` (default CPU; one worker: each sum is the
+    worker's own payload), in ms; the first run, which builds the kernels, is not timed. With
+    ``budget_s``, more timings follow while they fit in it (the best of many resists a busy
+    CPU)."""
+    g = torch.randn(tuple(shape), generator=torch.Generator().manual_seed(0)).to(device)
+    state = alg.init_state(g.shape, g.device)
+    wait = torch.cuda.synchronize if g.is_cuda else (lambda: None)
     alg.step(g, state, lambda x: x, 1)
+    wait()
     best, start, done = float("inf"), time.perf_counter(), 0
     while done < max(1, repeats) or time.perf_counter() - start + best < budget_s:
         t0 = time.perf_counter()
         alg.step(g, state, lambda x: x, 1)
+        wait()
         best, done = min(best, time.perf_counter() - t0), done + 1
     return best * 1e3
 
