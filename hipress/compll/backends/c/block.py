@@ -9,6 +9,8 @@ that gives the language's 0 outside the block; other indices are checked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hipress.compll.backends.c.stages import CRenderer
 from hipress.compll.backends.cfamily.body import Body
 from hipress.compll.backends.cfamily.reduce import reduction
@@ -65,9 +67,37 @@ def _per_block(fn: ir.Lambda, size: int) -> ir.Lambda:
     def f(x: ir.Expr) -> ir.Expr | None:
         return ir.Ref(BLOCK_REF, i.dtype) if x == whole else None
 
-    return ir.Lambda(
-        fn.params, tuple((n, rewrite(v, f)) for n, v in fn.lets), rewrite(fn.result, f)
-    )
+    return _rewritten(fn, f)
+
+
+def _rewritten(fn: ir.Lambda, f: Callable[[ir.Expr], ir.Expr | None]) -> ir.Lambda:
+    lets = tuple((n, rewrite(v, f)) for n, v in fn.lets)
+    return ir.Lambda(fn.params, lets, rewrite(fn.result, f))
+
+
+def _local_bits(fn: ir.Lambda, size: int) -> tuple[ir.Lambda, dict[str, str]]:
+    """``fn`` with each test ``(i & c) == 0`` (or ``!= 0``, ``0 <= c < size``, ``size`` a power
+    of two) read from the element's 32-bit index in its block, ``hp_lt``, which has the same
+    low bits: a test in 32-bit lanes instead of 64-bit ones. The names bound to C text."""
+    i, env = fn.params[0], {}
+    if size & (size - 1):
+        return fn, env
+
+    def f(x: ir.Expr) -> ir.Expr | None:
+        if not (isinstance(x, ir.Binary) and x.op in (ops.EQ.name, ops.NE.name)):
+            return None
+        m = x.a
+        if not (isinstance(m, ir.Binary) and m.op == ops.BAND.name and m.a == i):
+            return None
+        if not (isinstance(m.b, ir.Const) and 0 <= int(m.b.value) < size):
+            return None
+        if x.b != ir.Const(0, x.b.dtype):
+            return None
+        name = f"__hp_bit_{x.op}_{int(m.b.value)}"
+        env[name] = f"((hp_lt & {int(m.b.value)}u) {'==' if x.op == ops.EQ.name else '!='} 0u)"
+        return ir.Ref(name, x.dtype)
+
+    return _rewritten(fn, f), env
 
 
 # elements per tile of the C target's inner loops (HP_TILE)
@@ -78,14 +108,14 @@ SPLIT_MIN = 8  # a map choosing on bit d of its index runs as pairs from d = SPL
 
 def _body(
     f: CRenderer, fn: ir.Lambda, length: ir.Expr, lv: int, safe: str | None,
-    index: str = "i", tile: str | None = None,
+    index: str = "i", tile: str | None = None, env: dict[str, str] | None = None,
 ) -> tuple[list[str], str, Body]:  # fmt: skip
     """``fn``'s statements and result at ``index``; ``safe``: the length (repr) that the
     index is known to be below, so reads at it of arrays that long need no check."""
     body = Body(level=lv, index=index, loop_len=length, tile=tile)
     if safe is not None:
         body.safe[index] = safe
-    v = f.em.apply(fn, [index], body, {BLOCK_REF: "hp_blk"})
+    v = f.em.apply(fn, [index], body, {BLOCK_REF: "hp_blk", **(env or {})})
     f.hoisted += body.hoist
     return body.lines, v, body
 
@@ -112,7 +142,7 @@ def _split(fn: ir.Lambda, size: int) -> tuple[int, ir.Lambda, ir.Lambda] | None:
 
 
 def _stores(f: CRenderer, x: ir.Map, buf: str, v: str) -> list[str]:
-    st = [f"{buf}[hp_off + i] = {v};"]
+    st = [f"{buf}[hp_off + i] = {v};"] if buf else []
     home = f.plan.homes.get(x.name)
     if home is not None:
         st.append(f.store(home, f.plan.arrays[x.name].dtype, v))
@@ -139,18 +169,24 @@ def _pairs(f: CRenderer, x: ir.Map, fn: ir.Lambda, buf: str, lv: int, safe: str 
 
 
 def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None) -> str:
-    """One map of the section over the block's elements, into its buffer (and its home)."""
+    """One map of the section over the block's elements, into its buffer (none, ``""``, where
+    no op of the section reads it) and its home."""
     fn = _per_block(x.fn, size)
     tiled = size % 8 == 0 and size <= TILE
-    lines, v, body = _body(f, fn, x.type.length, lv, safe, tile="t" if tiled else None)
+    bits, env = _local_bits(fn, size)
+    tile = "t" if tiled else None
+    lines, v, body = _body(f, bits, x.type.length, lv, safe, tile=tile, env=env)
+    if env:
+        lt = "(uint32_t)t" if tiled else "(uint32_t)(i - hp_b0)"
+        lines = [f"const uint32_t hp_lt = {lt};", *lines]
     st = _stores(f, x, buf, v)
     ln, e = f.length(x.type.length), f.names.fresh("be")
     if tiled:
         pre = f.tile_pre(body)
         loop = (
-            f"      {{ const int64_t i0 = hp_b0, tl = {e} - hp_b0;\n"
+            f"      {{ const int64_t i0 = hp_b0; const int32_t tl = (int32_t)({e} - hp_b0);\n"
             + "".join(f"      {p}\n" for p in pre)
-            + "      #pragma omp simd\n      for (int64_t t = 0; t < tl; t++) {\n"
+            + "      #pragma omp simd\n      for (int32_t t = 0; t < tl; t++) {\n"
             "        const int64_t i = i0 + t;\n"
             + "".join(f"        {ln_}\n" for ln_ in [*lines, *st])
             + "      }\n      }\n"
@@ -169,8 +205,12 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
     return (
         f"      const int64_t {e} = hp_b1 < {ln} ? hp_b1 : {ln};\n"
         + loop
-        + f"      for (int64_t i = ({e} > hp_b0 ? {e} : hp_b0) + hp_off; i < {2 * size}; i++) "
-        f"{buf}[i] = 0;\n"
+        + (
+            f"      for (int64_t i = ({e} > hp_b0 ? {e} : hp_b0) + hp_off; i < {2 * size}; i++) "
+            f"{buf}[i] = 0;\n"
+            if buf
+            else ""
+        )
     )
 
 
@@ -234,7 +274,13 @@ def render_block(f: CRenderer, sp: Special) -> str:
     setup: list[str] = []
     vars_: list[str] = []
     lengths = []
+    read = {ld.array for y in op.ops for e in lambda_exprs(y.fn) for ld in walk(e)
+            if isinstance(ld, ir.Load)}  # fmt: skip
     for x in op.ops:
+        if isinstance(x, ir.Map) and x.name not in read:  # stored to its home alone
+            vars_.append("")
+            lengths.append(f.length(x.type.length))
+            continue
         if isinstance(x, ir.Map):
             dt = x.type.dtype
             scr = f.scratch(ctype(dt), f"(int64_t)nt * {3 * size}")
