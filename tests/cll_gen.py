@@ -552,6 +552,8 @@ def _statement(gen: _Gen, sc: Scope, enc: _Enc) -> None:
         line = f"let {name} = {f}({b}, {idx.name}, {vals}{count});"
         arr = Arr(name, t, length)
     elif kind == "choice":  # an array chosen by a parameter (both sides of one type)
+        if not sc.arrays:  # (a decode of scalar fields)
+            return
         a = gen.pick(sc.arrays)
         same = [b for b in sc.arrays if (b.dtype, b.length, b.bits) == (a.dtype, a.length, a.bits)]
         b = gen.pick(same)
