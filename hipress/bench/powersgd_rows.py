@@ -1,8 +1,8 @@
 """PowerSGD rows of the convergence benchmark: hipress's (``powersgd``, the multi-round CompLL
 algorithm through ``hipress.casync.register``, DDP's default buckets, embeddings as exact rows
-where sparse) and PyTorch's own (``powersgd-hook``: ``powerSGD_hook`` with ``PowerSGDState``,
-one bucket, which gloo needs), both at :data:`RANK` with warm start and error feedback,
-compressing from the same step."""
+where sparse; ``acpsgd``, its one-round alternating variant, the same way) and PyTorch's own
+(``powerSGD_hook`` with ``PowerSGDState``, one bucket, which gloo needs), all at :data:`RANK`
+with warm start and error feedback, compressing from the same step."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = ["NAMES", "RANK", "wrap"]
 
-NAMES = ("powersgd", "powersgd-hook")
+NAMES = ("powersgd", "acpsgd", "powersgd-hook")
 RANK = 4
 # powerSGD_hook on gloo: one bucket (its rounds are not ordered across buckets)
 ONE_BUCKET_MB = 4096
@@ -21,11 +21,11 @@ def wrap(model: nn.Module, name: str, start: int) -> DDP:
     """``model`` in DDP synchronised by the PowerSGD row ``name``, compressing from step
     ``start`` (at least 2, PyTorch's own lower bound with error feedback)."""
     start = max(2, start)
-    if name == "powersgd":
+    if name in ("powersgd", "acpsgd"):
         import hipress.casync
 
         ddp = DDP(model)
-        hipress.casync.register(ddp, "powersgd", params={"rank": RANK}, warmup_steps=start)
+        hipress.casync.register(ddp, name, params={"rank": RANK}, warmup_steps=start)
         return ddp
     if name != "powersgd-hook":
         raise ValueError(f"unknown PowerSGD row {name!r}; rows: {', '.join(NAMES)}")
