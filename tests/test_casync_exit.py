@@ -21,12 +21,15 @@ SCRIPT = textwrap.dedent("""
     from hipress.core.plan import Plan, Strategy, TensorPlan
 
     rank, world, strategy, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    # connecting waits as long as the ranks take to start; the group that trains gives up on
+    # a silent peer after 5 s
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=5))
+                            world_size=world)
+    group = dist.new_group(timeout=datetime.timedelta(seconds=5))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                           nn.Linear(512, 10))
-    ddp = DDP(model)
+    ddp = DDP(model, process_group=group)
     s = Strategy(strategy)
     plan = Plan("terngrad", {}, world, tuple(
         TensorPlan(n, p.numel(), p.numel() >= 4 * world, s if p.numel() >= 4 * world
@@ -43,23 +46,34 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ports(n: int) -> list[str]:
+    """``n`` distinct free ports (all bound at once, so no two are the same)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [str(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _launch(script: Path, world: int, port: str, *args: str) -> list[subprocess.Popen[bytes]]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return [subprocess.Popen([sys.executable, str(script), str(r), *args, port], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for r in range(world)]  # fmt: skip
 
 
 @pytest.mark.parametrize("strategy", ["allgather", "ring", "ps"])
 def test_survivors_keep_their_exit_status(strategy: str, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for _ in range(2):
-        port = str(_port())
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), "4", strategy, port],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for r in range(4)]  # fmt: skip
-        codes = [p.wait(timeout=120) for p in procs]
+    # two launches side by side, each its own group: a launch spends seconds idle (the peer
+    # timeout, the exit)
+    launches = [_launch(script, 4, port, "4", strategy) for port in _ports(2)]
+    for procs in launches:
+        codes = [p.wait(timeout=240) for p in procs]
         outs = [p.stdout.read().decode(errors="replace")[-2000:] for p in procs]  # type: ignore[union-attr]
         assert codes == [3, 3, 3, 0], (codes, outs)
 
@@ -91,14 +105,10 @@ def test_a_script_that_ends_without_destroying_its_group_exits_cleanly(tmp_path:
     backend threads, so every launch exits 0."""
     script = tmp_path / "clean.py"
     script.write_text(CLEAN)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     codes = []
-    for _ in range(6):
-        port = str(_port())
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), port], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for r in range(2)]  # fmt: skip
-        codes += [p.wait(timeout=120) for p in procs]
+    launches = [_launch(script, 2, port) for port in _ports(6)]  # side by side
+    for procs in launches:
+        codes += [p.wait(timeout=240) for p in procs]
         for p in procs:
             p.stdout.close()  # type: ignore[union-attr]
     assert codes == [0] * 12, codes
