@@ -176,3 +176,15 @@ def _probe(rank: int, n: int) -> tuple[int, int, bool]:
 def test_probe_plan_agrees_on_the_largest_count() -> None:
     # each rank touches 4 distinct rows per step: the bound is 2 * 4 + 1 on both
     assert run_workers(_probe, 2) == [(ROWS, 9, True), (ROWS, 9, True)]
+
+
+def test_a_dense_embedding_stays_plain_and_the_log_says_how_to_compress_it() -> None:
+    from hipress.codec.rowplan import decide_rows
+
+    plan = Plan("onebit", {}, 2, (TensorPlan("tok.weight", 1024 * 8, False, Strategy.ALLREDUCE),),
+                meta={"kept_plain": {"tok.weight": "embedding"}})  # fmt: skip
+    new, chosen, lines = decide_rows(plan, {"tok.weight": (1024, 1024)}, 2)
+    assert chosen == [] and not new.entries[0].compress and not new.entries[0].row_bound
+    assert "dense gradient" in lines[0] and "include=['tok.weight']" in lines[0]
+    _, _, sparse = decide_rows(plan, {"tok.weight": (1024, 3)}, 2)
+    assert "dense gradient" not in sparse[0]

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from hipress.casync.verdict import replan
 from hipress.codec.logs import RANK_FILTER
-from hipress.codec.rowplan import candidates, decide_rows, dense_states, plan_rows
+from hipress.codec.rowplan import candidates, decide_rows, plan_rows
 from hipress.codec.rowsparse import nonzero_rows, row_states
 
 __all__ = ["RowProbe", "candidates", "decide", "plan_rows", "touched_rows"]
@@ -123,8 +123,5 @@ def decide(state: Any, rt: Any, device: torch.device) -> Any:
         rt.plan = dataclasses.replace(rt.plan, meta=plan.meta)
         return rt
     base = plan_rows(rt.base_plan, measured, state.world_size)
-    dense = dense_states(state.algorithm, plan, state.rank, state.world_size, state.seed,
-                         state._devices)  # fmt: skip
-    worker = {**rt.worker_states, **dense[0],
-              **row_states(plan, state.rank, state.seed, state._devices)}  # fmt: skip
-    return replan(state, rt, plan, base, states=(worker, {**rt.server_states, **dense[1]}))
+    worker = {**rt.worker_states, **row_states(plan, state.rank, state.seed, state._devices)}
+    return replan(state, rt, plan, base, states=(worker, rt.server_states))

@@ -77,12 +77,6 @@ def print_kept_plain(plan: Plan, out: TextIO) -> None:
     for why, names in by_reason.items():
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         print(f"  {why}: {shown}", file=out)
-    dense = dict(plan.meta.get("dense_choice", {}))
-    if dense:
-        shown = ", ".join(f"{n} ({c['strategy']}, K={c['partitions']}, {c['predicted_ms']:.3g} ms)"
-                          for n, c in sorted(dense.items()))  # fmt: skip
-        print(f"compressed instead once CaSync or Horovod finds every row of the gradient "
-              f"touched (a tied input/output embedding): {shown}", file=out)  # fmt: skip
 
 
 def _network_summary(profile: Profile) -> str:

@@ -83,17 +83,9 @@ def keep_plain(plan: Plan, reasons: Mapping[str, str]) -> Plan:
     """``plan`` with the entries named in ``reasons`` (``{name: why}``) uncompressed (other
     fields, e.g. a lossless synchronisation, kept), their predictions set to the uncompressed
     time where known, and ``meta["kept_plain"]`` recording every reason (the plan's own and
-    these). An embedding it keeps plain that ``plan`` compressed has how ``plan`` ran it
-    recorded in ``meta["dense_choice"]`` (strategy, partitions, predicted ms): once CaSync or
-    Horovod has counted its rows and found every row touched (a dense gradient, as an input
-    embedding tied to the output layer has), it is a matrix like any other and runs so
-    (:func:`hipress.codec.rowplan.plan_rows`). Returns ``plan`` itself when nothing changes."""
+    these). Returns ``plan`` itself when nothing changes."""
     changed, delta, entries = False, 0.0, []
-    dense: dict[str, dict[str, Any]] = {}
     for e in plan.entries:
-        if e.compress and reasons.get(e.name) == "embedding":
-            dense[e.name] = {"strategy": e.strategy.value, "partitions": e.partitions,
-                             "predicted_ms": e.predicted_ms}  # fmt: skip
         if e.compress and e.name in reasons:
             ms = e.uncompressed_ms or e.predicted_ms
             delta += ms - e.predicted_ms
@@ -109,8 +101,6 @@ def keep_plain(plan: Plan, reasons: Mapping[str, str]) -> Plan:
     if "planned" in totals:
         totals["planned"] = round(totals["planned"] + delta, 6)
     meta = {**plan.meta, "kept_plain": {**dict(plan.meta.get("kept_plain", {})), **kept}}
-    if dense:
-        meta["dense_choice"] = {**dict(plan.meta.get("dense_choice", {})), **dense}
     return dataclasses.replace(plan, entries=tuple(entries), totals=totals, meta=meta)
 
 

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from hipress.codec.algorithm import init_chunk_states
-from hipress.core.compression import CompressionAlgorithm
-from hipress.core.plan import Plan, PlanError, Strategy, TensorPlan
+from hipress.core.plan import Plan, PlanError, Strategy
 from hipress.core.rule import Selection
 from hipress.secopa.model.rowcost import RowDensity, row_bound
 
-__all__ = ["candidates", "decide_rows", "dense_states", "embedding_rows", "plan_rows"]
+__all__ = ["candidates", "decide_rows", "embedding_rows", "plan_rows"]
 
 
 def embedding_rows(
@@ -51,10 +48,6 @@ def plan_rows(
     ``touched`` is within its break-even count, or, for a tensor SeCoPa did not price, when
     ``world_size`` bounds stay within ``max_fraction`` of its rows (the union of the ranks'
     rows is then well below the dense tensor). The prices record ``touched`` and the choice.
-    A measured tensor with every row touched (a dense gradient: an input embedding tied to the
-    output layer) that the plan recorded a compressed choice for (``plan.meta["dense_choice"]``,
-    :func:`hipress.codec.planning.keep_plain`) is compressed as that choice says, like any
-    matrix of its size; ``meta["dense_embeddings"]`` lists those.
     Other entries are kept as they are. Raises
     :class:`PlanError` naming a measured tensor the plan does not hold or whose rows do not
     divide its size."""
@@ -67,9 +60,6 @@ def plan_rows(
     unknown = sorted(set(measured) - names)
     if unknown:
         raise PlanError(f"plan_rows: the plan has no entry for measured tensors {unknown[:5]}")
-    dense_choice = dict(plan.meta.get("dense_choice") or {})
-    kept = dict(plan.meta.get("kept_plain") or {})
-    made_dense = []
     for e in plan.entries:
         if e.name not in measured:
             entries.append(e)
@@ -77,14 +67,6 @@ def plan_rows(
         rows, touched = measured[e.name]
         if rows <= 0 or e.numel % rows:
             raise PlanError(f"plan_rows: {e.name}: {rows} rows do not divide {e.numel} elements")
-        choice = dense_choice.get(e.name)
-        if choice is not None and touched >= rows:
-            entries.append(_compressed(e, choice))
-            made_dense.append(e.name)
-            kept.pop(e.name, None)
-            if e.name in prices:
-                prices[e.name].update(touched=touched, chosen="compressed")
-            continue
         bound = row_bound(touched, rows, slack)
         price = prices.get(e.name)
         if price is not None and isinstance(price.get("breakeven"), int):
@@ -101,37 +83,7 @@ def plan_rows(
     meta = {**dict(plan.meta), "row_sparse": {"slack": slack, "max_fraction": max_fraction}}
     if prices:
         meta["row_prices"] = prices
-    if made_dense:
-        meta["dense_embeddings"] = sorted(made_dense)
-        meta["kept_plain"] = kept
     return dataclasses.replace(plan, entries=tuple(entries), meta=meta)
-
-
-def _compressed(e: TensorPlan, choice: Mapping[str, Any]) -> TensorPlan:
-    """Entry ``e`` compressed as ``choice`` (a ``meta["dense_choice"]`` value) says."""
-    try:
-        strategy = Strategy(choice["strategy"])
-        parts = int(choice["partitions"])
-    except (KeyError, TypeError, ValueError):
-        raise PlanError(f"plan_rows: {e.name}: the plan's dense_choice {dict(choice)!r} is not "
-                        "a strategy and partitions") from None  # fmt: skip
-    ms = float(choice.get("predicted_ms", e.predicted_ms) or 0.0)
-    return dataclasses.replace(e, compress=True, strategy=strategy, partitions=parts, rows=0,
-                               row_bound=0, predicted_ms=ms)  # fmt: skip
-
-
-def dense_states(
-    algorithm: CompressionAlgorithm, plan: Plan, rank: int, world_size: int, seed: int,
-    devices: Mapping[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The all-zero algorithm states ``(worker, server)`` of the embeddings :func:`plan_rows`
-    compressed as matrices (``plan.meta["dense_embeddings"]``), made as every compressed
-    tensor's are (:func:`~hipress.codec.algorithm.init_chunk_states`)."""
-    names = set(plan.meta.get("dense_embeddings") or ())
-    if not names:
-        return {}, {}
-    sub = dataclasses.replace(plan, entries=tuple(e for e in plan.entries if e.name in names))
-    return init_chunk_states(algorithm, sub, rank, world_size, seed, devices)
 
 
 def candidates(plan: Plan, shapes: Mapping[str, tuple[int, ...] | None]) -> dict[str, int]:
@@ -151,23 +103,12 @@ def decide_rows(
 ) -> tuple[Plan, list[str], list[str]]:
     """The plan to run once ``measured`` (``name -> (rows, the most rows touched in a step
     on any rank)``) is known (:func:`plan_rows`), the names it makes row-sparse, and one line
-    per measured tensor saying what was chosen and why (for the caller's log). The names are
-    those it changes: made row-sparse, or compressed as a dense matrix."""
+    per measured tensor saying what was chosen and why (for the caller's log)."""
     new = plan_rows(plan, measured, world_size)
-    dense = set(new.meta.get("dense_embeddings") or ())
-    chosen = sorted(e.name for e in new.entries
-                    if e.name in measured and (e.row_bound or e.name in dense))  # fmt: skip
+    chosen = sorted(e.name for e in new.entries if e.name in measured and e.row_bound)
     prices = new.meta.get("row_prices") or {}
     lines = []
     for name, (rows, most) in sorted(measured.items()):
-        if name in dense:
-            e = next(x for x in new.entries if x.name == name)
-            lines.append(f"{name}: every one of its {rows} rows touched in a step (a dense "
-                         f"gradient, as a tied input/output embedding has): compressed with "
-                         f"{new.algorithm} from now on ({e.strategy.value}, {e.partitions} "
-                         f"partition{'s' if e.partitions > 1 else ''}), as the plan runs a "
-                         "matrix of its size")  # fmt: skip
-            continue
         be = prices.get(name, {}).get("breakeven")
         why = (
             f"unpriced: rows while {world_size} bounds stay within a quarter of the rows"
@@ -175,6 +116,9 @@ def decide_rows(
             else f"SeCoPa's break-even: {be} rows"
         )
         what = "synchronised as rows from now on" if name in chosen else "kept dense"
+        if most >= rows:
+            what += (" (every row touched: a dense gradient, as a tied input/output embedding "
+                     f"has; include=[{name!r}] compresses it)")  # fmt: skip
         lines.append(f"{name}: at most {most} of {rows} rows touched in a step on any rank: "
                      f"{what} ({why})")  # fmt: skip
     return new, chosen, lines

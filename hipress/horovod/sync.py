@@ -32,7 +32,6 @@ from hipress.codec.algorithm import decode_mean, encode_reporting, init_chunk_st
 from hipress.codec.checkpoint import load_states, save_states
 from hipress.codec.errors import ConfigMismatchError
 from hipress.codec.flags import Flag, FlagMode
-from hipress.codec.rowplan import dense_states
 from hipress.codec.rowsparse import row_state_key, row_states
 from hipress.core.compression import CompressionAlgorithm, compresses
 from hipress.core.layout import ChunkLayout, layout_plan
@@ -144,12 +143,6 @@ class HorovodSync:
             del self.worker_states[key]
         for key, state in new.items():
             self.worker_states.setdefault(key, state)
-        worker, server = dense_states(self.algorithm, plan, self.rank, self.world_size,
-                                      self.seed, self.devices)  # fmt: skip
-        for key, state in worker.items():
-            self.worker_states.setdefault(key, state)
-        for key, state in server.items():
-            self.server_states.setdefault(key, state)
         self.plan, self.entries = plan, {e.name: e for e in plan.entries}
         self.layout = layout_plan(plan, self.world_size, self.algorithm.payload_nbytes)
 
