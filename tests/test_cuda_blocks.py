@@ -80,7 +80,7 @@ def test_a_section_that_fits_is_one_kernel_in_shared_memory() -> None:
 
 
 @needs_cxx
-@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(b=st.sampled_from([2, 3, 7, 32, 255, 256, 257, 1000, 4096]))
 def test_emulated_section_kernel_equals_the_reference(b: int) -> None:
     ref = _ref(b)
@@ -96,7 +96,7 @@ def test_a_section_too_big_for_shared_memory_runs_as_passes() -> None:
 
 
 @needs_cxx
-@pytest.mark.parametrize("log_block", [2, 12])
+@pytest.mark.parametrize("log_block", [2, 9])
 def test_emulated_hadamard_example_equals_the_reference(log_block: int) -> None:
     src = SourceFile.read(EXAMPLE)
     ref = load_source(src, backend="reference", log_block=log_block)
