@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_marks import needs_nvrtc
 
 from hipress.compll import algorithms, load, load_source
 from hipress.compll.backends.cache import CompileError
@@ -16,17 +17,6 @@ from hipress.compll.ir.source import SourceFile
 cuda_mod = pytest.importorskip("hipress.compll.backends.cuda.backend")
 
 
-def _nvrtc_ok() -> bool:
-    from hipress.compll.backends.cuda.nvrtc import _nvrtc
-
-    try:
-        _nvrtc()
-        return True
-    except cuda_mod.CudaUnavailable:
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC not installed")
 
 
 @needs_nvrtc

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cuda_marks import needs_nvrtc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -110,17 +111,7 @@ def test_emulated_hadamard_example_equals_the_reference(log_block: int) -> None:
         assert torch.equal(d1.view(torch.int32), d2.view(torch.int32)), n  # NaN bits too
 
 
-def _nvrtc() -> bool:
-    try:
-        from hipress.compll.backends.cuda.nvrtc import _nvrtc
-
-        _nvrtc()
-        return True
-    except Exception:  # any failure to load it: not usable here
-        return False
-
-
-@pytest.mark.skipif(not _nvrtc(), reason="NVRTC not installed")
+@needs_nvrtc
 def test_section_kernels_compile_with_nvrtc() -> None:
     from hipress.compll.backends.cuda.backend import compile_check
 

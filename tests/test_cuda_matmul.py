@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_marks import needs_nvrtc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,17 +77,7 @@ def test_emulated_tiled_matmul_equals_the_reference(shape: tuple[int, int]) -> N
     _same(ref, emu, m, [0, 1, 9, 16, 17, 40])
 
 
-def _nvrtc() -> bool:
-    try:
-        from hipress.compll.backends.cuda.nvrtc import _nvrtc
-
-        _nvrtc()
-        return True
-    except Exception:  # any failure to load it: not usable here
-        return False
-
-
-@pytest.mark.skipif(not _nvrtc(), reason="NVRTC not installed")
+@needs_nvrtc
 def test_tiled_matmul_compiles_with_nvrtc() -> None:
     from hipress.compll.backends.cuda.backend import compile_check
 

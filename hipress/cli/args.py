@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,18 @@ def parse_strategies(text: str) -> tuple[Strategy, ...]:
     if not out or Strategy.ALLREDUCE in out:
         raise argparse.ArgumentTypeError("give compressed strategies: allgather, ps, ring")
     return out
+
+
+def check_params(value: str, raw: Any, loader: Callable[..., Any]) -> None:
+    """Raise :class:`~hipress.cli.checks.UsageError` for ``--param`` unless algorithm ``value``
+    loads with the items ``raw`` (``K=V`` strings, or already parsed pairs) through ``loader``
+    (``load`` or ``load_rounds``) on the reference backend."""
+    from hipress.cli.checks import UsageError
+
+    try:
+        params = dict(raw) if raw and isinstance(raw[0], tuple) else parse_params(raw)
+        loader(value, backend="reference", **params)
+    except (CllError, KeyError, TypeError, ValueError) as exc:
+        text = " ".join(str(exc).split())
+        raise UsageError("--param", " ".join(map(str, raw)), f"does not fit {value}: {text}",
+                         f"`hipress show {value}` lists its parameters") from None  # fmt: skip

@@ -156,8 +156,8 @@ def _device(flag: str, value: Any, args: argparse.Namespace) -> None:
 
 def _algorithm_params(flag: str, value: Any, args: argparse.Namespace) -> None:
     """``--algorithm`` with its ``--param`` items: the algorithm loads with them."""
-    from hipress.cli.args import parse_params
-    from hipress.compll import CllError, load
+    from hipress.cli.args import check_params
+    from hipress.compll import load
 
     raw = getattr(args, "param", [])
     if value is None and (not raw or getattr(args, "profile", None)):
@@ -167,13 +167,7 @@ def _algorithm_params(flag: str, value: Any, args: argparse.Namespace) -> None:
 
         value = DEFAULT_ALGORITHM
     Names(_algorithms, "algorithm").check(flag, value, args)
-    try:
-        params = dict(raw) if raw and isinstance(raw[0], tuple) else parse_params(raw)
-        load(value, backend="reference", **params)
-    except (CllError, KeyError, TypeError, ValueError) as exc:
-        text = " ".join(str(exc).split())
-        raise UsageError("--param", " ".join(map(str, raw)), f"does not fit {value}: {text}",
-                         f"`hipress show {value}` lists its parameters") from None  # fmt: skip
+    check_params(value, raw, load)
 
 
 def _plan_algorithm(flag: str, value: Any, args: argparse.Namespace) -> None:

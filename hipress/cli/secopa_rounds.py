@@ -12,13 +12,11 @@ from typing import Any, TextIO
 import torch
 
 from hipress.casync.rounds_plan import resolve
-from hipress.cli.args import parse_params
+from hipress.cli.args import check_params
 from hipress.cli.charts import write_plan_png
-from hipress.cli.checks import UsageError
 from hipress.cli.progress import phase
 from hipress.cli.secopa import USER_ERRORS, _link, _link_meta
 from hipress.codec.errors import CaSyncError
-from hipress.compll import CllError
 from hipress.compll.rounds import RoundsAlgorithm, load_rounds, rounds_algorithms
 from hipress.core.plan import Plan, PlanError
 from hipress.core.rule import Selection
@@ -45,13 +43,7 @@ def check_rounds_algorithm(flag: str, value: Any, args: argparse.Namespace) -> b
     if value not in rounds_algorithms():
         return False
     raw = getattr(args, "param", [])
-    try:
-        params = dict(raw) if raw and isinstance(raw[0], tuple) else parse_params(raw)
-        load_rounds(value, backend="reference", **params)
-    except (CllError, KeyError, TypeError, ValueError) as exc:
-        text = " ".join(str(exc).split())
-        raise UsageError("--param", " ".join(map(str, raw)), f"does not fit {value}: {text}",
-                         f"`hipress show {value}` lists its parameters") from None  # fmt: skip
+    check_params(value, raw, load_rounds)
     return True
 
 
