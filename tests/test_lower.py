@@ -62,9 +62,9 @@ def test_a_program_is_lowered_once_per_function_and_variant(
     calls: list[tuple[str, bool]] = []
     real = lower_mod.lower
 
-    def counting(p, fn, accumulate=False, nonfinite=False, unfused=False):  # type: ignore[no-untyped-def]
+    def counting(p, fn, accumulate=False, **options):  # type: ignore[no-untyped-def]
         calls.append((fn, accumulate))
-        return real(p, fn, accumulate, nonfinite, unfused)
+        return real(p, fn, accumulate, **options)
 
     monkeypatch.setattr(lower_mod, "lower", counting)
     text = render(prog, target)
