@@ -30,11 +30,12 @@ from hipress.compll.ir.source import SourceFile
 # elsewhere. These properties are about the algorithms, so they run on the reference.
 BACKEND = "reference"
 ALGOS = algorithms()
-# error feedback (state `residual`, or `comp` for the one-pass forms of onebit and efsignsgd):
+# error feedback (state `residual`, or `comp` for the one-pass forms of onebit, efsignsgd and
+# blocksign):
 # residual_after + decoded == g + residual_before
-EF = {"dgc", "efsignsgd", "graddrop", "onebit", "randomk", "tbq", "topk"}
+EF = {"blocksign", "dgc", "efsignsgd", "graddrop", "onebit", "randomk", "tbq", "topk"}
 # one pass over the data: a non-finite step drops the residual (`lost`) instead of keeping it
-ONE_PASS_EF = {"dgc", "efsignsgd", "graddrop", "onebit", "randomk", "tbq", "topk"}
+ONE_PASS_EF = {"blocksign", "dgc", "efsignsgd", "graddrop", "onebit", "randomk", "tbq", "topk"}
 # params under which E[decode(encode(g))] == g
 UNBIASED: dict[str, dict[str, Any]] = {
     "qsgd": {},
@@ -117,6 +118,7 @@ def _scale_sign(x: torch.Tensor, y: torch.Tensor) -> None:
 
 def check_signsgd(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> None:
     # the mean |g| of each chunk (the last one may be shorter), with each element's sign
+    # (blocksign: the same, of the compensated gradient, which a fresh state makes g)
     n, size = x.numel(), int(alg.params["chunk"])
     counts = _per_chunk(torch.ones(n, dtype=torch.float64), size, lambda r: r.sum(1))
     l1 = _per_chunk(x.double().abs(), size, lambda r: r.sum(1))
@@ -233,6 +235,7 @@ def check_terngrad(alg: Algorithm, x: torch.Tensor, p: torch.Tensor, y: torch.Te
 
 BOUNDS: dict[str, Check] = {
     "bf16": check_bf16,
+    "blocksign": check_signsgd,
     "dgc": check_dgc,
     "efsignsgd": check_efsignsgd,
     "fp16": check_fp16,
@@ -322,12 +325,13 @@ def test_error_feedback_conserves_the_compensated_gradient(name: str) -> None:
     n = 500
     gen = torch.Generator().manual_seed(2)
     st_ = alg.init_state(n)
+    chunk = int(alg.params.get("chunk", 0)) if name == "blocksign" else 0
     for _ in range(4):
         g = torch.randn(n, generator=gen)
-        before = residual(st_)
+        before = residual(st_, chunk)
         y = alg.decode(alg.encode(g, st_), n)
         c = g + before
-        after = residual(st_)
+        after = residual(st_, chunk)
         torch.testing.assert_close(after + y, c, rtol=0, atol=_eps_tol(c))
         assert after.abs().sum() > 0  # something was held back
 
@@ -352,10 +356,11 @@ def unsent(st_: Any) -> torch.Tensor:
     return ~(sent | bool(t["lost"]))
 
 
-def residual(st_: Any) -> torch.Tensor:
+def residual(st_: Any, chunk: int = 0) -> torch.Tensor:
     """The error-feedback residual an algorithm's state holds: ``residual`` itself, or ``comp``
-    minus its decode (``ppos``/``pneg`` or ``pscale``), or ``comp`` where it was not sent
-    (``pthr``: :func:`unsent`); 0 if the state says it is ``lost``."""
+    minus its decode (``ppos``/``pneg``, or ``pscale``: one per ``chunk`` elements if given),
+    or ``comp`` where it was not sent (``pthr``: :func:`unsent`); 0 if the state says it is
+    ``lost``."""
     t = st_.tensors
     if "lost" in t and bool(t["lost"]):
         return torch.zeros_like(t["residual" if "residual" in t else "comp"])
@@ -365,7 +370,8 @@ def residual(st_: Any) -> torch.Tensor:
     if "pthr" in t or "pmin" in t:
         return torch.where(unsent(st_), comp, torch.zeros_like(comp))
     if "pscale" in t:
-        pos, neg = t["pscale"], -t["pscale"]
+        pos = t["pscale"].repeat_interleave(chunk)[: comp.numel()] if chunk else t["pscale"]
+        neg = -pos
     else:
         pos, neg = t["ppos"], t["pneg"]
     return comp - torch.where(comp < 0, neg, pos)

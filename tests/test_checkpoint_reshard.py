@@ -21,7 +21,8 @@ from hipress.compll import load
 from hipress.core.plan import Plan, Strategy, TensorPlan
 
 CASES = {
-    "onebit": {}, "efsignsgd": {}, "topk": {"ratio": 0.1}, "randomk": {"ratio": 0.1}, "tbq": {},
+    "onebit": {}, "efsignsgd": {}, "blocksign": {"chunk": 64}, "topk": {"ratio": 0.1},
+    "randomk": {"ratio": 0.1}, "tbq": {},
     "graddrop": {"drop_ratio": 0.9, "sample_rate": 0.5},
     "dgc": {"s_percent": 0.1, "sample_rate": 0.5},
     "dgc-masking": {"s_percent": 0.1, "sample_rate": 0.5, "masking": True},

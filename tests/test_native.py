@@ -803,7 +803,7 @@ def test_topk_keeps_no_key_array_and_narrows_crowded_prefixes(name: str) -> None
 # the encodes whose first pass is a plain loop over the gradient report NaN/Inf from it
 # (dgc, graddrop and topk: the filter's or top-k's pass that computes their state)
 IN_KERNEL_FLAG = {
-    "bf16", "dgc", "efsignsgd", "fp16", "graddrop", "onebit", "randomk", "signsgd", "tbq",
+    "bf16", "blocksign", "dgc", "efsignsgd", "fp16", "graddrop", "onebit", "randomk", "signsgd", "tbq",
     "terngrad", "topk",
 }  # fmt: skip
 

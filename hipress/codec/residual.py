@@ -58,6 +58,12 @@ def _efsignsgd(t: Tensors, params: Mapping[str, Any]) -> dict[str, torch.Tensor]
     return _signed(t, "pscale", "pscale", -1.0)
 
 
+def _blocksign(t: Tensors, params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    comp = t["comp"].float()
+    scale = t["pscale"].float().repeat_interleave(int(params.get("chunk", 128)))[: comp.numel()]
+    return {"residual": _zero_if_lost(t, comp - torch.where(comp < 0, -scale, scale))}
+
+
 def _topk(t: Tensors, params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     comp = t["comp"].float()
     a, pmin = comp.abs(), t["pmin"].float()
@@ -85,6 +91,7 @@ def _stored(t: Tensors, params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 _FRESH: dict[str, dict[str, float]] = {
     "onebit": {"ppos": 0.0, "pneg": 0.0},
     "efsignsgd": {"pscale": 0.0},
+    "blocksign": {"pscale": 0.0},
     "topk": {"pmin": float("inf"), "plast": -1},
     "graddrop": {"plast": -1, "poff": 0, "pthr": 0.0},
     "dgc": {"plast": -1, "poff": 0, "pthr": 0.0},
@@ -92,8 +99,8 @@ _FRESH: dict[str, dict[str, float]] = {
     "tbq": {},
 }
 _READ: dict[str, Callable[[Tensors, Mapping[str, Any]], dict[str, torch.Tensor]]] = {
-    "onebit": _onebit, "efsignsgd": _efsignsgd, "topk": _topk, "graddrop": _graddrop,
-    "dgc": _dgc, "randomk": _stored, "tbq": _stored,
+    "onebit": _onebit, "efsignsgd": _efsignsgd, "blocksign": _blocksign, "topk": _topk,
+    "graddrop": _graddrop, "dgc": _dgc, "randomk": _stored, "tbq": _stored,
 }  # fmt: skip
 # the state entry each mass is written to
 _TARGET = {"residual": "comp", "u": "u"}
