@@ -1,8 +1,8 @@
 """Local-step training with hipress.diloco: each worker takes H inner AdamW steps alone, then
-the workers average the change of their weights, compressed with onebit (error feedback on),
-and an outer optimizer applies it. Saves and resumes a checkpoint per rank.
+the workers average the change of their weights, compressed with blocksign (signs and a scale
+per 128 elements, error feedback on), and an outer optimizer applies it. Saves and resumes a checkpoint per rank.
 
-    torchrun --nproc-per-node 4 examples/diloco_train.py --algorithm onebit --sync-every 16
+    torchrun --nproc-per-node 4 examples/diloco_train.py --algorithm blocksign --sync-every 16
     torchrun --nproc-per-node 4 examples/diloco_train.py --resume   # continues from ckpt/
 
 Runs on CPUs (gloo) or, with --device cuda and one GPU per rank, on GPUs (nccl).
@@ -32,7 +32,7 @@ def batches(rank: int, steps: range, device: torch.device):  # type: ignore[no-u
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--algorithm", default="onebit", help="a CompLL algorithm, or none")
+    p.add_argument("--algorithm", default="blocksign", help="a CompLL algorithm, or none")
     p.add_argument("--sync-every", type=int, default=16)
     p.add_argument("--steps", type=int, default=320)
     p.add_argument("--device", default="cpu")

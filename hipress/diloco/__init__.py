@@ -2,7 +2,7 @@
 
     from hipress.diloco import DiLoCo
 
-    diloco = DiLoCo(model, inner_optimizer, sync_every=16, algorithm="onebit")
+    diloco = DiLoCo(model, inner_optimizer, sync_every=16, algorithm="blocksign")
     with diloco:
         for x, y in data:
             inner_optimizer.zero_grad()
