@@ -268,7 +268,7 @@ def test_local_step_mode_beside_ddp() -> None:
 
     opts = ConvergenceOptions(task="tabular", workers=2, algorithms=(), epochs=2,
                               train_samples=512, eval_samples=256, timeout=300,
-                              local_steps=("diloco-onebit-h2",))  # fmt: skip
+                              local_steps=("diloco-onebit-h2",), local_epochs=3)  # fmt: skip
     res = run_convergence(opts)
     ddp, local = res["rows"]
     assert [r["algorithm"] for r in res["rows"]] == ["uncompressed", "diloco-onebit-h2"]
@@ -276,14 +276,16 @@ def test_local_step_mode_beside_ddp() -> None:
     assert local["error_feedback"] is True and ddp["error_feedback"] is None
     assert local["local_steps"] == {"kind": "diloco", "h": 2, "algorithm": "onebit",
                                     "fragments": 1, "delay": 0}  # fmt: skip
-    for r in (ddp, local):
+    for r, steps in ((ddp, 16), (local, 24)):  # the local row trains a third epoch
         run = r["runs"][0]
-        assert r["steps"] == 16 and len(run["loss_curve"]) == len(run["elapsed"]) == 16
+        assert r["steps"] == steps and len(run["loss_curve"]) == len(run["elapsed"]) == steps
         assert run["elapsed"] == sorted(run["elapsed"]) and r["finite"]
-        assert r["final_train_loss"] == pytest.approx(sum(run["loss_curve"][-8:]) / 8)
+        # losses and accuracy at DDP's tokens: the trailing mean at step 16, 2 evaluations
+        assert r["final_train_loss"] == pytest.approx(sum(run["loss_curve"][8:16]) / 8)
+        assert len(run["epoch_accuracy"]) == 2
     # DDP reaches its own final loss at its last step at the latest
     assert 0 < ddp["time_to_ddp_loss_s"] <= ddp["runs"][0]["elapsed"][-1]
-    assert ddp["time_vs_ddp"] == 1.0
+    assert ddp["time_vs_ddp"] == 1.0 and ddp["steps_vs_ddp"] == 1.0
     assert local["runs"][0]["loss_curve"] != ddp["runs"][0]["loss_curve"]
     table = "\n".join(local_markdown(res))
     assert "| diloco-onebit-h2 |" in table and "| uncompressed |" in table
@@ -291,6 +293,10 @@ def test_local_step_mode_beside_ddp() -> None:
         ConvergenceOptions(local_steps=("diloco-x-h2",))
     with pytest.raises(ValueError, match="leave out --fsdp"):
         ConvergenceOptions(local_steps=("h2",), fsdp=True)
+    with pytest.raises(ValueError, match=r"local_epochs \(1\) must be at least epochs \(2\)"):
+        ConvergenceOptions(local_steps=("h2",), local_epochs=1)
+    with pytest.raises(ValueError, match="name them too"):
+        ConvergenceOptions(local_epochs=3)
 
 
 def test_time_to_loss_takes_trailing_means() -> None:
@@ -303,3 +309,9 @@ def test_time_to_loss_takes_trailing_means() -> None:
     time_to_loss(rows, 2)  # DDP's final trailing mean: 1.0
     assert [r["time_to_ddp_loss_s"] for r in rows] == [6.0, 5.0, None]
     assert [r["time_vs_ddp"] for r in rows] == [1.0, 5 / 6, None]
+    # a row trained longer reaches it after DDP's tokens: its loss at equal tokens is step 6's
+    longer = {"runs": [{"loss_curve": [5, 5, 5, 5, 3, 3, 1, 1],
+                        "elapsed": [float(i + 1) for i in range(8)]}]}  # fmt: skip
+    time_to_loss([rows[0], longer], 2)
+    assert longer["time_to_ddp_loss_s"] == 8.0 and longer["steps_vs_ddp"] == 8 / 6
+    assert longer["final_train_loss"] == 3.0

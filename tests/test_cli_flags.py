@@ -89,7 +89,8 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--warmup-steps": ["-1"], "--warmup-epochs": ["-1", "inf"],
             "--density-warmup-epochs": ["-1"], "--clip": ["-1", "nan"],
             "--fsdp-feedback": ["abc"], "--out": outs_dir,
-            "--local-steps": ["h0", "diloco-nosuch-h4", "x"], "--bandwidth": ["abc", "0mbit"],
+            "--local-steps": ["h0", "diloco-nosuch-h4", "x"], "--local-epochs": ["0"],
+            "--bandwidth": ["abc", "0mbit"],
             "--rows": ["abc", "none,abc"],
         },
         ("bench", "fsdp"): {

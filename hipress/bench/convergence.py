@@ -356,7 +356,9 @@ def convergence_markdown(results: dict[str, Any]) -> str:
                   for r in gaps)]  # fmt: skip
     local = local_markdown(results)
     if local:
+        longer = (f" Local-step rows train {m['local_epochs']} epochs; losses at DDP's tokens."
+                  if m.get("local_epochs") else "")  # fmt: skip
         out += ["", f"Training loss against DDP's (trailing mean over "
-                f"{m.get('loss_window')} steps, all ranks), network: {m.get('network')}:", "",
-                *local]  # fmt: skip
+                f"{m.get('loss_window')} steps, all ranks), network: {m.get('network')}:{longer}",
+                "", *local]  # fmt: skip
     return "\n".join(out) + "\n"

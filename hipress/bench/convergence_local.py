@@ -58,8 +58,10 @@ def _trailing(losses: list[float], window: int) -> list[float]:
 def time_to_loss(rows: list[dict[str, Any]], window: int) -> None:
     """Fill in, in place, each row's ``time_to_ddp_loss_s`` (the first elapsed training time at
     which the trailing mean of its training loss over ``window`` steps, all ranks averaged, is
-    at or below DDP's final one: the first row's) and ``time_vs_ddp`` (that over DDP's own);
-    None where it never gets there. Seed 0's run of each row."""
+    at or below DDP's final one: the first row's), ``time_vs_ddp`` (that over DDP's own),
+    ``steps_vs_ddp`` (the steps it took over DDP's: above 1 only for a row trained longer, see
+    ``local_epochs``) and ``final_train_loss`` (the trailing mean at DDP's last step: equal
+    tokens); None where it never gets there. Seed 0's run of each row."""
 
     def curve(r: dict[str, Any]) -> tuple[list[float], list[float]] | None:
         run = (r.get("runs") or [{}])[0]
@@ -70,17 +72,19 @@ def time_to_loss(rows: list[dict[str, Any]], window: int) -> None:
     base = curve(rows[0]) if rows else None
     if base is None:
         return
-    target = base[0][-1]
+    target, steps = base[0][-1], len(base[0])
     times: dict[int, float | None] = {}
     for i, r in enumerate(rows):
         c = curve(r)
         if c is None:
             continue
-        hit = next((t for (m, t) in zip(*c, strict=True) if m <= target), None)
-        times[i] = hit
+        hit = next(((k, t) for k, (m, t) in enumerate(zip(*c, strict=True)) if m <= target),
+                   None)  # fmt: skip
+        times[i] = None if hit is None else hit[1]
         r["ddp_final_train_loss"] = target
-        r["final_train_loss"] = c[0][-1]
-        r["time_to_ddp_loss_s"] = hit
+        r["final_train_loss"] = c[0][min(steps, len(c[0])) - 1]
+        r["time_to_ddp_loss_s"] = times[i]
+        r["steps_vs_ddp"] = None if hit is None else (hit[0] + 1) / steps
     ddp = times.get(0)
     for i, r in enumerate(rows):
         t = times.get(i)
@@ -98,8 +102,9 @@ def local_markdown(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     out = [
-        "| row | valid loss | vs DDP % | train loss | s to DDP's final train loss | x DDP's |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| row | valid loss | vs DDP % | train loss | s to DDP's final train loss | x DDP's "
+        "| steps x DDP's |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     base = rows[0].get("valid_loss")
     for r in rows:
@@ -108,6 +113,6 @@ def local_markdown(results: dict[str, Any]) -> list[str]:
         out.append(
             f"| {r['algorithm']} | {_fmt(v, '.3f')} | {_fmt(pct, '+.1f')} | "
             f"{_fmt(r.get('final_train_loss'), '.3f')} | {_fmt(r.get('time_to_ddp_loss_s'), '.1f')}"
-            f" | {_fmt(r.get('time_vs_ddp'), '.2f')} |"
+            f" | {_fmt(r.get('time_vs_ddp'), '.2f')} | {_fmt(r.get('steps_vs_ddp'), '.2f')} |"
         )
     return out

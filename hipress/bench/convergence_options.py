@@ -82,7 +82,9 @@ class ConvergenceOptions:
     (or the ``"name:feedback"`` of its entry in ``algorithms``); the warm-up runs the same
     way, and algorithms that need CaSync's state (a momentum hand-over, a density warm-up)
     are refused. ``local_steps``: local-step variants trained as rows too
-    (:mod:`~hipress.bench.convergence_local`); ``rate_mbit``: run every row on a shaped link of
+    (:mod:`~hipress.bench.convergence_local`), for ``local_epochs`` epochs if given (>=
+    ``epochs``: their loss and accuracy are still taken after ``epochs``, the rest only extends
+    their training-loss curve, for the time to DDP's final loss); ``rate_mbit``: run every row on a shaped link of
     that rate (None: loopback), so their training times are the link's. ``row_sparse``:
     algorithms (``"none"``: lossless) also trained as ``ALGORITHM-rows`` rows, the embeddings
     synchronised as their touched rows from the first step, as ``hipress bench e2e --rows``
@@ -114,6 +116,7 @@ class ConvergenceOptions:
     fsdp_feedback: str = "auto"
     timeout: float = 3600.0
     local_steps: tuple[str, ...] = ()
+    local_epochs: int | None = None
     rate_mbit: float | None = None
     row_sparse: tuple[str, ...] = ()
 
@@ -149,6 +152,15 @@ class ConvergenceOptions:
             from hipress.bench.diloco import parse_variants
 
             parse_variants(self.local_steps, tuple(a for a in self.algorithms if a != "all"))
+        if self.local_epochs is not None:
+            if not self.local_steps:
+                raise ValueError("local_epochs applies to local-step rows: name them too")
+            if self.local_epochs < self.epochs:
+                raise ValueError(f"local_epochs ({self.local_epochs}) must be at least epochs "
+                                 f"({self.epochs}): the rows are compared at equal tokens first")  # fmt: skip
+            if self.lr_schedule != "constant":
+                raise ValueError("local_epochs needs the constant lr schedule: a cosine decay "
+                                 "ends at DDP's last step")  # fmt: skip
         if self.rate_mbit is not None and not self.rate_mbit > 0:
             raise ValueError(f"rate_mbit must be > 0 (None: loopback), got {self.rate_mbit}")
 

@@ -355,8 +355,9 @@ def train_rank(
     elapsed: list[float] = []
     curve: list[tuple[float, float]] = []  # rank 0: (accuracy, loss) after each epoch
     t0, t_eval, step = time.perf_counter(), 0.0, 0
+    epochs = opts.local_epochs if local is not None and opts.local_epochs else opts.epochs
     with ctx:  # a local-step variant's outer syncs run in its context
-        for epoch in range(opts.epochs):
+        for epoch in range(epochs):
             order = _order(len(train), epoch, seed)
             for s in range(steps_per_epoch):
                 if handed and step == warmup:
@@ -376,8 +377,8 @@ def train_rank(
                 losses.append(float(loss.detach()))
                 elapsed.append(time.perf_counter() - t0 - t_eval)
                 step += 1
-            t = time.perf_counter()
-            if (point := _evaluate(sync, rank, valid, opts.task)) is not None:
+            t = time.perf_counter()  # (evaluated at DDP's tokens, not after a longer run)
+            if epoch < opts.epochs and (point := _evaluate(sync, rank, valid, opts.task)) is not None:
                 curve.append(point)
             t_eval += time.perf_counter() - t
     seconds = time.perf_counter() - t0 - t_eval

@@ -124,6 +124,7 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
             fsdp=args.fsdp,
             fsdp_feedback=args.fsdp_feedback,
             local_steps=_names(args.local_steps),
+            local_epochs=args.local_epochs,
             rate_mbit=args.rate_mbit,
             row_sparse=_names(args.rows),
         )
@@ -238,9 +239,7 @@ def _add_convergence_parser(bench_sub: Any) -> None:
                    help="constant, or cosine decay to 0 over the run (default constant)")  # fmt: skip
     c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
     c.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    c.add_argument(
-        "--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps"
-    )
+    c.add_argument("--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps")
     c.add_argument("--warmup-epochs", type=float, default=0.0, metavar="E",
                    help="CaSync's uncompressed warm-up in epochs (added to --warmup-steps)")  # fmt: skip
     c.add_argument(
@@ -264,6 +263,9 @@ def _add_convergence_parser(bench_sub: Any) -> None:
     c.add_argument("--local-steps", default="", metavar="VARIANT,..",
                    help="also local-step rows, as bench e2e's (hH: each named algorithm); "
                    "each row's time to DDP's final training loss is reported")  # fmt: skip
+    c.add_argument("--local-epochs", type=int, default=None, metavar="E",
+                   help="local-step rows train E epochs (>= --epochs) to reach DDP's final "
+                   "training loss; their loss and accuracy are taken after --epochs")  # fmt: skip
     c.add_argument("--rows", default="", metavar="ALGORITHM,..",
                    help="also row-sparse rows, as bench e2e's: ALGORITHM-rows, the embeddings "
                    "sent as their touched rows from the first step; none: lossless, the rest "

@@ -328,7 +328,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "train_samples": Call(_one_step), "batch": Int(1, 65_536, none=True),
             "lr": Num(0.0, 1e3, open_lo=True, none=True), "warmup_steps": Int(0, 10**7),
             "warmup_epochs": Num(0.0, 1e4), "density_warmup_epochs": Int(0, 10_000),
-            "clip": Num(0.0, 1e9, none=True),
+            "clip": Num(0.0, 1e9, none=True), "local_epochs": Int(1, 10_000, none=True),
             "fsdp_feedback": Names(lambda: ("auto", "none", "fp32", "bf16", "int8"), "option"),
             "local_steps": Call(_local_steps), "rate_mbit": RATES,
             "rows": Names(lambda: [*_algorithms(), "none"], "algorithm", empty=True),
