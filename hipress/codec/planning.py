@@ -114,7 +114,7 @@ def warn_lossy_embeddings(
     if hit and compresses(algorithm):
         log.warning(
             "%s is lossy and the plan puts it on the embedding weight%s %s: a quantised or "
-            "sparsified token embedding costs accuracy (its gradient is sparse); keep it plain "
+            "sparsified token embedding costs accuracy; keep it plain "
             "(leave it out of include=, or exclude=[...] it)",
             algorithm.name, "s" if len(hit) > 1 else "", ", ".join(hit[:4]) + (
                 f" and {len(hit) - 4} more" if len(hit) > 4 else ""),
