@@ -84,11 +84,11 @@ class ConvergenceOptions:
     are refused. ``local_steps``: local-step variants trained as rows too
     (:mod:`~hipress.bench.convergence_local`), for ``local_epochs`` epochs if given (>=
     ``epochs``: their loss and accuracy are still taken after ``epochs``, the rest only extends
-    their training-loss curve, for the time to DDP's final loss); ``rate_mbit``: run every row on a shaped link of
-    that rate (None: loopback), so their training times are the link's. ``row_sparse``:
-    algorithms (``"none"``: lossless) also trained as ``ALGORITHM-rows`` rows, the embeddings
-    synchronised as their touched rows from the first step, as ``hipress bench e2e --rows``
-    runs them (:mod:`~hipress.bench.convergence_rows`), under DDP only."""
+    their training-loss curve, for the time to DDP's final loss); ``rate_mbit``: run every row
+    on a shaped link of that rate (None: loopback), so their training times are the link's.
+    ``row_sparse``: algorithms (``"none"``: lossless) also trained as ``ALGORITHM-rows`` rows,
+    the embeddings synchronised as their touched rows from the first step, as ``hipress bench
+    e2e --rows`` runs them (:mod:`~hipress.bench.convergence_rows`), under DDP only."""
 
     workers: int = 4
     algorithms: tuple[str, ...] = ("all",)
@@ -157,7 +157,7 @@ class ConvergenceOptions:
                 raise ValueError("local_epochs applies to local-step rows: name them too")
             if self.local_epochs < self.epochs:
                 raise ValueError(f"local_epochs ({self.local_epochs}) must be at least epochs "
-                                 f"({self.epochs}): the rows are compared at equal tokens first")  # fmt: skip
+                                 f"({self.epochs}): rows are compared at equal tokens first")  # fmt: skip
             if self.lr_schedule != "constant":
                 raise ValueError("local_epochs needs the constant lr schedule: a cosine decay "
                                  "ends at DDP's last step")  # fmt: skip

@@ -378,7 +378,8 @@ def train_rank(
                 elapsed.append(time.perf_counter() - t0 - t_eval)
                 step += 1
             t = time.perf_counter()  # (evaluated at DDP's tokens, not after a longer run)
-            if epoch < opts.epochs and (point := _evaluate(sync, rank, valid, opts.task)) is not None:
+            point = _evaluate(sync, rank, valid, opts.task) if epoch < opts.epochs else None
+            if point is not None:
                 curve.append(point)
             t_eval += time.perf_counter() - t
     seconds = time.perf_counter() - t0 - t_eval

@@ -239,7 +239,8 @@ def _add_convergence_parser(bench_sub: Any) -> None:
                    help="constant, or cosine decay to 0 over the run (default constant)")  # fmt: skip
     c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
     c.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    c.add_argument("--warmup-steps", type=int, default=0, help="CaSync's uncompressed warm-up steps")
+    c.add_argument("--warmup-steps", type=int, default=0,
+                   help="CaSync's uncompressed warm-up steps")  # fmt: skip
     c.add_argument("--warmup-epochs", type=float, default=0.0, metavar="E",
                    help="CaSync's uncompressed warm-up in epochs (added to --warmup-steps)")  # fmt: skip
     c.add_argument(
