@@ -34,9 +34,17 @@ def _zero_if_lost(t: Tensors, r: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(r) if _lost(t) else r
 
 
-def _signed(t: Tensors, neg: str, pos: str, sign: float) -> dict[str, torch.Tensor]:
+def _signed(t: Tensors, neg: str, pos: str, sign: float, chunk: int = 0
+            ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``comp`` less its decode: ``t[pos]`` where ``comp >= 0``, else ``sign * t[neg]``; with
+    ``chunk``, the scales are one per ``chunk`` elements."""
     comp = t["comp"].float()
-    scale = torch.where(comp < 0, sign * t[neg].float(), t[pos].float())
+
+    def each(key: str) -> torch.Tensor:
+        v = t[key].float()
+        return v.repeat_interleave(chunk)[: comp.numel()] if chunk else v
+
+    scale = torch.where(comp < 0, sign * each(neg), each(pos))
     return {"residual": _zero_if_lost(t, comp - scale)}
 
 
@@ -59,9 +67,7 @@ def _efsignsgd(t: Tensors, params: Mapping[str, Any]) -> dict[str, torch.Tensor]
 
 
 def _blocksign(t: Tensors, params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    comp = t["comp"].float()
-    scale = t["pscale"].float().repeat_interleave(int(params.get("chunk", 128)))[: comp.numel()]
-    return {"residual": _zero_if_lost(t, comp - torch.where(comp < 0, -scale, scale))}
+    return _signed(t, "pscale", "pscale", -1.0, int(params.get("chunk", 128)))
 
 
 def _topk(t: Tensors, params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
