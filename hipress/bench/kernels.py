@@ -33,12 +33,21 @@ the JSON.
 of float32 input, nothing read): the ceiling of an algorithm bound by its random numbers (randomk
 draws two words per element, qsgd and terngrad one).
 
-Write-once roofline of the decodes: ``write`` is the rate of ``y.fill_(1.0)`` (GB/s of float32
-written, measured in the same run), the least any decode into ``y`` can take; ``dec/w``,
+Write-once roofline of the decodes: ``write`` is the rate (GB/s of float32 written) of a
+generated kernel that only writes its output (a probe whose decode stores one scalar of its
+payload at every element: the same compiler, thread pool and output tensor as the decodes),
+timed just before and just after each algorithm's row (the better of the two), so that the
+ratios compare figures taken side by side; the least any decode into ``y`` can take. ``dec/w``,
 ``sum2/w`` and ``sum4/w`` are how many times that time a decode, and the averaging of 2 and 4
-payloads (``decode_sum``, divided by 2 or 4), take at the same size (1.0 = as fast as writing the
-output once; the JSON has each one's GB/s of output, ``decode_out``, ``decode_sum2_out`` and
-``decode_sum4_out``).
+distinct payloads (``decode_sum``, divided by 2 or 4), take at the same size (1.0 = as fast as
+writing the output once; the JSON has each one's GB/s of output, ``decode_out``,
+``decode_sum2_out`` and ``decode_sum4_out``, and ``y.fill_(1.0)``'s rate as ``write_torch``,
+which on some machines swings 2x from run to run while the kernels do not). Reading the
+payloads is traffic a write-once time does not include: each ``bound`` column is the least a
+decode of 1, 2 and 4 payloads can take in write-once times, the output written and the
+payloads read at the rate a second probe (a decode that reads a float32 per element, timed
+beside the first) reads its input; a sum of payloads as large as its output (fp16's two) cannot
+come close to 1.0.
 
 ``sum4``: CaSync's averaging of 4 payloads (``decode_sum``, GB/s of decoded float32, 4 x 4 bytes
 per element), and ``sum4 x`` its speed-up over one decode pass per payload
@@ -124,12 +133,25 @@ encode(g) { let q: uint<1>[n] = map(n, i => urand(i) >> 31); return concat(q); }
 decode(p) { return map(n, i => f32(p.q[i])); }
 """
 
+# the write-once probe: a decode that reads one payload scalar and stores it at every element;
+# the copy probe: a decode that reads a float32 per element and stores it
+WRITE_PROBE = """algorithm write1 "the output written once, nothing read per element";
+payload { v: f32; }
+encode(g) { return concat(1.0); }
+decode(p) { return map(n, i => p.v); }
+"""
+COPY_PROBE = """algorithm copy1 "the output written once, 4 bytes read per element";
+payload { v: f32[n]; }
+encode(g) { let v: f32[n] = map(n, i => g[i]); return concat(v); }
+decode(p) { return map(n, i => p.v[i]); }
+"""
+
 # every figure's unit in its header: GB/s of float32 gradient input, % of the roofline, x ratios
 HEADER = (f"{'algorithm':10s} {'elements':>9s} {'enc GB/s':>8s} {'roof GB/s':>9s} {'% roof':>6s} "
           f"{'dec GB/s':>8s} {'roof GB/s':>9s} {'% roof':>6s} {'torch enc GB/s':>14s} "
           f"{'torch dec GB/s':>14s} {'enc x':>6s} {'copy GB/s':>9s} {'sum4 GB/s':>9s} "
-          f"{'sum4 x':>6s} {'write GB/s':>10s} {'dec/w x':>7s} {'sum2/w x':>8s} "
-          f"{'sum4/w x':>8s}")  # fmt: skip
+          f"{'sum4 x':>6s} {'write GB/s':>10s} {'dec/w x':>7s} {'bound':>5s} {'sum2/w x':>8s} "
+          f"{'bound':>5s} {'sum4/w x':>8s} {'bound':>5s}")  # fmt: skip
 
 
 def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[Fn, int], float],
@@ -141,8 +163,9 @@ def _measure(alg: Algorithm, x: torch.Tensor, y: torch.Tensor, timed: Callable[[
     pay = torch.empty(alg.payload_nbytes(n), dtype=torch.uint8, device=x.device)
     te = timed(lambda: alg.encode(x, st, pay), reps)
     td = timed(lambda: alg.decode(pay, n, y), reps)
-    # CaSync's averaging of 4 workers' payloads: the kernel, and one pass per payload
-    four = [pay] * 4
+    # CaSync's averaging of 4 workers' payloads (4 distinct ones, each read from memory): the
+    # kernel, and one pass per payload
+    four = [pay] + [alg.encode(torch.roll(x, 977 * r), st) for r in (1, 2, 3)]
     ts4 = timed(lambda: alg.decode_sum(four, n, out=y, divide_by=4), reps)
     ts2 = timed(lambda: alg.decode_sum(four[:2], n, out=y, divide_by=2), reps)
     tp4 = timed(lambda: decode_sum_by_parts(alg.backend, four, n, y, 4), reps)
@@ -171,8 +194,27 @@ def _line(name: str, n: int, row: dict[str, Any]) -> str:
             f"{te_t if te_t else float('nan'):14.2f} {td_t if td_t else float('nan'):14.2f} "
             f"{ratio} {row['copy']:9.2f} {row['decode_sum4']:9.2f} "
             f"{row['decode_sum4'] / row['decode_sum4_by_parts']:6.1f} {row['write']:10.2f} "
-            f"{row['decode_vs_write']:7.2f} {row['decode_sum2_vs_write']:8.2f} "
-            f"{row['decode_sum4_vs_write']:8.2f}")  # fmt: skip
+            f"{row['decode_vs_write']:7.2f} {row['sum1_bound']:5.2f} "
+            f"{row['decode_sum2_vs_write']:8.2f} {row['sum2_bound']:5.2f} "
+            f"{row['decode_sum4_vs_write']:8.2f} {row['sum4_bound']:5.2f}")  # fmt: skip
+
+
+def _rates(probes: list[tuple[Algorithm, torch.Tensor]], y: torch.Tensor,
+           timed: Callable[[Fn, int], float], reps: int) -> list[float]:  # fmt: skip
+    """GB/s written into ``y`` by each probe's decode of its payload."""
+    return [4 * y.numel() / timed(lambda: pr.decode(pay, y.numel(), y), reps) / 1e9  # noqa: B023
+            for pr, pay in probes]  # fmt: skip
+
+
+def _probe(kind: str, text: str) -> Algorithm:
+    """A probe program (``text``) on the device kind being measured."""
+    src = SourceFile("probe.cll", text)
+    if kind != "emulated":
+        return load_source(src, backend=kind)
+    from hipress.compll.backends.cuda.emu import emulated_backend
+
+    prog = load_source(src, backend="reference").program
+    return Algorithm(prog, emulated_backend(prog, blocks=None))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -199,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         "copy": {},
         "read": {},
         "write": {},
+        "write_torch": {},
         "kernels": {},
         "philox": {},
     }
@@ -215,18 +258,25 @@ def run(args: argparse.Namespace) -> int:
         read = 4 * n / timed(lambda: x.sum(), args.reps) / 1e9  # noqa: B023
         results["copy"][str(n)] = copy
         results["read"][str(n)] = read
-        # the write-once roofline of a decode: y written once, nothing read
-        write = 4 * n / timed(lambda: y.fill_(1.0), args.reps) / 1e9  # noqa: B023
-        results["write"][str(n)] = write
+        results["write_torch"][str(n)] = 4 * n / timed(lambda: y.fill_(1.0), args.reps) / 1e9  # noqa: B023
+        probes = [(pr, pr.encode(x, pr.init_state(n, device=device)))
+                  for pr in (_probe(kind, WRITE_PROBE), _probe(kind, COPY_PROBE))]  # fmt: skip
         if kind != "emulated":  # the bound of the random algorithms: the RNG alone
-            probe = load_source(SourceFile("philox.cll", PHILOX_PROBE), backend=kind)
+            probe = _probe(kind, PHILOX_PROBE)
             results["philox"][str(n)] = _measure(probe, x, y, timed, args.reps, gpu)["encode"]
         for name in names:
+            before = _rates(probes, y, timed, args.reps)
             row = _measure(make(name), x, y, timed, args.reps, gpu)
+            write, pcopy = map(max, zip(before, _rates(probes, y, timed, args.reps), strict=True))
+            results["write"][str(n)] = max(write, results["write"].get(str(n), 0.0))
             enc_r, dec_r = row.pop("encode_reads"), row.pop("decode_reads")
             row["copy"], row["read"], row["write"] = copy, read, write
             for key in ("decode", "decode_sum2", "decode_sum4"):  # time / the write's time
                 row[f"{key}_vs_write"] = write / row[f"{key}_out"]
+            # the least a decode of k payloads can take, in write-once times: the output
+            # written, and the payloads read at the rate the copy probe reads its input
+            for k in (1, 2, 4):
+                row[f"sum{k}_bound"] = 1 + k * dec_r / 4 * max(0.0, write / pcopy - 1)
             row["encode_roofline"] = roofline(copy, read, row["encode_bytes_per_elem"], enc_r, gpu)
             row["decode_roofline"] = roofline(copy, read, row["decode_bytes_per_elem"], dec_r, gpu)
             if not args.no_torch and n % 512 == 0 and not name.endswith(".cll"):
