@@ -63,3 +63,47 @@ def test_sparse_decode_sum_over_many_tiles_and_threads(name: str) -> None:
             assert same_values(want, got), f"{name}: sparse decode_sum / {div} differs"
     finally:
         torch.set_num_threads(threads)
+
+
+# a 4-bit code: all 16 table entries, both halves of the AVX2 look-up
+NIBBLES = """algorithm nibbles "a 4-bit code per element, decoded by a table of 16";
+param scale: f64 in [1e-6, 1e6] = 0.25;
+payload { q: uint<4>[n]; }
+encode(g) {
+    let q: uint<4>[n] = map(n, i => isfinite(g[i]) ? u8(min(max(g[i] * 40.0 + 8.0, 0.0), 15.0)) : 15);
+    return concat(q);
+}
+decode(p) { return map(n, i => p.q[i] == 15 ? 0.0 / 0.0 : (f32(p.q[i]) - 8.0) * f32(scale)); }
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "no-avx512", "scalar"])
+@pytest.mark.parametrize("name", ["onebit", "efsignsgd", "tbq", "terngrad", "nibbles"])
+def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> None:
+    """Decodes of one packed value per element are summed by table look-up (a permute of 16
+    values with AVX-512, two of 8 with AVX2, a scalar loop): the reference's values, with
+    non-finite inputs among the payloads, at sizes around the vector widths and the tile."""
+    from test_native import _on_path
+
+    from hipress.compll import load_source
+    from hipress.compll.ir.source import SourceFile
+
+    if name == "nibbles":
+        ref = load_source(SourceFile("nibbles.cll", NIBBLES), backend="reference")
+    else:
+        ref = load(name, backend="reference")
+    cpu = _on_path(ref, path, tmp_path)
+    gen = torch.Generator().manual_seed(13)
+    for n in (1, 7, 15, 17, 2048 + 9, 2 * 2048 + 63):
+        s_ref = ref.init_state(n, seed=6)
+        payloads = []
+        for r in range(3):
+            x = torch.randn(n, generator=gen) * 0.02
+            if r == 1:
+                x[n // 2] = float("nan")
+            payloads.append(ref.encode(x, s_ref))
+        for div in (1.0, 4.0, 3.0):
+            for k in (1, 2, 3):
+                want = ref.decode_sum(payloads[:k], n, divide_by=div)
+                got = cpu.decode_sum(payloads[:k], n, divide_by=div)
+                assert same_values(want, got), f"{name} ({path}): {k} payloads / {div}, n={n}"

@@ -795,6 +795,34 @@ static inline int64_t hp_unpack64(const uint8_t* src, uint8_t* dst, int64_t tl, 
 #endif
   return t;
 }
+/* out[t] (+)= lut[q[t]] for t < tl, q[t] < 16 (a decode that is a function of one packed
+   uint<w> value, w <= 4, tabulated per payload: hipress/compll/backends/c/lut.py): a permute per 16 values
+   with AVX-512, two per 8 with AVX2 (bit 3 picks the half). out[t] + lut[q[t]] is the sum the
+   decode's own loop would form, so the values are the same. */
+#if (defined(__AVX512F__) && !defined(HP_NO_AVX512)) || (defined(__AVX2__) && !defined(HP_NO_AVX2))
+#include <immintrin.h>
+#endif
+static inline void hp_tile_lut(const uint8_t* q, const float* lut, float* out, int64_t tl, int acc) {
+  int64_t t = 0;
+#if defined(__AVX512F__) && !defined(HP_NO_AVX512)
+  const __m512 tv = _mm512_loadu_ps(lut);
+  for (; t + 16 <= tl; t += 16) {
+    const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + t)));
+    const __m512 v = _mm512_permutexvar_ps(ix, tv);
+    _mm512_storeu_ps(out + t, acc ? _mm512_add_ps(_mm512_loadu_ps(out + t), v) : v);
+  }
+#elif defined(__AVX2__) && !defined(HP_NO_AVX2)
+  const __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
+  for (; t + 8 <= tl; t += 8) {
+    const __m256i ix = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + t)));
+    const __m256 hb = _mm256_castsi256_ps(_mm256_slli_epi32(ix, 28));
+    const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, ix),
+                                      _mm256_permutevar8x32_ps(hi, ix), hb);
+    _mm256_storeu_ps(out + t, acc ? _mm256_add_ps(_mm256_loadu_ps(out + t), v) : v);
+  }
+#endif
+  for (; t < tl; t++) out[t] = acc ? out[t] + lut[q[t]] : lut[q[t]];
+}
 
 #ifndef HP_HAVE_TILE_F16
 static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t tl, int canon) {
@@ -1152,17 +1180,16 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
   const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  { /* level 1: out (one tile) */
-        uint8_t unp1[HP_TILE];
-        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp1, tl, 1) / 8; q < (tl + 7) / 8; q++)
-          memcpy(unp1 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const uint8_t r2 = unp1[t];
-          out[i] = (hp_pw ? (hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos)) * hp_d : (hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos)) / hp_d);
+  { /* level 1: out (one tile, tabulated) */
+        float lut2[16] = {0};
+        for (int lv = 0; lv < 2; lv++) {
+          const uint8_t lq1 = (uint8_t)lv;
+          lut2[lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), s_p_neg, s_p_pos)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), s_p_neg, s_p_pos)) / hp_d);
         }
+        uint8_t unp3[HP_TILE];
+        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp3, tl, 1) / 8; q < (tl + 7) / 8; q++)
+          memcpy(unp3 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+        hp_tile_lut(unp3, lut2, out + i0, tl, 0);
   }
 
 
@@ -1189,17 +1216,16 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
   const float* const rp_out = L1 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  { /* level 1: out (one tile) */
-        uint8_t unp1[HP_TILE];
-        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp1, tl, 1) / 8; q < (tl + 7) / 8; q++)
-          memcpy(unp1 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const uint8_t r2 = unp1[t];
-          out[i] = out[i] + (hp_pw ? (hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos)) * hp_d : (hp_sel_f32((r2 == ((uint8_t)1)), s_p_neg, s_p_pos)) / hp_d);
+  { /* level 1: out (one tile, tabulated) */
+        float lut2[16] = {0};
+        for (int lv = 0; lv < 2; lv++) {
+          const uint8_t lq1 = (uint8_t)lv;
+          lut2[lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), s_p_neg, s_p_pos)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), s_p_neg, s_p_pos)) / hp_d);
         }
+        uint8_t unp3[HP_TILE];
+        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp3, tl, 1) / 8; q < (tl + 7) / 8; q++)
+          memcpy(unp3 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+        hp_tile_lut(unp3, lut2, out + i0, tl, 1);
   }
 
 

@@ -795,6 +795,34 @@ static inline int64_t hp_unpack64(const uint8_t* src, uint8_t* dst, int64_t tl, 
 #endif
   return t;
 }
+/* out[t] (+)= lut[q[t]] for t < tl, q[t] < 16 (a decode that is a function of one packed
+   uint<w> value, w <= 4, tabulated per payload: hipress/compll/backends/c/lut.py): a permute per 16 values
+   with AVX-512, two per 8 with AVX2 (bit 3 picks the half). out[t] + lut[q[t]] is the sum the
+   decode's own loop would form, so the values are the same. */
+#if (defined(__AVX512F__) && !defined(HP_NO_AVX512)) || (defined(__AVX2__) && !defined(HP_NO_AVX2))
+#include <immintrin.h>
+#endif
+static inline void hp_tile_lut(const uint8_t* q, const float* lut, float* out, int64_t tl, int acc) {
+  int64_t t = 0;
+#if defined(__AVX512F__) && !defined(HP_NO_AVX512)
+  const __m512 tv = _mm512_loadu_ps(lut);
+  for (; t + 16 <= tl; t += 16) {
+    const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + t)));
+    const __m512 v = _mm512_permutexvar_ps(ix, tv);
+    _mm512_storeu_ps(out + t, acc ? _mm512_add_ps(_mm512_loadu_ps(out + t), v) : v);
+  }
+#elif defined(__AVX2__) && !defined(HP_NO_AVX2)
+  const __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
+  for (; t + 8 <= tl; t += 8) {
+    const __m256i ix = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + t)));
+    const __m256 hb = _mm256_castsi256_ps(_mm256_slli_epi32(ix, 28));
+    const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, ix),
+                                      _mm256_permutevar8x32_ps(hi, ix), hb);
+    _mm256_storeu_ps(out + t, acc ? _mm256_add_ps(_mm256_loadu_ps(out + t), v) : v);
+  }
+#endif
+  for (; t < tl; t++) out[t] = acc ? out[t] + lut[q[t]] : lut[q[t]];
+}
 
 #ifndef HP_HAVE_TILE_F16
 static inline void hp_tile_f32_to_f16(const float* src, uint16_t* dst, int64_t tl, int canon) {
@@ -1230,22 +1258,21 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
 
   const float s_lo_1 = (s_p_lo * s_s_1);
 
-  { /* level 1: out (one tile) */
-        uint8_t unp2[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp2, tl, 2) / 4; q < (tl + 3) / 4; q++)
-          memcpy(unp2 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const uint8_t r3 = unp2[t];
-          const uint8_t l1 = r3;
-          const bool l4 = (s_s_1 < 0x1.0000000000000p+0f);
-          const float l5 = (s_lo_1 + (((float)(l1)) * s_gap_1));
-          const float m6 = (l5 * 0x1.0000000000000p+1f);
-          const float m7 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m6), -0x1.fffffe0000000p+127f, m6);
-          out[i] = (hp_pw ? (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) * hp_d : (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) / hp_d);
+  { /* level 1: out (one tile, tabulated) */
+        float lut7[16] = {0};
+        for (int lv = 0; lv < 4; lv++) {
+          const uint8_t lq1 = (uint8_t)lv;
+          const uint8_t l2 = lq1;
+          const bool l3 = (s_s_1 < 0x1.0000000000000p+0f);
+          const float l4 = (s_lo_1 + (((float)(l2)) * s_gap_1));
+          const float m5 = (l4 * 0x1.0000000000000p+1f);
+          const float m6 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m5), -0x1.fffffe0000000p+127f, m5);
+          lut7[lv] = (hp_pw ? (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) * hp_d : (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) / hp_d);
         }
+        uint8_t unp8[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp8, tl, 2) / 4; q < (tl + 3) / 4; q++)
+          memcpy(unp8 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
+        hp_tile_lut(unp8, lut7, out + i0, tl, 0);
   }
 
 
@@ -1278,22 +1305,21 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
 
   const float s_lo_1 = (s_p_lo * s_s_1);
 
-  { /* level 1: out (one tile) */
-        uint8_t unp2[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp2, tl, 2) / 4; q < (tl + 3) / 4; q++)
-          memcpy(unp2 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
-        
-        #pragma omp simd
-        for (int64_t t = 0; t < tl; t++) {
-          const int64_t i = i0 + t;
-          const uint8_t r3 = unp2[t];
-          const uint8_t l1 = r3;
-          const bool l4 = (s_s_1 < 0x1.0000000000000p+0f);
-          const float l5 = (s_lo_1 + (((float)(l1)) * s_gap_1));
-          const float m6 = (l5 * 0x1.0000000000000p+1f);
-          const float m7 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m6), -0x1.fffffe0000000p+127f, m6);
-          out[i] = out[i] + (hp_pw ? (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) * hp_d : (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) / hp_d);
+  { /* level 1: out (one tile, tabulated) */
+        float lut7[16] = {0};
+        for (int lv = 0; lv < 4; lv++) {
+          const uint8_t lq1 = (uint8_t)lv;
+          const uint8_t l2 = lq1;
+          const bool l3 = (s_s_1 < 0x1.0000000000000p+0f);
+          const float l4 = (s_lo_1 + (((float)(l2)) * s_gap_1));
+          const float m5 = (l4 * 0x1.0000000000000p+1f);
+          const float m6 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m5), -0x1.fffffe0000000p+127f, m5);
+          lut7[lv] = (hp_pw ? (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) * hp_d : (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) / hp_d);
         }
+        uint8_t unp8[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp8, tl, 2) / 4; q < (tl + 3) / 4; q++)
+          memcpy(unp8 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
+        hp_tile_lut(unp8, lut7, out + i0, tl, 1);
   }
 
 

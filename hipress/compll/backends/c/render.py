@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from jinja2 import Environment
 
 from hipress.compll.backends.c.block import TILE, render_block
+from hipress.compll.backends.c.lut import lut_stage
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
 from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool, tileable
@@ -134,7 +135,11 @@ class CFunction(CFamily):
         return "".join(f"  {ln}\n" for ln in self.hoisted) + text
 
     def loop(self, lp: Loop) -> str:
-        """``lp`` as an OpenMP loop of tiles (in a tile function: the one tile's loop)."""
+        """``lp`` as an OpenMP loop of tiles (in a tile function: the one tile's loop, or a
+        table of its values where it has few: :mod:`.lut`)."""
+        lut = lut_stage(self, lp)
+        if lut is not None:
+            return lut
         tile = self._tile(lp)
         if self.tile:
             text = self.env.get_template("c_tile_stage.c.j2").render(
