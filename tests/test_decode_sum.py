@@ -77,12 +77,17 @@ decode(p) { return map(n, i => p.q[i] == 15 ? 0.0 / 0.0 : (f32(p.q[i]) - 8.0) * 
 """
 
 
+TABULATED = ["onebit", "efsignsgd", "tbq", "terngrad", "nibbles",  # one table per payload
+             "signsgd", "blocksign", "qsgd", "signsgd-300"]  # one per segment  # fmt: skip
+
+
 @pytest.mark.parametrize("path", ["native", "no-avx512", "scalar"])
-@pytest.mark.parametrize("name", ["onebit", "efsignsgd", "tbq", "terngrad", "nibbles"])
+@pytest.mark.parametrize("name", TABULATED)
 def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> None:
-    """Decodes of one packed value per element are summed by table look-up (a permute of 16
-    values with AVX-512, two of 8 with AVX2, a scalar loop): the reference's values, with
-    non-finite inputs among the payloads, at sizes around the vector widths and the tile."""
+    """Decodes of one packed value per element (and a value per segment) are summed by table
+    look-up (a permute of 16 values with AVX-512, two of 8 with AVX2, a scalar loop): the
+    reference's values, with non-finite inputs among the payloads, at sizes around the vector
+    widths, the tile and the segments (segments of 300 cross tiles)."""
     from test_native import _on_path
 
     from hipress.compll import load_source
@@ -90,11 +95,13 @@ def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> N
 
     if name == "nibbles":
         ref = load_source(SourceFile("nibbles.cll", NIBBLES), backend="reference")
+    elif name == "signsgd-300":
+        ref = load("signsgd", backend="reference", chunk=300)
     else:
         ref = load(name, backend="reference")
     cpu = _on_path(ref, path, tmp_path)
     gen = torch.Generator().manual_seed(13)
-    for n in (1, 7, 15, 17, 2048 + 9, 2 * 2048 + 63):
+    for n in (1, 7, 15, 17, 299, 2048 + 9, 2 * 2048 + 63):
         s_ref = ref.init_state(n, seed=6)
         payloads = []
         for r in range(3):

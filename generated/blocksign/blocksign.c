@@ -1251,8 +1251,34 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
   const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  { /* level 1: out (one tile) */
-        float seg3[HP_TILE];
+  { /* level 1: out (one tile, tabulated per segment) */
+        const int64_t sd = INT64_C(128);
+        if (sd >= 64 && i0 >= 0) {
+          uint8_t unp4[HP_TILE];
+          for (int64_t q = hp_unpack64(f_s + i0 / 8, unp4, tl, 1) / 8; q < (tl + 7) / 8; q++)
+            memcpy(unp4 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+          float lut3[HP_TILE / 64 + 2][16];
+          int64_t ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            const int64_t e = rem >= tl - t ? tl : t + rem;
+            const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+            memset(lut3[ns], 0, sizeof lut3[ns]);
+            for (int lv = 0; lv < 2; lv++) {
+              const uint8_t lq1 = (uint8_t)lv;
+              lut3[ns][lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), (-sv2), sv2)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), (-sv2), sv2)) / hp_d);
+            }
+            t = e;
+          }
+          ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+            hp_tile_lut(unp4 + t, lut3[ns], out + i0 + t, e - t, 0);
+            t = e;
+          }
+        } else {
+          { /* level 1: out (one tile) */
+        float seg7[HP_TILE];
         {
           const int64_t sd = INT64_C(128);
           if (sd > 0 && i0 >= 0) {
@@ -1260,24 +1286,27 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
               const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
-              for (; t < e; t++) seg3[t] = sv;
+              for (; t < e; t++) seg7[t] = sv;
             }
           } else {
             for (int64_t t = 0; t < tl; t++) {
               const int64_t sq = hp_div_i64(i0 + t, sd);
-              seg3[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              seg7[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
             }
           }
         }
-        uint8_t unp1[HP_TILE];
-        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp1, tl, 1) / 8; q < (tl + 7) / 8; q++)
-          memcpy(unp1 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+        uint8_t unp5[HP_TILE];
+        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp5, tl, 1) / 8; q < (tl + 7) / 8; q++)
+          memcpy(unp5 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
         
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const uint8_t r2 = unp1[t];
-          out[i] = (hp_pw ? (hp_sel_f32((r2 == ((uint8_t)1)), (-seg3[t]), seg3[t])) * hp_d : (hp_sel_f32((r2 == ((uint8_t)1)), (-seg3[t]), seg3[t])) / hp_d);
+          const uint8_t r6 = unp5[t];
+          out[i] = (hp_pw ? (hp_sel_f32((r6 == ((uint8_t)1)), (-seg7[t]), seg7[t])) * hp_d : (hp_sel_f32((r6 == ((uint8_t)1)), (-seg7[t]), seg7[t])) / hp_d);
+        }
+  }
+
         }
   }
 
@@ -1303,8 +1332,34 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
   const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  { /* level 1: out (one tile) */
-        float seg3[HP_TILE];
+  { /* level 1: out (one tile, tabulated per segment) */
+        const int64_t sd = INT64_C(128);
+        if (sd >= 64 && i0 >= 0) {
+          uint8_t unp4[HP_TILE];
+          for (int64_t q = hp_unpack64(f_s + i0 / 8, unp4, tl, 1) / 8; q < (tl + 7) / 8; q++)
+            memcpy(unp4 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+          float lut3[HP_TILE / 64 + 2][16];
+          int64_t ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            const int64_t e = rem >= tl - t ? tl : t + rem;
+            const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+            memset(lut3[ns], 0, sizeof lut3[ns]);
+            for (int lv = 0; lv < 2; lv++) {
+              const uint8_t lq1 = (uint8_t)lv;
+              lut3[ns][lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), (-sv2), sv2)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), (-sv2), sv2)) / hp_d);
+            }
+            t = e;
+          }
+          ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+            hp_tile_lut(unp4 + t, lut3[ns], out + i0 + t, e - t, 1);
+            t = e;
+          }
+        } else {
+          { /* level 1: out (one tile) */
+        float seg7[HP_TILE];
         {
           const int64_t sd = INT64_C(128);
           if (sd > 0 && i0 >= 0) {
@@ -1312,24 +1367,27 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
               const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
-              for (; t < e; t++) seg3[t] = sv;
+              for (; t < e; t++) seg7[t] = sv;
             }
           } else {
             for (int64_t t = 0; t < tl; t++) {
               const int64_t sq = hp_div_i64(i0 + t, sd);
-              seg3[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              seg7[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
             }
           }
         }
-        uint8_t unp1[HP_TILE];
-        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp1, tl, 1) / 8; q < (tl + 7) / 8; q++)
-          memcpy(unp1 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+        uint8_t unp5[HP_TILE];
+        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp5, tl, 1) / 8; q < (tl + 7) / 8; q++)
+          memcpy(unp5 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
         
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const uint8_t r2 = unp1[t];
-          out[i] = out[i] + (hp_pw ? (hp_sel_f32((r2 == ((uint8_t)1)), (-seg3[t]), seg3[t])) * hp_d : (hp_sel_f32((r2 == ((uint8_t)1)), (-seg3[t]), seg3[t])) / hp_d);
+          const uint8_t r6 = unp5[t];
+          out[i] = out[i] + (hp_pw ? (hp_sel_f32((r6 == ((uint8_t)1)), (-seg7[t]), seg7[t])) * hp_d : (hp_sel_f32((r6 == ((uint8_t)1)), (-seg7[t]), seg7[t])) / hp_d);
+        }
+  }
+
         }
   }
 

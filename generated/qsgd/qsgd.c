@@ -1274,9 +1274,39 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
   const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  const bool fastdiv5 = (0.0) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) != 0 && fabs((double)(hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1))))) < 0x1p53;
+  { /* level 1: out (one tile, tabulated per segment) */
+        const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
+        if (sd >= 64 && i0 >= 0) {
+          uint8_t unp6[HP_TILE];
+          for (int64_t q = hp_unpack64(f_q + i0 / 2, unp6, tl, 4) / 2; q < (tl + 1) / 2; q++) {
+            const uint8_t b = f_q[i0 / 2 + q];
+            unp6[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp6[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+          }
+          float lut5[HP_TILE / 64 + 2][16];
+          int64_t ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            const int64_t e = rem >= tl - t ? tl : t + rem;
+            const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+            memset(lut5[ns], 0, sizeof lut5[ns]);
+            for (int lv = 0; lv < 16; lv++) {
+              const uint8_t lq1 = (uint8_t)lv;
+              const uint8_t l3 = ((uint8_t)(lq1 & ((uint8_t)7)));
+              const float l4 = (sv2 * (((float)(l3)) / 0x1.c000000000000p+2f));
+              lut5[ns][lv] = (hp_pw ? (hp_sel_f32((hp_shr_u8(lq1, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(lq1, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
+            }
+            t = e;
+          }
+          ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+            hp_tile_lut(unp6 + t, lut5[ns], out + i0 + t, e - t, 0);
+            t = e;
+          }
+        } else {
+          const bool fastdiv11 = (0.0) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) != 0 && fabs((double)(hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1))))) < 0x1p53;
   { /* level 1: out (one tile) */
-        float seg6[HP_TILE];
+        float seg12[HP_TILE];
         {
           const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
           if (sd > 0 && i0 >= 0) {
@@ -1284,38 +1314,41 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
               const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
-              for (; t < e; t++) seg6[t] = sv;
+              for (; t < e; t++) seg12[t] = sv;
             }
           } else {
             for (int64_t t = 0; t < tl; t++) {
               const int64_t sq = hp_div_i64(i0 + t, sd);
-              seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+              seg12[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
             }
           }
         }
-        uint8_t unp2[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 2, unp2, tl, 4) / 2; q < (tl + 1) / 2; q++) {
+        uint8_t unp8[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 2, unp8, tl, 4) / 2; q < (tl + 1) / 2; q++) {
           const uint8_t b = f_q[i0 / 2 + q];
-          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+          unp8[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp8[2 * q + 1] = (uint8_t)((b >> 4) & 15);
         }
-        if (fastdiv5) {
+        if (fastdiv11) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const uint8_t r3 = unp2[t];
-          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
+          const uint8_t r9 = unp8[t];
+          const uint8_t l7 = ((uint8_t)(r9 & ((uint8_t)7)));
+          const float l10 = (seg12[t] * (((float)(l7)) / 0x1.c000000000000p+2f));
+          out[i] = (hp_pw ? (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) * hp_d : (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) / hp_d);
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const uint8_t r3 = unp2[t];
-          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
+          const uint8_t r9 = unp8[t];
+          const uint8_t l7 = ((uint8_t)(r9 & ((uint8_t)7)));
+          const float l10 = (seg12[t] * (((float)(l7)) / 0x1.c000000000000p+2f));
+          out[i] = (hp_pw ? (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) * hp_d : (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) / hp_d);
         }
+        }
+  }
+
         }
   }
 
@@ -1341,9 +1374,39 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
   const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  const bool fastdiv5 = (0.0) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) != 0 && fabs((double)(hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1))))) < 0x1p53;
+  { /* level 1: out (one tile, tabulated per segment) */
+        const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
+        if (sd >= 64 && i0 >= 0) {
+          uint8_t unp6[HP_TILE];
+          for (int64_t q = hp_unpack64(f_q + i0 / 2, unp6, tl, 4) / 2; q < (tl + 1) / 2; q++) {
+            const uint8_t b = f_q[i0 / 2 + q];
+            unp6[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp6[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+          }
+          float lut5[HP_TILE / 64 + 2][16];
+          int64_t ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            const int64_t e = rem >= tl - t ? tl : t + rem;
+            const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+            memset(lut5[ns], 0, sizeof lut5[ns]);
+            for (int lv = 0; lv < 16; lv++) {
+              const uint8_t lq1 = (uint8_t)lv;
+              const uint8_t l3 = ((uint8_t)(lq1 & ((uint8_t)7)));
+              const float l4 = (sv2 * (((float)(l3)) / 0x1.c000000000000p+2f));
+              lut5[ns][lv] = (hp_pw ? (hp_sel_f32((hp_shr_u8(lq1, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(lq1, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
+            }
+            t = e;
+          }
+          ns = 0;
+          for (int64_t t = 0; t < tl; ns++) {
+            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+            hp_tile_lut(unp6 + t, lut5[ns], out + i0 + t, e - t, 1);
+            t = e;
+          }
+        } else {
+          const bool fastdiv11 = (0.0) <= 0x1p51 && L2 <= (INT64_C(1) << 40) && (hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)))) != 0 && fabs((double)(hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1))))) < 0x1p53;
   { /* level 1: out (one tile) */
-        float seg6[HP_TILE];
+        float seg12[HP_TILE];
         {
           const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
           if (sd > 0 && i0 >= 0) {
@@ -1351,38 +1414,41 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
               const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
-              for (; t < e; t++) seg6[t] = sv;
+              for (; t < e; t++) seg12[t] = sv;
             }
           } else {
             for (int64_t t = 0; t < tl; t++) {
               const int64_t sq = hp_div_i64(i0 + t, sd);
-              seg6[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
+              seg12[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
             }
           }
         }
-        uint8_t unp2[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 2, unp2, tl, 4) / 2; q < (tl + 1) / 2; q++) {
+        uint8_t unp8[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 2, unp8, tl, 4) / 2; q < (tl + 1) / 2; q++) {
           const uint8_t b = f_q[i0 / 2 + q];
-          unp2[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp2[2 * q + 1] = (uint8_t)((b >> 4) & 15);
+          unp8[2 * q + 0] = (uint8_t)((b >> 0) & 15); unp8[2 * q + 1] = (uint8_t)((b >> 4) & 15);
         }
-        if (fastdiv5) {
+        if (fastdiv11) {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const uint8_t r3 = unp2[t];
-          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = out[i] + (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
+          const uint8_t r9 = unp8[t];
+          const uint8_t l7 = ((uint8_t)(r9 & ((uint8_t)7)));
+          const float l10 = (seg12[t] * (((float)(l7)) / 0x1.c000000000000p+2f));
+          out[i] = out[i] + (hp_pw ? (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) * hp_d : (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) / hp_d);
         }
         } else {
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const uint8_t r3 = unp2[t];
-          const uint8_t l1 = ((uint8_t)(r3 & ((uint8_t)7)));
-          const float l4 = (seg6[t] * (((float)(l1)) / 0x1.c000000000000p+2f));
-          out[i] = out[i] + (hp_pw ? (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) * hp_d : (hp_sel_f32((hp_shr_u8(r3, ((uint8_t)3)) == ((uint8_t)1)), (-l4), l4)) / hp_d);
+          const uint8_t r9 = unp8[t];
+          const uint8_t l7 = ((uint8_t)(r9 & ((uint8_t)7)));
+          const float l10 = (seg12[t] * (((float)(l7)) / 0x1.c000000000000p+2f));
+          out[i] = out[i] + (hp_pw ? (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) * hp_d : (hp_sel_f32((hp_shr_u8(r9, ((uint8_t)3)) == ((uint8_t)1)), (-l10), l10)) / hp_d);
         }
+        }
+  }
+
         }
   }
 

@@ -1,19 +1,24 @@
 """Tabulated decode tiles: a decode whose value at ``i`` depends on ``i`` only through one
 packed ``uint<w>`` payload value (``w <= 4``: 1-bit signs, TernGrad's and TBQ's 2-bit codes) takes
-at most 16 values per payload. A tile function of ``hp_decode_sum`` (see :mod:`.render`)
-evaluates the decode once for each of them, divided as its stores would be, and then only looks
-each element's value up (``hp_tile_lut``: a vector permute) instead of evaluating the
-expression per element: the same operations on the same operands, so the same values, in a
-fraction of the instructions, which is what summing several payloads in cache is bound by.
+at most 16 values per payload; one that also reads a value per segment of ``d`` elements
+(``scale[i / d]``: signSGD's and blocksign's chunk scales, QSGD's norms) takes at most 16 per
+segment. A tile function of ``hp_decode_sum`` (see :mod:`.render`) evaluates the decode once
+for each of them (per payload, or per segment run of the tile), divided as its stores would be,
+and then only looks each element's value up (``hp_tile_lut``: a vector permute) instead of
+evaluating the expression per element: the same operations on the same operands, so the same
+values, in a fraction of the instructions, which is what summing several payloads in cache is
+bound by.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hipress.compll.backends.cfamily.body import Body
 from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.ir import nodes as ir
+from hipress.compll.ir import ops
 from hipress.compll.ir.walk import walk
 from hipress.compll.lower.kernel_plan import Item, Loop
 
@@ -21,11 +26,28 @@ if TYPE_CHECKING:
     from hipress.compll.backends.c.render import CFunction
 
 MAX_BITS = 4  # at most 16 entries: one AVX-512 register
+SEG_MIN = 64  # segments shorter than this are decoded element by element
 
 
-def lut_source(f: CFunction, lp: Loop) -> tuple[Item, ir.Load] | None:
-    """The store and the packed load of ``lp`` if ``lp`` is a tile function's decode of one
-    packed value per element (no other per-element input, no random numbers), else None."""
+def _segment(f: CFunction, x: ir.Load, p: ir.Ref) -> bool:
+    """Whether ``x`` reads a stored array at ``p / d``, ``d`` loop-invariant."""
+    e = x.index
+    return (
+        isinstance(e, ir.Binary)
+        and e.op == ops.DIV.name
+        and e.dtype.name == "i64"
+        and isinstance(e.a, ir.Ref)
+        and e.a.name == p.name
+        and f.em.invariant(e.b, {p.name: "i"})
+        and x.array in f.mem
+        and f.mem[x.array].bits is None
+    )
+
+
+def lut_source(f: CFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None] | None:
+    """The store, the packed load and the per-segment load (or None) of ``lp`` if ``lp`` is a
+    tile function's decode of one packed value per element and at most one value per segment
+    (no other per-element input, no random numbers), else None."""
     if not f.tile or len(lp.items) != 1:
         return None
     (it,) = lp.items
@@ -36,13 +58,19 @@ def lut_source(f: CFunction, lp: Loop) -> tuple[Item, ir.Load] | None:
     fn = it.op.fn
     (p,) = fn.params
     found: ir.Load | None = None
+    seg: ir.Load | None = None
     refs = loads = 0
     for e in [v for _, v in fn.lets] + [fn.result]:
         for x in walk(e):
             if isinstance(x, ir.Rand):
                 return None
             refs += isinstance(x, ir.Ref) and x.name == p.name
-            if isinstance(x, ir.Load) and isinstance(x.index, ir.Ref) and x.index.name == p.name:
+            if isinstance(x, ir.Load) and _segment(f, x, p):
+                if seg is not None and seg != x:
+                    return None
+                seg = x
+                loads += 1
+            elif isinstance(x, ir.Load) and isinstance(x.index, ir.Ref) and x.index.name == p.name:
                 m = f.mem.get(x.array)
                 if m is None or m.bits is None or m.bits > MAX_BITS:
                     return None
@@ -52,38 +80,83 @@ def lut_source(f: CFunction, lp: Loop) -> tuple[Item, ir.Load] | None:
                 loads += 1
     if found is None or refs != loads:
         return None
-    return it, found
+    return it, found, seg
 
 
-def lut_stage(f: CFunction, lp: Loop) -> str | None:
+def lut_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
     """``lp``'s tile as a table of its values and one look-up per element (see module doc),
-    or None where :func:`lut_source` does not hold."""
+    or None where :func:`lut_source` does not hold. ``plain``: the tile as its loop, which a
+    per-segment table falls back to where the segment length is not positive."""
     hit = lut_source(f, lp)
     if hit is None:
         return None
-    it, load = hit
+    it, load, seg = hit
     bits = f.mem[load.array].bits
     assert bits is not None
     host = Body(level=lp.level)
-    lq = f.names.fresh("lq")
+    lq, sv = f.names.fresh("lq"), f.names.fresh("sv")
     host.memo[(load.array, "i")] = lq  # the packed value: the table's index
+    seg_lines: list[str] = []
+    if seg is not None:
+        assert isinstance(seg.index, ir.Binary)
+        probe = Body(level=lp.level)
+        idx = f.em.expr(seg.index, probe, {p.name: "i" for p in it.op.fn.params})
+        d = f.em.expr(seg.index.b, probe, {})
+        if probe.lines or probe.hoist:  # pragma: no cover - invariant divisors are inline
+            return None
+        host.memo[(seg.array, idx)] = sv  # the segment's value
+        at = f.em._mem_read(seg.array, "sq", False, probe)
+        seg_lines = [*probe.lines, f"const {ctype(seg.dtype)} {sv} = {at};"]
     value = f.em.apply(it.op.fn, ["i"], host)
     lut, unp = f.names.fresh("lut"), f.names.fresh("unp")
     tb = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
     tb.unpacked[load.array] = unp
     acc = int(it.targets[0].kind == "outacc")
-    lines = [
+    table = [
         f"float {lut}[16] = {{0}};",
         f"for (int lv = 0; lv < {1 << bits}; lv++) {{",
         f"  const {ctype(load.dtype)} {lq} = ({ctype(load.dtype)})lv;",
         *(f"  {ln}" for ln in host.hoist + host.lines),
         f"  {lut}[lv] = {f.scaled(value)};",
         "}",
-        *f.tile_pre(tb),
-        f"hp_tile_lut({unp}, {lut}, out + i0, tl, {acc});",
     ]
+    if seg is None:
+        lines = [*table, *f.tile_pre(tb), f"hp_tile_lut({unp}, {lut}, out + i0, tl, {acc});"]
+        how = "tabulated"
+    else:
+        # every segment's table first, then the look-ups: a table read right after it is
+        # written would wait on the stores (store forwarding does not cover a vector load)
+        rows = f"HP_TILE / {SEG_MIN} + 2"
+        seg_rows = [ln.replace(f"{lut}[lv]", f"{lut}[ns][lv]") for ln in table[1:]]
+        runs = [
+            "const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;",
+            "const int64_t e = rem >= tl - t ? tl : t + rem;",
+        ]
+        lines = [
+            f"const int64_t sd = {d};",
+            f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
+            *(f"  {ln}" for ln in f.tile_pre(tb)),
+            f"  float {lut}[{rows}][16];",
+            "  int64_t ns = 0;",
+            "  for (int64_t t = 0; t < tl; ns++) {",
+            *(f"    {ln}" for ln in runs + seg_lines),
+            f"    memset({lut}[ns], 0, sizeof {lut}[ns]);",
+            *(f"    {ln}" for ln in seg_rows),
+            "    t = e;",
+            "  }",
+            "  ns = 0;",
+            "  for (int64_t t = 0; t < tl; ns++) {",
+            "    const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;",
+            f"    hp_tile_lut({unp} + t, {lut}[ns], out + i0 + t, e - t, {acc});",
+            "    t = e;",
+            "  }",
+            "} else {",
+            plain(),
+            "}",
+        ]
+        how = "tabulated per segment"
     body = "".join(f"        {ln}\n" for ln in lines)
-    return f"  {{ /* level {lp.level}: {it.op.name} (one tile, tabulated) */\n{body}  }}\n"
+    return f"  {{ /* level {lp.level}: {it.op.name} (one tile, {how}) */\n{body}  }}\n"
 
 
-__all__ = ["MAX_BITS", "lut_source", "lut_stage"]
+__all__ = ["MAX_BITS", "SEG_MIN", "lut_source", "lut_stage"]

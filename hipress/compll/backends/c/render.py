@@ -126,6 +126,14 @@ class CFunction(CFamily):
             final=self.final,
         )
 
+    def _tile_stage(self, lp: Loop) -> str:
+        """A tile function's one tile of ``lp``, element by element."""
+        tile = self._tile(lp)
+        return tile.hoist + self.env.get_template("c_tile_stage.c.j2").render(
+            level=lp.level, title=", ".join(tile.titles), pre=tile.pre, clauses="",
+            variants=tile.variants, post=tile.post,
+        )  # fmt: skip
+
     def special(self, sp: Special) -> str:
         """A stage of its own, by its rule in :data:`STAGES`, after its host code."""
         self.hoisted = []
@@ -137,16 +145,9 @@ class CFunction(CFamily):
     def loop(self, lp: Loop) -> str:
         """``lp`` as an OpenMP loop of tiles (in a tile function: the one tile's loop, or a
         table of its values where it has few: :mod:`.lut`)."""
-        lut = lut_stage(self, lp)
-        if lut is not None:
-            return lut
-        tile = self._tile(lp)
         if self.tile:
-            text = self.env.get_template("c_tile_stage.c.j2").render(
-                level=lp.level, title=", ".join(tile.titles), pre=tile.pre, clauses="",
-                variants=tile.variants, post=tile.post,
-            )  # fmt: skip
-            return tile.hoist + text
+            return lut_stage(self, lp, lambda: self._tile_stage(lp)) or self._tile_stage(lp)
+        tile = self._tile(lp)
         tpl = self.env.get_template("c_loop.c.j2")
         text = tile.hoist + tpl.render(
             level=lp.level, title=", ".join(tile.titles), length=self.length(lp.length),
