@@ -63,8 +63,8 @@ def kernels_figure(results: Mapping[str, Any], size: int | None = None) -> Figur
     """Encode (top) and decode (bottom) GB/s of every algorithm of a ``hipress bench kernels``
     result at one size (``size`` elements, default the largest measured), next to the torch-ops
     versions, under each kernel's roofline (the % above a bar is how close it gets). The
-    encode panel marks the copy rate (``dst.copy_(src)``), the decode panel the write-once
-    bound (``y.fill_``) where the result has it."""
+    encode panel marks the copy rate (the copy probe kernel), the decode panel the write-once
+    bound (the write probe) where the result has it."""
     kernels = _need(results, "kernels", "`hipress bench kernels`")
     sizes = sorted({int(n) for rows in kernels.values() for n in rows})
     n = sizes[-1] if size is None else size
@@ -80,8 +80,8 @@ def kernels_figure(results: Mapping[str, Any], size: int | None = None) -> Figur
     ax_enc, ax_dec = fig.subplots(2, 1, sharex=True)
     copy = (results.get("copy") or {}).get(str(n))
     write = (results.get("write") or {}).get(str(n))
-    _kernel_panel(ax_enc, rows, "encode", copy, "copy rate (dst.copy_(src))")
-    _kernel_panel(ax_dec, rows, "decode", write, "write-once bound (y.fill_)")
+    _kernel_panel(ax_enc, rows, "encode", copy, "copy rate (copy probe)")
+    _kernel_panel(ax_dec, rows, "decode", write, "write-once bound (write probe)")
     m = results.get("machine") or {}
     where = m.get("gpu") or m.get("cpu") or "unknown machine"
     threads = f", {m['threads']} threads" if m.get("threads") else ""

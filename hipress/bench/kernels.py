@@ -7,20 +7,29 @@ bytes (4 per element).
 CUDA events; the default where a GPU is available), ``emulated`` (the CUDA kernels on the CPU
 emulator: a check of this benchmark's CUDA path, its figures say nothing about a GPU).
 
+The references are three probe kernels, generated, compiled and run exactly as the algorithms
+are (same compiler, thread pool and tensors), each timed just before and just after every
+algorithm's row (the better of the two is the row's reference, the best of the run goes to the
+JSON's ``copy``, ``read`` and ``write``): ``copy`` reads a float32 per element and writes one,
+``read`` reads the gradient once (its maximum), ``write`` writes the output once. torch's
+``dst.copy_(src)``, ``src.sum()`` and ``dst.fill_(1.0)``, timed once per size, are kept as
+``copy_torch``, ``read_torch`` and ``write_torch``: on a shared machine they have swung 2x
+between runs while the kernels did not.
+
 On a GPU a copy moves 8 bytes per element (no read-for-ownership), so the traffic rate is 2 x
 copy GB/s, and a kernel's compulsory traffic counts each write once.
 
-Roofline per algorithm: ``dst.copy_(src)`` moves 12 bytes of memory traffic per element (read,
+Roofline per algorithm: a copy moves 12 bytes of memory traffic per element (read,
 read-for-ownership of the destination line, write), so the traffic rate is 3 x copy GB/s. An
 encode must at least read the gradient (4 B; 8 B where each element needs a reduction over all
 of it first, e.g. TernGrad's min and max: :mod:`hipress.bench.traffic`), read and write its
 per-element state (2 x state bytes) and write the payload (2 x payload bytes, read-for-ownership
 included); a decode reads the payload and writes 4 B (+4 B read-for-ownership). The roofline is
 the rate at which that compulsory traffic moves, capped by the rate at which its reads alone
-move at the read-only bandwidth (``x.sum()``, measured in the same run; on some machines it is
-far below what the traffic model alone would allow a read-mostly kernel); "% roof" is how close
-a kernel gets (passes a kernel makes beyond those counted, e.g. a selection's second look at its
-keys, and work that is not memory traffic, e.g. random numbers, are what keeps it below).
+move at the read-only bandwidth (the ``read`` probe; on some machines it is far below what the
+traffic model alone would allow a read-mostly kernel); "% roof" is how close a kernel gets
+(passes a kernel makes beyond those counted, e.g. a selection's second look at its keys, and
+work that is not memory traffic, e.g. random numbers, are what keeps it below).
 
 OpenMP threads: run as ``hipress`` (or ``python -m hipress``), the command re-executes itself
 with ``OMP_WAIT_POLICY=PASSIVE`` unless that variable is set; called in-process
@@ -33,21 +42,15 @@ the JSON.
 of float32 input, nothing read): the ceiling of an algorithm bound by its random numbers (randomk
 draws two words per element, qsgd and terngrad one).
 
-Write-once roofline of the decodes: ``write`` is the rate (GB/s of float32 written) of a
-generated kernel that only writes its output (a probe whose decode stores one scalar of its
-payload at every element: the same compiler, thread pool and output tensor as the decodes),
-timed just before and just after each algorithm's row (the better of the two), so that the
-ratios compare figures taken side by side; the least any decode into ``y`` can take. ``dec/w``,
-``sum2/w`` and ``sum4/w`` are how many times that time a decode, and the averaging of 2 and 4
-distinct payloads (``decode_sum``, divided by 2 or 4), take at the same size (1.0 = as fast as
-writing the output once; the JSON has each one's GB/s of output, ``decode_out``,
-``decode_sum2_out`` and ``decode_sum4_out``, and ``y.fill_(1.0)``'s rate as ``write_torch``,
-which on some machines swings 2x from run to run while the kernels do not). Reading the
-payloads is traffic a write-once time does not include: each ``bound`` column is the least a
-decode of 1, 2 and 4 payloads can take in write-once times, the output written and the
-payloads read at the rate a second probe (a decode that reads a float32 per element, timed
-beside the first) reads its input; a sum of payloads as large as its output (fp16's two) cannot
-come close to 1.0.
+Write-once roofline of the decodes: ``write`` (the probe), the least any decode into ``y`` can
+take. ``dec/w``, ``sum2/w`` and ``sum4/w`` are how many times that time a decode, and the
+averaging of 2 and 4 distinct payloads (``decode_sum``, divided by 2 or 4), take at the same
+size (1.0 = as fast as writing the output once; the JSON has each one's GB/s of output,
+``decode_out``, ``decode_sum2_out`` and ``decode_sum4_out``). Reading the payloads is traffic a
+write-once time does not include: each ``bound`` column is the least a decode of 1, 2 and 4
+payloads can take in write-once times, the output written and the payloads read at the rate
+the ``copy`` probe reads its input; a sum of payloads as large as its output (fp16's two)
+cannot come close to 1.0.
 
 ``sum4``: CaSync's averaging of 4 payloads (``decode_sum``, GB/s of decoded float32, 4 x 4 bytes
 per element), and ``sum4 x`` its speed-up over one decode pass per payload
@@ -145,6 +148,12 @@ payload { v: f32[n]; }
 encode(g) { let v: f32[n] = map(n, i => g[i]); return concat(v); }
 decode(p) { return map(n, i => p.v[i]); }
 """
+# the read probe: an encode that reads the gradient once and sends its maximum
+READ_PROBE = """algorithm read1 "the gradient read once, nothing written per element";
+payload { m: f32; }
+encode(g) { let m = reduce(max, n, i => g[i]); return concat(m); }
+decode(p) { return map(n, i => p.m); }
+"""
 
 # every figure's unit in its header: GB/s of float32 gradient input, % of the roofline, x ratios
 HEADER = (f"{'algorithm':10s} {'elements':>9s} {'enc GB/s':>8s} {'roof GB/s':>9s} {'% roof':>6s} "
@@ -199,11 +208,22 @@ def _line(name: str, n: int, row: dict[str, Any]) -> str:
             f"{row['decode_sum4_vs_write']:8.2f} {row['sum4_bound']:5.2f}")  # fmt: skip
 
 
-def _rates(probes: list[tuple[Algorithm, torch.Tensor]], y: torch.Tensor,
-           timed: Callable[[Fn, int], float], reps: int) -> list[float]:  # fmt: skip
-    """GB/s written into ``y`` by each probe's decode of its payload."""
-    return [4 * y.numel() / timed(lambda: pr.decode(pay, y.numel(), y), reps) / 1e9  # noqa: B023
-            for pr, pay in probes]  # fmt: skip
+def _probes(kind: str, x: torch.Tensor, y: torch.Tensor) -> dict[str, Fn]:
+    """The reference kernels, generated and run as the algorithms are: ``write`` (``y``
+    written once), ``copy`` (``n`` floats read, ``y`` written) and ``read`` (``x`` read once)."""
+    n = x.numel()
+    w, c, r = (_probe(kind, text) for text in (WRITE_PROBE, COPY_PROBE, READ_PROBE))
+    wp, cp = (a.encode(x, a.init_state(n, device=x.device)) for a in (w, c))
+    rs = r.init_state(n, device=x.device)
+    rp = torch.empty(r.payload_nbytes(n), dtype=torch.uint8, device=x.device)
+    return {"write": lambda: w.decode(wp, n, y), "copy": lambda: c.decode(cp, n, y),
+            "read": lambda: r.encode(x, rs, rp)}  # fmt: skip
+
+
+def _rates(probes: dict[str, Fn], n: int, timed: Callable[[Fn, int], float],
+           reps: int) -> dict[str, float]:  # fmt: skip
+    """GB/s of float32 (``n`` elements) each probe moves."""
+    return {k: 4 * n / timed(fn, reps) / 1e9 for k, fn in probes.items()}
 
 
 def _probe(kind: str, text: str) -> Algorithm:
@@ -236,11 +256,14 @@ def run(args: argparse.Namespace) -> int:
             "device": kind,
             "gpu": torch.cuda.get_device_name() if gpu else None,
         },
-        "units": "GB/s of float32 gradient input (4 bytes per element); copy = dst.copy_(src), "
-        "read = src.sum()",
+        "units": "GB/s of float32 gradient input (4 bytes per element); copy, read and write: "
+        "generated probe kernels (the best beside any row); *_torch: dst.copy_(src), src.sum(), "
+        "dst.fill_(1.0)",
         "copy": {},
         "read": {},
         "write": {},
+        "copy_torch": {},
+        "read_torch": {},
         "write_torch": {},
         "kernels": {},
         "philox": {},
@@ -254,29 +277,28 @@ def run(args: argparse.Namespace) -> int:
     for n in sizes:
         x = torch.randn(n, generator=gen, device=device)
         y = torch.empty(n, device=device)
-        copy = 4 * n / timed(lambda: y.copy_(x), args.reps) / 1e9  # noqa: B023
-        read = 4 * n / timed(lambda: x.sum(), args.reps) / 1e9  # noqa: B023
-        results["copy"][str(n)] = copy
-        results["read"][str(n)] = read
-        results["write_torch"][str(n)] = 4 * n / timed(lambda: y.fill_(1.0), args.reps) / 1e9  # noqa: B023
-        probes = [(pr, pr.encode(x, pr.init_state(n, device=device)))
-                  for pr in (_probe(kind, WRITE_PROBE), _probe(kind, COPY_PROBE))]  # fmt: skip
+        torch_refs = {"copy": lambda: y.copy_(x), "read": x.sum, "write": lambda: y.fill_(1.0)}  # noqa: B023
+        for k, v in _rates(torch_refs, n, timed, args.reps).items():
+            results[f"{k}_torch"][str(n)] = v
+        probes = _probes(kind, x, y)
         if kind != "emulated":  # the bound of the random algorithms: the RNG alone
             probe = _probe(kind, PHILOX_PROBE)
             results["philox"][str(n)] = _measure(probe, x, y, timed, args.reps, gpu)["encode"]
         for name in names:
-            before = _rates(probes, y, timed, args.reps)
+            before = _rates(probes, n, timed, args.reps)
             row = _measure(make(name), x, y, timed, args.reps, gpu)
-            write, pcopy = map(max, zip(before, _rates(probes, y, timed, args.reps), strict=True))
-            results["write"][str(n)] = max(write, results["write"].get(str(n), 0.0))
+            after = _rates(probes, n, timed, args.reps)
+            for k in before:  # the better of the two, and the best of the run
+                row[k] = max(before[k], after[k])
+                results[k][str(n)] = max(row[k], results[k].get(str(n), 0.0))
+            copy, read, write = row["copy"], row["read"], row["write"]
             enc_r, dec_r = row.pop("encode_reads"), row.pop("decode_reads")
-            row["copy"], row["read"], row["write"] = copy, read, write
             for key in ("decode", "decode_sum2", "decode_sum4"):  # time / the write's time
                 row[f"{key}_vs_write"] = write / row[f"{key}_out"]
             # the least a decode of k payloads can take, in write-once times: the output
             # written, and the payloads read at the rate the copy probe reads its input
             for k in (1, 2, 4):
-                row[f"sum{k}_bound"] = 1 + k * dec_r / 4 * max(0.0, write / pcopy - 1)
+                row[f"sum{k}_bound"] = 1 + k * dec_r / 4 * max(0.0, write / copy - 1)
             row["encode_roofline"] = roofline(copy, read, row["encode_bytes_per_elem"], enc_r, gpu)
             row["decode_roofline"] = roofline(copy, read, row["decode_bytes_per_elem"], dec_r, gpu)
             if not args.no_torch and n % 512 == 0 and not name.endswith(".cll"):

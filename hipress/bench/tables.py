@@ -123,11 +123,12 @@ def kernels_table(results: dict[str, Any]) -> list[str]:
     n = str(sizes[-1])
     out = [
         f"{sizes[-1]:,} elements, GB/s of float32 gradient input; copy "
-        f"{results['copy'][n]:.1f} GB/s, read {results['read'][n]:.1f} GB/s.",
+        f"{results['copy'][n]:.1f} GB/s, read {results['read'][n]:.1f} GB/s; sum2/w and sum4/w: "
+        "the average of 2 and 4 payloads in times of writing the output once (its bound).",
         "",
         "| algorithm | encode GB/s | % roof | decode GB/s | % roof | x torch encode | "
-        "x torch decode | sum4 x |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "x torch decode | sum4 x | sum2/w (bound) | sum4/w (bound) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in sorted(results["kernels"]):
         r = results["kernels"][name].get(n)
@@ -139,7 +140,14 @@ def kernels_table(results: dict[str, Any]) -> list[str]:
             f"{r['decode']:.2f} | {100 * r['decode'] / r['decode_roofline']:.0f} | "
             f"{fmt(r['encode'] / te if te else None, '.1f')} | "
             f"{fmt(r['decode'] / td if td else None, '.1f')} | "
-            f"{r['decode_sum4'] / r['decode_sum4_by_parts']:.1f} |"
+            f"{r['decode_sum4'] / r['decode_sum4_by_parts']:.1f} | "
+            + " | ".join(
+                f"{r[f'decode_sum{k}_vs_write']:.2f} ({r[f'sum{k}_bound']:.2f})"
+                if f"sum{k}_bound" in r
+                else "-"
+                for k in (2, 4)
+            )
+            + " |"
         )
     return out
 
