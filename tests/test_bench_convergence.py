@@ -315,3 +315,29 @@ def test_time_to_loss_takes_trailing_means() -> None:
     time_to_loss([rows[0], longer], 2)
     assert longer["time_to_ddp_loss_s"] == 8.0 and longer["steps_vs_ddp"] == 8 / 6
     assert longer["final_train_loss"] == 3.0
+
+
+def test_time_to_loss_per_seed_against_ddp_with_the_same_seed() -> None:
+    """With several seeds each seed's time is taken against DDP's run with that seed (its own
+    target loss and time); the table shows their mean and range, "-" unless every seed got
+    there."""
+    from hipress.bench.convergence_local import local_markdown, time_to_loss
+
+    def run(losses: list[float], dt: float) -> dict[str, object]:
+        return {"loss_curve": losses, "elapsed": [dt * (i + 1) for i in range(len(losses))]}
+
+    ddp = {"algorithm": "uncompressed", "valid_loss": 5.0,
+           "runs": [run([3, 2, 1, 1], 1.0), run([3, 3, 2, 2], 2.0)]}  # fmt: skip
+    fast = {"algorithm": "fast", "valid_loss": 5.0,
+            "runs": [run([1, 1, 1, 1], 1.0), run([2, 2, 2, 2], 1.0)]}  # fmt: skip
+    slow = {"algorithm": "slow", "valid_loss": 5.0,
+            "runs": [run([1, 1, 1, 1], 1.0), run([3, 3, 3, 3], 1.0)]}  # fmt: skip
+    time_to_loss([ddp, fast, slow], 2)
+    # trailing means over 2 steps: seed 0's DDP reaches 1.0 at 4 s, fast 1.0 at 1 s; seed 1's
+    # DDP reaches 2.0 at 8 s, fast at 1 s, slow never
+    assert fast["time_vs_ddp_seeds"] == [0.25, 0.125]
+    assert fast["time_vs_ddp"] == 0.25  # seed 0's, as with one seed
+    assert slow["time_vs_ddp_seeds"] == [0.25, None]
+    table = "\n".join(local_markdown({"rows": [ddp, fast, slow]}))
+    assert "| 0.19 (0.12-0.25) |" in table
+    assert table.splitlines()[-1].endswith("| - |")

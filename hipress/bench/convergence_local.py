@@ -61,50 +61,77 @@ def time_to_loss(rows: list[dict[str, Any]], window: int) -> None:
     at or below DDP's final one: the first row's), ``time_vs_ddp`` (that over DDP's own),
     ``steps_vs_ddp`` (the steps it took over DDP's: above 1 only for a row trained longer, see
     ``local_epochs``) and ``final_train_loss`` (the trailing mean at DDP's last step: equal
-    tokens); None where it never gets there. Seed 0's run of each row."""
+    tokens); None where it never gets there. Seed 0's run of each row; with several seeds also
+    ``time_vs_ddp_seeds``, each seed's ratio against DDP's run with the same seed."""
+    seeds = min((len(r.get("runs") or []) for r in rows), default=0)
+    for j in range(seeds):
+        per = _seed_times(rows, j, window)
+        for r, (t, ratio, steps, final, target) in zip(rows, per, strict=True):
+            if target is None:
+                continue
+            if j == 0:
+                r["ddp_final_train_loss"] = target
+                r["final_train_loss"] = final
+                r["time_to_ddp_loss_s"] = t
+                r["steps_vs_ddp"] = steps
+                r["time_vs_ddp"] = ratio
+            if seeds > 1:
+                r.setdefault("time_vs_ddp_seeds", []).append(ratio)
+
+
+def _seed_times(rows: list[dict[str, Any]], j: int, window: int) -> list[tuple[Any, ...]]:
+    """Per row, seed ``j``'s (time to DDP's final loss, its ratio to DDP's, steps ratio, the
+    trailing loss at DDP's last step, DDP's final loss); all None without loss curves."""
 
     def curve(r: dict[str, Any]) -> tuple[list[float], list[float]] | None:
-        run = (r.get("runs") or [{}])[0]
+        run = (r.get("runs") or [{}])[j]
         if "loss_curve" not in run:
             return None
         return _trailing(run["loss_curve"], window), run["elapsed"]
 
+    none = (None,) * 5
     base = curve(rows[0]) if rows else None
     if base is None:
-        return
+        return [none] * len(rows)
     target, steps = base[0][-1], len(base[0])
-    times: dict[int, float | None] = {}
-    for i, r in enumerate(rows):
+    hits: list[tuple[Any, Any, float] | None] = []
+    for r in rows:
         c = curve(r)
         if c is None:
+            hits.append(None)
             continue
         hit = next(((k, t) for k, (m, t) in enumerate(zip(*c, strict=True)) if m <= target),
                    None)  # fmt: skip
-        times[i] = None if hit is None else hit[1]
-        r["ddp_final_train_loss"] = target
-        r["final_train_loss"] = c[0][min(steps, len(c[0])) - 1]
-        r["time_to_ddp_loss_s"] = times[i]
-        r["steps_vs_ddp"] = None if hit is None else (hit[0] + 1) / steps
-    ddp = times.get(0)
-    for i, r in enumerate(rows):
-        t = times.get(i)
-        r["time_vs_ddp"] = None if t is None or not ddp else t / ddp
+        final = c[0][min(steps, len(c[0])) - 1]
+        hits.append((None, None, final) if hit is None else (hit[1], (hit[0] + 1) / steps, final))
+    ddp = hits[0][0] if hits[0] else None
+    return [none if h is None else (h[0], None if h[0] is None or not ddp else h[0] / ddp, h[1],
+                                    h[2], target) for h in hits]  # fmt: skip
 
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _spread(ratios: list[Any] | None) -> str:
+    """Mean (min-max) of the seeds' ratios; "-" unless every seed got there."""
+    if not ratios or any(x is None for x in ratios):
+        return "-"
+    return f"{sum(ratios) / len(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
 def local_markdown(results: dict[str, Any]) -> list[str]:
     """Every row's training loss against DDP's and its time to DDP's final loss (empty when no
-    row has a loss curve)."""
+    row has a loss curve); with several seeds, each seed's ratio to DDP's time as well."""
     rows = [r for r in results["rows"] if "final_train_loss" in r]
     if not rows:
         return []
+    seeds = any("time_vs_ddp_seeds" in r for r in rows)
+    extra = " x DDP's, seeds mean (min-max) |" if seeds else ""
     out = [
         "| row | valid loss | vs DDP % | train loss | s to DDP's final train loss | x DDP's "
-        "| steps x DDP's |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| steps x DDP's |{extra}",
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if seeds else ""),
     ]
     base = rows[0].get("valid_loss")
     for r in rows:
@@ -114,5 +141,6 @@ def local_markdown(results: dict[str, Any]) -> list[str]:
             f"| {r['algorithm']} | {_fmt(v, '.3f')} | {_fmt(pct, '+.1f')} | "
             f"{_fmt(r.get('final_train_loss'), '.3f')} | {_fmt(r.get('time_to_ddp_loss_s'), '.1f')}"
             f" | {_fmt(r.get('time_vs_ddp'), '.2f')} | {_fmt(r.get('steps_vs_ddp'), '.2f')} |"
+            + (f" {_spread(r.get('time_vs_ddp_seeds'))} |" if seeds else "")
         )
     return out
