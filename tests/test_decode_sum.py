@@ -78,16 +78,18 @@ decode(p) { return map(n, i => p.q[i] == 15 ? 0.0 / 0.0 : (f32(p.q[i]) - 8.0) * 
 
 
 TABULATED = ["onebit", "efsignsgd", "tbq", "terngrad", "nibbles",  # one table per payload
-             "signsgd", "blocksign", "qsgd", "signsgd-300"]  # one per segment  # fmt: skip
+             "signsgd", "blocksign", "qsgd", "signsgd-300",  # one per segment
+             "int8", "fp8-block-96", "fp8-block-16"]  # by segment runs; 16: element by element  # fmt: skip
 
 
 @pytest.mark.parametrize("path", ["native", "no-avx512", "scalar"])
 @pytest.mark.parametrize("name", TABULATED)
 def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> None:
     """Decodes of one packed value per element (and a value per segment) are summed by table
-    look-up (a permute of 16 values with AVX-512, two of 8 with AVX2, a scalar loop): the
-    reference's values, with non-finite inputs among the payloads, at sizes around the vector
-    widths, the tile and the segments (segments of 300 cross tiles)."""
+    look-up (a permute of 16 values with AVX-512, two of 8 with AVX2, a scalar loop), others
+    that read a value per segment run by run: the reference's values, with non-finite inputs
+    among the payloads, at sizes around the vector widths, the tile and the segments (segments
+    of 300 and 96 cross tiles; under 64 the runs give way to the element-by-element loop)."""
     from test_native import _on_path
 
     from hipress.compll import load_source
@@ -97,6 +99,13 @@ def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> N
         ref = load_source(SourceFile("nibbles.cll", NIBBLES), backend="reference")
     elif name == "signsgd-300":
         ref = load("signsgd", backend="reference", chunk=300)
+    elif name.startswith("fp8-block-"):
+        from pathlib import Path
+
+        from hipress.compll import load_file
+
+        example = Path(__file__).parents[1] / "examples" / "fp8_block.cll"
+        ref = load_file(str(example), backend="reference", block=int(name.rsplit("-", 1)[1]))
     else:
         ref = load(name, backend="reference")
     cpu = _on_path(ref, path, tmp_path)

@@ -1207,8 +1207,28 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
   const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  { /* level 1: out (one tile) */
-        float seg2[HP_TILE];
+  { /* level 1: out (one tile, by segment runs) */
+        const int64_t sd = INT64_C(256);
+        if (sd >= 64 && i0 >= 0) {
+          for (int64_t t0 = 0; t0 < tl;) {
+            const int64_t sq = (i0 + t0) / sd, rem = sd - (i0 + t0) % sd;
+            const int64_t e = rem >= tl - t0 ? tl : t0 + rem;
+            const float sv1 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+        
+        #pragma omp simd
+        for (int64_t t = t0; t < e; t++) {
+          const int64_t i = i0 + t;
+          const float l2 = sv1;
+          const int8_t r4 = f_q[i];
+          const float l3 = (((float)(r4)) * l2);
+          const float m5 = hp_sel_f32((-0x1.fffffe0000000p+127f >= l3), -0x1.fffffe0000000p+127f, l3);
+          out[i] = (hp_pw ? (hp_sel_f32((fabsf(l2) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) * hp_d : (hp_sel_f32((fabsf(l2) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) / hp_d);
+        }
+            t0 = e;
+          }
+        } else {
+          { /* level 1: out (one tile) */
+        float seg7[HP_TILE];
         {
           const int64_t sd = INT64_C(256);
           if (sd > 0 && i0 >= 0) {
@@ -1216,12 +1236,12 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
               const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
-              for (; t < e; t++) seg2[t] = sv;
+              for (; t < e; t++) seg7[t] = sv;
             }
           } else {
             for (int64_t t = 0; t < tl; t++) {
               const int64_t sq = hp_div_i64(i0 + t, sd);
-              seg2[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              seg7[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
             }
           }
         }
@@ -1229,11 +1249,14 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float l1 = seg2[t];
-          const int8_t r4 = f_q[i];
-          const float l3 = (((float)(r4)) * l1);
-          const float m5 = hp_sel_f32((-0x1.fffffe0000000p+127f >= l3), -0x1.fffffe0000000p+127f, l3);
-          out[i] = (hp_pw ? (hp_sel_f32((fabsf(l1) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) * hp_d : (hp_sel_f32((fabsf(l1) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) / hp_d);
+          const float l6 = seg7[t];
+          const int8_t r9 = f_q[i];
+          const float l8 = (((float)(r9)) * l6);
+          const float m10 = hp_sel_f32((-0x1.fffffe0000000p+127f >= l8), -0x1.fffffe0000000p+127f, l8);
+          out[i] = (hp_pw ? (hp_sel_f32((fabsf(l6) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m10), 0x1.fffffe0000000p+127f, m10), l8)) * hp_d : (hp_sel_f32((fabsf(l6) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m10), 0x1.fffffe0000000p+127f, m10), l8)) / hp_d);
+        }
+  }
+
         }
   }
 
@@ -1259,8 +1282,28 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
   const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
 
 
-  { /* level 1: out (one tile) */
-        float seg2[HP_TILE];
+  { /* level 1: out (one tile, by segment runs) */
+        const int64_t sd = INT64_C(256);
+        if (sd >= 64 && i0 >= 0) {
+          for (int64_t t0 = 0; t0 < tl;) {
+            const int64_t sq = (i0 + t0) / sd, rem = sd - (i0 + t0) % sd;
+            const int64_t e = rem >= tl - t0 ? tl : t0 + rem;
+            const float sv1 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+        
+        #pragma omp simd
+        for (int64_t t = t0; t < e; t++) {
+          const int64_t i = i0 + t;
+          const float l2 = sv1;
+          const int8_t r4 = f_q[i];
+          const float l3 = (((float)(r4)) * l2);
+          const float m5 = hp_sel_f32((-0x1.fffffe0000000p+127f >= l3), -0x1.fffffe0000000p+127f, l3);
+          out[i] = out[i] + (hp_pw ? (hp_sel_f32((fabsf(l2) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) * hp_d : (hp_sel_f32((fabsf(l2) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) / hp_d);
+        }
+            t0 = e;
+          }
+        } else {
+          { /* level 1: out (one tile) */
+        float seg7[HP_TILE];
         {
           const int64_t sd = INT64_C(256);
           if (sd > 0 && i0 >= 0) {
@@ -1268,12 +1311,12 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
               const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
-              for (; t < e; t++) seg2[t] = sv;
+              for (; t < e; t++) seg7[t] = sv;
             }
           } else {
             for (int64_t t = 0; t < tl; t++) {
               const int64_t sq = hp_div_i64(i0 + t, sd);
-              seg2[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+              seg7[t] = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
             }
           }
         }
@@ -1281,11 +1324,14 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
         #pragma omp simd
         for (int64_t t = 0; t < tl; t++) {
           const int64_t i = i0 + t;
-          const float l1 = seg2[t];
-          const int8_t r4 = f_q[i];
-          const float l3 = (((float)(r4)) * l1);
-          const float m5 = hp_sel_f32((-0x1.fffffe0000000p+127f >= l3), -0x1.fffffe0000000p+127f, l3);
-          out[i] = out[i] + (hp_pw ? (hp_sel_f32((fabsf(l1) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) * hp_d : (hp_sel_f32((fabsf(l1) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m5), 0x1.fffffe0000000p+127f, m5), l3)) / hp_d);
+          const float l6 = seg7[t];
+          const int8_t r9 = f_q[i];
+          const float l8 = (((float)(r9)) * l6);
+          const float m10 = hp_sel_f32((-0x1.fffffe0000000p+127f >= l8), -0x1.fffffe0000000p+127f, l8);
+          out[i] = out[i] + (hp_pw ? (hp_sel_f32((fabsf(l6) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m10), 0x1.fffffe0000000p+127f, m10), l8)) * hp_d : (hp_sel_f32((fabsf(l6) < HP_INF_F), hp_sel_f32((0x1.fffffe0000000p+127f <= m10), 0x1.fffffe0000000p+127f, m10), l8)) / hp_d);
+        }
+  }
+
         }
   }
 

@@ -159,4 +159,53 @@ def lut_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
     return f"  {{ /* level {lp.level}: {it.op.name} (one tile, {how}) */\n{body}  }}\n"
 
 
-__all__ = ["MAX_BITS", "SEG_MIN", "lut_source", "lut_stage"]
+
+
+def run_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
+    """``lp``'s tile, in a tile function, as one loop per run of a segment where its value at
+    ``i`` reads a value per segment (``scale[i / d]``, int8's scales) but is not a table: the
+    segment's value is read once per run into a variable instead of being copied to every
+    element of a tile buffer first. None where there is no such read; ``plain`` where the
+    segment length is short (or not positive)."""
+    if not f.tile or len(lp.items) != 1:
+        return None
+    (it,) = lp.items
+    if it.kind != "store" or not isinstance(it.op, ir.Map):
+        return None
+    fn = it.op.fn
+    (p,) = fn.params
+    nodes = [x for e in [v for _, v in fn.lets] + [fn.result] for x in walk(e)]
+    segs = [x for x in nodes if isinstance(x, ir.Load) and _segment(f, x, p)]
+    if not segs or any(isinstance(x, ir.Rand) for x in nodes):
+        return None
+    seg = segs[0]
+    assert isinstance(seg.index, ir.Binary)
+    probe = Body(level=lp.level)
+    idx = f.em.expr(seg.index, probe, {p.name: "i"})
+    d = f.em.expr(seg.index.b, probe, {})
+    if probe.lines or probe.hoist:  # pragma: no cover - invariant divisors are inline
+        return None
+    sv = f.names.fresh("sv")
+    at = f.em._mem_read(seg.array, "sq", False, probe)
+    # a read the body writes differently misses this and takes the tile buffer: same values
+    tile = f._tile(lp, {(seg.array, idx): sv})
+    loop = f.env.get_template("c_tile.c.j2").render(
+        pre=[], variants=tile.variants, clauses="", post=[], t_from="t0", t_to="e"
+    )
+    lines = [
+        f"const int64_t sd = {d};",
+        f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
+        *(f"  {ln}" for ln in tile.pre),
+        "  for (int64_t t0 = 0; t0 < tl;) {",
+        "    const int64_t sq = (i0 + t0) / sd, rem = sd - (i0 + t0) % sd;",
+        "    const int64_t e = rem >= tl - t0 ? tl : t0 + rem;",
+        *(f"    {ln}" for ln in probe.lines),
+        f"    const {ctype(seg.dtype)} {sv} = {at};",
+    ]
+    body = "".join(f"        {ln}\n" for ln in lines) + loop
+    tail = ["    t0 = e;", "  }", *(f"  {ln}" for ln in tile.post), "} else {", plain(), "}"]
+    body += "".join(f"        {ln}\n" for ln in tail)
+    return f"{tile.hoist}  {{ /* level {lp.level}: {it.op.name} (one tile, by segment runs) */\n{body}  }}\n"
+
+
+__all__ = ["MAX_BITS", "SEG_MIN", "lut_source", "lut_stage", "run_stage"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from jinja2 import Environment
 
 from hipress.compll.backends.c.block import TILE, render_block
-from hipress.compll.backends.c.lut import lut_stage
+from hipress.compll.backends.c.lut import lut_stage, run_stage
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
 from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool, tileable
@@ -146,7 +146,8 @@ class CFunction(CFamily):
         """``lp`` as an OpenMP loop of tiles (in a tile function: the one tile's loop, or a
         table of its values where it has few: :mod:`.lut`)."""
         if self.tile:
-            return lut_stage(self, lp, lambda: self._tile_stage(lp)) or self._tile_stage(lp)
+            plain = lambda: self._tile_stage(lp)  # noqa: E731
+            return lut_stage(self, lp, plain) or run_stage(self, lp, plain) or plain()
         tile = self._tile(lp)
         tpl = self.env.get_template("c_loop.c.j2")
         text = tile.hoist + tpl.render(
@@ -200,11 +201,13 @@ class CFunction(CFamily):
         code = " && ".join(f"({self.em.expr(e, body, {})})" for e in inv)
         return None if body.lines else code
 
-    def _tile(self, lp: Loop) -> Tile:
+    def _tile(self, lp: Loop, memo: dict[tuple[str, str], str] | None = None) -> Tile:
         """The parts of ``lp``'s tile loop: per-tile code before and after, the body variants,
-        reduction partials, and host code to run before the loop."""
+        reduction partials, and host code to run before the loop (``memo``: reads already
+        in variables)."""
         ln = self.length(lp.length)
         body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
+        body.memo.update(memo or {})
         tile = Tile()
         stores: list[str] = []
         packs: list[tuple[str, str, int]] = []  # (buffer, dst pointer, bits)
