@@ -29,6 +29,14 @@ MAX_BITS = 4  # at most 16 entries: one AVX-512 register
 SEG_MIN = 64  # segments shorter than this are decoded element by element
 
 
+def _run(t: str) -> list[str]:
+    """The segment (``sq``) of tile element ``t`` and the end (``e``) of its run in the tile."""
+    return [
+        f"const int64_t sq = (i0 + {t}) / sd, rem = sd - (i0 + {t}) % sd;",
+        f"const int64_t e = rem >= tl - {t} ? tl : {t} + rem;",
+    ]
+
+
 def _segment(f: CFunction, x: ir.Load, p: ir.Ref) -> bool:
     """Whether ``x`` reads a stored array at ``p / d``, ``d`` loop-invariant."""
     e = x.index
@@ -128,10 +136,7 @@ def lut_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
         # written would wait on the stores (store forwarding does not cover a vector load)
         rows = f"HP_TILE / {SEG_MIN} + 2"
         seg_rows = [ln.replace(f"{lut}[lv]", f"{lut}[ns][lv]") for ln in table[1:]]
-        runs = [
-            "const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;",
-            "const int64_t e = rem >= tl - t ? tl : t + rem;",
-        ]
+        runs = _run("t")
         lines = [
             f"const int64_t sd = {d};",
             f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
@@ -197,8 +202,7 @@ def run_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
         f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
         *(f"  {ln}" for ln in tile.pre),
         "  for (int64_t t0 = 0; t0 < tl;) {",
-        "    const int64_t sq = (i0 + t0) / sd, rem = sd - (i0 + t0) % sd;",
-        "    const int64_t e = rem >= tl - t0 ? tl : t0 + rem;",
+        *(f"    {ln}" for ln in _run("t0")),
         *(f"    {ln}" for ln in probe.lines),
         f"    const {ctype(seg.dtype)} {sv} = {at};",
     ]
