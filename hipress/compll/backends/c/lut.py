@@ -13,17 +13,35 @@ bound by.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from hipress.compll.backends.cfamily.body import Body
-from hipress.compll.backends.cfamily.syntax import ctype
+from jinja2 import Environment
+
+from hipress.compll.backends.cfamily.body import Body, Mem
+from hipress.compll.backends.cfamily.expr import Emitter
+from hipress.compll.backends.cfamily.syntax import Names, ctype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.walk import walk
 from hipress.compll.lower.kernel_plan import Item, Loop
 
-if TYPE_CHECKING:
-    from hipress.compll.backends.c.render import CFunction
+
+class TileFunction(Protocol):
+    """What these stages use of the C target's function renderer
+    (:class:`hipress.compll.backends.c.render.CFunction`, which calls them)."""
+
+    tile: bool
+    mem: dict[str, Mem]
+    em: Emitter
+    names: Names
+    env: Environment
+
+    def scaled(self, v: str) -> str: ...
+
+    def tile_pre(self, body: Body) -> list[str]: ...
+
+    def tile_parts(self, lp: Loop, memo: dict[tuple[str, str], str] | None = None) -> Any: ...
+
 
 MAX_BITS = 4  # at most 16 entries: one AVX-512 register
 SEG_MIN = 64  # segments shorter than this are decoded element by element
@@ -37,7 +55,7 @@ def _run(t: str) -> list[str]:
     ]
 
 
-def _segment(f: CFunction, x: ir.Load, p: ir.Ref) -> bool:
+def _segment(f: TileFunction, x: ir.Load, p: ir.Ref) -> bool:
     """Whether ``x`` reads a stored array at ``p / d``, ``d`` loop-invariant."""
     e = x.index
     return (
@@ -52,7 +70,7 @@ def _segment(f: CFunction, x: ir.Load, p: ir.Ref) -> bool:
     )
 
 
-def lut_source(f: CFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None] | None:
+def lut_source(f: TileFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None] | None:
     """The store, the packed load and the per-segment load (or None) of ``lp`` if ``lp`` is a
     tile function's decode of one packed value per element and at most one value per segment
     (no other per-element input, no random numbers), else None."""
@@ -91,7 +109,7 @@ def lut_source(f: CFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None] |
     return it, found, seg
 
 
-def lut_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
+def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
     """``lp``'s tile as a table of its values and one look-up per element (see module doc),
     or None where :func:`lut_source` does not hold. ``plain``: the tile as its loop, which a
     per-segment table falls back to where the segment length is not positive."""
@@ -164,9 +182,7 @@ def lut_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
     return f"  {{ /* level {lp.level}: {it.op.name} (one tile, {how}) */\n{body}  }}\n"
 
 
-
-
-def run_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
+def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
     """``lp``'s tile, in a tile function, as one loop per run of a segment where its value at
     ``i`` reads a value per segment (``scale[i / d]``, int8's scales) but is not a table: the
     segment's value is read once per run into a variable instead of being copied to every
@@ -193,7 +209,7 @@ def run_stage(f: CFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
     sv = f.names.fresh("sv")
     at = f.em._mem_read(seg.array, "sq", False, probe)
     # a read the body writes differently misses this and takes the tile buffer: same values
-    tile = f._tile(lp, {(seg.array, idx): sv})
+    tile = f.tile_parts(lp, {(seg.array, idx): sv})
     loop = f.env.get_template("c_tile.c.j2").render(
         pre=[], variants=tile.variants, clauses="", post=[], t_from="t0", t_to="e"
     )

@@ -128,7 +128,7 @@ class CFunction(CFamily):
 
     def _tile_stage(self, lp: Loop) -> str:
         """A tile function's one tile of ``lp``, element by element."""
-        tile = self._tile(lp)
+        tile = self.tile_parts(lp)
         return tile.hoist + self.env.get_template("c_tile_stage.c.j2").render(
             level=lp.level, title=", ".join(tile.titles), pre=tile.pre, clauses="",
             variants=tile.variants, post=tile.post,
@@ -148,7 +148,7 @@ class CFunction(CFamily):
         if self.tile:
             plain = lambda: self._tile_stage(lp)  # noqa: E731
             return lut_stage(self, lp, plain) or run_stage(self, lp, plain) or plain()
-        tile = self._tile(lp)
+        tile = self.tile_parts(lp)
         tpl = self.env.get_template("c_loop.c.j2")
         text = tile.hoist + tpl.render(
             level=lp.level, title=", ".join(tile.titles), length=self.length(lp.length),
@@ -201,7 +201,7 @@ class CFunction(CFamily):
         code = " && ".join(f"({self.em.expr(e, body, {})})" for e in inv)
         return None if body.lines else code
 
-    def _tile(self, lp: Loop, memo: dict[tuple[str, str], str] | None = None) -> Tile:
+    def tile_parts(self, lp: Loop, memo: dict[tuple[str, str], str] | None = None) -> Tile:
         """The parts of ``lp``'s tile loop: per-tile code before and after, the body variants,
         reduction partials, and host code to run before the loop (``memo``: reads already
         in variables)."""
@@ -257,8 +257,8 @@ class CFunction(CFamily):
         self.hoisted = []
         body, res = self.lambda_body(op.fn, op.length, fu.level)
         red = reduction(op.op, res, op.fn.result.dtype, op.dtype, "(j1 - j0)", self.names)
-        seg_tiles = [self._tile(lp) for lp in fu.seg_loops]
-        elem_tiles = [self._tile(lp) for lp in fu.elem_loops]
+        seg_tiles = [self.tile_parts(lp) for lp in fu.seg_loops]
+        elem_tiles = [self.tile_parts(lp) for lp in fu.elem_loops]
         hoist = "".join(f"  {ln}\n" for ln in self.hoisted)
         hoist += "".join(t.hoist for t in seg_tiles + elem_tiles)
         titles = ", ".join(x for t in seg_tiles + elem_tiles for x in t.titles)
