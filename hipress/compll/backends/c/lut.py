@@ -100,6 +100,8 @@ def lut_source(f: TileFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None
                 m = f.mem.get(x.array)
                 if m is None or m.bits is None or m.bits > MAX_BITS:
                     return None
+                if f.em.plan.arrays[x.array].length != lp.length:
+                    return None  # shorter or longer than the output: read in range per element
                 if found is not None and found.array != x.array:
                     return None
                 found = x
