@@ -1149,15 +1149,15 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
 
 
   { /* level 1: out (one tile, tabulated) */
-        float lut3[16] = {0};
+        float lut2[16] = {0};
         for (int lv = 0; lv < 2; lv++) {
           const uint8_t lq1 = (uint8_t)lv;
-          lut3[lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) / hp_d);
+          lut2[lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) / hp_d);
         }
-        uint8_t unp4[HP_TILE];
-        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp4, tl, 1) / 8; q < (tl + 7) / 8; q++)
-          memcpy(unp4 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
-        hp_tile_lut(unp4, lut3, out + i0, tl, 0);
+        uint8_t unp3[HP_TILE];
+        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp3, tl, 1) / 8; q < (tl + 7) / 8; q++)
+          memcpy(unp3 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+        hp_tile_lut(unp3, lut2, out + i0, tl, 0);
   }
 
 
@@ -1182,15 +1182,15 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
 
 
   { /* level 1: out (one tile, tabulated) */
-        float lut3[16] = {0};
+        float lut2[16] = {0};
         for (int lv = 0; lv < 2; lv++) {
           const uint8_t lq1 = (uint8_t)lv;
-          lut3[lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) / hp_d);
+          lut2[lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), (-s_p_scale), s_p_scale)) / hp_d);
         }
-        uint8_t unp4[HP_TILE];
-        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp4, tl, 1) / 8; q < (tl + 7) / 8; q++)
-          memcpy(unp4 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
-        hp_tile_lut(unp4, lut3, out + i0, tl, 1);
+        uint8_t unp3[HP_TILE];
+        for (int64_t q = hp_unpack64(f_s + i0 / 8, unp3, tl, 1) / 8; q < (tl + 7) / 8; q++)
+          memcpy(unp3 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+        hp_tile_lut(unp3, lut2, out + i0, tl, 1);
   }
 
 

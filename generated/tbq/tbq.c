@@ -1135,16 +1135,16 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
 
 
   { /* level 1: out (one tile, tabulated) */
-        float lut4[16] = {0};
+        float lut3[16] = {0};
         for (int lv = 0; lv < 4; lv++) {
           const uint8_t lq1 = (uint8_t)lv;
-          const uint8_t l3 = lq1;
-          lut4[lv] = (hp_pw ? (hp_sel_f32((l3 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) * hp_d : (hp_sel_f32((l3 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) / hp_d);
+          const uint8_t l2 = lq1;
+          lut3[lv] = (hp_pw ? (hp_sel_f32((l2 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) * hp_d : (hp_sel_f32((l2 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) / hp_d);
         }
-        uint8_t unp5[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp5, tl, 2) / 4; q < (tl + 3) / 4; q++)
-          memcpy(unp5 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
-        hp_tile_lut(unp5, lut4, out + i0, tl, 0);
+        uint8_t unp4[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp4, tl, 2) / 4; q < (tl + 3) / 4; q++)
+          memcpy(unp4 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
+        hp_tile_lut(unp4, lut3, out + i0, tl, 0);
   }
 
 
@@ -1166,16 +1166,16 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
 
 
   { /* level 1: out (one tile, tabulated) */
-        float lut4[16] = {0};
+        float lut3[16] = {0};
         for (int lv = 0; lv < 4; lv++) {
           const uint8_t lq1 = (uint8_t)lv;
-          const uint8_t l3 = lq1;
-          lut4[lv] = (hp_pw ? (hp_sel_f32((l3 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) * hp_d : (hp_sel_f32((l3 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l3 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) / hp_d);
+          const uint8_t l2 = lq1;
+          lut3[lv] = (hp_pw ? (hp_sel_f32((l2 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) * hp_d : (hp_sel_f32((l2 == ((uint8_t)1)), 0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)2)), -0x1.47ae140000000p-7f, hp_sel_f32((l2 == ((uint8_t)3)), hp_f32_from_bits(0x7fc00000u), 0x0.0p+0f)))) / hp_d);
         }
-        uint8_t unp5[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp5, tl, 2) / 4; q < (tl + 3) / 4; q++)
-          memcpy(unp5 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
-        hp_tile_lut(unp5, lut4, out + i0, tl, 1);
+        uint8_t unp4[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp4, tl, 2) / 4; q < (tl + 3) / 4; q++)
+          memcpy(unp4 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
+        hp_tile_lut(unp4, lut3, out + i0, tl, 1);
   }
 
 

@@ -1259,20 +1259,20 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
   const float s_lo_1 = (s_p_lo * s_s_1);
 
   { /* level 1: out (one tile, tabulated) */
-        float lut8[16] = {0};
+        float lut7[16] = {0};
         for (int lv = 0; lv < 4; lv++) {
           const uint8_t lq1 = (uint8_t)lv;
-          const uint8_t l3 = lq1;
-          const bool l4 = (s_s_1 < 0x1.0000000000000p+0f);
-          const float l5 = (s_lo_1 + (((float)(l3)) * s_gap_1));
-          const float m6 = (l5 * 0x1.0000000000000p+1f);
-          const float m7 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m6), -0x1.fffffe0000000p+127f, m6);
-          lut8[lv] = (hp_pw ? (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) * hp_d : (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) / hp_d);
+          const uint8_t l2 = lq1;
+          const bool l3 = (s_s_1 < 0x1.0000000000000p+0f);
+          const float l4 = (s_lo_1 + (((float)(l2)) * s_gap_1));
+          const float m5 = (l4 * 0x1.0000000000000p+1f);
+          const float m6 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m5), -0x1.fffffe0000000p+127f, m5);
+          lut7[lv] = (hp_pw ? (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) * hp_d : (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) / hp_d);
         }
-        uint8_t unp9[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp9, tl, 2) / 4; q < (tl + 3) / 4; q++)
-          memcpy(unp9 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
-        hp_tile_lut(unp9, lut8, out + i0, tl, 0);
+        uint8_t unp8[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp8, tl, 2) / 4; q < (tl + 3) / 4; q++)
+          memcpy(unp8 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
+        hp_tile_lut(unp8, lut7, out + i0, tl, 0);
   }
 
 
@@ -1306,20 +1306,20 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
   const float s_lo_1 = (s_p_lo * s_s_1);
 
   { /* level 1: out (one tile, tabulated) */
-        float lut8[16] = {0};
+        float lut7[16] = {0};
         for (int lv = 0; lv < 4; lv++) {
           const uint8_t lq1 = (uint8_t)lv;
-          const uint8_t l3 = lq1;
-          const bool l4 = (s_s_1 < 0x1.0000000000000p+0f);
-          const float l5 = (s_lo_1 + (((float)(l3)) * s_gap_1));
-          const float m6 = (l5 * 0x1.0000000000000p+1f);
-          const float m7 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m6), -0x1.fffffe0000000p+127f, m6);
-          lut8[lv] = (hp_pw ? (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) * hp_d : (hp_sel_f32(l4, hp_sel_f32((0x1.fffffe0000000p+127f <= m7), 0x1.fffffe0000000p+127f, m7), l5)) / hp_d);
+          const uint8_t l2 = lq1;
+          const bool l3 = (s_s_1 < 0x1.0000000000000p+0f);
+          const float l4 = (s_lo_1 + (((float)(l2)) * s_gap_1));
+          const float m5 = (l4 * 0x1.0000000000000p+1f);
+          const float m6 = hp_sel_f32((-0x1.fffffe0000000p+127f >= m5), -0x1.fffffe0000000p+127f, m5);
+          lut7[lv] = (hp_pw ? (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) * hp_d : (hp_sel_f32(l3, hp_sel_f32((0x1.fffffe0000000p+127f <= m6), 0x1.fffffe0000000p+127f, m6), l4)) / hp_d);
         }
-        uint8_t unp9[HP_TILE];
-        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp9, tl, 2) / 4; q < (tl + 3) / 4; q++)
-          memcpy(unp9 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
-        hp_tile_lut(unp9, lut8, out + i0, tl, 1);
+        uint8_t unp8[HP_TILE];
+        for (int64_t q = hp_unpack64(f_q + i0 / 4, unp8, tl, 2) / 4; q < (tl + 3) / 4; q++)
+          memcpy(unp8 + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
+        hp_tile_lut(unp8, lut7, out + i0, tl, 1);
   }
 
 

@@ -65,23 +65,18 @@ def time_to_loss(rows: list[dict[str, Any]], window: int) -> None:
     ``time_vs_ddp_seeds``, each seed's ratio against DDP's run with the same seed."""
     seeds = min((len(r.get("runs") or []) for r in rows), default=0)
     for j in range(seeds):
-        per = _seed_times(rows, j, window)
-        for r, (t, ratio, steps, final, target) in zip(rows, per, strict=True):
-            if target is None:
+        for r, got in zip(rows, _seed_times(rows, j, window), strict=True):
+            if got is None:
                 continue
             if j == 0:
-                r["ddp_final_train_loss"] = target
-                r["final_train_loss"] = final
-                r["time_to_ddp_loss_s"] = t
-                r["steps_vs_ddp"] = steps
-                r["time_vs_ddp"] = ratio
+                r.update(got)
             if seeds > 1:
-                r.setdefault("time_vs_ddp_seeds", []).append(ratio)
+                r.setdefault("time_vs_ddp_seeds", []).append(got["time_vs_ddp"])
 
 
-def _seed_times(rows: list[dict[str, Any]], j: int, window: int) -> list[tuple[Any, ...]]:
-    """Per row, seed ``j``'s (time to DDP's final loss, its ratio to DDP's, steps ratio, the
-    trailing loss at DDP's last step, DDP's final loss); all None without loss curves."""
+def _seed_times(rows: list[dict[str, Any]], j: int, window: int) -> list[dict[str, Any] | None]:
+    """Per row, seed ``j``'s figures under :func:`time_to_loss`'s keys; None for a row (every
+    row, when DDP's has none) without a loss curve."""
 
     def curve(r: dict[str, Any]) -> tuple[list[float], list[float]] | None:
         run = (r.get("runs") or [{}])[j]
@@ -89,24 +84,28 @@ def _seed_times(rows: list[dict[str, Any]], j: int, window: int) -> list[tuple[A
             return None
         return _trailing(run["loss_curve"], window), run["elapsed"]
 
-    none = (None,) * 5
     base = curve(rows[0]) if rows else None
     if base is None:
-        return [none] * len(rows)
+        return [None] * len(rows)
     target, steps = base[0][-1], len(base[0])
-    hits: list[tuple[Any, Any, float] | None] = []
+    out: list[dict[str, Any] | None] = []
     for r in rows:
         c = curve(r)
         if c is None:
-            hits.append(None)
+            out.append(None)
             continue
         hit = next(((k, t) for k, (m, t) in enumerate(zip(*c, strict=True)) if m <= target),
                    None)  # fmt: skip
-        final = c[0][min(steps, len(c[0])) - 1]
-        hits.append((None, None, final) if hit is None else (hit[1], (hit[0] + 1) / steps, final))
-    ddp = hits[0][0] if hits[0] else None
-    return [none if h is None else (h[0], None if h[0] is None or not ddp else h[0] / ddp, h[1],
-                                    h[2], target) for h in hits]  # fmt: skip
+        out.append({"ddp_final_train_loss": target,
+                    "final_train_loss": c[0][min(steps, len(c[0])) - 1],
+                    "time_to_ddp_loss_s": None if hit is None else hit[1],
+                    "steps_vs_ddp": None if hit is None else (hit[0] + 1) / steps})  # fmt: skip
+    ddp = out[0]["time_to_ddp_loss_s"] if out[0] else None
+    for got in out:
+        if got is not None:
+            t = got["time_to_ddp_loss_s"]
+            got["time_vs_ddp"] = None if t is None or not ddp else t / ddp
+    return out
 
 
 def _fmt(v: Any, spec: str) -> str:

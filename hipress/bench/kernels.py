@@ -109,6 +109,13 @@ def _load(name: str, backend: str) -> Algorithm:
     return load_file(name, backend=backend) if name.endswith(".cll") else load(name, backend=backend)
 
 
+def _emulated(ref: Algorithm) -> Algorithm:
+    """``ref``'s program on the CUDA emulator (its CUDA kernels run on the CPU)."""
+    from hipress.compll.backends.cuda.emu import emulated_backend
+
+    return Algorithm(ref.program, emulated_backend(ref.program, blocks=None))
+
+
 def _setup(kind: str) -> tuple[str, torch.device, Callable[[str], Algorithm]]:
     """The device kind to measure, its torch device, and how to load an algorithm there."""
     if kind == "auto":
@@ -118,13 +125,7 @@ def _setup(kind: str) -> tuple[str, torch.device, Callable[[str], Algorithm]]:
             raise SystemExit("bench kernels --device cuda: torch sees no CUDA GPU")
         return kind, torch.device("cuda"), lambda name: _load(name, "cuda")
     if kind == "emulated":
-        from hipress.compll.backends.cuda.emu import emulated_backend
-
-        def make(name: str) -> Algorithm:
-            prog = _load(name, "reference").program
-            return Algorithm(prog, emulated_backend(prog, blocks=None))
-
-        return kind, torch.device("cpu"), make
+        return kind, torch.device("cpu"), lambda name: _emulated(_load(name, "reference"))
     return "cpu", torch.device("cpu"), lambda name: _load(name, "cpu")
 
 
@@ -231,10 +232,7 @@ def _probe(kind: str, text: str) -> Algorithm:
     src = SourceFile("probe.cll", text)
     if kind != "emulated":
         return load_source(src, backend=kind)
-    from hipress.compll.backends.cuda.emu import emulated_backend
-
-    prog = load_source(src, backend="reference").program
-    return Algorithm(prog, emulated_backend(prog, blocks=None))
+    return _emulated(load_source(src, backend="reference"))
 
 
 def run(args: argparse.Namespace) -> int:

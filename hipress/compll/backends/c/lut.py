@@ -70,16 +70,40 @@ def _segment(f: TileFunction, x: ir.Load, p: ir.Ref) -> bool:
     )
 
 
-def lut_source(f: TileFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None] | None:
-    """The store, the packed load and the per-segment load (or None) of ``lp`` if ``lp`` is a
-    tile function's decode of one packed value per element and at most one value per segment
-    (no other per-element input, no random numbers), else None."""
+def _decode_store(f: TileFunction, lp: Loop) -> Item | None:
+    """``lp``'s one item if ``lp`` is a tile function's loop storing a map to the output."""
     if not f.tile or len(lp.items) != 1:
         return None
     (it,) = lp.items
     if it.kind != "store" or not isinstance(it.op, ir.Map):
         return None
     if any(tg.kind not in ("out", "outacc") for tg in it.targets):
+        return None
+    return it
+
+
+def _segment_value(f: TileFunction, seg: ir.Load, p: ir.Ref, level: int
+                   ) -> tuple[tuple[str, str], str, str, list[str]] | None:  # fmt: skip
+    """How the body reads ``seg`` (its memo key), a fresh variable for the value of segment
+    ``sq``, the segment length's C, and the lines reading the value into the variable; None
+    if the length is not an inline expression."""
+    assert isinstance(seg.index, ir.Binary)
+    probe = Body(level=level)
+    idx = f.em.expr(seg.index, probe, {p.name: "i"})
+    d = f.em.expr(seg.index.b, probe, {})
+    if probe.lines or probe.hoist:  # pragma: no cover - invariant divisors are inline
+        return None
+    sv = f.names.fresh("sv")
+    at = f.em._mem_read(seg.array, "sq", False, probe)
+    return (seg.array, idx), sv, d, [*probe.lines, f"const {ctype(seg.dtype)} {sv} = {at};"]
+
+
+def lut_source(f: TileFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None] | None:
+    """The store, the packed load and the per-segment load (or None) of ``lp`` if ``lp`` is a
+    tile function's decode of one packed value per element and at most one value per segment
+    (no other per-element input, no random numbers), else None."""
+    it = _decode_store(f, lp)
+    if it is None:
         return None
     fn = it.op.fn
     (p,) = fn.params
@@ -122,41 +146,39 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
     bits = f.mem[load.array].bits
     assert bits is not None
     host = Body(level=lp.level)
-    lq, sv = f.names.fresh("lq"), f.names.fresh("sv")
+    lq = f.names.fresh("lq")
     host.memo[(load.array, "i")] = lq  # the packed value: the table's index
-    seg_lines: list[str] = []
+    sval = None
     if seg is not None:
-        assert isinstance(seg.index, ir.Binary)
-        probe = Body(level=lp.level)
-        idx = f.em.expr(seg.index, probe, {p.name: "i" for p in it.op.fn.params})
-        d = f.em.expr(seg.index.b, probe, {})
-        if probe.lines or probe.hoist:  # pragma: no cover - invariant divisors are inline
+        (p,) = it.op.fn.params
+        sval = _segment_value(f, seg, p, lp.level)
+        if sval is None:  # pragma: no cover - invariant divisors are inline
             return None
-        host.memo[(seg.array, idx)] = sv  # the segment's value
-        at = f.em._mem_read(seg.array, "sq", False, probe)
-        seg_lines = [*probe.lines, f"const {ctype(seg.dtype)} {sv} = {at};"]
+        host.memo[sval[0]] = sval[1]  # the segment's value
     value = f.em.apply(it.op.fn, ["i"], host)
     lut, unp = f.names.fresh("lut"), f.names.fresh("unp")
     tb = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
     tb.unpacked[load.array] = unp
     acc = int(it.targets[0].kind == "outacc")
-    table = [
-        f"float {lut}[16] = {{0}};",
-        f"for (int lv = 0; lv < {1 << bits}; lv++) {{",
-        f"  const {ctype(load.dtype)} {lq} = ({ctype(load.dtype)})lv;",
-        *(f"  {ln}" for ln in host.hoist + host.lines),
-        f"  {lut}[lv] = {f.scaled(value)};",
-        "}",
-    ]
-    if seg is None:
-        lines = [*table, *f.tile_pre(tb), f"hp_tile_lut({unp}, {lut}, out + i0, tl, {acc});"]
+
+    def table(row: str) -> list[str]:  # the decode of every packed value into row[0..]
+        return [
+            f"for (int lv = 0; lv < {1 << bits}; lv++) {{",
+            f"  const {ctype(load.dtype)} {lq} = ({ctype(load.dtype)})lv;",
+            *(f"  {ln}" for ln in host.hoist + host.lines),
+            f"  {row}[lv] = {f.scaled(value)};",
+            "}",
+        ]
+
+    if sval is None:
+        lines = [f"float {lut}[16] = {{0}};", *table(lut), *f.tile_pre(tb),
+                 f"hp_tile_lut({unp}, {lut}, out + i0, tl, {acc});"]  # fmt: skip
         how = "tabulated"
     else:
+        _, _, d, seg_lines = sval
         # every segment's table first, then the look-ups: a table read right after it is
         # written would wait on the stores (store forwarding does not cover a vector load)
         rows = f"HP_TILE / {SEG_MIN} + 2"
-        seg_rows = [ln.replace(f"{lut}[lv]", f"{lut}[ns][lv]") for ln in table[1:]]
-        runs = _run("t")
         lines = [
             f"const int64_t sd = {d};",
             f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
@@ -164,9 +186,9 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
             f"  float {lut}[{rows}][16];",
             "  int64_t ns = 0;",
             "  for (int64_t t = 0; t < tl; ns++) {",
-            *(f"    {ln}" for ln in runs + seg_lines),
+            *(f"    {ln}" for ln in _run("t") + seg_lines),
             f"    memset({lut}[ns], 0, sizeof {lut}[ns]);",
-            *(f"    {ln}" for ln in seg_rows),
+            *(f"    {ln}" for ln in table(f"{lut}[ns]")),
             "    t = e;",
             "  }",
             "  ns = 0;",
@@ -190,10 +212,8 @@ def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
     segment's value is read once per run into a variable instead of being copied to every
     element of a tile buffer first. None where there is no such read; ``plain`` where the
     segment length is short (or not positive)."""
-    if not f.tile or len(lp.items) != 1:
-        return None
-    (it,) = lp.items
-    if it.kind != "store" or not isinstance(it.op, ir.Map):
+    it = _decode_store(f, lp)
+    if it is None:
         return None
     fn = it.op.fn
     (p,) = fn.params
@@ -201,17 +221,12 @@ def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
     segs = [x for x in nodes if isinstance(x, ir.Load) and _segment(f, x, p)]
     if not segs or any(isinstance(x, ir.Rand) for x in nodes):
         return None
-    seg = segs[0]
-    assert isinstance(seg.index, ir.Binary)
-    probe = Body(level=lp.level)
-    idx = f.em.expr(seg.index, probe, {p.name: "i"})
-    d = f.em.expr(seg.index.b, probe, {})
-    if probe.lines or probe.hoist:  # pragma: no cover - invariant divisors are inline
+    sval = _segment_value(f, segs[0], p, lp.level)
+    if sval is None:  # pragma: no cover - invariant divisors are inline
         return None
-    sv = f.names.fresh("sv")
-    at = f.em._mem_read(seg.array, "sq", False, probe)
+    key, sv, d, seg_lines = sval
     # a read the body writes differently misses this and takes the tile buffer: same values
-    tile = f.tile_parts(lp, {(seg.array, idx): sv})
+    tile = f.tile_parts(lp, {key: sv})
     loop = f.env.get_template("c_tile.c.j2").render(
         pre=[], variants=tile.variants, clauses="", post=[], t_from="t0", t_to="e"
     )
@@ -220,9 +235,7 @@ def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
         f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
         *(f"  {ln}" for ln in tile.pre),
         "  for (int64_t t0 = 0; t0 < tl;) {",
-        *(f"    {ln}" for ln in _run("t0")),
-        *(f"    {ln}" for ln in probe.lines),
-        f"    const {ctype(seg.dtype)} {sv} = {at};",
+        *(f"    {ln}" for ln in _run("t0") + seg_lines),
     ]
     body = "".join(f"        {ln}\n" for ln in lines) + loop
     tail = ["    t0 = e;", "  }", *(f"  {ln}" for ln in tile.post), "} else {", plain(), "}"]
