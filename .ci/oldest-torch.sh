@@ -38,7 +38,7 @@ if [[ "$got" != "$oldest" ]]; then
 fi
 
 echo "[oldest-torch] pytest under torch $oldest"
-tests=(tests/test_core_torchcompat.py tests/test_fsdp*.py tests/test_casync_*.py
+tests=(tests/test_core_torchcompat.py tests/test_core_release.py tests/test_fsdp*.py tests/test_casync_*.py
        tests/test_cuda_emu.py tests/test_cuda.py)
 rc=0
 "$VENV/bin/pytest" -q -p no:cacheprovider "${tests[@]}" "$@" || rc=$?

@@ -33,7 +33,7 @@ from hipress.diloco.config import Choice, describe, digest, resolve_codecs
 from hipress.diloco.errors import DiLoCoError
 from hipress.diloco.fragments import Fragments, Schedule, split_fragments
 from hipress.diloco.stats import DiLoCoStats
-from hipress.diloco.sync import FragmentSync, Pending, guarded
+from hipress.diloco.sync import FragmentSync, Pending
 from hipress.secopa.model.profile import Profile
 
 __all__ = ["DiLoCo", "DiLoCoStats"]
@@ -295,8 +295,7 @@ class DiLoCo:
         for k, p in enumerate(self.pending):
             if p is not None and p.work is not None:
                 began = time.perf_counter()
-                work, p.work = p.work, None
-                guarded(f"the outer sync of fragment {k}", work.wait)
+                p.wait(f"the outer sync of fragment {k}")
                 self.stats.wait_s += time.perf_counter() - began
 
     # ---- checkpoints ----------------------------------------------------------------------------

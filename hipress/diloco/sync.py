@@ -30,6 +30,7 @@ import torch.distributed as dist
 from hipress.codec.algorithm import decode_mean
 from hipress.codec.flags import FlagMode
 from hipress.core.compression import compresses
+from hipress.core.release import InFlight
 from hipress.diloco.coder import OuterCoder
 from hipress.diloco.errors import CommError
 
@@ -57,7 +58,13 @@ class Pending:
     once complete, e.g. after a checkpoint waited for it)."""
 
     buffer: torch.Tensor
-    work: Any = None
+    work: InFlight | None = None
+
+    def wait(self, what: str) -> None:
+        """Wait for the collective (``what`` names it in a :class:`CommError`)."""
+        if self.work is not None:
+            work, self.work = self.work, None
+            work.wait(lambda fn: guarded(what, fn))
 
 
 class FragmentSync:
@@ -102,8 +109,8 @@ class FragmentSync:
         stays in use until :meth:`finish`."""
         if not self.compressed:
             buf = self.flat
-            work = guarded(what, lambda: dist.all_reduce(buf, group=self.group, async_op=True))
-            return Pending(buf, work)
+            return Pending(buf, InFlight(lambda: guarded(what, lambda: dist.all_reduce(
+                buf, group=self.group, async_op=True)), [buf]))  # fmt: skip
         mine = torch.empty(self.message_nbytes, dtype=torch.uint8, device=self.device)
         mode = FlagMode.for_tensor(mine)
         flags = []
@@ -111,15 +118,13 @@ class FragmentSync:
             flags.append(c.encode(g, mine[off : off + c.nbytes], mode))
         FlagMode.write(mine[self.trailer :], flags)
         got = torch.empty(self.size * self.message_nbytes, dtype=torch.uint8, device=self.device)
-        work = guarded(what, lambda: _ALL_GATHER(got, mine, group=self.group, async_op=True))
-        return Pending(got, work)
+        return Pending(got, InFlight(lambda: guarded(what, lambda: _ALL_GATHER(
+            got, mine, group=self.group, async_op=True)), [got, mine]))  # fmt: skip
 
     def finish(self, p: Pending, what: str) -> list[torch.Tensor]:
         """Wait for ``p`` and return the mean outer gradient of each tensor (flat float32), the
         same bits on every rank."""
-        if p.work is not None:
-            work, p.work = p.work, None
-            guarded(what, work.wait)
+        p.wait(what)
         if not self.compressed:
             return list(p.buffer.div_(self.size).split(self.numels))
         rows = p.buffer.view(self.size, self.message_nbytes)
