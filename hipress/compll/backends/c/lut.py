@@ -19,9 +19,9 @@ from jinja2 import Environment
 
 from hipress.compll.backends.cfamily.body import Body, Mem
 from hipress.compll.backends.cfamily.expr import Emitter
+from hipress.compll.backends.cfamily.index import is_segment_index, segment_run
 from hipress.compll.backends.cfamily.syntax import Names, ctype
 from hipress.compll.ir import nodes as ir
-from hipress.compll.ir import ops
 from hipress.compll.ir.walk import walk
 from hipress.compll.lower.kernel_plan import Item, Loop
 
@@ -47,24 +47,10 @@ MAX_BITS = 4  # at most 16 entries: one AVX-512 register
 SEG_MIN = 64  # segments shorter than this are decoded element by element
 
 
-def _run(t: str) -> list[str]:
-    """The segment (``sq``) of tile element ``t`` and the end (``e``) of its run in the tile."""
-    return [
-        f"const int64_t sq = (i0 + {t}) / sd, rem = sd - (i0 + {t}) % sd;",
-        f"const int64_t e = rem >= tl - {t} ? tl : {t} + rem;",
-    ]
-
-
 def _segment(f: TileFunction, x: ir.Load, p: ir.Ref) -> bool:
     """Whether ``x`` reads a stored array at ``p / d``, ``d`` loop-invariant."""
-    e = x.index
     return (
-        isinstance(e, ir.Binary)
-        and e.op == ops.DIV.name
-        and e.dtype.name == "i64"
-        and isinstance(e.a, ir.Ref)
-        and e.a.name == p.name
-        and f.em.invariant(e.b, {p.name: "i"})
+        is_segment_index(f.em, x, "i", {p.name: "i"})
         and x.array in f.mem
         and f.mem[x.array].bits is None
     )
@@ -186,7 +172,7 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
             f"  float {lut}[{rows}][16];",
             "  int64_t ns = 0;",
             "  for (int64_t t = 0; t < tl; ns++) {",
-            *(f"    {ln}" for ln in _run("t") + seg_lines),
+            *(f"    {ln}" for ln in segment_run("t") + seg_lines),
             f"    memset({lut}[ns], 0, sizeof {lut}[ns]);",
             *(f"    {ln}" for ln in table(f"{lut}[ns]")),
             "    t = e;",
@@ -235,7 +221,7 @@ def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
         f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
         *(f"  {ln}" for ln in tile.pre),
         "  for (int64_t t0 = 0; t0 < tl;) {",
-        *(f"    {ln}" for ln in _run("t0") + seg_lines),
+        *(f"    {ln}" for ln in segment_run("t0") + seg_lines),
     ]
     body = "".join(f"        {ln}\n" for ln in lines) + loop
     tail = ["    t0 = e;", "  }", *(f"  {ln}" for ln in tile.post), "} else {", plain(), "}"]

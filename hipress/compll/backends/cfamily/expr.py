@@ -16,7 +16,12 @@ from collections.abc import Callable, Mapping
 from hipress.compll.backends.cfamily import bits as render_bits
 from hipress.compll.backends.cfamily import syntax
 from hipress.compll.backends.cfamily.body import Body, Mem
-from hipress.compll.backends.cfamily.index import fast_division, rotation
+from hipress.compll.backends.cfamily.index import (
+    fast_division,
+    is_segment_index,
+    rotation,
+    segment_run,
+)
 from hipress.compll.backends.cfamily.syntax import (
     BinaryRule,
     Names,
@@ -253,17 +258,10 @@ class Emitter:
         """``x.array[index / d]`` (``d`` loop-invariant, the array in memory) in a tile loop:
         a tile buffer filled before the loop, one read per segment of ``d`` elements (instead
         of a gather per element); None if ``x`` is not such a read."""
-        e = x.index
-        if not (
-            body.tile is not None
-            and isinstance(e, ir.Binary)
-            and e.op == ops.DIV.name
-            and e.dtype.name == "i64"
-            and isinstance(e.a, ir.Ref)
-            and env.get(e.a.name) == body.index
-            and self.invariant(e.b, env)
-        ):
+        if body.tile is None or not is_segment_index(self, x, body.index, env):
             return None
+        e = x.index
+        assert isinstance(e, ir.Binary)
         plan = self.plan
         if self._inlined(x.array, body, aligned=False):
             return None
@@ -283,8 +281,7 @@ class Emitter:
                 f"  const int64_t sd = {d};",
                 "  if (sd > 0 && i0 >= 0) {",
                 "    for (int64_t t = 0; t < tl;) {",
-                "      const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;",
-                "      const int64_t e = rem >= tl - t ? tl : t + rem;",
+                *(f"      {ln}" for ln in segment_run("t")),
                 f"      const {ctype(a.dtype)} sv = {at};",
                 f"      for (; t < e; t++) {buf}[t] = sv;",
                 "    }",

@@ -1,7 +1,8 @@
 """Loop-index analyses of the C-family emitter: a 64-bit division whose operands stay below
 2^53 runs in double precision (the loop is unswitched on a hoisted range check), and a rotated
 index ``(i + h) % n`` reads contiguously within a tile that does not wrap around (the tile loop
-is unswitched on a per-tile flag)."""
+is unswitched on a per-tile flag), and a per-segment read ``a[i / d]`` is read once per run of
+a tile's elements in one segment."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Protocol
 from hipress.compll.backends.cfamily.body import Body, Rotation
 from hipress.compll.backends.cfamily.syntax import Names
 from hipress.compll.ir import nodes as ir
+from hipress.compll.ir import ops
 
 
 class Emitter(Protocol):
@@ -23,6 +25,29 @@ class Emitter(Protocol):
     def invariant(self, e: ir.Expr, env: dict[str, str]) -> bool: ...
 
     def length(self, e: ir.Expr) -> str: ...
+
+
+def is_segment_index(em: Emitter, x: ir.Load, index: str, env: dict[str, str]) -> bool:
+    """Whether ``x`` reads at ``i / d``: ``i`` the loop's index (the variable ``env`` binds to
+    ``index``), ``d`` loop-invariant."""
+    e = x.index
+    return (
+        isinstance(e, ir.Binary)
+        and e.op == ops.DIV.name
+        and e.dtype.name == "i64"
+        and isinstance(e.a, ir.Ref)
+        and env.get(e.a.name) == index
+        and em.invariant(e.b, env)
+    )
+
+
+def segment_run(t: str) -> list[str]:
+    """C lines: the segment ``sq`` of tile element ``t`` (of segments of ``sd`` elements; the
+    tile starts at element ``i0`` and has ``tl``) and the end ``e`` of its run in the tile."""
+    return [
+        f"const int64_t sq = (i0 + {t}) / sd, rem = sd - (i0 + {t}) % sd;",
+        f"const int64_t e = rem >= tl - {t} ? tl : {t} + rem;",
+    ]
 
 
 def _sum(terms: list[ir.Expr]) -> ir.Expr:
