@@ -73,3 +73,14 @@ def test_a_tensor_held_elsewhere_ends_the_wait_at_its_timeout() -> None:
     flight.wait(timeout_s=0.05)
     assert time.monotonic() - began < 30  # returned, not hung
     assert flight.work is None and kept.numel() == 2
+
+
+def test_only_cpu_tensors_are_waited_for() -> None:
+    on_cpu, elsewhere = torch.ones(4), torch.empty(4, device="meta")
+
+    class Done:
+        def wait(self) -> None:
+            pass
+
+    flight = InFlight(Done, [on_cpu, elsewhere])
+    assert flight.tensors == (on_cpu,)

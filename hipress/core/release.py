@@ -38,8 +38,10 @@ class InFlight:
 
     def __init__(self, issue: Callable[[], Any], tensors: Sequence[torch.Tensor]) -> None:
         """Call ``issue`` (an ``async_op=True`` collective on ``tensors``) and keep its
-        ``Work``."""
-        self.tensors = tuple(tensors)
+        ``Work``. Only CPU tensors are waited for: a GPU collective's ``wait`` returns before
+        the GPU has run it, and its backend keeps the tensors until then, which must not
+        block the caller."""
+        self.tensors = tuple(t for t in tensors if t.device.type == "cpu")
         self.counts = [_use_count(t) for t in self.tensors]
         self.work: Any = issue()
 
