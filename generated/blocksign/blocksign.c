@@ -974,8 +974,7 @@ int hp_encode(const hp_enc_args* a) {
         {
           const int64_t sd = INT64_C(128);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_pscale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg3[t] = sv;
@@ -1119,8 +1118,7 @@ int hp_decode(const hp_dec_args* a) {
         {
           const int64_t sd = INT64_C(128);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg3[t] = sv;
@@ -1201,8 +1199,7 @@ int hp_decode_acc(const hp_dec_args* a) {
         {
           const int64_t sd = INT64_C(128);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg3[t] = sv;
@@ -1259,8 +1256,7 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
             memcpy(unp4 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
           float lut3[HP_TILE / 64 + 2][16];
           int64_t ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
             const int64_t e = rem >= tl - t ? tl : t + rem;
             const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
             memset(lut3[ns], 0, sizeof lut3[ns]);
@@ -1271,8 +1267,8 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
             t = e;
           }
           ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
+            const int64_t e = rem >= tl - t ? tl : t + rem;
             hp_tile_lut(unp4 + t, lut3[ns], out + i0 + t, e - t, 0);
             t = e;
           }
@@ -1282,8 +1278,7 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
         {
           const int64_t sd = INT64_C(128);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg7[t] = sv;
@@ -1340,8 +1335,7 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
             memcpy(unp4 + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
           float lut3[HP_TILE / 64 + 2][16];
           int64_t ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
             const int64_t e = rem >= tl - t ? tl : t + rem;
             const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
             memset(lut3[ns], 0, sizeof lut3[ns]);
@@ -1352,8 +1346,8 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
             t = e;
           }
           ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
+            const int64_t e = rem >= tl - t ? tl : t + rem;
             hp_tile_lut(unp4 + t, lut3[ns], out + i0 + t, e - t, 1);
             t = e;
           }
@@ -1363,8 +1357,7 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
         {
           const int64_t sd = INT64_C(128);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg7[t] = sv;

@@ -990,8 +990,7 @@ int hp_encode(const hp_enc_args* a) {
           {
             const int64_t sd = INT64_C(256);
             if (sd > 0 && i0 >= 0) {
-              for (int64_t t = 0; t < tl;) {
-                const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+              for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
                 const int64_t e = rem >= tl - t ? tl : t + rem;
                 const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
                 for (; t < e; t++) seg6[t] = sv;
@@ -1075,8 +1074,7 @@ int hp_decode(const hp_dec_args* a) {
         {
           const int64_t sd = INT64_C(256);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg2[t] = sv;
@@ -1157,8 +1155,7 @@ int hp_decode_acc(const hp_dec_args* a) {
         {
           const int64_t sd = INT64_C(256);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg2[t] = sv;
@@ -1210,8 +1207,7 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
   { /* level 1: out (one tile, by segment runs) */
         const int64_t sd = INT64_C(256);
         if (sd >= 64 && i0 >= 0) {
-          for (int64_t t0 = 0; t0 < tl;) {
-            const int64_t sq = (i0 + t0) / sd, rem = sd - (i0 + t0) % sd;
+          for (int64_t t0 = 0, sq = i0 / sd, rem = sd - i0 % sd; t0 < tl; sq++, rem = sd) {
             const int64_t e = rem >= tl - t0 ? tl : t0 + rem;
             const float sv1 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
         
@@ -1232,8 +1228,7 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
         {
           const int64_t sd = INT64_C(256);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg7[t] = sv;
@@ -1285,8 +1280,7 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
   { /* level 1: out (one tile, by segment runs) */
         const int64_t sd = INT64_C(256);
         if (sd >= 64 && i0 >= 0) {
-          for (int64_t t0 = 0; t0 < tl;) {
-            const int64_t sq = (i0 + t0) / sd, rem = sd - (i0 + t0) % sd;
+          for (int64_t t0 = 0, sq = i0 / sd, rem = sd - i0 % sd; t0 < tl; sq++, rem = sd) {
             const int64_t e = rem >= tl - t0 ? tl : t0 + rem;
             const float sv1 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
         
@@ -1307,8 +1301,7 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
         {
           const int64_t sd = INT64_C(256);
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg7[t] = sv;

@@ -1009,8 +1009,7 @@ int hp_encode(const hp_enc_args* a) {
         {
           const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg7[t] = sv;
@@ -1113,8 +1112,7 @@ int hp_decode(const hp_dec_args* a) {
         {
           const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg6[t] = sv;
@@ -1210,8 +1208,7 @@ int hp_decode_acc(const hp_dec_args* a) {
         {
           const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg6[t] = sv;
@@ -1284,8 +1281,7 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
           }
           float lut5[HP_TILE / 64 + 2][16];
           int64_t ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
             const int64_t e = rem >= tl - t ? tl : t + rem;
             const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
             memset(lut5[ns], 0, sizeof lut5[ns]);
@@ -1298,8 +1294,8 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
             t = e;
           }
           ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
+            const int64_t e = rem >= tl - t ? tl : t + rem;
             hp_tile_lut(unp6 + t, lut5[ns], out + i0 + t, e - t, 0);
             t = e;
           }
@@ -1310,8 +1306,7 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
         {
           const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg12[t] = sv;
@@ -1384,8 +1379,7 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
           }
           float lut5[HP_TILE / 64 + 2][16];
           int64_t ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
             const int64_t e = rem >= tl - t ? tl : t + rem;
             const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
             memset(lut5[ns], 0, sizeof lut5[ns]);
@@ -1398,8 +1392,8 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
             t = e;
           }
           ns = 0;
-          for (int64_t t = 0; t < tl; ns++) {
-            const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
+            const int64_t e = rem >= tl - t ? tl : t + rem;
             hp_tile_lut(unp6 + t, lut5[ns], out + i0 + t, e - t, 1);
             t = e;
           }
@@ -1410,8 +1404,7 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
         {
           const int64_t sd = hp_min_i64(INT64_C(512), hp_max_i64(n, INT64_C(1)));
           if (sd > 0 && i0 >= 0) {
-            for (int64_t t = 0; t < tl;) {
-              const int64_t sq = (i0 + t) / sd, rem = sd - (i0 + t) % sd;
+            for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd) {
               const int64_t e = rem >= tl - t ? tl : t + rem;
               const float sv = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_norm[hp_clampi(sq, L1)], 0x0.0p+0f);
               for (; t < e; t++) seg12[t] = sv;

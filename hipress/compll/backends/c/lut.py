@@ -19,7 +19,7 @@ from jinja2 import Environment
 
 from hipress.compll.backends.cfamily.body import Body, Mem
 from hipress.compll.backends.cfamily.expr import Emitter
-from hipress.compll.backends.cfamily.index import is_segment_index, segment_run
+from hipress.compll.backends.cfamily.index import is_segment_index, segment_runs
 from hipress.compll.backends.cfamily.syntax import Names, ctype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.walk import walk
@@ -162,6 +162,7 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
         how = "tabulated"
     else:
         _, _, d, seg_lines = sval
+        runs = segment_runs("t", ", ns++")
         # every segment's table first, then the look-ups: a table read right after it is
         # written would wait on the stores (store forwarding does not cover a vector load)
         rows = f"HP_TILE / {SEG_MIN} + 2"
@@ -171,15 +172,15 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
             *(f"  {ln}" for ln in f.tile_pre(tb)),
             f"  float {lut}[{rows}][16];",
             "  int64_t ns = 0;",
-            "  for (int64_t t = 0; t < tl; ns++) {",
-            *(f"    {ln}" for ln in segment_run("t") + seg_lines),
+            f"  {runs[0]}",
+            *(f"    {ln}" for ln in [runs[1], *seg_lines]),
             f"    memset({lut}[ns], 0, sizeof {lut}[ns]);",
             *(f"    {ln}" for ln in table(f"{lut}[ns]")),
             "    t = e;",
             "  }",
             "  ns = 0;",
-            "  for (int64_t t = 0; t < tl; ns++) {",
-            "    const int64_t rem = sd - (i0 + t) % sd, e = rem >= tl - t ? tl : t + rem;",
+            f"  {runs[0]}",
+            f"    {runs[1]}",
             f"    hp_tile_lut({unp} + t, {lut}[ns], out + i0 + t, e - t, {acc});",
             "    t = e;",
             "  }",
@@ -211,6 +212,7 @@ def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
     if sval is None:  # pragma: no cover - invariant divisors are inline
         return None
     key, sv, d, seg_lines = sval
+    runs = segment_runs("t0")
     # a read the body writes differently misses this and takes the tile buffer: same values
     tile = f.tile_parts(lp, {key: sv})
     loop = f.env.get_template("c_tile.c.j2").render(
@@ -220,8 +222,8 @@ def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
         f"const int64_t sd = {d};",
         f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
         *(f"  {ln}" for ln in tile.pre),
-        "  for (int64_t t0 = 0; t0 < tl;) {",
-        *(f"    {ln}" for ln in segment_run("t0") + seg_lines),
+        f"  {runs[0]}",
+        *(f"    {ln}" for ln in [runs[1], *seg_lines]),
     ]
     body = "".join(f"        {ln}\n" for ln in lines) + loop
     tail = ["    t0 = e;", "  }", *(f"  {ln}" for ln in tile.post), "} else {", plain(), "}"]

@@ -20,7 +20,7 @@ from hipress.compll.backends.cfamily.index import (
     fast_division,
     is_segment_index,
     rotation,
-    segment_run,
+    segment_runs,
 )
 from hipress.compll.backends.cfamily.syntax import (
     BinaryRule,
@@ -275,13 +275,14 @@ class Emitter:
             buf = body.segments[key] = self.names.fresh("seg")
             a = plan.arrays[x.array]
             at = self._mem_read(x.array, "sq", False, host)
+            runs = segment_runs("t")
             body.tile_pre += [
                 f"{ctype(a.dtype)} {buf}[HP_TILE];",
                 "{",
                 f"  const int64_t sd = {d};",
                 "  if (sd > 0 && i0 >= 0) {",
-                "    for (int64_t t = 0; t < tl;) {",
-                *(f"      {ln}" for ln in segment_run("t")),
+                f"    {runs[0]}",
+                f"      {runs[1]}",
                 f"      const {ctype(a.dtype)} sv = {at};",
                 f"      for (; t < e; t++) {buf}[t] = sv;",
                 "    }",

@@ -41,13 +41,15 @@ def is_segment_index(em: Emitter, x: ir.Load, index: str, env: dict[str, str]) -
     )
 
 
-def segment_run(t: str) -> list[str]:
-    """C lines: the segment ``sq`` of tile element ``t`` (of segments of ``sd`` elements; the
-    tile starts at element ``i0`` and has ``tl``) and the end ``e`` of its run in the tile."""
-    return [
-        f"const int64_t sq = (i0 + {t}) / sd, rem = sd - (i0 + {t}) % sd;",
-        f"const int64_t e = rem >= tl - {t} ? tl : {t} + rem;",
-    ]
+def segment_runs(t: str, step: str = "") -> tuple[str, str]:
+    """C of a loop over the runs of a tile's elements that lie in one segment (segments of
+    ``sd`` elements; the tile starts at element ``i0 >= 0`` and has ``tl``): its header, with
+    ``t`` from 0 and the segment ``sq`` and the elements ``rem`` left in it advanced from run to
+    run without a division (``step``: more to advance, e.g. ``", ns++"``), and the line giving
+    the end ``e`` of the run in the tile. The body ends with ``t = e``."""
+    head = (f"for (int64_t {t} = 0, sq = i0 / sd, rem = sd - i0 % sd; {t} < tl; "
+            f"sq++, rem = sd{step}) {{")  # fmt: skip
+    return head, f"const int64_t e = rem >= tl - {t} ? tl : {t} + rem;"
 
 
 def _sum(terms: list[ir.Expr]) -> ir.Expr:
