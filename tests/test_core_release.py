@@ -84,3 +84,17 @@ def test_only_cpu_tensors_are_waited_for() -> None:
 
     flight = InFlight(Done, [on_cpu, elsewhere])
     assert flight.tensors == (on_cpu,)
+
+
+def test_the_exit_pause_is_armed_only_by_its_users() -> None:
+    import subprocess
+    import sys
+
+    code = ("import hipress.casync, hipress.fsdp, hipress.diloco\n"
+            "from hipress.core import release\n"
+            "print(release._IN_USE.is_set())\n"
+            "release.settle_at_exit()\n"
+            "print(release._IN_USE.is_set())\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()  # fmt: skip
+    assert out == ["False", "True"]

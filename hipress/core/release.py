@@ -10,21 +10,43 @@ another torch module holds it), taking the GIL ends the thread and the process a
 
 :meth:`InFlight.wait` waits for the collective, then (the GIL released) until the worker has
 dropped the tensors, so that a finished collective leaves nothing for a worker thread to do.
+Where hipress cannot wait like that (a collective it does not wait for itself: DDP's hook, an
+FSDP reduce-scatter), :func:`settle_at_exit` makes the process pause a moment at exit, before
+the interpreter stops handing out the GIL.
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["InFlight"]
+__all__ = ["InFlight", "settle_at_exit"]
 
 # long enough for any worker thread to drop a finished Work; past it, wait no more (a backend
 # that keeps its tensors longer, e.g. until its next collective, is not an error)
 RELEASE_TIMEOUT_S = 1.0
+
+
+# how long a process that ran hipress collectives pauses at exit
+SETTLE_S = 0.05
+_IN_USE = threading.Event()
+
+
+def settle_at_exit() -> None:
+    """Have this process pause :data:`SETTLE_S` at exit (once, however often called): the
+    backend's threads release their finished works, taking the GIL, while it is still given."""
+    _IN_USE.set()
+
+
+@atexit.register
+def _settle() -> None:
+    if _IN_USE.is_set():
+        time.sleep(SETTLE_S)
 
 
 def _use_count(t: torch.Tensor) -> int:

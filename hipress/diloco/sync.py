@@ -30,7 +30,7 @@ import torch.distributed as dist
 from hipress.codec.algorithm import decode_mean
 from hipress.codec.flags import FlagMode
 from hipress.core.compression import compresses
-from hipress.core.release import InFlight
+from hipress.core.release import InFlight, settle_at_exit
 from hipress.diloco.coder import OuterCoder
 from hipress.diloco.errors import CommError
 
@@ -85,6 +85,7 @@ class FragmentSync:
         device: torch.device,
         group: Any,
     ) -> None:
+        settle_at_exit()  # the weights' broadcast and other plain collectives before the syncs
         self.numels, self.coders = list(numels), list(coders)
         self.device, self.group = device, group
         self.size = dist.get_world_size(group)

@@ -17,10 +17,7 @@ decode after it on that stream.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +31,7 @@ from hipress.codec.flags import FlagMode
 from hipress.core.compression import CompressionAlgorithm
 from hipress.core.layout import ChunkLayout, layout_tensor
 from hipress.core.plan import Strategy, TensorPlan
+from hipress.core.release import settle_at_exit
 from hipress.core.torchcompat import premul_sum_factor, reduce_scatter_single
 from hipress.fsdp.errors import FsdpError
 from hipress.fsdp.feedback import ChunkCoder, make_coder
@@ -80,20 +78,6 @@ def divisor(op: Any, world_size: int) -> tuple[float, torch.Tensor | None]:
         if isinstance(factor, int | float) and factor != 0:
             return 1.0 / float(factor), None
     raise FsdpError(f"a compressed reduce-scatter supports SUM, AVG and PREMUL_SUM, got {op!r}")
-
-
-_IN_USE = threading.Event()
-_SETTLE_S = 0.05
-
-
-@atexit.register
-def _settle() -> None:
-    """At exit, where a compressed reduce-scatter ran: let gloo's threads release their
-    finished works (taking the GIL) before the interpreter stops handing it out; without
-    this a script ending right after its last step could abort ("terminate called without
-    an active exception")."""
-    if _IN_USE.is_set():
-        time.sleep(_SETTLE_S)
 
 
 class CompressedReduceScatter(ReduceScatter):
@@ -166,7 +150,7 @@ class CompressedReduceScatter(ReduceScatter):
         over ``group``, scaled as ``op`` says. Returns a ``Work`` when ``async_op`` (the
         compressed path has already been issued on the current stream then), else None.
         Raises :class:`FsdpError` if the tensors or group do not match this unit."""
-        _IN_USE.set()
+        settle_at_exit()
         self._check(output_tensor, input_tensor, group)
         self.stats.calls += 1
         ws = self.world_size

@@ -7,12 +7,12 @@ take the GIL, and during interpreter shutdown a thread that takes the GIL is sto
 mid-destructor (std::terminate: SIGABRT, the exit status lost). This happens to any finished
 collective, CaSync's or not (a barrier, an all-reduce), when the process ends right after it.
 So works of failed operations are kept for the life of the process (:data:`RETIRED`), and a
-process that made a :class:`SyncContext` waits a moment at exit (:func:`_settle`).
+process that made a :class:`SyncContext` waits a moment at exit
+(:func:`hipress.core.release.settle_at_exit`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import threading
 import time
@@ -27,25 +27,14 @@ from hipress.casync.stats import SyncStats
 from hipress.casync.strategies.driver import RingDriver
 from hipress.codec.errors import CaSyncError
 from hipress.core.compression import CompressionAlgorithm
+from hipress.core.release import settle_at_exit
 
 __all__ = ["RETIRED", "SyncContext", "all_gather"]
 
 RETIRED: list[Any] = []
-_SETTLE_S = 0.05
-# set once a SyncContext exists in this process: collectives may have been issued
-_IN_USE = threading.Event()
 
 # torch 2.13 renamed all_gather_into_tensor (and deprecated the old name)
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-@atexit.register
-def _settle() -> None:
-    """At exit, where CaSync ran (failed or not): let the backend threads leave Python (a
-    completion callback, the release of a finished work) before the interpreter stops threads
-    from taking the GIL."""
-    if _IN_USE.is_set():
-        time.sleep(_SETTLE_S)
 
 
 @dataclass
@@ -83,7 +72,7 @@ class SyncContext:
     ring: RingDriver = field(default_factory=RingDriver)
 
     def __post_init__(self) -> None:
-        _IN_USE.set()
+        settle_at_exit()
 
     def decode_into(
         self, region: torch.Tensor, scratch: torch.Tensor, decode: Callable[..., None], *args: Any
