@@ -26,6 +26,7 @@ from torch import nn
 from hipress.codec.algorithm import chunk_tensor_id, rank_seed
 from hipress.codec.logs import RANK_FILTER
 from hipress.core.compression import CompressionAlgorithm
+from hipress.core.release import settle_at_exit
 from hipress.diloco import checkpoint, setup, shards
 from hipress.diloco.auto import auto_plan
 from hipress.diloco.coder import OuterCoder, resolve_feedback
@@ -146,6 +147,7 @@ class DiLoCo:
         self.config_lines = describe(names, [tuple(x.shape) for x in rows], self.codecs,
                                      self.feedback, self.frags, self._options())  # fmt: skip
         self.config = digest(self.config_lines)
+        settle_at_exit()  # collectives from here on: let their backend's threads finish at exit
         setup.agree(self.group, self.config, self.config_lines, shards.layout(self.named))
         setup.broadcast_weights(self.named, self.group)
         self.coders = self._make_coders()

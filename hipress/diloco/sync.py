@@ -30,7 +30,7 @@ import torch.distributed as dist
 from hipress.codec.algorithm import decode_mean
 from hipress.codec.flags import FlagMode
 from hipress.core.compression import compresses
-from hipress.core.release import InFlight, settle_at_exit
+from hipress.core.release import InFlight
 from hipress.diloco.coder import OuterCoder
 from hipress.diloco.errors import CommError
 
@@ -85,7 +85,6 @@ class FragmentSync:
         device: torch.device,
         group: Any,
     ) -> None:
-        settle_at_exit()  # the weights' broadcast and other plain collectives before the syncs
         self.numels, self.coders = list(numels), list(coders)
         self.device, self.group = device, group
         self.size = dist.get_world_size(group)
@@ -110,8 +109,8 @@ class FragmentSync:
         stays in use until :meth:`finish`."""
         if not self.compressed:
             buf = self.flat
-            return Pending(buf, InFlight(lambda: guarded(what, lambda: dist.all_reduce(
-                buf, group=self.group, async_op=True)), [buf]))  # fmt: skip
+            return self._issue(what, buf, lambda: dist.all_reduce(
+                buf, group=self.group, async_op=True), [buf])  # fmt: skip
         mine = torch.empty(self.message_nbytes, dtype=torch.uint8, device=self.device)
         mode = FlagMode.for_tensor(mine)
         flags = []
@@ -119,8 +118,15 @@ class FragmentSync:
             flags.append(c.encode(g, mine[off : off + c.nbytes], mode))
         FlagMode.write(mine[self.trailer :], flags)
         got = torch.empty(self.size * self.message_nbytes, dtype=torch.uint8, device=self.device)
-        return Pending(got, InFlight(lambda: guarded(what, lambda: _ALL_GATHER(
-            got, mine, group=self.group, async_op=True)), [got, mine]))  # fmt: skip
+        return self._issue(what, got, lambda: _ALL_GATHER(
+            got, mine, group=self.group, async_op=True), [got, mine])  # fmt: skip
+
+    @staticmethod
+    def _issue(what: str, buffer: torch.Tensor, launch: Callable[[], Any],
+               tensors: list[torch.Tensor]) -> Pending:  # fmt: skip
+        """Issue ``launch()`` (an async collective on ``tensors`` filling ``buffer``; a failure
+        raised as :class:`CommError` naming ``what``)."""
+        return Pending(buffer, InFlight(lambda: guarded(what, launch), tensors))
 
     def finish(self, p: Pending, what: str) -> list[torch.Tensor]:
         """Wait for ``p`` and return the mean outer gradient of each tensor (flat float32), the
