@@ -20,7 +20,7 @@ import torch
 
 from hipress.compll import Algorithm, load, load_source
 from hipress.compll.backends.c.native import NativeBackend, build
-from hipress.compll.backends.c.render import render_c
+from hipress.compll.backends.c.program import render_c
 from hipress.compll.backends.cache import (
     C_FLAGS,
     RECORD,

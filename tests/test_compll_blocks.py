@@ -148,7 +148,7 @@ decode(p) {
 
 @pytest.mark.parametrize("lb", [1, 4, 12])
 def test_pairs_and_packed_reads_equal_the_reference(lb: int) -> None:
-    from hipress.compll.backends.c.render import render_c
+    from hipress.compll.backends.c.program import render_c
 
     src = SourceFile("t2.cll", PAIRS)
     ref = load_source(src, backend="reference", lb=lb)

@@ -94,7 +94,8 @@ TABULATED = ["onebit", "efsignsgd", "tbq", "terngrad", "nibbles", "short",  # a 
 @pytest.mark.parametrize("name", TABULATED)
 def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> None:
     """Decodes of one packed value per element (and a value per segment) are summed by table
-    look-up (a permute of 16 values with AVX-512, two of 8 with AVX2, a scalar loop), others
+    look-up (a permute of 16 values with AVX-512, two of 8 with AVX2, a scalar loop), up to 4
+    payloads of a tile in one pass, then the next ones onto their sum; others
     that read a value per segment run by run: the reference's values, with non-finite inputs
     among the payloads, at sizes around the vector widths, the tile and the segments (segments
     of 300 and 96 cross tiles; under 64 the runs give way to the element-by-element loop)."""
@@ -122,13 +123,13 @@ def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> N
     for n in (1, 7, 15, 17, 299, 2048 + 9, 2 * 2048 + 63):
         s_ref = ref.init_state(n, seed=6)
         payloads = []
-        for r in range(3):
+        for r in range(6):
             x = torch.randn(n, generator=gen) * 0.02
-            if r == 1:
-                x[n // 2] = float("nan")
+            if r in (1, 5):
+                x[(n // 2 + r) % n] = float("nan")
             payloads.append(ref.encode(x, s_ref))
         for div in (1.0, 4.0, 3.0):
-            for k in (1, 2, 3):
+            for k in (1, 2, 3, 4, 5, 6):  # the payloads of a tile are summed 4 at a time
                 want = ref.decode_sum(payloads[:k], n, divide_by=div)
                 got = cpu.decode_sum(payloads[:k], n, divide_by=div)
                 assert same_values(want, got), f"{name} ({path}): {k} payloads / {div}, n={n}"

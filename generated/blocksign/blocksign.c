@@ -795,33 +795,94 @@ static inline int64_t hp_unpack64(const uint8_t* src, uint8_t* dst, int64_t tl, 
 #endif
   return t;
 }
-/* out[t] (+)= lut[q[t]] for t < tl, q[t] < 16 (a decode that is a function of one packed
-   uint<w> value, w <= 4, tabulated per payload: hipress/compll/backends/c/lut.py): a permute per 16 values
-   with AVX-512, two per 8 with AVX2 (bit 3 picks the half). out[t] + lut[q[t]] is the sum the
-   decode's own loop would form, so the values are the same. */
+/* lut[q[t]] for the 16 (AVX-512) or 8 (AVX2) values from q + t, q[t] < 16: a permute of the
+   table's 16 values in one register, or of each half in two (bit 3 picks the half) */
 #if (defined(__AVX512F__) && !defined(HP_NO_AVX512)) || (defined(__AVX2__) && !defined(HP_NO_AVX2))
 #include <immintrin.h>
 #endif
+#if defined(__AVX512F__) && !defined(HP_NO_AVX512)
+#define HP_LUT_W 16
+static inline __m512 hp_lut16(const uint8_t* q, __m512 tv) {
+  return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q)), tv);
+}
+#elif defined(__AVX2__) && !defined(HP_NO_AVX2)
+#define HP_LUT_W 8
+static inline __m256 hp_lut8(const uint8_t* q, __m256 lo, __m256 hi) {
+  const __m256i ix = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)q));
+  const __m256 hb = _mm256_castsi256_ps(_mm256_slli_epi32(ix, 28));
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, ix), _mm256_permutevar8x32_ps(hi, ix), hb);
+}
+#endif
+/* out[t] (+)= lut[q[t]] for t < tl, q[t] < 16 (a decode that is a function of one packed
+   uint<w> value, w <= 4, tabulated per payload: hipress/compll/backends/c/lut.py). out[t] +
+   lut[q[t]] is the sum the decode's own loop would form, so the values are the same. */
 static inline void hp_tile_lut(const uint8_t* q, const float* lut, float* out, int64_t tl, int acc) {
   int64_t t = 0;
 #if defined(__AVX512F__) && !defined(HP_NO_AVX512)
   const __m512 tv = _mm512_loadu_ps(lut);
   for (; t + 16 <= tl; t += 16) {
-    const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + t)));
-    const __m512 v = _mm512_permutexvar_ps(ix, tv);
+    const __m512 v = hp_lut16(q + t, tv);
     _mm512_storeu_ps(out + t, acc ? _mm512_add_ps(_mm512_loadu_ps(out + t), v) : v);
   }
 #elif defined(__AVX2__) && !defined(HP_NO_AVX2)
   const __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
   for (; t + 8 <= tl; t += 8) {
-    const __m256i ix = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + t)));
-    const __m256 hb = _mm256_castsi256_ps(_mm256_slli_epi32(ix, 28));
-    const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, ix),
-                                      _mm256_permutevar8x32_ps(hi, ix), hb);
+    const __m256 v = hp_lut8(q + t, lo, hi);
     _mm256_storeu_ps(out + t, acc ? _mm256_add_ps(_mm256_loadu_ps(out + t), v) : v);
   }
 #endif
   for (; t < tl; t++) out[t] = acc ? out[t] + lut[q[t]] : lut[q[t]];
+}
+/* The look-ups of K <= HP_FUSE payloads of a tile in one pass: out[t] = (acc ? out[t] + v0 :
+   v0) + v1 + ... + v(K-1), vr = lut[r][j][q[r][t]] for t in run j ([ends[j - 1], ends[j]),
+   run 0 from 0; table r of run j at lut + (r * rows + j) * 16). The sums hp_tile_lut forms
+   payload by payload, in the same order, formed in a register: out is read (acc) and written
+   once instead of once per payload. */
+#define HP_FUSE 4
+static inline __attribute__((always_inline)) void hp_lut_sum_k(
+    const uint8_t (*q)[HP_TILE], const float* lut, int64_t rows, const int64_t* ends,
+    int64_t ns, const int K, float* out, int acc) {
+  for (int64_t j = 0, s = 0; j < ns; s = ends[j], j++) {
+    const int64_t e = ends[j];
+    int64_t t = s;
+#if defined(__AVX512F__) && !defined(HP_NO_AVX512)
+    __m512 tv[HP_FUSE];
+    for (int r = 0; r < K; r++) tv[r] = _mm512_loadu_ps(lut + (r * rows + j) * 16);
+    for (; t + 16 <= e; t += 16) {
+      __m512 v = hp_lut16(q[0] + t, tv[0]);
+      if (acc) v = _mm512_add_ps(_mm512_loadu_ps(out + t), v);
+      for (int r = 1; r < K; r++) v = _mm512_add_ps(v, hp_lut16(q[r] + t, tv[r]));
+      _mm512_storeu_ps(out + t, v);
+    }
+#elif defined(__AVX2__) && !defined(HP_NO_AVX2)
+    __m256 lo[HP_FUSE], hi[HP_FUSE];
+    for (int r = 0; r < K; r++) {
+      lo[r] = _mm256_loadu_ps(lut + (r * rows + j) * 16);
+      hi[r] = _mm256_loadu_ps(lut + (r * rows + j) * 16 + 8);
+    }
+    for (; t + 8 <= e; t += 8) {
+      __m256 v = hp_lut8(q[0] + t, lo[0], hi[0]);
+      if (acc) v = _mm256_add_ps(_mm256_loadu_ps(out + t), v);
+      for (int r = 1; r < K; r++) v = _mm256_add_ps(v, hp_lut8(q[r] + t, lo[r], hi[r]));
+      _mm256_storeu_ps(out + t, v);
+    }
+#endif
+    for (; t < e; t++) {
+      float v = lut[j * 16 + q[0][t]];
+      if (acc) v = out[t] + v;
+      for (int r = 1; r < K; r++) v = v + lut[(r * rows + j) * 16 + q[r][t]];
+      out[t] = v;
+    }
+  }
+}
+static inline void hp_tile_lut_sum(const uint8_t (*q)[HP_TILE], const float* lut, int64_t rows,
+                                   const int64_t* ends, int64_t ns, int kk, float* out, int acc) {
+  switch (kk) {  /* K a constant in each: the payload loops unrolled, the tables in registers */
+    case 1: hp_lut_sum_k(q, lut, rows, ends, ns, 1, out, acc); break;
+    case 2: hp_lut_sum_k(q, lut, rows, ends, ns, 2, out, acc); break;
+    case 3: hp_lut_sum_k(q, lut, rows, ends, ns, 3, out, acc); break;
+    default: hp_lut_sum_k(q, lut, rows, ends, ns, HP_FUSE, out, acc); break;
+  }
 }
 
 #ifndef HP_HAVE_TILE_F16
@@ -1305,7 +1366,6 @@ static inline __attribute__((always_inline)) void hp_decode_tile(
         }
   }
 
-
 }
 
 
@@ -1384,7 +1444,53 @@ static inline __attribute__((always_inline)) void hp_decode_acc_tile(
         }
   }
 
+}
 
+
+
+/* blocksign: hp_decode_prep_tile, one tile's tables: elements [i0, i0 + tl) of n, their packed values unpacked
+ * into hp_unp[0..tl) and the decode of every packed value, divided as hp_decode_tile divides it,
+ * into hp_lut[j][0..16) for each run j of the tile (one run, or one per segment: run j ends at
+ * hp_ends[j]). Returns how many runs, or 0 where the tile is not tabulated (its segments too
+ * short): then hp_decode_tile and hp_decode_acc_tile decode it. */
+static inline __attribute__((always_inline)) int64_t hp_decode_prep_tile(
+    const uint8_t* const pay, float* const out, const int64_t n, const int64_t i0,
+    const int64_t tl, const float hp_d, const int hp_pw, uint8_t* const hp_unp,
+    float (*const hp_lut)[16], int64_t* const hp_ends) {
+  const int64_t L1 = hp_len(hp_div_i64(hp_sub_i64(hp_add_i64(n, INT64_C(128)), INT64_C(1)), INT64_C(128)));
+  const int64_t L2 = hp_len(n);
+  const int64_t po0 = 0;
+  const float* const f_scale = (const float*)(pay + po0);
+  const int64_t po1 = hp_up8(po0 + (L1 * 4));
+  const uint8_t* const f_s = (const uint8_t*)(pay + po1);
+  const float* const rp_p_scale = L1 > 0 ? (const float*)f_scale : (const float*)hp_zeros;
+  const uint8_t* const rp_p_s = L2 > 0 ? (const uint8_t*)f_s : (const uint8_t*)hp_zeros;
+  const float* const rp_out = L2 > 0 ? (const float*)out : (const float*)hp_zeros;
+
+
+  { /* level 1: out (one tile, tables per segment and the unpacked values) */
+        const int64_t sd = INT64_C(128);
+        if (sd >= 64 && i0 >= 0) {
+          for (int64_t q = hp_unpack64(f_s + i0 / 8, hp_unp, tl, 1) / 8; q < (tl + 7) / 8; q++)
+            memcpy(hp_unp + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
+          for (int64_t pf = 0; pf < tl / 8; pf += 64) __builtin_prefetch(f_s + (i0 + HP_TILE) / 8 + pf);
+          int64_t ns = 0;
+          for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
+            const int64_t e = rem >= tl - t ? tl : t + rem;
+            const float sv2 = hp_sel_f32((uint64_t)sq < (uint64_t)L1, rp_p_scale[hp_clampi(sq, L1)], 0x0.0p+0f);
+            memset(hp_lut[ns], 0, sizeof hp_lut[ns]);
+            for (int lv = 0; lv < 2; lv++) {
+              const uint8_t lq1 = (uint8_t)lv;
+              hp_lut[ns][lv] = (hp_pw ? (hp_sel_f32((lq1 == ((uint8_t)1)), (-sv2), sv2)) * hp_d : (hp_sel_f32((lq1 == ((uint8_t)1)), (-sv2), sv2)) / hp_d);
+            }
+            hp_ends[ns] = e;
+            t = e;
+          }
+          return ns;
+        }
+  }
+
+  return 0;
 }
 
 
@@ -1410,6 +1516,37 @@ int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
   return 0;
 }
 
+#define HP_LUT_ROWS (HP_TILE / 64 + 2)
+/* one tile of hp_decode_sum, HP_FUSE payloads at a time: their tables and unpacked values
+ * (hp_decode_prep_tile), then one pass that looks every payload up and adds them in payload
+ * order (hp_tile_lut_sum): the sums of hp_decode_tile and hp_decode_acc_tile, which decode
+ * the payloads whose tables are not ready (a segment too short) or whose runs differ */
+static inline __attribute__((always_inline)) void hp_sum_tile(const hp_decsum_args* a,
+    const int64_t i0, const int64_t tl, const float hd, const int pw) {
+  uint8_t q[HP_FUSE][HP_TILE];
+  float lut[HP_FUSE][HP_LUT_ROWS][16];
+  int64_t ends[HP_FUSE][HP_LUT_ROWS];
+  for (int64_t r0 = 0; r0 < a->k; r0 += HP_FUSE) {
+    const int kk = a->k - r0 < HP_FUSE ? (int)(a->k - r0) : HP_FUSE;
+    int64_t ns = 0;
+    int same = 1;
+    for (int r = 0; r < kk && same; r++) {
+      const int64_t m = hp_decode_prep_tile(a->payloads[r0 + r], a->out, a->n, i0, tl, hd, pw,
+                                            q[r], lut[r], ends[r]);
+      if (r == 0) ns = m;
+      same = m > 0 && m == ns && memcmp(ends[r], ends[0], (size_t)m * sizeof(int64_t)) == 0;
+    }
+    if (same) {
+      hp_tile_lut_sum(q, &lut[0][0][0], HP_LUT_ROWS, ends[0], ns, kk, a->out + i0, r0 > 0);
+      continue;
+    }
+    for (int r = 0; r < kk; r++) {
+      if (r0 + r == 0) hp_decode_tile(a->payloads[0], a->out, a->n, i0, tl, hd, pw);
+      else hp_decode_acc_tile(a->payloads[r0 + r], a->out, a->n, i0, tl, hd, pw);
+    }
+  }
+}
+
 int hp_decode_sum(const hp_decsum_args* a) {
   const int64_t n = a->n;
   const int nt = hp_nthreads(a->nthreads);
@@ -1430,8 +1567,7 @@ int hp_decode_sum(const hp_decsum_args* a) {
     for (int64_t tb = 0; tb < ntiles; tb++) {
       const int64_t i0 = tb * HP_TILE;
       const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-      hp_decode_tile(a->payloads[0], out, n, i0, tl, m, 1);
-      for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, m, 1);
+      hp_sum_tile(a, i0, tl, m, 1);
     }
     return 0;
   }
@@ -1439,8 +1575,7 @@ int hp_decode_sum(const hp_decsum_args* a) {
   for (int64_t tb = 0; tb < ntiles; tb++) {
     const int64_t i0 = tb * HP_TILE;
     const int64_t tl = n - i0 < HP_TILE ? n - i0 : HP_TILE;
-    hp_decode_tile(a->payloads[0], out, n, i0, tl, d, 0);
-    for (int64_t r = 1; r < a->k; r++) hp_decode_acc_tile(a->payloads[r], out, n, i0, tl, d, 0);
+    hp_sum_tile(a, i0, tl, d, 0);
   }
   return 0;
 }

@@ -2,7 +2,7 @@
 program for the C target (OpenMP) or the CUDA target.
 
 Only a table: each target's renderer lowers the program for itself
-(:func:`hipress.compll.backends.c.render.render_c`,
+(:func:`hipress.compll.backends.c.program.render_c`,
 :func:`hipress.compll.backends.cuda.render.cuda_source`), and a target's runner imports its own
 renderer, never this module.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from hipress.compll.backends.c import render as c_render
+from hipress.compll.backends.c import program as c_program
 from hipress.compll.backends.cuda import render as cuda_render
 from hipress.compll.backends.render import TARGETS, RenderError
 from hipress.compll.ir import nodes as ir
@@ -33,7 +33,7 @@ def _cuda_text(prog: ir.Program) -> str:
 
 # in the order of TARGETS (the generator's digest knows each target's folder by the same name)
 TABLE: Mapping[str, Rendering] = MappingProxyType({
-    "c": Rendering(c_render.lower, c_render.render_c),
+    "c": Rendering(c_program.lower, c_program.render_c),
     "cuda": Rendering(cuda_render.lower, _cuda_text),
 })  # fmt: skip
 

@@ -7,7 +7,9 @@ for each of them (per payload, or per segment run of the tile), divided as its s
 and then only looks each element's value up (``hp_tile_lut``: a vector permute) instead of
 evaluating the expression per element: the same operations on the same operands, so the same
 values, in a fraction of the instructions, which is what summing several payloads in cache is
-bound by.
+bound by. The same stage in a prep function (``f.prep``: ``hp_decode_prep_tile``, see
+:mod:`.program`) fills the tables, their run ends and the unpacked values into the caller's
+buffers instead, for ``hp_tile_lut_sum`` to look several payloads up in one pass.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class TileFunction(Protocol):
     (:class:`hipress.compll.backends.c.render.CFunction`, which calls them)."""
 
     tile: bool
+    prep: bool
     mem: dict[str, Mem]
     em: Emitter
     names: Names
@@ -45,6 +48,7 @@ class TileFunction(Protocol):
 
 MAX_BITS = 4  # at most 16 entries: one AVX-512 register
 SEG_MIN = 64  # segments shorter than this are decoded element by element
+LUT_ROWS = f"HP_TILE / {SEG_MIN} + 2"  # most segment runs in a tile
 
 
 def _segment(f: TileFunction, x: ir.Load, p: ir.Ref) -> bool:
@@ -121,6 +125,23 @@ def lut_source(f: TileFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None
     return it, found, seg
 
 
+def _unpack(f: TileFunction, lp: Loop, load: ir.Load, unp: str) -> list[str]:
+    """The lines unpacking the tile's packed values of ``load`` into ``unp`` (a buffer they
+    declare, or in a prep function the caller's, with the next tile's packed bytes requested
+    too, so that reading the payloads' streams overlaps summing this tile)."""
+    tb = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
+    tb.unpacked[load.array] = unp
+    pre = f.tile_pre(tb)
+    if f.prep:
+        pre.remove(f"uint8_t {unp}[HP_TILE];")
+        m = f.mem[load.array]
+        assert m.bits is not None
+        per = 8 // m.bits
+        pre.append(f"for (int64_t pf = 0; pf < tl / {per}; pf += 64) "
+                   f"__builtin_prefetch({m.ptr} + (i0 + HP_TILE) / {per} + pf);")  # fmt: skip
+    return pre
+
+
 def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None:
     """``lp``'s tile as a table of its values and one look-up per element (see module doc),
     or None where :func:`lut_source` does not hold. ``plain``: the tile as its loop, which a
@@ -142,9 +163,9 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
             return None
         host.memo[sval[0]] = sval[1]  # the segment's value
     value = f.em.apply(it.op.fn, ["i"], host)
-    lut, unp = f.names.fresh("lut"), f.names.fresh("unp")
-    tb = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
-    tb.unpacked[load.array] = unp
+    lut = "hp_lut" if f.prep else f.names.fresh("lut")
+    unp = "hp_unp" if f.prep else f.names.fresh("unp")
+    pre = _unpack(f, lp, load, unp)
     acc = int(it.targets[0].kind == "outacc")
 
     def table(row: str) -> list[str]:  # the decode of every packed value into row[0..]
@@ -156,8 +177,12 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
             "}",
         ]
 
-    if sval is None:
-        lines = [f"float {lut}[16] = {{0}};", *table(lut), *f.tile_pre(tb),
+    if sval is None and f.prep:
+        lines = [f"memset({lut}[0], 0, sizeof {lut}[0]);", *table(f"{lut}[0]"), *pre,
+                 "hp_ends[0] = tl;", "return 1;"]  # fmt: skip
+        how = "tabulated: the table and the unpacked values"
+    elif sval is None:
+        lines = [f"float {lut}[16] = {{0}};", *table(lut), *pre,
                  f"hp_tile_lut({unp}, {lut}, out + i0, tl, {acc});"]  # fmt: skip
         how = "tabulated"
     else:
@@ -165,30 +190,31 @@ def lut_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
         runs = segment_runs("t", ", ns++")
         # every segment's table first, then the look-ups: a table read right after it is
         # written would wait on the stores (store forwarding does not cover a vector load)
-        rows = f"HP_TILE / {SEG_MIN} + 2"
-        lines = [
-            f"const int64_t sd = {d};",
-            f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
-            *(f"  {ln}" for ln in f.tile_pre(tb)),
-            f"  float {lut}[{rows}][16];",
-            "  int64_t ns = 0;",
-            f"  {runs[0]}",
-            *(f"    {ln}" for ln in [runs[1], *seg_lines]),
-            f"    memset({lut}[ns], 0, sizeof {lut}[ns]);",
-            *(f"    {ln}" for ln in table(f"{lut}[ns]")),
-            "    t = e;",
-            "  }",
+        lookups = [
             "  ns = 0;",
             f"  {runs[0]}",
             f"    {runs[1]}",
             f"    hp_tile_lut({unp} + t, {lut}[ns], out + i0 + t, e - t, {acc});",
             "    t = e;",
             "  }",
-            "} else {",
-            plain(),
-            "}",
         ]
-        how = "tabulated per segment"
+        lines = [
+            f"const int64_t sd = {d};",
+            f"if (sd >= {SEG_MIN} && i0 >= 0) {{",
+            *(f"  {ln}" for ln in pre),
+            *([] if f.prep else [f"  float {lut}[{LUT_ROWS}][16];"]),
+            "  int64_t ns = 0;",
+            f"  {runs[0]}",
+            *(f"    {ln}" for ln in [runs[1], *seg_lines]),
+            f"    memset({lut}[ns], 0, sizeof {lut}[ns]);",
+            *(f"    {ln}" for ln in table(f"{lut}[ns]")),
+            *(["    hp_ends[ns] = e;"] if f.prep else []),
+            "    t = e;",
+            "  }",
+            *(["  return ns;"] if f.prep else lookups),
+            *(["}"] if f.prep else ["} else {", plain(), "}"]),
+        ]
+        how = "tables per segment and the unpacked values" if f.prep else "tabulated per segment"
     body = "".join(f"        {ln}\n" for ln in lines)
     return f"  {{ /* level {lp.level}: {it.op.name} (one tile, {how}) */\n{body}  }}\n"
 
@@ -231,4 +257,4 @@ def run_stage(f: TileFunction, lp: Loop, plain: Callable[[], str]) -> str | None
     return f"{tile.hoist}  {{ /* level {lp.level}: {it.op.name} (one tile, by segment runs) */\n{body}  }}\n"
 
 
-__all__ = ["MAX_BITS", "SEG_MIN", "lut_source", "lut_stage", "run_stage"]
+__all__ = ["LUT_ROWS", "MAX_BITS", "SEG_MIN", "lut_source", "lut_stage", "run_stage"]

@@ -1,6 +1,6 @@
 """The C backend: generated C kernels, compiled at first use, run on torch CPU tensors.
 
-:class:`NativeBackend` renders the program (:func:`hipress.compll.backends.c.render.render_c`),
+:class:`NativeBackend` renders the program (:func:`hipress.compll.backends.c.program.render_c`),
 builds it through the :class:`~hipress.compll.backends.cache.KernelCache`, loads it with ctypes
 and calls it on caller-provided buffers. Per element count it keeps one workspace (and, for
 float16/bfloat16 or non-contiguous inputs, one float32 staging buffer), allocated at the first
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from hipress.compll.backends.c.render import render_c
+from hipress.compll.backends.c.program import render_c
 from hipress.compll.backends.cache import KernelCache, Toolchain, compile_c, kernel_key
 from hipress.compll.backends.libload import key_definition, load_checked
 from hipress.compll.backends.render import ABI_VERSION, generator_digest

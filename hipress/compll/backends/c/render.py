@@ -15,17 +15,14 @@ from hipress.compll.backends.c.block import TILE, render_block
 from hipress.compll.backends.c.lut import lut_stage, run_stage
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
-from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool, tileable
-from hipress.compll.backends.cfamily.prelude import prelude
+from hipress.compll.backends.cfamily.family import STORES, CFamily, StoreRule, store_bool
 from hipress.compll.backends.cfamily.reduce import combine_acc, reduction
 from hipress.compll.backends.cfamily.syntax import const, ctype, mtype
-from hipress.compll.backends.render import ABI_VERSION, BANNER, environment
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.types import DType
 from hipress.compll.ir.walk import walk
 from hipress.compll.lower.kernel_plan import Destination, Item, KernelPlan, Loop, SegFusion, Special
-from hipress.compll.lower.lower import Lowered, lower_program
 
 # the C layout (TILE, elements per tile of an inner loop: from block.py), most threads, length
 # below which one thread
@@ -76,6 +73,8 @@ class CFunction(CFamily):
     ) -> None:
         super().__init__(env, prog, plan, name, tile)
         self.f16_tiles: list[tuple[str, str, bool, str]] = []
+        self.prep = False  # a tile's tables and unpacked values only (render_prep)
+        self.prepared = False
 
     def scaled(self, v: str) -> str:
         """A decoded value as a tile function stores it: divided by the divisor, or multiplied
@@ -113,6 +112,7 @@ class CFunction(CFamily):
                 name=self.name,
                 setup=self.length_lines + self.setup + self.safe_lines,
                 stages=stages,
+                prep=self.prep,
             )
         tpl = self.env.get_template("c_function.c.j2")
         return tpl.render(
@@ -125,6 +125,13 @@ class CFunction(CFamily):
             stages=stages,
             final=self.final,
         )
+
+    def render_prep(self) -> str | None:
+        """The tile function that fills the caller's buffers with a tile's look-up tables
+        and unpacked values (a tabulated decode: :mod:`.lut`), or None if not tabulated."""
+        self.tile = self.prep = True
+        text = self.render()
+        return text if self.prepared else None
 
     def _tile_stage(self, lp: Loop) -> str:
         """A tile function's one tile of ``lp``, element by element."""
@@ -147,6 +154,10 @@ class CFunction(CFamily):
         table of its values where it has few: :mod:`.lut`)."""
         if self.tile:
             plain = lambda: self._tile_stage(lp)  # noqa: E731
+            if self.prep:
+                text = lut_stage(self, lp, plain)
+                self.prepared = text is not None
+                return text or ""
             return lut_stage(self, lp, plain) or run_stage(self, lp, plain) or plain()
         tile = self.tile_parts(lp)
         tpl = self.env.get_template("c_loop.c.j2")
@@ -351,45 +362,4 @@ def _balanced(call: str) -> bool:
     return False
 
 
-def render_program(prog: ir.Program, plans: Lowered) -> str:
-    """C source of ``prog`` from its plans: ``hp_encode``, ``hp_decode``, ``hp_decode_acc``,
-    ``hp_decode_sum`` and their workspace-size functions (see ``templates/c_file.c.j2`` for
-    the ABI)."""
-    env = environment()
-    dec, acc = plans.decode, plans.decode_acc
-    funcs = [
-        CFunction(env, prog, plans.encode, "hp_encode").render(),
-        CFunction(env, prog, dec, "hp_decode").render(),
-        CFunction(env, prog, acc, "hp_decode_acc").render(),
-    ]
-    tiled = tileable(dec) and tileable(acc)
-    if tiled:
-        funcs += [
-            CFunction(env, prog, dec, "hp_decode_tile", tile=True).render(),
-            CFunction(env, prog, acc, "hp_decode_acc_tile", tile=True).render(),
-        ]
-    sd = None if tiled else plans.sparse
-    if sd is not None:
-        funcs.append(CFamily(env, prog, dec, "hp_sparse_fields").sparse_fields(sd))
-    decode_sum = env.get_template("c_decode_sum.c.j2").render(
-        algorithm=prog.name, tiled=tiled, sparse=sd is not None
-    )
-    return env.get_template("c_file.c.j2").render(
-        banner=BANNER, algorithm=prog.name, digest=prog.digest()[:16], target="c",
-        prelude=prelude(cuda=False, tile=TILE, maxt=MAXT, par_min=PAR_MIN), abi=ABI_VERSION,
-        functions=funcs, decode_sum=decode_sum,
-    )  # fmt: skip
-
-
-def lower(prog: ir.Program) -> Lowered:
-    """The plans the C target renders ``prog`` from (loops fused)."""
-    return lower_program(prog, unfused=False)
-
-
-def render_c(prog: ir.Program) -> str:
-    """C source of ``prog``, lowered here (see :func:`render_program`); equal programs give
-    byte-identical text."""
-    return render_program(prog, lower(prog))
-
-
-__all__ = ["MAXT", "PAR_MIN", "TILE", "lower", "render_c", "render_program"]
+__all__ = ["MAXT", "PAR_MIN", "TILE", "CFunction"]
