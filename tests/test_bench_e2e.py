@@ -32,7 +32,7 @@ from hipress.timeline import BREAKDOWN
 
 def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     opts = E2EOptions(workers=2, rates_mbit=(None,), models=("lstm-lm",), algorithms=("onebit",),
-                      plan=None, steps=2, warmup=3, repeats=1, shaped=False,
+                      plans=(None,), steps=2, warmup=3, repeats=1, shaped=False,
                       trace_dir=str(tmp_path))  # fmt: skip
     data = WORKLOADS["lstm-lm"].prepare()
     configs = [COMPUTE, NOCOMM, SYNC,
@@ -188,6 +188,14 @@ def test_the_command_line_takes_the_gpt_models(tmp_path: Path, monkeypatch: Any)
     assert seen[1].row_sparse == ("none", "onebit")
     names = [c.name for c in configs_for(seen[1])]
     assert names[-3:] == ["hipress-onebit", "hipress-none-rows", "hipress-onebit-rows"]
+    # --plan with several: a hipress row per plan, the first by the algorithm's name
+    assert main([*args, "--algorithms", "onebit,powersgd", "--plan", "auto,default"]) == 0
+    assert seen[2].plans == ("auto", None)
+    ours = [(c.name, c.plan) for c in configs_for(seen[2]) if c.name.startswith("hipress-")]
+    assert ours == [("hipress-onebit", "auto"), ("hipress-onebit-default", None),
+                    ("hipress-powersgd", None)]  # (a multi-round algorithm: one plan)  # fmt: skip
+    with pytest.raises(ValueError, match="no two of the same name"):
+        E2EOptions(plans=("a/p.json", "b/p.json"))
     assert {"gpt", "gpt-untied"} <= set(WORKLOADS)
     assert WORKLOADS["gpt"].kind == WORKLOADS["gpt-untied"].kind == "communication-heavy"
 

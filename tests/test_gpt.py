@@ -115,7 +115,7 @@ def test_same_seed_same_losses(corpus: Corpus) -> None:
 @pytest.mark.parametrize("name", ["gpt", "gpt-untied"])
 def test_trains_on_one_and_two_processes_as_the_benchmark_does(corpus: Corpus, name: str) -> None:
     opts = E2EOptions(workers=2, rates_mbit=(None,), models=(name,), algorithms=("onebit",),
-                      plan=None, steps=2, warmup=3, repeats=1, shaped=False)  # fmt: skip
+                      plans=(None,), steps=2, warmup=3, repeats=1, shaped=False)  # fmt: skip
     with LoopbackNetwork(1, "one process") as solo:
         alone = run_config(solo, name, corpus, COMPUTE, opts)
     configs = [Config("ddp-fp32", "ddp"), Config("hipress-onebit", "hipress", algorithm="onebit",

@@ -5,6 +5,7 @@ the baselines, and what a run covers (:class:`E2EOptions`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from hipress.bench import fsdp as fsdp_bench
@@ -101,7 +102,10 @@ class E2EOptions:
     rates_mbit: tuple[float | None, ...] = (1000.0, 10000.0)
     models: tuple[str, ...] = ("lstm-lm", "resnet")
     algorithms: tuple[str, ...] = ("onebit", "tbq", "terngrad", "dgc", "graddrop")
-    plan: str | None = "auto"
+    # the plans of the hipress rows: the first names hipress-ALGORITHM, each further one a row
+    # of its own, hipress-ALGORITHM-PLAN (plan_name): "auto" (SeCoPa), None (CaSync's default
+    # rule) or a plan file
+    plans: tuple[str | None, ...] = ("auto",)
     steps: int = 10
     warmup: int = 6  # (CaSync counts embedding rows at step 1 and checks its plan at step 5)
     repeats: int = 2
@@ -132,6 +136,8 @@ class E2EOptions:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.steps < 1 or self.warmup < 3:
             raise ValueError("steps must be >= 1 and warmup >= 3 (PowerSGD starts at step 2)")
+        if not self.plans or len(set(map(plan_name, self.plans))) < len(self.plans):
+            raise ValueError(f"plans: at least one, no two of the same name, got {self.plans}")
         if not self.bucket_caps or any(c not in (None, "auto") and not (
                 isinstance(c, float | int) and c > 0) for c in self.bucket_caps):  # fmt: skip
             raise ValueError(f"bucket_caps are None, 'auto' or MB > 0, got {self.bucket_caps}")
@@ -157,8 +163,10 @@ def configs_for(opts: E2EOptions) -> list[Config]:
     ours = [
         Config(f"hipress-{a}", "rounds", algorithm=a, plan=None, powersgd_rank=opts.powersgd_rank)
         if a in multi
-        else Config(f"hipress-{a}", "hipress", algorithm=a, plan=opts.plan)
+        else Config(f"hipress-{a}{'-' + plan_name(p) if k else ''}", "hipress", algorithm=a, plan=p)
         for a in opts.algorithms
+        for k, p in enumerate(opts.plans)
+        if k == 0 or a not in multi  # (a multi-round algorithm has one plan)
     ]
     rows = [Config(f"hipress-{a}-rows", "hipress", algorithm=None if a == "none" else a,
                    plan=None, rows=True) for a in opts.row_sparse]  # fmt: skip
@@ -170,6 +178,11 @@ def configs_for(opts: E2EOptions) -> list[Config]:
         out += [replace(c, name=c.name + cap_name(cap), bucket_cap_mb=cap)
                 for cap in opts.bucket_caps]  # fmt: skip
     return out
+
+
+def plan_name(plan: str | None) -> str:
+    """A plan as a row's name ends: auto, default (CaSync's rule) or the plan file's stem."""
+    return "default" if plan is None else "auto" if plan == "auto" else Path(plan).stem
 
 
 def cap_name(cap: float | str | None) -> str:

@@ -15,6 +15,7 @@ from hipress.bench.tables import TABLES, e2e_cell_rows, fmt
 __all__ = [
     "check_fsdp_targets",
     "check_targets",
+    "e2e_breakdowns",
     "e2e_markdown",
     "e2e_png",
     "fsdp_block_markdown",
@@ -189,6 +190,21 @@ def fsdp_block_markdown(block: dict[str, Any]) -> list[str]:
             f"{_mark(met['vs_fsdp_bf16_reduce'])}).",
         ]
     return out
+
+
+def e2e_breakdowns(results: dict[str, Any]) -> str:
+    """Each cell's step breakdown (from the configurations' traces), as markdown."""
+    from hipress.timeline import breakdown_markdown
+
+    parts = []
+    for cell in results["cells"]:
+        rows = [(r["config"], r["breakdown"]) for r in cell["rows"] if "breakdown" in r]
+        if rows:
+            parts.append(
+                f"\n\nWhere a step's time goes, ms per step ({cell['model']}, "
+                f"{cell['network']['label']}):\n\n{breakdown_markdown(rows)}\n"
+            )
+    return "".join(parts)
 
 
 def e2e_markdown(results: dict[str, Any]) -> str:

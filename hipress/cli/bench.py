@@ -44,7 +44,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
     from hipress.bench.e2e import E2EOptions, run_matrix
     from hipress.bench.e2e_caps import parse_caps
     from hipress.bench.provenance import stamp
-    from hipress.bench.report import e2e_markdown, e2e_png, write_json
+    from hipress.bench.report import e2e_breakdowns, e2e_markdown, e2e_png, write_json
 
     warn_if_unshaped(args.loopback)
     opts = E2EOptions(
@@ -52,7 +52,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         rates_mbit=tuple(args.rates),
         models=_names(args.models),
         algorithms=_names(args.algorithms),
-        plan=None if args.plan == "default" else args.plan,
+        plans=tuple(None if x == "default" else x for x in _names(args.plan)),
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
@@ -71,7 +71,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
     results = stamp(run_matrix(opts, progress=step_line), invocation(args))
     out = Path(args.out)
     write_json(results, out / f"{args.name}.json")
-    md = e2e_markdown(results) + _breakdowns(results)
+    md = e2e_markdown(results) + e2e_breakdowns(results)
     (out / f"{args.name}.md").write_text(md)
     png = e2e_png(results, out / f"{args.name}.png")
     print(md)
@@ -82,21 +82,6 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
 
 
 _RESHARD = {"on": (True,), "off": (False,), "both": (True, False)}
-
-
-def _breakdowns(results: dict[str, Any]) -> str:
-    """Each cell's step breakdown (from the configurations' traces), as markdown."""
-    from hipress.timeline import breakdown_markdown
-
-    parts = []
-    for cell in results["cells"]:
-        rows = [(r["config"], r["breakdown"]) for r in cell["rows"] if "breakdown" in r]
-        if rows:
-            parts.append(
-                f"\n\nWhere a step's time goes, ms per step ({cell['model']}, "
-                f"{cell['network']['label']}):\n\n{breakdown_markdown(rows)}\n"
-            )
-    return "".join(parts)
 
 
 def _cmd_convergence(args: argparse.Namespace) -> int:
@@ -171,7 +156,8 @@ def _add_e2e_parser(bench_sub: Any) -> None:
                    "embeddings), gpt-untied, resnet (default lstm-lm,resnet)")  # fmt: skip
     e.add_argument("--algorithms", default="onebit,tbq,terngrad,dgc,graddrop",
                    help="CompLL algorithms, comma-separated")  # fmt: skip
-    e.add_argument("--plan", default="auto", help="auto (SeCoPa), default (CaSync's rule), FILE")
+    e.add_argument("--plan", default="auto", metavar="PLAN,..", help="auto (SeCoPa), default "
+                   "(CaSync's rule), FILE; several: a row each, hipress-ALG-PLAN after the first")  # fmt: skip
     e.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
     e.add_argument("--warmup", type=int, default=6,
                    help="untimed steps first (>= 3; 6 keeps CaSync's plan check untimed)")

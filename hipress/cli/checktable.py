@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,21 +68,23 @@ def _out(kind: str) -> Rule:
     return Call(lambda flag, value, args: check_out(flag, value, kind))
 
 
-def _plan(flag: str, value: Any, args: argparse.Namespace) -> None:
-    """``auto``, ``default`` or a plan file that loads."""
+def _plan(flag: str, value: Any, args: argparse.Namespace, several: bool = False) -> None:
+    """``auto``, ``default`` or a plan file that loads (``several``: comma-separated, once each)."""
     from hipress.core.plan import Plan, PlanError
 
-    if value in ("auto", "default"):
-        return
-    allowed = "auto, default or a plan file (hipress plan --out)"
-    if "\0" in value:
-        raise UsageError(flag, value, "holds a NUL character", allowed)
-    try:
-        Plan.load(value)
-    except FileNotFoundError:
-        raise UsageError(flag, value, "is no such file", allowed) from None
-    except (OSError, PlanError) as exc:
-        raise UsageError(flag, value, f"is not a plan: {exc}", allowed) from None
+    items = value.split(",") if several else [value]
+    allowed = "auto, default or a plan file (hipress plan --out)" + ", several" * several
+    if len(set(items)) < len(items):
+        raise UsageError(flag, value, "names a plan twice", allowed)
+    for v in (v for v in items if v not in ("auto", "default")):
+        if "\0" in v:
+            raise UsageError(flag, value, "holds a NUL character", allowed)
+        try:
+            Plan.load(v)
+        except FileNotFoundError:
+            raise UsageError(flag, value, f"{v!r} is no such file", allowed) from None
+        except (OSError, PlanError) as exc:
+            raise UsageError(flag, value, f"{v!r} is not a plan: {exc}", allowed) from None
 
 
 def _profile(flag: str, value: Any, args: argparse.Namespace) -> None:
@@ -315,7 +318,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
         },
         ("bench", "e2e"): {
             **_COMMON, "workers": WORKERS, "rates": RATES,
-            "models": Names(_workloads, "model"), "plan": Call(_plan),
+            "models": Names(_workloads, "model"), "plan": Call(partial(_plan, several=True)),
             "algorithms": Names(_e2e_algorithms, "algorithm"), "bucket_cap_mb": Call(_bucket_caps),
             "steps": STEPS, "warmup": Call(_e2e_warmup), "repeats": Int(1, 100),
             "powersgd_rank": Int(1, 1024), "local_steps": Call(_local_steps),
