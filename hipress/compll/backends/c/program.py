@@ -42,7 +42,8 @@ def render_program(prog: ir.Program, plans: Lowered) -> str:
         # the first payload's tables are the plain decode's, the others' the accumulating
         # one's: one function serves both only where the two render the same
         first, other = (
-            CFunction(env, prog, p, "hp_decode_prep_tile").render_prep() for p in (dec, acc)
+            CFunction(env, prog, p, "hp_decode_prep_tile", tile=True).render_prep()
+            for p in (dec, acc)
         )
         if first is not None and first == other:
             funcs.append(first)

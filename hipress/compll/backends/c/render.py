@@ -129,7 +129,8 @@ class CFunction(CFamily):
     def render_prep(self) -> str | None:
         """The tile function that fills the caller's buffers with a tile's look-up tables
         and unpacked values (a tabulated decode: :mod:`.lut`), or None if not tabulated."""
-        self.tile = self.prep = True
+        assert self.tile, "a prep function is a tile function"
+        self.prep = True
         text = self.render()
         return text if self.prepared else None
 
