@@ -87,6 +87,7 @@ decode(p) { return map(n, i => p.q[i] == 1 ? -1.0 : (p.q[i] == 2 ? 1.0 : 0.5)); 
 
 TABULATED = ["onebit", "efsignsgd", "tbq", "terngrad", "nibbles", "short",  # a table per payload
              "signsgd", "blocksign", "qsgd", "signsgd-300",  # one per segment
+             "signsgd-32", "qsgd-2bit",  # segments too short for tables; 2-bit codes
              "int8", "fp8-block-96", "fp8-block-16"]  # by segment runs; 16: element by element  # fmt: skip
 
 
@@ -107,8 +108,10 @@ def test_tabulated_decode_sum_on_every_path(name: str, path: str, tmp_path) -> N
     if name in ("nibbles", "short"):
         text = NIBBLES if name == "nibbles" else SHORT
         ref = load_source(SourceFile(f"{name}.cll", text), backend="reference")
-    elif name == "signsgd-300":
-        ref = load("signsgd", backend="reference", chunk=300)
+    elif name.startswith("signsgd-"):
+        ref = load("signsgd", backend="reference", chunk=int(name.split("-")[1]))
+    elif name == "qsgd-2bit":
+        ref = load("qsgd", backend="reference", bits=2, bucket=100)
     elif name.startswith("fp8-block-"):
         from pathlib import Path
 
