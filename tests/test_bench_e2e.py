@@ -196,6 +196,22 @@ def test_the_command_line_takes_the_gpt_models(tmp_path: Path, monkeypatch: Any)
                     ("hipress-powersgd", None)]  # (a multi-round algorithm: one plan)  # fmt: skip
     with pytest.raises(ValueError, match="no two of the same name"):
         E2EOptions(plans=("a/p.json", "b/p.json"))
+    # --include: each hipress row and its twin that may compress those parameters too
+    assert main([*args, "--algorithms", "onebit,powersgd", "--include", "embed.weight"]) == 0
+    assert seen[3].include == ("embed.weight",)
+    ours = [(c.name, c.include) for c in configs_for(seen[3]) if c.name.startswith("hipress-")]
+    assert ours == [("hipress-onebit", ()), ("hipress-onebit-include", ("embed.weight",)),
+                    ("hipress-powersgd", ())]  # fmt: skip
+    assert "include=['embed.weight']" in configs_for(seen[3])[-2].describe()
+
+
+def test_an_include_that_names_no_parameter_is_an_error() -> None:
+    from hipress.bench.e2e_worker import _check_include
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2))
+    _check_include(("0.weight", "1.*"), model)  # each names a parameter
+    with pytest.raises(ValueError, match=r"include: \['embed.weight'\] match no parameter"):
+        _check_include(("1.bias", "embed.weight"), model)
     assert {"gpt", "gpt-untied"} <= set(WORKLOADS)
     assert WORKLOADS["gpt"].kind == WORKLOADS["gpt-untied"].kind == "communication-heavy"
 

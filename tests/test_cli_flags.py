@@ -75,6 +75,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--workers": ["1", many], "--bandwidth": RATE, "--rates": ["abc", "1e999g"],
             "--models": NAMES, "--algorithms": NAMES, "--steps": ["0"],
             "--plan": [*plan_bad, "auto,default,auto", "default,no-such-plan.json"],
+            "--include": ["embed weight", "a,x/y"],
             "--warmup": ["2", "-1"], "--repeats": ["0"], "--threads": ["0"],
             "--powersgd-rank": ["0"], "--fsdp-reshard": ["x"], "--out": outs_dir,
             "--name": ["", "a/b", ".."],

@@ -249,6 +249,7 @@ def _meta(opts: E2EOptions) -> dict[str, Any]:
         "threads_per_worker": opts.threads,
         "lr": opts.lr,
         "plans": ["default" if x is None else x for x in opts.plans],
+        "include": list(opts.include),
         "powersgd_rank": opts.powersgd_rank,
         "gradient_as_bucket_view": opts.bucket_view,
         "hipress_bucket_caps": ["default" if c is None else c for c in opts.bucket_caps],

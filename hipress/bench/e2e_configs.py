@@ -44,6 +44,7 @@ class Config:
     bucket_cap_mb: float | str | None = None  # "auto": SeCoPa's, resolved per cell (e2e_caps)
     powersgd_rank: int = 4
     rows: bool = False  # (hipress) the default rule's plan, row-sparse where a probe says
+    include: tuple[str, ...] = ()  # (hipress) register(include=...): compressed, embeddings too
     cap_advice: dict[str, Any] | None = field(default=None, compare=False)  # why that cap
 
     def describe(self) -> str:
@@ -64,6 +65,8 @@ class Config:
             what = f"hipress {self.algorithm}, default rule, row-sparse where sparse (exact)"
         else:
             what = f"hipress {self.algorithm}, plan {self.plan or 'default rule'}"
+        if self.include:
+            what += f", include={list(self.include)}"
         return what + self._buckets()
 
     def _buckets(self) -> str:
@@ -102,6 +105,9 @@ class E2EOptions:
     rates_mbit: tuple[float | None, ...] = (1000.0, 10000.0)
     models: tuple[str, ...] = ("lstm-lm", "resnet")
     algorithms: tuple[str, ...] = ("onebit", "tbq", "terngrad", "dgc", "graddrop")
+    # parameter names or patterns (register(include=...)): each hipress row gets a twin,
+    # hipress-ALGORITHM-include, that may compress them too (embeddings included)
+    include: tuple[str, ...] = ()
     # the plans of the hipress rows: the first names hipress-ALGORITHM, each further one a row
     # of its own, hipress-ALGORITHM-PLAN (plan_name): "auto" (SeCoPa), None (CaSync's default
     # rule) or a plan file
@@ -168,6 +174,9 @@ def configs_for(opts: E2EOptions) -> list[Config]:
         for k, p in enumerate(opts.plans)
         if k == 0 or a not in multi  # (a multi-round algorithm has one plan)
     ]
+    if opts.include:  # each hipress row, then its twin that may compress those too
+        twins = [(c, replace(c, name=f"{c.name}-include", include=opts.include)) for c in ours]
+        ours = [x for c, twin in twins for x in ((c, twin) if c.kind == "hipress" else (c,))]
     rows = [Config(f"hipress-{a}-rows", "hipress", algorithm=None if a == "none" else a,
                    plan=None, rows=True) for a in opts.row_sparse]  # fmt: skip
     out = [COMPUTE, NOCOMM, SYNC, *base]

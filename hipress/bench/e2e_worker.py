@@ -48,7 +48,9 @@ def wrap(
     if cfg.kind == "hipress":
         import hipress.casync
 
-        state = hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=plan)
+        _check_include(cfg.include, model)
+        state = hipress.casync.register(ddp, algorithm=cfg.algorithm, plan=plan,
+                                        include=list(cfg.include) or None)  # fmt: skip
         _ = state.plan  # plan="auto" plans here, in the set-up, rather than in the first step
         return ddp, state
     if cfg.hook == "fp16":
@@ -70,6 +72,18 @@ def wrap(
         raise ValueError(f"unknown DDP hook {cfg.hook!r}")
     return ddp, None
 
+
+
+def _check_include(include: tuple[str, ...], model: torch.nn.Module) -> None:
+    """Raises ValueError where a pattern of ``include`` names no parameter of ``model`` (its
+    row would be its plain twin under another name)."""
+    from fnmatch import fnmatchcase
+
+    names = [n for n, _ in model.named_parameters()]
+    idle = [p for p in include if not any(fnmatchcase(n, p) for n in names)]
+    if idle:
+        raise ValueError(f"include: {idle} match no parameter of the model (its parameters: "
+                         f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")  # fmt: skip
 
 def _noop_hook(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -53,6 +53,7 @@ def _cmd_e2e(args: argparse.Namespace) -> int:
         models=_names(args.models),
         algorithms=_names(args.algorithms),
         plans=tuple(None if x == "default" else x for x in _names(args.plan)),
+        include=_names(args.include),
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
@@ -158,6 +159,10 @@ def _add_e2e_parser(bench_sub: Any) -> None:
                    help="CompLL algorithms, comma-separated")  # fmt: skip
     e.add_argument("--plan", default="auto", metavar="PLAN,..", help="auto (SeCoPa), default "
                    "(CaSync's rule), FILE; several: a row each, hipress-ALG-PLAN after the first")  # fmt: skip
+    e.add_argument("--include", default="", metavar="PATTERN,..",
+                   help="also hipress-ALGORITHM-include rows: register(include=...) with these "
+                   "parameter names or patterns, so that they may be compressed too (a tied "
+                   "embedding's dense gradient, which plans keep plain)")  # fmt: skip
     e.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
     e.add_argument("--warmup", type=int, default=6,
                    help="untimed steps first (>= 3; 6 keeps CaSync's plan check untimed)")

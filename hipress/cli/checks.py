@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -30,6 +31,7 @@ __all__ = [
     "check_args",
     "check_out",
     "max_workers",
+    "name_patterns",
     "subparser",
 ]
 
@@ -182,6 +184,15 @@ def _probe_dir(flag: str, value: Any, folder: Path, allowed: str) -> None:
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise UsageError(flag, value, f"cannot be written: {base}: {why}", allowed) from None
+
+
+def name_patterns(flag: str, value: Any, args: argparse.Namespace) -> None:
+    """Parameter names or fnmatch patterns of them, comma-separated: letters, digits and
+    ``_ . * ? [ ] ! -`` only."""
+    for v in str(value).split(","):
+        if re.fullmatch(r"[\w.*?\[\]!-]*", v, flags=re.ASCII) is None:
+            raise UsageError(flag, v, "is not a parameter name pattern",
+                             "names of named_parameters() or fnmatch patterns, comma-separated")  # fmt: skip
 
 
 def check_out(flag: str, value: Any, kind: str) -> None:

@@ -21,6 +21,7 @@ from hipress.cli.checks import (
     check_out,
     cpus,
     max_workers,
+    name_patterns,
     workers_allowed,
 )
 
@@ -308,9 +309,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
     return {
         ("bench", "kernels"): {
             "device": Call(_device), "sizes": Call(_kernel_sizes),
-            "algorithms": Call(_kernel_algorithms), "reps": Int(1, 10_000),
-            "out": _out("file"),
-        },
+            "algorithms": Call(_kernel_algorithms), "reps": Int(1, 10_000), "out": _out("file")},
         ("bench", "sync"): {
             "workers": WORKERS, "sizes": Int(8, MAX_SYNC_BYTES), "algorithms": ALGORITHMS,
             "partitions": Int(1, 1024), "reps": Int(1, 10_000), "budget": BUDGET,
@@ -323,7 +322,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "steps": STEPS, "warmup": Call(_e2e_warmup), "repeats": Int(1, 100),
             "powersgd_rank": Int(1, 1024), "local_steps": Call(_local_steps),
             "rows": Names(lambda: [*_algorithms(), "none"], "algorithm", empty=True),
-        },
+            "include": Call(name_patterns)},
         ("bench", "convergence"): {
             **_COMMON, "workers": WORKERS, "plan": Call(_plan),
             "algorithms": Call(_convergence_algorithms), "epochs": Int(1, 10_000),
@@ -335,6 +334,7 @@ def _table() -> dict[tuple[str, ...], dict[str, Rule]]:
             "fsdp_feedback": Names(lambda: ("auto", "none", "fp32", "bf16", "int8"), "option"),
             "local_steps": Call(_local_steps), "rate_mbit": RATES,
             "rows": Names(lambda: [*_algorithms(), "none"], "algorithm", empty=True),
+            "include": Call(name_patterns),
         },
         ("bench", "fsdp"): {
             **_COMMON, "workers": WORKERS, "rates": RATES, "model": Names(_workloads, "model"),
