@@ -242,6 +242,13 @@ def test_gpt_task_from_the_command_line(tmp_path: Path) -> None:
     # the same weights and batches: only the gradient exchange differs
     assert topk["runs"][0]["train_loss"] != base["runs"][0]["train_loss"]
     assert "128-token windows" in (tmp_path / "convergence-gpt.md").read_text()
+    # --include: the tied embedding, kept plain by every plan, compressed too
+    out = tmp_path / "incl"
+    assert main([*args[:-1], str(out), "--include", "embed.weight"]) == 0
+    res = json.loads((out / "convergence-gpt.json").read_text())
+    assert res["meta"]["include"] == ["embed.weight"]
+    assert res["rows"][0]["runs"][0]["train_loss"] == base["runs"][0]["train_loss"]
+    assert res["rows"][1]["runs"][0]["train_loss"] != topk["runs"][0]["train_loss"]
 
 
 def test_gpt_untied_task_sharded_by_fsdp() -> None:

@@ -88,6 +88,7 @@ def bad_values(tmp: Path) -> dict[tuple[str, ...], dict[str, list[str]]]:
             "--epochs": ["0"], "--task": ["x"], "--seeds": ["0"], "--train-tokens": ["0", "100"],
             "--train-samples": ["-1"], "--batch": ["0"], "--lr": ["0", "nan", "-1"],
             "--lr-schedule": ["x"], "--plan": plan_bad, "--threads": ["0"],
+            "--include": ["embed weight"],
             "--warmup-steps": ["-1"], "--warmup-epochs": ["-1", "inf"],
             "--density-warmup-epochs": ["-1"], "--clip": ["-1", "nan"],
             "--fsdp-feedback": ["abc"], "--out": outs_dir,
@@ -240,6 +241,13 @@ def test_the_workers_bound_is_said(capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(["bench", "sync", "--workers", "2,1000"], capsys)
     assert f"1000 is out of range (allowed: an integer from 2 to {max_workers()}" in line
     assert "network namespace each (at most 250)" in line
+
+
+def test_casync_options_are_refused_in_the_fsdp_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["bench", "convergence", "--fsdp", "--algorithms", "onebit"]
+    line = refused([*base, "--include", "embed.weight"], capsys)
+    assert "argument --include: 'embed.weight' is CaSync's, not the FSDP2 mode's" in line
+    assert "argument --plan: 'auto' is CaSync's" in refused([*base, "--plan", "auto"], capsys)
 
 
 def test_an_unwritable_out_fails_before_the_run(tmp_path: Path) -> None:

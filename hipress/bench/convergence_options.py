@@ -96,6 +96,7 @@ class ConvergenceOptions:
     task: str = "lm"
     seeds: tuple[int, ...] = (0,)
     plan: str | None = None
+    include: tuple[str, ...] = ()  # CaSync's register(include=...): compressed, embeddings too
     threads: int = 1
     batch: int | None = None
     bptt: int | None = None
@@ -142,10 +143,10 @@ class ConvergenceOptions:
             raise ValueError("local-step variants train unsharded replicas: leave out --fsdp")
         elif self.row_sparse:
             raise ValueError("row-sparse rows (--rows) are CaSync's, under DDP: leave out --fsdp")
-        elif self.plan is not None:
+        elif self.plan is not None or self.include:
             raise ValueError(
-                f"plan {self.plan!r} is CaSync's; the FSDP2 mode compresses each unit by "
-                "hipress.fsdp's size threshold: leave the plan at its default"
+                "plans and include= are CaSync's; the FSDP2 mode compresses each unit by "
+                "hipress.fsdp's size threshold: leave --plan at its default and --include out"
             )
 
         if self.local_steps:  # ValueError naming a variant that is not one

@@ -185,6 +185,7 @@ def _sync(
 
     state = hipress.casync.register(
         ddp, algorithm=algorithm, plan=plan, warmup_steps=warmup, seed=seed,
+        include=list(opts.include) or None,
         params_schedule=[] if algorithm is None else density_schedule(
             algorithm, opts.density_warmup_epochs, steps_per_epoch, start=warmup
         ),

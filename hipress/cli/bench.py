@@ -102,6 +102,7 @@ def _cmd_convergence(args: argparse.Namespace) -> int:
             lr=args.lr,
             lr_schedule=args.lr_schedule,
             plan=None if args.plan == "default" else args.plan,
+            include=_names(args.include),
             threads=args.threads,
             warmup_steps=args.warmup_steps,
             warmup_epochs=args.warmup_epochs,
@@ -229,6 +230,8 @@ def _add_convergence_parser(bench_sub: Any) -> None:
     c.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="constant, or cosine decay to 0 over the run (default constant)")  # fmt: skip
     c.add_argument("--plan", default="default", help="auto (SeCoPa), default, FILE")
+    c.add_argument("--include", default="", metavar="PATTERN,..", help="parameters CaSync may "
+                   "compress too, e.g. a tied embedding (register(include=...))")  # fmt: skip
     c.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     c.add_argument("--warmup-steps", type=int, default=0,
                    help="CaSync's uncompressed warm-up steps")  # fmt: skip

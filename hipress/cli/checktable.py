@@ -216,9 +216,9 @@ def _convergence_algorithms(flag: str, value: Any, args: argparse.Namespace) -> 
                          "with its own feedback)")  # fmt: skip
     if not args.fsdp:
         return
-    if args.plan != "default":
-        raise UsageError("--plan", args.plan, "is CaSync's, not the FSDP2 mode's",
-                         "default with --fsdp")  # fmt: skip
+    if args.plan != "default" or args.include:
+        flag, value = ("--plan", args.plan) if args.plan != "default" else ("--include", args.include)
+        raise UsageError(flag, value, "is CaSync's, not the FSDP2 mode's", "none with --fsdp")
     for e in entries or _algorithms():
         alg, _, fb = e.partition(":")
         try:
