@@ -175,8 +175,8 @@ def configs_for(opts: E2EOptions) -> list[Config]:
         if k == 0 or a not in multi  # (a multi-round algorithm has one plan)
     ]
     if opts.include:  # each hipress row, then its twin that may compress those too
-        twins = [(c, replace(c, name=f"{c.name}-include", include=opts.include)) for c in ours]
-        ours = [x for c, twin in twins for x in ((c, twin) if c.kind == "hipress" else (c,))]
+        twin = {c.name: replace(c, name=f"{c.name}-include", include=opts.include) for c in ours}
+        ours = [x for c in ours for x in ((c, twin[c.name]) if c.kind == "hipress" else (c,))]
     rows = [Config(f"hipress-{a}-rows", "hipress", algorithm=None if a == "none" else a,
                    plan=None, rows=True) for a in opts.row_sparse]  # fmt: skip
     out = [COMPUTE, NOCOMM, SYNC, *base]

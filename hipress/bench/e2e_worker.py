@@ -73,7 +73,6 @@ def wrap(
     return ddp, None
 
 
-
 def _check_include(include: tuple[str, ...], model: torch.nn.Module) -> None:
     """Raises ValueError where a pattern of ``include`` names no parameter of ``model`` (its
     row would be its plain twin under another name)."""
@@ -84,6 +83,7 @@ def _check_include(include: tuple[str, ...], model: torch.nn.Module) -> None:
     if idle:
         raise ValueError(f"include: {idle} match no parameter of the model (its parameters: "
                          f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")  # fmt: skip
+
 
 def _noop_hook(_: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
