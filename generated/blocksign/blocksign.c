@@ -1473,7 +1473,7 @@ static inline __attribute__((always_inline)) int64_t hp_decode_prep_tile(
         if (sd >= 64 && i0 >= 0) {
           for (int64_t q = hp_unpack64(f_s + i0 / 8, hp_unp, tl, 1) / 8; q < (tl + 7) / 8; q++)
             memcpy(hp_unp + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
-          for (int64_t pf = 0; pf < tl / 8; pf += 64) __builtin_prefetch(f_s + (i0 + HP_TILE) / 8 + pf);
+          for (int64_t pf = 0; i0 + HP_TILE < n && pf < tl / 8; pf += 64) __builtin_prefetch(f_s + (i0 + HP_TILE) / 8 + pf);
           int64_t ns = 0;
           for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
             const int64_t e = rem >= tl - t ? tl : t + rem;

@@ -1322,7 +1322,7 @@ static inline __attribute__((always_inline)) int64_t hp_decode_prep_tile(
         }
         for (int64_t q = hp_unpack64(f_s + i0 / 8, hp_unp, tl, 1) / 8; q < (tl + 7) / 8; q++)
           memcpy(hp_unp + 8 * q, &hp_unpack1[f_s[i0 / 8 + q]], 8);
-        for (int64_t pf = 0; pf < tl / 8; pf += 64) __builtin_prefetch(f_s + (i0 + HP_TILE) / 8 + pf);
+        for (int64_t pf = 0; i0 + HP_TILE < n && pf < tl / 8; pf += 64) __builtin_prefetch(f_s + (i0 + HP_TILE) / 8 + pf);
         hp_ends[0] = tl;
         return 1;
   }

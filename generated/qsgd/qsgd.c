@@ -1536,7 +1536,7 @@ static inline __attribute__((always_inline)) int64_t hp_decode_prep_tile(
             const uint8_t b = f_q[i0 / 2 + q];
             hp_unp[2 * q + 0] = (uint8_t)((b >> 0) & 15); hp_unp[2 * q + 1] = (uint8_t)((b >> 4) & 15);
           }
-          for (int64_t pf = 0; pf < tl / 2; pf += 64) __builtin_prefetch(f_q + (i0 + HP_TILE) / 2 + pf);
+          for (int64_t pf = 0; i0 + HP_TILE < n && pf < tl / 2; pf += 64) __builtin_prefetch(f_q + (i0 + HP_TILE) / 2 + pf);
           int64_t ns = 0;
           for (int64_t t = 0, sq = i0 / sd, rem = sd - i0 % sd; t < tl; sq++, rem = sd, ns++) {
             const int64_t e = rem >= tl - t ? tl : t + rem;

@@ -1427,7 +1427,7 @@ static inline __attribute__((always_inline)) int64_t hp_decode_prep_tile(
         }
         for (int64_t q = hp_unpack64(f_q + i0 / 4, hp_unp, tl, 2) / 4; q < (tl + 3) / 4; q++)
           memcpy(hp_unp + 4 * q, &hp_unpack2[f_q[i0 / 4 + q]], 4);
-        for (int64_t pf = 0; pf < tl / 4; pf += 64) __builtin_prefetch(f_q + (i0 + HP_TILE) / 4 + pf);
+        for (int64_t pf = 0; i0 + HP_TILE < n && pf < tl / 4; pf += 64) __builtin_prefetch(f_q + (i0 + HP_TILE) / 4 + pf);
         hp_ends[0] = tl;
         return 1;
   }

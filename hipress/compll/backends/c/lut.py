@@ -127,8 +127,9 @@ def lut_source(f: TileFunction, lp: Loop) -> tuple[Item, ir.Load, ir.Load | None
 
 def _unpack(f: TileFunction, lp: Loop, load: ir.Load, unp: str) -> list[str]:
     """The lines unpacking the tile's packed values of ``load`` into ``unp`` (a buffer they
-    declare, or in a prep function the caller's, with the next tile's packed bytes requested
-    too, so that reading the payloads' streams overlaps summing this tile)."""
+    declare, or in a prep function the caller's, with the next tile's packed bytes, where
+    there is a next tile, requested too, so that reading the payloads' streams overlaps
+    summing this tile; the packed array is as long as the output, see :func:`lut_source`)."""
     tb = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
     tb.unpacked[load.array] = unp
     pre = f.tile_pre(tb)
@@ -137,7 +138,7 @@ def _unpack(f: TileFunction, lp: Loop, load: ir.Load, unp: str) -> list[str]:
         m = f.mem[load.array]
         assert m.bits is not None
         per = 8 // m.bits
-        pre.append(f"for (int64_t pf = 0; pf < tl / {per}; pf += 64) "
+        pre.append(f"for (int64_t pf = 0; i0 + HP_TILE < n && pf < tl / {per}; pf += 64) "
                    f"__builtin_prefetch({m.ptr} + (i0 + HP_TILE) / {per} + pf);")  # fmt: skip
     return pre
 
