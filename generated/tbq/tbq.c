@@ -801,12 +801,10 @@ static inline int64_t hp_unpack64(const uint8_t* src, uint8_t* dst, int64_t tl, 
 #include <immintrin.h>
 #endif
 #if defined(__AVX512F__) && !defined(HP_NO_AVX512)
-#define HP_LUT_W 16
 static inline __m512 hp_lut16(const uint8_t* q, __m512 tv) {
   return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q)), tv);
 }
 #elif defined(__AVX2__) && !defined(HP_NO_AVX2)
-#define HP_LUT_W 8
 static inline __m256 hp_lut8(const uint8_t* q, __m256 lo, __m256 hi) {
   const __m256i ix = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)q));
   const __m256 hb = _mm256_castsi256_ps(_mm256_slli_epi32(ix, 28));
