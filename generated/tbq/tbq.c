@@ -811,35 +811,17 @@ static inline __m256 hp_lut8(const uint8_t* q, __m256 lo, __m256 hi) {
   return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, ix), _mm256_permutevar8x32_ps(hi, ix), hb);
 }
 #endif
-/* out[t] (+)= lut[q[t]] for t < tl, q[t] < 16 (a decode that is a function of one packed
-   uint<w> value, w <= 4, tabulated per payload: hipress/compll/backends/c/lut.py). out[t] +
-   lut[q[t]] is the sum the decode's own loop would form, so the values are the same. */
-static inline void hp_tile_lut(const uint8_t* q, const float* lut, float* out, int64_t tl, int acc) {
-  int64_t t = 0;
-#if defined(__AVX512F__) && !defined(HP_NO_AVX512)
-  const __m512 tv = _mm512_loadu_ps(lut);
-  for (; t + 16 <= tl; t += 16) {
-    const __m512 v = hp_lut16(q + t, tv);
-    _mm512_storeu_ps(out + t, acc ? _mm512_add_ps(_mm512_loadu_ps(out + t), v) : v);
-  }
-#elif defined(__AVX2__) && !defined(HP_NO_AVX2)
-  const __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
-  for (; t + 8 <= tl; t += 8) {
-    const __m256 v = hp_lut8(q + t, lo, hi);
-    _mm256_storeu_ps(out + t, acc ? _mm256_add_ps(_mm256_loadu_ps(out + t), v) : v);
-  }
-#endif
-  for (; t < tl; t++) out[t] = acc ? out[t] + lut[q[t]] : lut[q[t]];
-}
-/* The look-ups of K <= HP_FUSE payloads of a tile in one pass: out[t] = (acc ? out[t] + v0 :
-   v0) + v1 + ... + v(K-1), vr = lut[r][j][q[r][t]] for t in run j ([ends[j - 1], ends[j]),
-   run 0 from 0; table r of run j at lut + (r * rows + j) * 16). The sums hp_tile_lut forms
-   payload by payload, in the same order, formed in a register: out is read (acc) and written
-   once instead of once per payload. */
+/* The look-ups of K <= HP_FUSE payloads of a tile in one pass (a decode that is a function of
+   one packed uint<w> value, w <= 4, and at most a value per segment, tabulated:
+   hipress/compll/backends/c/lut.py): out[t] = (acc ? out[t] + v0 : v0) + v1 + ... + v(K-1),
+   vr = lut[r][j][q[r][t]] for t in run j ([ends[j - 1], ends[j]), run 0 from 0; payload r's
+   values at q + r * HP_TILE, its table of run j at lut + (r * rows + j) * 16). Each sum is the
+   one the decode's own loops would form payload by payload, in the same order, so the values
+   are the same; formed in a register, out is read (acc) and written once. */
 #define HP_FUSE 4
 static inline __attribute__((always_inline)) void hp_lut_sum_k(
-    const uint8_t (*q)[HP_TILE], const float* lut, int64_t rows, const int64_t* ends,
-    int64_t ns, const int K, float* out, int acc) {
+    const uint8_t* q, const float* lut, int64_t rows, const int64_t* ends, int64_t ns,
+    const int K, float* out, int acc) {
   for (int64_t j = 0, s = 0; j < ns; s = ends[j], j++) {
     const int64_t e = ends[j];
     int64_t t = s;
@@ -847,9 +829,9 @@ static inline __attribute__((always_inline)) void hp_lut_sum_k(
     __m512 tv[HP_FUSE];
     for (int r = 0; r < K; r++) tv[r] = _mm512_loadu_ps(lut + (r * rows + j) * 16);
     for (; t + 16 <= e; t += 16) {
-      __m512 v = hp_lut16(q[0] + t, tv[0]);
+      __m512 v = hp_lut16(q + t, tv[0]);
       if (acc) v = _mm512_add_ps(_mm512_loadu_ps(out + t), v);
-      for (int r = 1; r < K; r++) v = _mm512_add_ps(v, hp_lut16(q[r] + t, tv[r]));
+      for (int r = 1; r < K; r++) v = _mm512_add_ps(v, hp_lut16(q + r * HP_TILE + t, tv[r]));
       _mm512_storeu_ps(out + t, v);
     }
 #elif defined(__AVX2__) && !defined(HP_NO_AVX2)
@@ -859,21 +841,21 @@ static inline __attribute__((always_inline)) void hp_lut_sum_k(
       hi[r] = _mm256_loadu_ps(lut + (r * rows + j) * 16 + 8);
     }
     for (; t + 8 <= e; t += 8) {
-      __m256 v = hp_lut8(q[0] + t, lo[0], hi[0]);
+      __m256 v = hp_lut8(q + t, lo[0], hi[0]);
       if (acc) v = _mm256_add_ps(_mm256_loadu_ps(out + t), v);
-      for (int r = 1; r < K; r++) v = _mm256_add_ps(v, hp_lut8(q[r] + t, lo[r], hi[r]));
+      for (int r = 1; r < K; r++) v = _mm256_add_ps(v, hp_lut8(q + r * HP_TILE + t, lo[r], hi[r]));
       _mm256_storeu_ps(out + t, v);
     }
 #endif
     for (; t < e; t++) {
-      float v = lut[j * 16 + q[0][t]];
+      float v = lut[j * 16 + q[t]];
       if (acc) v = out[t] + v;
-      for (int r = 1; r < K; r++) v = v + lut[(r * rows + j) * 16 + q[r][t]];
+      for (int r = 1; r < K; r++) v = v + lut[(r * rows + j) * 16 + q[r * HP_TILE + t]];
       out[t] = v;
     }
   }
 }
-static inline void hp_tile_lut_sum(const uint8_t (*q)[HP_TILE], const float* lut, int64_t rows,
+static inline void hp_tile_lut_sum(const uint8_t* q, const float* lut, int64_t rows,
                                    const int64_t* ends, int64_t ns, int kk, float* out, int acc) {
   switch (kk) {  /* K a constant in each: the payload loops unrolled, the tables in registers */
     case 1: hp_lut_sum_k(q, lut, rows, ends, ns, 1, out, acc); break;
@@ -881,6 +863,10 @@ static inline void hp_tile_lut_sum(const uint8_t (*q)[HP_TILE], const float* lut
     case 3: hp_lut_sum_k(q, lut, rows, ends, ns, 3, out, acc); break;
     default: hp_lut_sum_k(q, lut, rows, ends, ns, HP_FUSE, out, acc); break;
   }
+}
+/* out[t] (+)= lut[q[t]] for t < tl: one payload's look-ups, its tile one run */
+static inline void hp_tile_lut(const uint8_t* q, const float* lut, float* out, int64_t tl, int acc) {
+  hp_lut_sum_k(q, lut, 1, &tl, 1, 1, out, acc);
 }
 
 #ifndef HP_HAVE_TILE_F16
@@ -1296,11 +1282,22 @@ int64_t hp_decode_sum_ws_bytes(int64_t n, int32_t nthreads) {
   return 0;
 }
 
+/* payloads [r0, r0 + kk) of hp_decode_sum onto one tile, one pass each (the first payload
+ * written, the others added) */
+static inline __attribute__((always_inline)) void hp_sum_parts(const hp_decsum_args* a,
+    const int64_t r0, const int64_t kk, const int64_t i0, const int64_t tl, const float hd,
+    const int pw) {
+  for (int64_t r = r0; r < r0 + kk; r++) {
+    if (r == 0) hp_decode_tile(a->payloads[0], a->out, a->n, i0, tl, hd, pw);
+    else hp_decode_acc_tile(a->payloads[r], a->out, a->n, i0, tl, hd, pw);
+  }
+}
+
 #define HP_LUT_ROWS (HP_TILE / 64 + 2)
 /* one tile of hp_decode_sum, HP_FUSE payloads at a time: their tables and unpacked values
  * (hp_decode_prep_tile), then one pass that looks every payload up and adds them in payload
- * order (hp_tile_lut_sum): the sums of hp_decode_tile and hp_decode_acc_tile, which decode
- * the payloads whose tables are not ready (a segment too short) or whose runs differ */
+ * order (hp_tile_lut_sum): the sums of hp_sum_parts, which decodes the payloads whose tables
+ * are not ready (a segment too short) or whose runs differ */
 static inline __attribute__((always_inline)) void hp_sum_tile(const hp_decsum_args* a,
     const int64_t i0, const int64_t tl, const float hd, const int pw) {
   uint8_t q[HP_FUSE][HP_TILE];
@@ -1316,14 +1313,9 @@ static inline __attribute__((always_inline)) void hp_sum_tile(const hp_decsum_ar
       if (r == 0) ns = m;
       same = m > 0 && m == ns && memcmp(ends[r], ends[0], (size_t)m * sizeof(int64_t)) == 0;
     }
-    if (same) {
-      hp_tile_lut_sum(q, &lut[0][0][0], HP_LUT_ROWS, ends[0], ns, kk, a->out + i0, r0 > 0);
-      continue;
-    }
-    for (int r = 0; r < kk; r++) {
-      if (r0 + r == 0) hp_decode_tile(a->payloads[0], a->out, a->n, i0, tl, hd, pw);
-      else hp_decode_acc_tile(a->payloads[r0 + r], a->out, a->n, i0, tl, hd, pw);
-    }
+    if (same) hp_tile_lut_sum(&q[0][0], &lut[0][0][0], HP_LUT_ROWS, ends[0], ns, kk,
+                              a->out + i0, r0 > 0);
+    else hp_sum_parts(a, r0, kk, i0, tl, hd, pw);
   }
 }
 
@@ -1336,6 +1328,7 @@ int hp_decode_sum(const hp_decsum_args* a) {
   float* const out = a->out;
   if (a->k < 1) return 1;
   (void)divide;
+  (void)out;
   /* x / d == x * (1 / d) exactly when d is a power of two whose reciprocal is a normal
    * float (both are the one rounding of the same real number): a multiply, not a divide */
   uint32_t db;
