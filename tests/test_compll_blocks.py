@@ -162,3 +162,53 @@ def test_pairs_and_packed_reads_equal_the_reference(lb: int) -> None:
         assert torch.equal(p1, p2), (lb, n)
         d1, d2 = ref.decode(p1, n), cpu.decode(p1, n)
         assert torch.equal(d1.view(torch.int32), d2.view(torch.int32)), (lb, n)
+
+
+# butterfly chains: consecutive stages (i & d) == 0 ? h[i] + h[i + d] : h[i - d] - h[i], each
+# read by the next alone and stored nowhere, run in SIMD registers on whole blocks of at most
+# 16 vectors; a stage that is stored (s1) or read by another op (s2) ends its chain
+CHAINS = """algorithm t3;
+param lb: i32 in [1, 12] = 5;
+const b = 1 << lb;
+payload { s1: f32[n]; m: f32[(n + b - 1) / b]; q: uint<1>[n]; }
+encode(g) {
+    block(b) {
+        let a = map(n, i => g[i] * 3.0);
+        let s1 = map(n, i => (i & 1) == 0 ? a[i] + a[i + 1] : a[i - 1] - a[i]);
+        let s2 = map(n, i => (i & 2) == 0 ? s1[i] + s1[i + 2] : s1[i - 2] - s1[i]);
+        let s3 = map(n, i => (i & 16) == 0 ? s2[i] + s2[i + 16] : s2[i - 16] - s2[i]);
+        let s4 = map(n, i => (i & 4) == 0 ? s3[i] + s3[i + 4] : s3[i - 4] - s3[i]);
+        let s5 = map(n, i => (i & 8) == 0 ? s4[i] + s4[i + 8] : s4[i - 8] - s4[i]);
+        let m = segreduce(max, b, n, i => s5[i] + s2[i]);
+        let q: uint<1>[n] = map(n, i => s5[i] < 0.0 ? 1 : 0);
+    }
+    return concat(s1, m, q);
+}
+decode(p) { return map(n, i => p.s1[i]); }
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "no-avx512", "scalar"])
+@pytest.mark.parametrize(("text", "lb"), [(PAIRS, 3), (PAIRS, 5), (PAIRS, 8), (PAIRS, 9),
+                                          (CHAINS, 5), (CHAINS, 7)])  # fmt: skip
+def test_butterfly_chains_in_registers_equal_the_reference(text: str, lb: int, path: str,
+                                                           tmp_path) -> None:  # fmt: skip
+    from test_native import _on_path
+
+    from hipress.compll.backends.c.butterfly import chains
+    from hipress.compll.backends.c.program import render_c
+
+    ref = load_source(SourceFile("t.cll", text), backend="reference", lb=lb)
+    blocks = [op for op in ref.program.encode.ops if isinstance(op, ir.Block)]
+    found = chains(blocks[0], [True] * len(blocks[0].ops), {"s1"})
+    if text == CHAINS:  # s1 alone (stored), s2 alone (read by m), s3..s5
+        assert [(c.first, c.last) for c in found.values()] == [(1, 1), (2, 2), (3, 5)]
+    # in registers where a block is a whole number of at most 16 vectors of 8 or 16 floats
+    assert ("hp_v0" in render_c(ref.program)) == (3 <= lb <= 8)
+    cpu = _on_path(ref, path, tmp_path)
+    for n in (1, 9, 1000, 8197):
+        g = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        g[n // 3] = float("nan")
+        g[n // 2] = float("inf") if n > 9 else g[n // 2]
+        p1, p2 = ref.encode(g, ref.init_state(n)), cpu.encode(g, cpu.init_state(n))
+        assert torch.equal(p1, p2), (lb, n)

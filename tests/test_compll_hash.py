@@ -90,3 +90,26 @@ def test_distinct_counters_give_distinct_hashes() -> None:
     # each step is a bijection of 32 bits: for one seed, counters below 2**32 never collide
     hs = {hash_py(12345, i) for i in range(4096)}
     assert len(hs) == 4096
+
+
+# hash(seed, i) of the loop's own index: in a tile loop and a section's blocks the C kernels
+# take the low word as i0 + t in 32 bits and the high word once per tile
+INDEX = """algorithm t; param seed: i64 in [-1000, 1000] = 5;
+payload { h: u32[n]; b: u32[n]; }
+encode(g) {
+    let h = map(n, i => hash(seed, i) ^ u32(g[i] * 0.0));
+    block(256) { let b = map(n, i => hash(seed + 1, i) + u32(g[i] * 0.0)); }
+    return concat(h, b);
+}
+decode(p) { return map(n, i => f32(p.h[i])); }
+"""
+
+
+@pytest.mark.parametrize("n", [1, 2049, 70001])
+def test_hash_of_the_loop_index_equals_the_definition(n: int) -> None:
+    cpu = load_source(SourceFile("t.cll", INDEX), backend="cpu")
+    p = cpu.encode(torch.zeros(n), cpu.init_state(n))
+    words = p.view(torch.int32).tolist()
+    off = (4 * n + 7) // 8 * 2  # the second array starts at a multiple of 8 bytes
+    assert [w & M32 for w in words[:n]] == [hash_py(5, i) for i in range(n)]
+    assert [w & M32 for w in words[off : off + n]] == [hash_py(6, i) for i in range(n)]

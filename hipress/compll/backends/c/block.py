@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hipress.compll.backends.c.butterfly import WIDTHS, Chain, chains, registers, split, widths
 from hipress.compll.backends.c.stages import CRenderer
 from hipress.compll.backends.cfamily.body import Body
 from hipress.compll.backends.cfamily.reduce import reduction
@@ -18,6 +19,7 @@ from hipress.compll.backends.cfamily.syntax import ctype
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir import ops
 from hipress.compll.ir.blocks import rewrite, unmask
+from hipress.compll.ir.types import F32
 from hipress.compll.ir.walk import lambda_exprs, walk
 from hipress.compll.lower.kernel_plan import Special
 
@@ -103,42 +105,21 @@ def _local_bits(fn: ir.Lambda, size: int) -> tuple[ir.Lambda, dict[str, str]]:
 # elements per tile of the C target's inner loops (HP_TILE)
 TILE = 2048
 BLOCK_REF = "__hp_blk"  # the block's index in a section's lambdas (the C variable hp_blk)
-SPLIT_MIN = 8  # a map choosing on bit d of its index runs as pairs from d = SPLIT_MIN up
 
 
 def _body(
     f: CRenderer, fn: ir.Lambda, length: ir.Expr, lv: int, safe: str | None,
     index: str = "i", tile: str | None = None, env: dict[str, str] | None = None,
+    aligned: bool = False,
 ) -> tuple[list[str], str, Body]:  # fmt: skip
     """``fn``'s statements and result at ``index``; ``safe``: the length (repr) that the
     index is known to be below, so reads at it of arrays that long need no check."""
-    body = Body(level=lv, index=index, loop_len=length, tile=tile)
+    body = Body(level=lv, index=index, loop_len=length, tile=tile, aligned=aligned)
     if safe is not None:
         body.safe[index] = safe
     v = f.em.apply(fn, [index], body, {BLOCK_REF: "hp_blk", **(env or {})})
     f.hoisted += body.hoist
     return body.lines, v, body
-
-
-def _split(fn: ir.Lambda, size: int) -> tuple[int, ir.Lambda, ir.Lambda] | None:
-    """``fn`` as ``(i & d) == 0 ? lo : hi`` (``d`` a power of two, ``2d`` dividing the block):
-    ``d`` and the two branches as lambdas of their own, else None."""
-    e, i = fn.result, fn.params[0]
-    if not (isinstance(e, ir.Select) and isinstance(e.cond, ir.Binary)):
-        return None
-    c = e.cond
-    if c.op not in (ops.EQ.name, ops.NE.name) or c.b != ir.Const(0, c.b.dtype):
-        return None
-    m = c.a
-    if not (isinstance(m, ir.Binary) and m.op == ops.BAND.name and m.a == i):
-        return None
-    if not (isinstance(m.b, ir.Const) and m.b.dtype == i.dtype):
-        return None
-    d = int(m.b.value)
-    if d < SPLIT_MIN or d & (d - 1) or size % (2 * d):
-        return None
-    lo, hi = (e.a, e.b) if c.op == ops.EQ.name else (e.b, e.a)
-    return d, ir.Lambda(fn.params, fn.lets, lo), ir.Lambda(fn.params, fn.lets, hi)
 
 
 def _stores(f: CRenderer, x: ir.Map, buf: str, v: str) -> list[str]:
@@ -153,7 +134,7 @@ def _pairs(f: CRenderer, x: ir.Map, fn: ir.Lambda, buf: str, lv: int, safe: str 
     """A whole block of a map choosing on bit ``d`` of its index: a loop over the pairs
     ``(i, i + d)`` computing both branches, with no select (each element's operations are
     those of its branch, in the same order)."""
-    got = _split(fn, 1 << 30)
+    got = split(fn, 1 << 30)
     assert got is not None
     d, lo, hi = got
     b1, v1, _ = _body(f, lo, x.type.length, lv, safe)
@@ -175,7 +156,9 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
     tiled = size % 8 == 0 and size <= TILE
     bits, env = _local_bits(fn, size)
     tile = "t" if tiled else None
-    lines, v, body = _body(f, bits, x.type.length, lv, safe, tile=tile, env=env)
+    # a tile is a block at hp_b0 = hp_blk * size: aligned where size is a power of two
+    aligned = tiled and not size & (size - 1)
+    lines, v, body = _body(f, bits, x.type.length, lv, safe, tile=tile, env=env, aligned=aligned)
     if env:
         lt = "(uint32_t)t" if tiled else "(uint32_t)(i - hp_b0)"
         lines = [f"const uint32_t hp_lt = {lt};", *lines]
@@ -199,7 +182,7 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
             + "".join(f"        {ln_}\n" for ln_ in [*lines, *st])
             + "      }\n"
         )
-    if _split(fn, size) is not None:
+    if split(fn, size) is not None:
         pairs = _pairs(f, x, fn, buf, lv, safe)
         loop = f"      if ({e} == hp_b1) {{\n{pairs}      }} else {{\n{loop}      }}\n"
     return (
@@ -254,10 +237,48 @@ def _streamed_length(f: CRenderer, op: ir.Block) -> ir.Expr | None:
     return max(seen.values(), key=lambda t: t[0])[1] if seen else None
 
 
+def _chain(
+    f: CRenderer, op: ir.Block, ch: Chain, vars_: list[str], lv: int, safe: str | None
+) -> str:
+    """Butterfly chain ``ch`` (:mod:`.butterfly`): on whole blocks in registers where the CPU
+    has the SIMD width, else (and on a partial block) stage by stage."""
+    size, stages = op.size, op.ops[ch.first : ch.last + 1]
+    loops = "".join(_map(f, x, vars_[ch.first + k], size, lv, safe) for k, x in enumerate(stages))
+    last = stages[-1]
+    assert isinstance(last, ir.Map)
+    src = vars_[next(k for k, x in enumerate(op.ops) if x.name == ch.src)]
+    dst, home = vars_[ch.last], f.plan.homes.get(last.name)
+    keep = []
+    if home is not None:
+        line = f.store(home, F32, f"{dst}[hp_off + i]")
+        keep = [
+            "      #pragma omp simd",
+            f"      for (int64_t i = hp_b0; i < hp_b1; i++) {{ {line} }}",
+        ]
+    text, e = "", f.names.fresh("be")
+    for k, w in enumerate(widths(size)):
+        regs = registers(w, size, ch.ds, f"{src} + {size}", f"{dst} + {size}")
+        text += f"#{'el' if k else ''}if {WIDTHS[w][0]}\n      {{\n"
+        text += (
+            "".join(f"        {r}\n" for r in regs) + "      }\n" + "".join(f"{x}\n" for x in keep)
+        )
+    ln = f.length(last.type.length)
+    return (
+        f"      const int64_t {e} = hp_b1 < {ln} ? hp_b1 : {ln};\n"
+        f"      if ({e} == hp_b1) {{\n{text}#else\n{loops}#endif\n      }} else {{\n{loops}      }}\n"
+    )
+
+
 def _parts(f: CRenderer, op: ir.Block, vars_: list[str], lv: int, safe: str | None) -> str:
-    out = []
-    for x, var in zip(op.ops, vars_, strict=True):
-        if isinstance(x, ir.Map):
+    found = chains(op, [bool(v) for v in vars_], set(f.plan.homes)) if widths(op.size) else {}
+    out, skip = [], -1
+    for k, (x, var) in enumerate(zip(op.ops, vars_, strict=True)):
+        if k <= skip:
+            continue
+        if k in found:
+            out.append(_chain(f, op, found[k], vars_, lv, safe))
+            skip = found[k].last
+        elif isinstance(x, ir.Map):
             out.append(_map(f, x, var, op.size, lv, safe))
         else:
             assert isinstance(x, ir.SegReduce)

@@ -160,7 +160,7 @@ class CFunction(CFamily):
                 self.prepared = text is not None
                 return text or ""
             return lut_stage(self, lp, plain) or run_stage(self, lp, plain) or plain()
-        tile = self.tile_parts(lp)
+        tile = self.tile_parts(lp, aligned=True)  # i0 = tb * HP_TILE
         tpl = self.env.get_template("c_loop.c.j2")
         text = tile.hoist + tpl.render(
             level=lp.level, title=", ".join(tile.titles), length=self.length(lp.length),
@@ -213,12 +213,15 @@ class CFunction(CFamily):
         code = " && ".join(f"({self.em.expr(e, body, {})})" for e in inv)
         return None if body.lines else code
 
-    def tile_parts(self, lp: Loop, memo: dict[tuple[str, str], str] | None = None) -> Tile:
+    def tile_parts(
+        self, lp: Loop, memo: dict[tuple[str, str], str] | None = None, aligned: bool = False
+    ) -> Tile:
         """The parts of ``lp``'s tile loop: per-tile code before and after, the body variants,
         reduction partials, and host code to run before the loop (``memo``: reads already
-        in variables)."""
+        in variables; ``aligned``: see :attr:`Body.aligned`)."""
         ln = self.length(lp.length)
         body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
+        body.aligned = aligned
         body.memo.update(memo or {})
         tile = Tile()
         stores: list[str] = []

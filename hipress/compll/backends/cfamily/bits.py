@@ -97,14 +97,22 @@ def _fmix32(h: str, bind: Bind) -> str:
     return h
 
 
-def hash32(seed: str, i: str, bind: Bind) -> str:
-    """``hash(seed, i)`` of two int64 operands, a uint32_t (see semantics.hash32)."""
+def hash32(seed: str, i: str, bind: Bind, tile: str | None = None) -> str:
+    """``hash(seed, i)`` of two int64 operands, a uint32_t (see semantics.hash32). ``tile``:
+    ``i`` is ``i0 + tile`` in a tile whose indices share the upper 32 bits of ``i0`` (see
+    ``Body.aligned``): the low word is then a 32-bit sum and the high word one per tile,
+    instead of 64-bit lanes."""
     s = bind("uint64_t", f"(uint64_t)({seed})")
-    c = bind("uint64_t", f"(uint64_t)({i})")
+    if tile is None:
+        c = bind("uint64_t", f"(uint64_t)({i})")
+        lo, hi = f"(uint32_t){c}", f"(uint32_t)({c} >> 32)"
+    else:
+        lo = bind("uint32_t", f"((uint32_t)i0 + (uint32_t){tile})")
+        hi = "(uint32_t)((uint64_t)i0 >> 32)"
     h = _fmix32(f"((uint32_t){s} ^ UINT32_C(0x9e3779b9))", bind)
     h = _fmix32(f"({h} ^ (uint32_t)({s} >> 32))", bind)
-    h = _fmix32(f"({h} ^ (uint32_t){c})", bind)
-    return _fmix32(f"({h} ^ (uint32_t)({c} >> 32))", bind)
+    h = _fmix32(f"({h} ^ {lo})", bind)
+    return _fmix32(f"({h} ^ {hi})", bind)
 
 
 def ldexp(x: str, e: str, dt: DType, bind: Bind) -> str:

@@ -32,7 +32,9 @@ class Body:
     ``index``: the loop index variable (reads at it, of arrays as long as ``loop_len``, need no
     bounds check); ``fuse``: whether stored maps of this ``level`` read at the index may be
     recomputed (loop items only); ``tile``: the tile offset variable when tile-local buffers
-    may be used (unpacked packed arrays, random numbers by block of four).
+    may be used (unpacked packed arrays, random numbers by block of four); ``aligned``: the
+    tile's first index ``i0`` is a multiple of a power of two, at least the tile's length, that
+    divides 2**32 (every index of the tile has the upper 32 bits of ``i0``).
     """
 
     level: int = 0
@@ -40,6 +42,7 @@ class Body:
     loop_len: ir.Expr | None = None
     fuse: bool = False
     tile: str | None = None
+    aligned: bool = False
     copy: bool = False
     lines: list[str] = field(default_factory=list)
     hoist: list[str] = field(default_factory=list)  # host code to run before the loop

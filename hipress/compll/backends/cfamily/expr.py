@@ -133,7 +133,8 @@ class Emitter:
             if e.op == ops.LDEXP.name:
                 return render_bits.ldexp(a, b, e.dtype, self._binder(body))
             if e.op == ops.HASH.name:
-                return render_bits.hash32(a, b, self._binder(body))
+                tile = body.tile if body.aligned and b == body.index else None
+                return render_bits.hash32(a, b, self._binder(body), tile)
             if e.op == ops.MOD.name and e.a.dtype.name == "i64" and body.tile is not None:
                 rot = rotation(self, e, f"{a} % {b}", body, env)
                 if rot is not None:
