@@ -55,3 +55,15 @@ def test_segment_count_is_the_ceiling() -> None:
     e = segment_count(N, ir.Const(4, I64))
     assert not isinstance(e, ir.Const)
     assert [eval_size(e, n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_a_cast_of_a_choice_between_constants_casts_the_constants() -> None:
+    cond = ir.Binary(ops.LT.name, ir.Load("a", ir.Ref("i", I64), F32), ir.Const(0.0, F32), BOOL)
+    wide = ir.Select(cond, ir.Const(300, I64), ir.Const(-1, I64), I64)
+    # each constant converts as the interpreter converts it (saturating, as u8(300.7) above)
+    got = fold(ir.Cast(wide, U8))
+    want = ir.Select(cond, fold(ir.Cast(ir.Const(300, I64), U8)),
+                     fold(ir.Cast(ir.Const(-1, I64), U8)), U8)  # fmt: skip
+    assert got == want and all(isinstance(x, ir.Const) for x in (got.a, got.b))
+    load = ir.Select(cond, ir.Load("a", ir.Ref("i", I64), F32), ir.Const(1.0, F32), F32)
+    assert fold(ir.Cast(load, U8)) == ir.Cast(load, U8)  # only two constants are folded

@@ -21,6 +21,13 @@ def fold(e: ir.Expr) -> ir.Expr:
     folded: see :func:`fold_deep` for a whole tree."""
     if isinstance(e, ir.Select) and isinstance(e.cond, ir.Const):
         return e.a if e.cond.value else e.b
+    if isinstance(e, ir.Cast) and isinstance(e.x, ir.Select):
+        s = e.x
+        if isinstance(s.a, ir.Const) and isinstance(s.b, ir.Const):
+            # a choice between two constants converts as its constants: u8(c ? 1 : 0) is
+            # c ? u8(1) : u8(0), computed in the narrow type
+            a, b = fold(ir.Cast(s.a, e.dtype)), fold(ir.Cast(s.b, e.dtype))
+            return ir.Select(s.cond, a, b, e.dtype)
     kids = _operands(e)
     if not kids or not all(isinstance(k, ir.Const) for k in kids):
         return e
