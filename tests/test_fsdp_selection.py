@@ -78,6 +78,10 @@ def _units(rank: int, world_size: int) -> dict[str, Any]:
         hipress.fsdp.register(_model(), "onebit", shapes="vectors")
     except FsdpError as exc:
         out["error"] = str(exc)
+    try:  # a misspelt name: refused on every rank, not a silently plain embedding
+        hipress.fsdp.register(_model(), "onebit", include="tok.weigth")
+    except FsdpError as exc:
+        out["typo"] = str(exc)
     return out
 
 
@@ -94,6 +98,8 @@ def test_units_kept_plain_on_two_ranks() -> None:
         on, source, warned = got["auto"]
         assert on == {"blocks.0": True, "blocks.1": True, "<root>": False} and warned == 0
         assert "shapes" in got["error"]
+        assert "include='tok.weigth' matches no parameter" in got["typo"]
+        assert "did you mean 'tok.weight'" in got["typo"]
 
 
 @pytest.mark.parametrize("bad", [{"include": 7}, {"exclude": ["ok", ""]}])

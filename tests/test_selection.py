@@ -88,6 +88,15 @@ def test_explicit_plan_on_an_embedding_warns(caplog: pytest.LogCaptureFixture) -
     assert sum("embedding weight tok.weight" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_patterns_that_match_nothing_are_refused() -> None:
+    names = ["tok.weight", "proj.weight", "proj.bias"]
+    Selection(include="tok.*", exclude=["proj.bias"]).check_names(names)
+    with pytest.raises(ValueError, match=r"exclude='proj\.wieght' .* did you mean 'proj\.weight'"):
+        Selection(include="tok.*", exclude="proj.wieght").check_names(names)
+    with pytest.raises(ValueError, match=r"include='head\.\*' matches no parameter"):
+        Selection(include=["tok.*", "head.*"]).check_names(names)
+
+
 def test_register_rejects_a_bad_pattern_by_name() -> None:
     with pytest.raises(CaSyncError, match="exclude"):
         from hipress.casync.hook import selection_for
@@ -115,6 +124,11 @@ def _plans(rank: int, world_size: int) -> dict:
         plan = register(DDP(Net()), "onebit", **kwargs).plan  # ("auto": every rank reads it)
         out[key] = ({e.name: e.compress for e in plan.entries},
                     dict(plan.meta.get("kept_plain", {})))  # fmt: skip
+    for key, kwargs in {"typo": {"include": "tok.wieght"}, "none": {"exclude": "*.norm*"}}.items():
+        try:
+            register(DDP(Net()), "onebit", **kwargs)
+        except CaSyncError as exc:
+            out[key] = str(exc)
     out["warnings"] = [r for r in records if "embedding weight" in r]
     return out
 
@@ -133,6 +147,10 @@ def test_selection_through_register_on_two_ranks() -> None:
         assert got["auto"][1]["tok.weight"] == "embedding"
         # the one plan that puts onebit on the embedding warns, once on each rank
         assert len(got["warnings"]) == 1
+        # a pattern that matches no parameter is refused, with the names it may have meant
+        assert "include='tok.wieght' matches no parameter" in got["typo"]
+        assert "did you mean 'tok.weight'" in got["typo"]
+        assert "exclude='*.norm*' matches no parameter" in got["none"] and "some: " in got["none"]
 
 
 def test_hipress_plan_prints_what_it_kept_plain(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -103,7 +103,8 @@ def register(
     every tensor without exactly two dimensions plain (a callable ``(name, shape) -> bool``
     decides otherwise), and the default rule and ``plan="auto"`` also keep the model's
     embedding weights (``nn.Embedding``/``nn.EmbeddingBag``, by module type) and 1-D tensors
-    plain unless ``include`` matches them.
+    plain unless ``include`` matches them. A pattern that matches no parameter needing a
+    gradient raises :class:`CaSyncError` (with the names it may have meant).
 
     Some algorithms cannot train with some optimizers (dgc's own momentum on top of the
     optimizer's compounds the two): given the ``optimizer``, such a combination raises

@@ -125,6 +125,11 @@ class CaSyncState(Checkpoints, SyncMetrics):
             raise CaSyncError("the model has no parameter that requires a gradient")
         self._numels = [(n, int(p) if isinstance(p, int) else p.numel()) for n, p in named]
         self._select, self._shapes = selection, named_shapes(named)
+        if selection is not None:
+            try:
+                selection.check_names(n for n, _ in named)
+            except ValueError as exc:
+                raise CaSyncError(str(exc)) from None
         self._devices, self._trained_on = state_devices(named, device)
         self.process_group = process_group
         self.rank: int | None = None

@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from difflib import get_close_matches
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -155,6 +156,24 @@ class Selection:
 
     def _shape_label(self) -> str:
         return repr(self.shapes) if isinstance(self.shapes, str) else "<callable>"
+
+    def check_names(self, names: Iterable[str]) -> None:
+        """Raise ValueError where an ``include`` or ``exclude`` pattern matches none of
+        ``names`` (the parameters that need a gradient): a misspelt name would otherwise leave
+        a tensor compressed, or plain, without a word."""
+        names = list(names)
+        for arg, patterns in (("include", self.include), ("exclude", self.exclude)):
+            for p in patterns:
+                if any(fnmatchcase(n, p) for n in names):
+                    continue
+                near = get_close_matches(p, names, n=3, cutoff=0.6)
+                hint = (f"did you mean {', '.join(map(repr, near))}?" if near
+                        else f"some: {', '.join(map(repr, names[:4]))}")  # fmt: skip
+                raise ValueError(
+                    f"{arg}={p!r} matches no parameter that needs a gradient (patterns match "
+                    f"named_parameters() names, '*' matching dots too; {len(names)} names, "
+                    f"{hint})"
+                )
 
     def reasons(
         self, named_shapes: Iterable[tuple[str, tuple[int, ...] | None]], implicit: bool = True

@@ -150,7 +150,10 @@ def register(
 def _selection(model: nn.Module, include: Any, exclude: Any, shapes: Any) -> Selection:
     try:
         known = embedding_names(model) if isinstance(model, nn.Module) else None  # (else: below)
-        return Selection(include or (), exclude or (), shapes, known)
+        select = Selection(include or (), exclude or (), shapes, known)
+        if isinstance(model, nn.Module):
+            select.check_names(n for n, p in model.named_parameters() if p.requires_grad)
+        return select
     except ValueError as exc:
         raise FsdpError(str(exc)) from None
 

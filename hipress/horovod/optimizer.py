@@ -258,9 +258,11 @@ def _auto_plan(
     return keep_plain(plan, select.reasons(shaped))
 
 
-def _selection(include: Any, exclude: Any, shapes: Any) -> Selection:
+def _selection(include: Any, exclude: Any, shapes: Any, names: list[str]) -> Selection:
     try:
-        return Selection(include or (), exclude or (), shapes)
+        select = Selection(include or (), exclude or (), shapes)
+        select.check_names(names)
+        return select
     except ValueError as exc:
         raise HorovodSyncError(str(exc)) from None
 
@@ -346,7 +348,7 @@ def DistributedOptimizer(
     names = _names(optimizer, named_parameters)
     named_numels = [(names[p], p.numel()) for p in names if p.requires_grad]
     shaped = [(names[p], tuple(p.shape)) for p in names if p.requires_grad]
-    select = _selection(include, exclude, shapes)
+    select = _selection(include, exclude, shapes, [n for n, _ in shaped])
     devices = {names[p]: p.device for p in names if p.requires_grad}
     try:
         alg = resolve_algorithm(algorithm, params, backend)
