@@ -606,7 +606,7 @@ def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     per-block reduction and a map reading it at `[i / B]`; each of them visible after the
     section."""
     size = gen.pick(["1", "2", "4", "8", "16", "32"])
-    t = gen.pick(["f32", "f64", "i32", "i64", "u32"])
+    t = gen.pick(["f32", "f32", "f64", "i32", "i64", "u32"])
     length = gen.length(sc)
     x, y, r, z = gen.fresh("a"), gen.fresh("a"), gen.fresh("a"), gen.fresh("a")
     i = gen.fresh("i")
@@ -621,16 +621,30 @@ def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
         d, eq = gen.pick(["8", "16"][: int(size) // 16]), gen.pick(["==", "!="])
         yfn = f"({i} & {d}) {eq} 0 ? {yfn} : {x}[{i} + {d}] - {x}[{i} - {d}]"
     op, rt = gen.pick(["min", "max"]), t
+    # butterfly stages on x, each read by the next alone (C: a chain in SIMD registers where
+    # the block is whole vectors), in any order of distances; the last one is read later
+    stages, last = [], []
+    if t == "f32" and size != "1" and gen.chance(0.5):
+        ds = [1 << k for k in range(int(size).bit_length() - 1)]
+        prev = x
+        for d in gen.draw(st.permutations(ds))[: gen.draw(st.integers(1, len(ds)))]:
+            s = gen.fresh("a")
+            stages.append(f"    let {s} = map({length}, {i} => ({i} & {d}) == 0 ? "
+                          f"{prev}[{i}] + {prev}[{i} + {d}] : {prev}[{i} - {d}] - {prev}[{i}]);")  # fmt: skip
+            prev = s
+        last = [Arr(prev, t, length)]
     enc.lines += [
         f"block({size}) {{",
         f"    let {x} = map({length}, {gen.lam(t, sc)});",
+        *stages,
         f"    let {y} = map({length}, {i} => {yfn});",
         f"    let {r} = segreduce({op}, {size}, {y});",
         f"    let {z} = map({length}, {i} => {r}[{i} / {size}] == {y}[{i}]);",
         "}",
     ]
     nb = f"(({length}) + {size} - 1) / {size}"
-    for arr in (Arr(x, t, length), Arr(y, t, length), Arr(r, rt, nb), Arr(z, "bool", length)):
+    for arr in (Arr(x, t, length), Arr(y, t, length), Arr(r, rt, nb), Arr(z, "bool", length),
+                *last):  # fmt: skip
         sc.arrays.append(arr)
         enc.values.append((arr.name, arr.dtype, arr.length))
 
