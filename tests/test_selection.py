@@ -182,3 +182,8 @@ def test_hipress_plan_prints_what_it_kept_plain(tmp_path, capsys) -> None:  # ty
     assert plan.meta["kept_plain"]["proj.weight"] == "excluded by 'proj.weight'"
     assert main([*base, "--exclude", ""]) == 2
     assert "--exclude" in capsys.readouterr().err
+    assert main([*base, "--include", "tok.wieght"]) == 2  # names no parameter of the model
+    err = capsys.readouterr().err
+    assert "--include 'tok.wieght' matches no parameter" in err and "'tok.weight'" in err
+    assert main([*base, "--algorithm", "powersgd", "--exclude", "proj.wieght"]) == 2  # (rounds)
+    assert "--exclude 'proj.wieght' matches no parameter" in capsys.readouterr().err

@@ -150,7 +150,9 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
 
 def _selection(args: argparse.Namespace, spec: ModelSpec) -> Selection:
     try:
-        return Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
+        select = Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
+        select.check_names(n for n, _ in spec.params)
+        return select
     except ValueError as exc:
         raise PlanError(str(exc).replace("include=", "--include ").replace(
             "exclude=", "--exclude ")) from None  # fmt: skip

@@ -109,8 +109,10 @@ def _plan(args: argparse.Namespace) -> Plan:
     spec = resolve_model(args.model)
     try:
         select = Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
+        select.check_names(n for n, _ in spec.params)
     except ValueError as exc:
-        raise PlanError(str(exc)) from None
+        raise PlanError(str(exc).replace("include=", "--include ").replace(
+            "exclude=", "--exclude ")) from None  # fmt: skip
     named = [(n, tuple(s)) for n, s in spec.params]
     shapes = sorted({s for n, s in named
                      if len(s) >= 2 and select.reason(n, s, implicit=False) is None})  # fmt: skip
