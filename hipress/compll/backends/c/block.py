@@ -246,8 +246,7 @@ def _chain(
     loops = "".join(_map(f, x, vars_[ch.first + k], size, lv, safe) for k, x in enumerate(stages))
     last = stages[-1]
     assert isinstance(last, ir.Map)
-    src = vars_[next(k for k, x in enumerate(op.ops) if x.name == ch.src)]
-    dst, home = vars_[ch.last], f.plan.homes.get(last.name)
+    src, dst, home = vars_[ch.src], vars_[ch.last], f.plan.homes.get(last.name)
     keep = []
     if home is not None:
         line = f.store(home, F32, f"{dst}[hp_off + i]")

@@ -100,12 +100,12 @@ def stage(x: ir.Map, size: int) -> tuple[int, str] | None:
 @dataclass(frozen=True)
 class Chain:
     """Section ops ``[first, last]``: butterfly stages at distances ``ds``, the first reading
-    the section map ``src``."""
+    the section map at op ``src``."""
 
     first: int
     last: int
     ds: tuple[int, ...]
-    src: str
+    src: int
 
 
 def chains(block: ir.Block, buffered: Sequence[bool], homes: set[str]) -> dict[int, Chain]:
@@ -140,7 +140,7 @@ def chains(block: ir.Block, buffered: Sequence[bool], homes: set[str]) -> dict[i
             ds.append(nxt[0])
             last += 1
         if buffered[last]:
-            found[k] = Chain(k, last, tuple(ds), src.name)
+            found[k] = Chain(k, last, tuple(ds), pos[src.name])
         k = last + 1
     return found
 

@@ -220,8 +220,8 @@ class CFunction(CFamily):
         reduction partials, and host code to run before the loop (``memo``: reads already
         in variables; ``aligned``: see :attr:`Body.aligned`)."""
         ln = self.length(lp.length)
-        body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t")
-        body.aligned = aligned
+        body = Body(level=lp.level, index="i", loop_len=lp.length, fuse=True, tile="t",
+                    aligned=aligned)  # fmt: skip
         body.memo.update(memo or {})
         tile = Tile()
         stores: list[str] = []
