@@ -76,10 +76,10 @@ def wrap(
 def _check_include(include: tuple[str, ...], model: torch.nn.Module) -> None:
     """Raises ValueError where a pattern of ``include`` names no parameter of ``model`` (its
     row would be its plain twin under another name)."""
-    from fnmatch import fnmatchcase
+    from hipress.core.rule import Selection
 
     names = [n for n, _ in model.named_parameters()]
-    idle = [p for p in include if not any(fnmatchcase(n, p) for n in names)]
+    idle = [p for _, p in Selection(include=include).unmatched(names)]
     if idle:
         raise ValueError(f"include: {idle} match no parameter of the model (its parameters: "
                          f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from difflib import get_close_matches
 from fnmatch import fnmatchcase
@@ -157,23 +157,25 @@ class Selection:
     def _shape_label(self) -> str:
         return repr(self.shapes) if isinstance(self.shapes, str) else "<callable>"
 
+    def unmatched(self, names: Sequence[str]) -> list[tuple[str, str]]:
+        """``(argument, pattern)`` of each ``include`` and ``exclude`` pattern that matches
+        none of ``names``, in argument order."""
+        return [(arg, p) for arg, patterns in (("include", self.include), ("exclude", self.exclude))
+                for p in patterns if not any(fnmatchcase(n, p) for n in names)]  # fmt: skip
+
     def check_names(self, names: Iterable[str]) -> None:
         """Raise ValueError where an ``include`` or ``exclude`` pattern matches none of
         ``names`` (the parameters that need a gradient): a misspelt name would otherwise leave
         a tensor compressed, or plain, without a word."""
         names = list(names)
-        for arg, patterns in (("include", self.include), ("exclude", self.exclude)):
-            for p in patterns:
-                if any(fnmatchcase(n, p) for n in names):
-                    continue
-                near = get_close_matches(p, names, n=3, cutoff=0.6)
-                hint = (f"did you mean {', '.join(map(repr, near))}?" if near
-                        else f"some: {', '.join(map(repr, names[:4]))}")  # fmt: skip
-                raise ValueError(
-                    f"{arg}={p!r} matches no parameter that needs a gradient (patterns match "
-                    f"named_parameters() names, '*' matching dots too; {len(names)} names, "
-                    f"{hint})"
-                )
+        for arg, p in self.unmatched(names)[:1]:
+            near = get_close_matches(p, names, n=3, cutoff=0.6)
+            hint = (f"did you mean {', '.join(map(repr, near))}?" if near
+                    else f"some: {', '.join(map(repr, names[:4]))}")  # fmt: skip
+            raise ValueError(
+                f"{arg}={p!r} matches no parameter that needs a gradient (patterns match "
+                f"named_parameters() names, '*' matching dots too; {len(names)} names, {hint})"
+            )
 
     def reasons(
         self, named_shapes: Iterable[tuple[str, tuple[int, ...] | None]], implicit: bool = True
