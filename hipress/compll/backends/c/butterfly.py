@@ -6,9 +6,12 @@ exact form ``(i & d) == 0 ? h[i] + h[i + d] : h[i - d] - h[i]`` (f32) is a butte
 (:func:`stage`); consecutive stages, each read by the next alone, form a chain
 (:func:`chains`). On whole blocks of at most 16 vectors a chain runs in SIMD registers
 (:func:`registers`): the block is loaded once, every stage runs in its order (a stage across
-vectors as one add and one subtract per pair of vectors, one within a vector as a lane swap, an
-add and a masked subtract), and the result is stored once. Each element gets the same
-operations on the same operands in the same order as the stage-by-stage loops: the same bits.
+vectors as one add and one subtract per pair of vectors, one within a vector as a lane swap and
+a fused multiply-add by +-1), and the result is stored once. Each element gets the same sums
+and differences of the same operands in the same order as the stage-by-stage loops: the same
+values. ``fma(v, -1, t)`` is ``t - v`` rounded once, zeros' signs included; where both are NaN
+it may keep the other's payload, which the language never shows (bit casts and payloads store
+every NaN alike).
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from hipress.compll.ir.walk import lambda_exprs, walk
 SPLIT_MIN = 8  # a map choosing on bit d of its index runs as pairs from d = SPLIT_MIN up
 MAX_VECTORS = 16  # a chain runs in registers on blocks of at most this many vectors
 
-# each SIMD width: its preprocessor test, vector type, load/store/add, and per lane distance d
-# below the width, the lane swap (i <-> i ^ d) and the subtract of the high lanes
+# each SIMD width: its preprocessor test, vector type and intrinsics' prefix; per lane distance
+# d below the width, the lane swap (i <-> i ^ d)
 WIDTHS = {
     16: ("defined(__AVX512F__) && !defined(HP_NO_AVX512)", "__m512", "_mm512"),
-    8: ("defined(__AVX2__) && !defined(HP_NO_AVX2)", "__m256", "_mm256"),
+    8: ("defined(__AVX2__) && defined(__FMA__) && !defined(HP_NO_AVX2)", "__m256", "_mm256"),
 }
 _SWAP = {
     16: {1: "_mm512_permute_ps({v}, 0xB1)", 2: "_mm512_permute_ps({v}, 0x4E)",
@@ -37,10 +40,6 @@ _SWAP = {
     8: {1: "_mm256_permute_ps({v}, 0xB1)", 2: "_mm256_permute_ps({v}, 0x4E)",
         4: "_mm256_permute2f128_ps({v}, {v}, 0x01)"},
 }  # fmt: skip
-_HIGH = {
-    16: {1: "0xAAAA", 2: "0xCCCC", 4: "0xF0F0", 8: "0xFF00"},
-    8: {1: "0xAA", 2: "0xCC", 4: "0xF0"},
-}
 
 
 def split(
@@ -157,6 +156,9 @@ def registers(w: int, size: int, ds: Sequence[int], src: str, dst: str) -> list[
     nv = size // w
     v = [f"hp_v{j}" for j in range(nv)]
     out = [f"{vt} {v[j]} = {p}_loadu_ps({src} + {w * j});" for j in range(nv)]
+    for d in sorted({d for d in ds if d < w}):  # +1 in the lanes that add, -1 where they subtract
+        signs = ", ".join("-1.0f" if lane & d else "1.0f" for lane in reversed(range(w)))
+        out.append(f"const {vt} hp_sg{d} = {p}_set_ps({signs});")
     for d in ds:
         if d >= w:
             s = d // w
@@ -166,13 +168,8 @@ def registers(w: int, size: int, ds: Sequence[int], src: str, dst: str) -> list[
                     out.append(f"{{ const {vt} a = {a}; {a} = {p}_add_ps(a, {b}); "
                                f"{b} = {p}_sub_ps(a, {b}); }}")  # fmt: skip
             continue
-        for x in v:
+        for x in v:  # low lanes x + t (h[i] + h[i + d]), high lanes t - x (h[i - d] - h[i])
             t = _SWAP[w][d].format(v=x)
-            pick = (
-                f"_mm512_mask_sub_ps(_mm512_add_ps({x}, t), {_HIGH[w][d]}, t, {x})"
-                if w == 16
-                else f"_mm256_blend_ps(_mm256_add_ps({x}, t), _mm256_sub_ps(t, {x}), {_HIGH[w][d]})"
-            )
-            out.append(f"{{ const {vt} t = {t}; {x} = {pick}; }}")
+            out.append(f"{x} = {p}_fmadd_ps({x}, hp_sg{d}, {t});")
     out += [f"{p}_storeu_ps({dst} + {w * j}, {v[j]});" for j in range(nv)]
     return out
