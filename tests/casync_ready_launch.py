@@ -64,6 +64,7 @@ def auto_worker(rank: int, world_size: int, steps: int = STEPS) -> dict[str, Any
         "choices": [(e.name, e.compress, e.strategy.value, e.partitions, e.row_bound)
                     for e in plan.entries],
         "totals": dict(plan.totals),
+        "selection": dict(plan.meta.get("selection") or {}),
         "log": lines,
     }
 
@@ -80,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launches", type=int, default=10)
     p.add_argument("--json", default=None, help="write the digests and the count here")
     args = p.parse_args(argv)
-    digests, walls = [], []
+    digests, walls, choices = [], [], []
     for i in range(args.launches):
         t0 = time.perf_counter()
         ranks = launch()
         walls.append(time.perf_counter() - t0)
         assert len({r["digest"] for r in ranks}) == 1, "ranks disagree on the plan"
         digests.append(ranks[0]["digest"])
+        choices.append({k: ranks[0][k] for k in ("choices", "selection", "totals")})
         print(f"launch {i + 1}: plan {digests[-1]}, rows {sorted(ranks[0]['rows'])}, "
               f"{walls[-1]:.1f} s", flush=True)  # fmt: skip
     (top, same), = collections.Counter(digests).most_common(1)
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"launches": args.launches, "same": same, "digests": digests,
-                       "wall_s": walls, "loadavg": load}, f, indent=1)  # fmt: skip
+                       "choices": choices, "wall_s": walls, "loadavg": load}, f,
+                      indent=1)  # fmt: skip
     return 0
 
 

@@ -69,10 +69,12 @@ def test_bad_arguments_are_named(kwargs: dict) -> None:
 
 def test_keep_plain_records_reasons_and_predictions() -> None:
     e = TensorPlan("a", 100, True, Strategy.ALLGATHER, 1, predicted_ms=1.0, uncompressed_ms=3.0)
-    plan = Plan("onebit", {}, 2, (e,), totals={"planned": 1.0})
+    plan = Plan("onebit", {}, 2, (e,), totals={"planned": 1.0, "all_uncompressed": 3.0})
     kept = keep_plain(plan, {"a": "embedding"})
     assert not kept.entries[0].compress and kept.entries[0].predicted_ms == 3.0
-    assert kept.totals["planned"] == 3.0 and kept.meta["kept_plain"] == {"a": "embedding"}
+    assert kept.meta["kept_plain"] == {"a": "embedding"}
+    # the step's prediction was the compressed plan's: dropped, the baseline kept
+    assert kept.totals == {"all_uncompressed": 3.0}
 
 
 def test_explicit_plan_on_an_embedding_warns(caplog: pytest.LogCaptureFixture) -> None:

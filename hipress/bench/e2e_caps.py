@@ -106,7 +106,7 @@ def recommend_for(
     profile = build_profile(codec, compute, link, overlap=1.0).with_readiness(
         Readiness(dict(leads)))  # fmt: skip
     config = PlannerConfig() if cfg.algorithm is not None else PlannerConfig(strategies=())
-    advice = recommend_cap(named, profile, world_size, config, rows,
+    advice = recommend_cap(named, profile, world_size, config, rows, plain=plain,
                            finish=lambda p: keep_plain(p, plain), first_is_cap=first_is_cap())  # fmt: skip
     cap = None if advice.caps.default else advice.caps.cap_mb
     record = {**advice.to_dict(), "rows": {n: d.touched for n, d in rows.items()},

@@ -117,13 +117,13 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
             declared_rows(spec.params, select, args.row_density))  # fmt: skip
         plain = select.reasons(spec.params)
         with phase(f"planning {len(spec.params)} tensors for {args.workers} workers"):
-            plan = plan_named(spec.named_numels(), profile, args.workers, config, rows)
+            plan = plan_named(spec.named_numels(), profile, args.workers, config, rows, plain)
             plan = keep_plain(plan, plain)
         advice = None
         if profile.readiness is not None:
             with phase("judging DDP bucket caps by the exposed step"):
                 advice = recommend_cap(
-                    spec.named_numels(), profile, args.workers, config, rows,
+                    spec.named_numels(), profile, args.workers, config, rows, plain=plain,
                     finish=lambda p: keep_plain(p, plain), first_is_cap=first_is_cap(),
                 )  # fmt: skip
             plan = replace(plan, meta={**plan.meta, "bucket_cap": advice.to_dict()})

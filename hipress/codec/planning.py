@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +79,21 @@ def _default_plan(
     return Plan(algorithm.name, dict(algorithm.params), world_size, entries)
 
 
+_STEP_TOTALS = ("planned", "exposed")  # predictions of the whole plan's step
+
+
 def keep_plain(plan: Plan, reasons: Mapping[str, str]) -> Plan:
     """``plan`` with the entries named in ``reasons`` (``{name: why}``) uncompressed (other
     fields, e.g. a lossless synchronisation, kept), their predictions set to the uncompressed
     time where known, and ``meta["kept_plain"]`` recording every reason (the plan's own and
-    these). Returns ``plan`` itself when nothing changes."""
-    changed, delta, entries = False, 0.0, []
+    these). Where an entry changes, the plan's predicted step totals (``planned``,
+    ``exposed``) no longer describe it and are dropped: a planner prices a plan with these
+    tensors plain when it is given them (:meth:`~hipress.secopa.model.planner.Planner.plan`'s
+    ``plain``). Returns ``plan`` itself when nothing changes."""
+    changed, entries = False, []
     for e in plan.entries:
         if e.compress and e.name in reasons:
             ms = e.uncompressed_ms or e.predicted_ms
-            delta += ms - e.predicted_ms
             e = dataclasses.replace(
                 e, compress=False, strategy=Strategy.ALLREDUCE, partitions=1, predicted_ms=ms
             )
@@ -97,9 +102,7 @@ def keep_plain(plan: Plan, reasons: Mapping[str, str]) -> Plan:
     kept = {n: why for n, why in reasons.items() if n in {e.name for e in plan.entries}}
     if not changed and not kept:
         return plan
-    totals = dict(plan.totals)
-    if "planned" in totals:
-        totals["planned"] = round(totals["planned"] + delta, 6)
+    totals = {k: v for k, v in plan.totals.items() if not (changed and k in _STEP_TOTALS)}
     meta = {**plan.meta, "kept_plain": {**dict(plan.meta.get("kept_plain", {})), **kept}}
     return dataclasses.replace(plan, entries=tuple(entries), totals=totals, meta=meta)
 
@@ -131,18 +134,20 @@ def _auto_plan(
     probe: StepProbe | None = None,
     rows: Mapping[str, RowDensity] | None = None,
     readiness: Readiness | None = None,
+    plain: Collection[str] = (),
 ) -> Plan:
     # ---- SeCoPa hook-up: the single place where plan="auto" asks the planner. ----
     # auto_plan profiles this machine and network (every rank takes part, a few seconds),
     # calibrates with ``probe`` (CaSync's real steps), plans on rank 0 and broadcasts, so
     # every rank returns the same plan. ``rows``: the embeddings it prices as rows (their
-    # break-even count, by which CaSync decides once it has counted their rows).
+    # break-even count, by which CaSync decides once it has counted their rows). ``plain``:
+    # the tensors the selection keeps plain, planned as plain.
     if not compresses(algorithm):
         raise PlanError("plan='auto' needs a compression algorithm")
     config = None if recompressible(algorithm) else PlannerConfig(strategies=(Strategy.ALLGATHER,))
     return auto_plan(
         algorithm, named_numels, world_size, group=group, device=device, config=config,
-        probe=probe, rows=rows, readiness=readiness,
+        probe=probe, rows=rows, readiness=readiness, plain=plain,
     )  # fmt: skip
 
 
@@ -257,7 +262,7 @@ def resolve_plan(
     elif isinstance(plan, str) and plan == "auto":
         rows = embedding_rows(sel, pairs)  # embeddings kept plain: priced as exact rows
         resolved = _auto_plan(algorithm, named_numels, world_size, group, device, probe, rows,
-                              readiness)  # fmt: skip
+                              readiness, sel.reasons(pairs, implicit=True))  # fmt: skip
     elif isinstance(plan, (str, Path)):
         resolved = load_plan_for_model(plan, named_numels, world_size)
     else:

@@ -248,14 +248,15 @@ def _auto_plan(
     t0 = time.perf_counter()
     # no ring: Horovod has no point-to-point messages
     config = PlannerConfig(strategies=(Strategy.ALLGATHER, Strategy.PS))
+    plain = select.reasons(shaped)
     plan = auto_plan(
         alg, named_numels, hvd.size(), comm=HorovodComm(hvd, device), config=config,
-        device=device, rows=embedding_rows(select, shaped),
+        device=device, rows=embedding_rows(select, shaped), plain=plain,
     )  # fmt: skip
     log.info(
         "hipress.horovod: plan='auto' profiled and planned in %.1f s", time.perf_counter() - t0
     )
-    return keep_plain(plan, select.reasons(shaped))
+    return keep_plain(plan, plain)
 
 
 def _selection(include: Any, exclude: Any, shapes: Any, names: list[str]) -> Selection:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,7 @@ def plan_for_model(
     *,
     comm: Comm | None = None,
     rows: Mapping[str, RowDensity] | None = None,
+    plain: Collection[str] = (),
 ) -> Plan:
     """Plan a model; in a process group (or over ``comm``), plan on rank 0 and broadcast.
 
@@ -103,13 +104,14 @@ def plan_for_model(
         comm: the ranks to plan for, instead of ``group`` (e.g. Horovod's).
         rows: the gradients that may travel as rows, priced by the planner
             (:meth:`~hipress.secopa.model.planner.Planner.plan`).
+        plain: parameters the plan keeps uncompressed (a selection's exclusions).
     Returns the plan, identical on every rank, checked against ``model``.
     """
     named = named_numels(model)
     if comm is None and not dist.is_initialized():
         if profile is None:
             raise PlanError("plan_for_model needs a profile")
-        return plan_named(named, profile, world_size or 1, config, rows)
+        return plan_named(named, profile, world_size or 1, config, rows, plain)
     comm = comm if comm is not None else TorchComm(group)
     world = comm.size
     result: Plan | PlanError | None = None
@@ -118,8 +120,8 @@ def plan_for_model(
             if profile is None:
                 raise PlanError("rank 0 has no profile to plan with")
             result = _with_readiness(
-                plan_named(named, profile, world_size or world, config, rows), named, profile,
-                world_size or world, config, rows,
+                plan_named(named, profile, world_size or world, config, rows, plain), named,
+                profile, world_size or world, config, rows, plain,
             )  # fmt: skip
         except PlanError as exc:
             result = exc
@@ -130,15 +132,15 @@ def plan_for_model(
 
 
 def _with_readiness(plan: Plan, named: NamedNumels, profile: Profile, world: int,
-                    config: PlannerConfig | None,
-                    rows: Mapping[str, RowDensity] | None) -> Plan:  # fmt: skip
+                    config: PlannerConfig | None, rows: Mapping[str, RowDensity] | None,
+                    plain: Collection[str]) -> Plan:  # fmt: skip
     """``plan`` with, when the profile holds ready times, those times
     (``meta["readiness"]``, so a saved plan can be made again) and the DDP ``bucket_cap_mb``
     SeCoPa recommends (``meta["bucket_cap"]``, :func:`~hipress.secopa.model.bucketcap.
     recommend_cap`)."""
     if profile.readiness is None:
         return plan
-    advice = recommend_cap(named, profile, world, config, rows)
+    advice = recommend_cap(named, profile, world, config, rows, plain=plain)
     meta = {**plan.meta, "readiness": profile.readiness.to_dict(),
             "bucket_cap": advice.to_dict()}  # fmt: skip
     return dataclasses.replace(plan, meta=meta)
@@ -214,6 +216,7 @@ def auto_plan(
     probe: StepProbe | None = None,
     readiness: Readiness | None = None,
     rows: Mapping[str, RowDensity] | None = None,
+    plain: Collection[str] = (),
 ) -> Plan:
     """Profile (see :func:`auto_profile`) and plan on rank 0, broadcast to all ranks.
 
@@ -230,6 +233,7 @@ def auto_plan(
             the exposed time of the step (:mod:`hipress.secopa.model.exposure`).
         rows: the gradients that may travel as rows (:mod:`hipress.secopa.model.rowcost`);
             with no row count yet, the plan records each one's break-even count.
+        plain: parameters the plan keeps uncompressed (a selection's exclusions).
     Needs an initialised process group (or ``comm``); every rank must call it. Takes a few
     seconds. Returns the plan, identical on every rank.
     """
@@ -247,4 +251,4 @@ def auto_plan(
         readiness=readiness,
     )  # fmt: skip
     mine = profile if comm.rank == 0 else None
-    return plan_for_model(named, mine, world, config, comm=comm, rows=rows)
+    return plan_for_model(named, mine, world, config, comm=comm, rows=rows, plain=plain)

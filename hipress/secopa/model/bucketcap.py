@@ -20,7 +20,7 @@ else the largest tied cap (the fewest collectives). The tie is logged and record
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,13 +105,15 @@ def recommend_cap(
     config: PlannerConfig | None = None,
     rows: Mapping[str, RowDensity] | None = None,
     *,
+    plain: Collection[str] = (),
     finish: Callable[[Plan], Plan] | None = None,
     first_is_cap: bool = True,
     caps: Sequence[float] = CANDIDATES_MB,
 ) -> CapAdvice:
     """Plan ``named`` at each candidate cap and recommend the one whose step exposes the
-    least (module docstring). ``finish``: applied to each plan before it is judged (e.g.
-    keeping some tensors plain); ``first_is_cap``: torch's handling of an explicit cap
+    least (module docstring). ``plain``: parameters each plan keeps uncompressed
+    (:meth:`~hipress.secopa.model.planner.Planner.plan`); ``finish``: applied to each plan
+    before it is judged; ``first_is_cap``: torch's handling of an explicit cap
     (:func:`~hipress.secopa.model.ddpbuckets.ddp_caps`). Needs the profile's ready times;
     raises :class:`PlanError` without them. Deterministic."""
     ready = profile.readiness
@@ -126,7 +128,7 @@ def recommend_cap(
     base = Planner(profile, world_size, config)
     for c in candidates(first_is_cap, caps):
         planner = base.at_caps(c.cap_mb, c.first_mb)
-        plan = planner.plan(named, rows)
+        plan = planner.plan(named, rows, plain)
         plan = finish(plan) if finish is not None else plan
         plans[c.label()] = plan
         scored.append((planner.exposed(plan), c))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,7 +51,9 @@ class PlannerConfig:
             the sum of per-tensor costs), ``"exposed"`` (needs ready times) or ``"sum"``.
         tie_rel, tie_abs_ms: with the exposed objective, a tensor's choices within
             ``max(tie_abs_ms, tie_rel * its own predicted time)`` of the best are tied and the
-            preferred one is taken (:class:`~hipress.secopa.model.exposure.Tolerance`).
+            preferred one is taken (:class:`~hipress.secopa.model.exposure.Tolerance`); with
+            either objective, compression alone within that band of plain does not block the
+            selection's guard (:meth:`Selector.alone_allowed`).
     """
 
     bucket_cap_mb: float = 25.0
@@ -109,6 +111,8 @@ class Planner:
             bucket_cap_mb=cfg.bucket_cap_mb,
             first_bucket_mb=cfg.first_bucket_mb,
             grid_per_octave=cfg.grid_per_octave,
+            tie_rel=cfg.tie_rel,
+            tie_abs_ms=cfg.tie_abs_ms,
         )
 
     def at_caps(self, bucket_cap_mb: float, first_bucket_mb: float) -> Planner:
@@ -137,13 +141,16 @@ class Planner:
         return self.selector.select(numels)
 
     def plan(
-        self, named: Sequence[tuple[str, int]], rows: Mapping[str, RowDensity] | None = None
-    ) -> Plan:
+        self, named: Sequence[tuple[str, int]], rows: Mapping[str, RowDensity] | None = None,
+        plain: Collection[str] = (),
+    ) -> Plan:  # fmt: skip
         """The plan for these parameters (in this order). ``rows``: the 2-D gradients that may
         travel as rows (:mod:`~hipress.secopa.model.rowcost`): each is row-sparse where its
         rows' price beats its dense time (``meta["row_prices"]`` says why, with the break-even
-        count). Raises :class:`PlanError` on duplicate names, non-positive sizes or rows that
-        do not fit."""
+        count). ``plain``: parameters that stay uncompressed whatever the costs (a selection's
+        exclusions: biases, embeddings); the plan and its totals are made with them plain.
+        Raises :class:`PlanError` on duplicate names, non-positive sizes or rows that do not
+        fit."""
         names = [n for n, _ in named]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -152,8 +159,10 @@ class Planner:
         bad = [n for n, k in named if int(k) < 1]
         if bad:
             raise PlanError(f"parameters with no elements: {bad[:5]}")
-        assign, record = self.select(numels)
-        members = [self._member(k, assign.get(k)) for k in numels]
+        fixed = {i for i, n in enumerate(names) if n in plain}
+        assign, record = self.selector.select(numels, fixed)
+        members = [self._member(k, None if i in fixed else assign.get(k))
+                   for i, k in enumerate(numels)]  # fmt: skip
         meta = self.meta()
         meta["selection"] = record
         exposed = self._exposed()
@@ -192,7 +201,7 @@ class Planner:
             entries=tuple(entries),
             meta=meta,
         )
-        totals = self.totals(numels, assign)
+        totals = self.totals(numels, assign, fixed)
         if extra or any(m.fixed for m in members):  # the refined (or row-sparse) plan's total
             totals["planned"] = round(self.predict(plan), 6)
         totals.update(extra)
@@ -265,14 +274,17 @@ class Planner:
         exposure = self.exposure([e.name for e in plan.entries], [e.numel for e in plan.entries])
         return exposure.of([self.member(plan, i) for i in range(len(plan.entries))])
 
-    def totals(self, numels: Sequence[int], assign: dict[int, Choice]) -> dict[str, float]:
+    def totals(
+        self, numels: Sequence[int], assign: dict[int, Choice], plain: Collection[int] = ()
+    ) -> dict[str, float]:
         """Predicted ms: ``planned`` (sizes in ``assign`` compressed as it says),
-        ``all_uncompressed`` and ``all_compressed``."""
+        ``all_uncompressed`` and ``all_compressed`` (every tensor but those at the indices in
+        ``plain``)."""
         sel = self.selector
         out = {
-            "planned": sel.assigned_total(numels, assign),
+            "planned": sel.assigned_total(numels, assign, plain),
             "all_uncompressed": sel.assigned_total(numels, {}),
-            "all_compressed": sel.assigned_total(numels, sel.all_compressed(numels)),
+            "all_compressed": sel.assigned_total(numels, sel.all_compressed(numels), plain),
         }
         return {k: round(v, 6) for k, v in out.items()}
 
@@ -377,9 +389,11 @@ def plan_named(
     world_size: int,
     config: PlannerConfig | None = None,
     rows: Mapping[str, RowDensity] | None = None,
+    plain: Collection[str] = (),
 ) -> Plan:
     """Plan ``(name, numel)`` pairs for ``world_size`` workers (see :class:`Planner`);
-    ``rows``: the gradients that may travel as rows (:meth:`Planner.plan`)."""
+    ``rows``: the gradients that may travel as rows, ``plain``: the parameters that stay
+    uncompressed (:meth:`Planner.plan`)."""
     if world_size < 1:
         raise PlanError(f"world size must be >= 1, got {world_size}")
-    return Planner(profile, world_size, config).plan(named, rows)
+    return Planner(profile, world_size, config).plan(named, rows, plain)

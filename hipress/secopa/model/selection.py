@@ -34,7 +34,8 @@ the collectives' costs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,8 @@ from hipress.secopa.model.ddpbuckets import ddp_buckets
 __all__ = ["Decision", "Selector", "ddp_buckets", "size_grid"]
 
 GRID_TOP = 1 << 32
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ class Selector:
 
     ``strategies`` are the compressed strategies it may choose, ``bucket_cap_mb`` and
     ``first_bucket_mb`` DDP's bucket caps, ``grid_per_octave`` the density of rule 3's size
-    grid. Deterministic: the same arguments and sizes give the same selection.
+    grid, ``tie_rel`` and ``tie_abs_ms`` the guard's tie band (:meth:`alone_allowed`).
+    Deterministic: the same arguments and sizes give the same selection.
     """
 
     def __init__(
@@ -83,14 +87,17 @@ class Selector:
         bucket_cap_mb: float,
         first_bucket_mb: float,
         grid_per_octave: int,
+        tie_rel: float = 0.0,
+        tie_abs_ms: float = 0.0,
     ) -> None:
         self.model = model
         self.strategies = strategies
         self.bucket_cap_mb = bucket_cap_mb
         self.first_bucket_mb = first_bucket_mb
         self.grid_per_octave = grid_per_octave
+        self.tie_rel, self.tie_abs_ms = tie_rel, tie_abs_ms
         self._cache: dict[int, Decision] = {}
-        self._alone: dict[int, bool] = {}
+        self._alone_memo: dict[int, tuple[bool, bool]] = {}
 
     def decide(self, numel: int) -> Decision:
         """Both alternatives for a tensor of ``numel`` elements and rule 1's verdict."""
@@ -164,41 +171,61 @@ class Selector:
                 out[s] = c
         return out
 
-    def assigned_total(self, numels: Sequence[int], assign: dict[int, Choice]) -> float:
+    def assigned_total(
+        self, numels: Sequence[int], assign: dict[int, Choice], plain: Collection[int] = ()
+    ) -> float:
         """Predicted ms over DDP's buckets when the sizes in ``assign`` are compressed as it
-        says and every other tensor goes into its bucket's allreduce. Every round CaSync
-        issues is charged in full, latency included (:meth:`CostModel.bucket_ms`)."""
+        says and every other tensor (and every index in ``plain``) goes into its bucket's
+        allreduce. Every round CaSync issues is charged in full, latency included
+        (:meth:`CostModel.bucket_ms`)."""
 
         def pick(i: int) -> Member:
-            c = assign.get(numels[i])
+            c = None if i in plain else assign.get(numels[i])
             if c is None:
                 return Member(self.decide(numels[i]).uncompressed.name, numels[i], 1)
             return Member(c.name, numels[i], c.k)
 
         return self.bucket_total(numels, pick)
 
-    def alone_faster(self, numel: int) -> bool:
-        """Whether a tensor of ``numel`` elements alone is predicted faster with its best
-        compressed choice than with its own allreduce, latency included on both sides."""
-        if numel not in self._alone:
+    def _alone(self, numel: int) -> tuple[bool, bool]:
+        """``(allowed, close)`` for a tensor of ``numel`` elements alone, latency included on
+        both sides: its best compressed choice is not slower than its own allreduce by more
+        than the tie band ``max(tie_abs_ms, tie_rel * allreduce)``; ``close``: allowed, but
+        only by the band (not faster)."""
+        if numel not in self._alone_memo:
             c = self.model.best(numel, True, strategies=self.strategies)
             u = self.model.time(self.decide(numel).uncompressed.name, numel)
-            self._alone[numel] = c is not None and c.ms < u
-        return self._alone[numel]
+            band = max(self.tie_abs_ms, self.tie_rel * u)
+            ok = c is not None and c.ms <= u + band
+            self._alone_memo[numel] = (ok, ok and c is not None and c.ms >= u)
+        return self._alone_memo[numel]
 
-    def _guard_allowed(self, numels: Sequence[int], smallest: int) -> bool:
-        """The guard may compress every size >= ``smallest`` only if compression alone is
-        faster at each of them and at every larger size of the fixed grid (as rule 3): without
+    def alone_allowed(self, numel: int) -> bool:
+        """Whether a tensor of ``numel`` elements alone is predicted no slower with its best
+        compressed choice than with its own allreduce, beyond the tie band (a close call
+        does not block the guard: measured latencies of small collectives differ by more
+        than that from launch to launch)."""
+        return self._alone(numel)[0]
+
+    def _guard_allowed(self, numels: Sequence[int], smallest: int) -> tuple[bool, list[int]]:
+        """Whether the guard may compress every size >= ``smallest`` (compression alone
+        allowed at each of them and at every larger size of the fixed grid, as rule 3: without
         this, a tiny tensor could be compressed for an all_gather's lower latency while a
-        larger one is not, and plans would not be monotone in size."""
+        larger one is not, and plans would not be monotone in size), and the sizes that
+        were close calls."""
         if smallest < 1:
-            return False
+            return False, []
         grid = set(size_grid(smallest, self.grid_per_octave))
         sizes = sorted({s for s in numels if s >= smallest} | grid, reverse=True)
-        return all(self.alone_faster(s) for s in sizes)
+        ok = all(self.alone_allowed(s) for s in sizes)
+        return ok, [s for s in sizes if ok and self._alone(s)[1]]
 
-    def select(self, numels: Sequence[int]) -> tuple[dict[int, Choice], dict[str, object]]:
-        """The compressed sizes of the plan and how they were chosen.
+    def select(
+        self, numels: Sequence[int], plain: Collection[int] = ()
+    ) -> tuple[dict[int, Choice], dict[str, object]]:
+        """The compressed sizes of the plan and how they were chosen; the tensors at the
+        indices in ``plain`` stay plain whatever their size (they are priced in their buckets'
+        allreduce, and the rules judge the others' sizes).
 
         1. Rules 1-3 per size give a threshold T0 (:meth:`compressed_sizes`).
         2. *Bucket pass*: the per-size rule charges an uncompressed tensor only its bandwidth
@@ -209,8 +236,10 @@ class Selector:
            lowest predicted total, over DDP's buckets with every round charged; a lower
            threshold must be strictly faster (ties keep fewer tensors compressed).
         3. *Guard*: compressing every tensor from a threshold T up, each with its best
-           compressed choice, for every model size T from which compression alone is faster
-           (latency included) at each size up the grid, as rule 3 asks; the fastest of these
+           compressed choice, for every model size T from which compression alone is not
+           slower beyond the tie band (latency included) at each size up the grid, as rule 3
+           asks (:meth:`alone_allowed`; the sizes allowed only by the band are recorded as
+           ``guard_close_calls`` and logged when the guard's plan is taken); the fastest of these
            becomes the plan if it is predicted strictly faster (``all-compressed guard`` when
            T is the smallest size, else ``threshold guard``). Where all-compressed would still
            be faster but its smallest sizes are not allowed, the record says
@@ -224,10 +253,15 @@ class Selector:
         Every plan considered compresses exactly the tensors above a size, so the result is
         monotone in size. Returns ``(size -> choice, selection record)``.
         """
-        sizes = sorted(set(numels), reverse=True)
-        chosen = self.compressed_sizes(numels)
-        assign = self._assignment(numels, chosen)
-        rules_ms = best_ms = self.assigned_total(numels, assign)
+        free = [k for i, k in enumerate(numels) if i not in plain]
+
+        def total(a: dict[int, Choice]) -> float:
+            return self.assigned_total(numels, a, plain)
+
+        sizes = sorted(set(free), reverse=True)
+        chosen = self.compressed_sizes(free)
+        assign = self._assignment(free, chosen)
+        rules_ms = best_ms = total(assign)
         how = "per-tensor rules"
         threshold = min(chosen) if chosen else None
         if chosen:
@@ -239,28 +273,58 @@ class Selector:
                 if c is None:
                     break
                 trial[s] = c
-                ms = self.assigned_total(numels, trial)
+                ms = total(trial)
                 if ms < best_ms:
                     assign, best_ms, threshold, how = dict(trial), ms, s, "bucket pass"
-        every = self.all_compressed(numels)
-        every_ms = self.assigned_total(numels, every)
-        # the guard: every size from a threshold up with its best compressed choice, for each
-        # threshold rule 3 allows with latency (compression alone faster at every size from
-        # it up: a suffix of the sizes), when strictly faster than the plan so far
-        for s in sorted(every):
-            if not self._guard_allowed(numels, s):
-                continue
-            trial = {x: c for x, c in every.items() if x >= s}
-            ms = every_ms if s == min(every) else self.assigned_total(numels, trial)
-            if ms < best_ms:
-                assign, best_ms, threshold = trial, ms, s
-                how = "all-compressed guard" if s == min(every) else "threshold guard"
-        blocked = every_ms < best_ms
+        every = self.all_compressed(free)
+        every_ms = total(every)
+        guard, close, tied = self._guard(free, total, every, every_ms, best_ms)
+        if guard is not None:
+            threshold, best_ms, assign = guard
+            how = "all-compressed guard" if threshold == min(every) else "threshold guard"
+            if close:
+                log.info("plan: %s: compression alone is within the tie band of plain (not "
+                         "faster) at %d grid size(s) from %d elements up: close calls, not "
+                         "blocking", how, len(close), min(close))  # fmt: skip
+            if len(tied) > 1:
+                log.info("plan: %s: thresholds %s are within the tie band of the fastest "
+                         "total: took the smallest", how, tied)  # fmt: skip
         record: dict[str, object] = {
             "how": how,
             "threshold": threshold,
-            "guard_blocked": blocked,
+            "guard_blocked": every_ms < best_ms,
+            "guard_close_calls": close,
+            "guard_ties": tied if len(tied) > 1 else [],
             "per_tensor_rules_ms": round(rules_ms, 6),
             "planned_ms": round(best_ms, 6),
         }
         return assign, record
+
+    def _guard(
+        self, free: Sequence[int], total: Callable[[dict[int, Choice]], float],
+        every: dict[int, Choice], every_ms: float, best_ms: float,
+    ) -> tuple[tuple[int, float, dict[int, Choice]] | None, list[int], list[int]]:  # fmt: skip
+        """The guard of :meth:`select` over the sizes ``free`` may compress: every size from
+        a threshold up with its best compressed choice (``every``, whose ``total`` is
+        ``every_ms``), for each threshold rule 3
+        allows with latency (:meth:`_guard_allowed`: a suffix of the sizes), when strictly
+        faster than ``best_ms``. Thresholds within the tie band of the fastest total are tied
+        and the smallest (the fewest bytes) is taken, so that a hair's difference between the
+        totals measured in two launches does not change the plan. Returns ``((threshold,
+        total, assignment) or None, close-call sizes, tied thresholds)``."""
+        guards = []
+        for s in sorted(every):
+            allowed, close = self._guard_allowed(free, s)
+            if allowed:
+                trial = {x: c for x, c in every.items() if x >= s}
+                ms = every_ms if s == min(every) else total(trial)
+                guards.append((s, ms, trial, close))
+        if not guards:
+            return None, [], []
+        top = min(g[1] for g in guards)
+        band = max(self.tie_abs_ms, self.tie_rel * top)
+        near = [g for g in guards if g[1] <= top + band and g[1] < best_ms]
+        if not near:
+            return None, [], []
+        s, ms, trial, close = near[0]
+        return (s, ms, trial), sorted(close), [g[0] for g in near]
