@@ -454,3 +454,20 @@ def test_tensors_kept_plain_are_planned_plain_and_the_totals_price_the_plan_made
     assert after.digest() == plan.digest()
     assert "planned" not in after.totals and "all_uncompressed" in after.totals
     assert keep_plain(plan, {n: "bias" for n in small}).totals == plan.totals
+
+
+@settings(SETTINGS, max_examples=200)
+@given(profile=profiles(), numels=sizes, n=worlds, data=st.data())
+def test_tensors_planned_plain_stay_plain_and_the_totals_are_the_plans_own(
+    profile: Profile, numels: list[int], n: int, data: st.DataObject
+) -> None:
+    named = _named(numels)
+    plain = data.draw(st.sets(st.sampled_from([name for name, _ in named])))
+    planner = Planner(profile, n)
+    plan = planner.plan(named, plain=plain)
+    assert not any(e.compress for e in plan.entries if e.name in plain)
+    t = plan.totals
+    assert t["planned"] == pytest.approx(planner.predict(plan), rel=1e-6, abs=1e-5)
+    assert 0 <= t["planned"] <= t["all_uncompressed"] * (1 + 1e-9) + 1e-6
+    if not plan.meta["selection"]["guard_blocked"]:
+        assert t["planned"] <= t["all_compressed"] * (1 + 1e-9) + 1e-6
