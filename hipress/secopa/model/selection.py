@@ -197,7 +197,7 @@ class Selector:
             u = self.model.time(self.decide(numel).uncompressed.name, numel)
             band = max(self.tie_abs_ms, self.tie_rel * u)
             ok = c is not None and c.ms <= u + band
-            self._alone_memo[numel] = (ok, ok and c is not None and c.ms >= u)
+            self._alone_memo[numel] = (ok, c is not None and u <= c.ms <= u + band)
         return self._alone_memo[numel]
 
     def alone_allowed(self, numel: int) -> bool:
@@ -306,9 +306,8 @@ class Selector:
     ) -> tuple[tuple[int, float, dict[int, Choice]] | None, list[int], list[int]]:  # fmt: skip
         """The guard of :meth:`select` over the sizes ``free`` may compress: every size from
         a threshold up with its best compressed choice (``every``, whose ``total`` is
-        ``every_ms``), for each threshold rule 3
-        allows with latency (:meth:`_guard_allowed`: a suffix of the sizes), when strictly
-        faster than ``best_ms``. Thresholds within the tie band of the fastest total are tied
+        ``every_ms``), for each threshold rule 3 allows with latency (:meth:`_guard_allowed`:
+        a suffix of the sizes), when strictly faster than ``best_ms``. Thresholds within the tie band of the fastest total are tied
         and the smallest (the fewest bytes) is taken, so that a hair's difference between the
         totals measured in two launches does not change the plan. Returns ``((threshold,
         total, assignment) or None, close-call sizes, tied thresholds)``."""
