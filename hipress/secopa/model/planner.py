@@ -111,8 +111,7 @@ class Planner:
             bucket_cap_mb=cfg.bucket_cap_mb,
             first_bucket_mb=cfg.first_bucket_mb,
             grid_per_octave=cfg.grid_per_octave,
-            tie_rel=cfg.tie_rel,
-            tie_abs_ms=cfg.tie_abs_ms,
+            tie=Tolerance(cfg.tie_rel, cfg.tie_abs_ms),
         )
 
     def at_caps(self, bucket_cap_mb: float, first_bucket_mb: float) -> Planner:
@@ -135,10 +134,12 @@ class Planner:
         (:meth:`Selector.compressed_sizes`)."""
         return self.selector.compressed_sizes(numels)
 
-    def select(self, numels: Sequence[int]) -> tuple[dict[int, Choice], dict[str, object]]:
-        """The compressed sizes of the plan and how they were chosen: ``(size -> choice,
-        selection record)`` (:meth:`Selector.select`)."""
-        return self.selector.select(numels)
+    def select(
+        self, numels: Sequence[int], plain: Collection[int] = ()
+    ) -> tuple[dict[int, Choice], dict[str, object]]:
+        """``(size -> choice, selection record)``, the tensors at the indices in ``plain``
+        kept plain (:meth:`Selector.select`)."""
+        return self.selector.select(numels, plain)
 
     def plan(
         self, named: Sequence[tuple[str, int]], rows: Mapping[str, RowDensity] | None = None,
@@ -160,7 +161,7 @@ class Planner:
         if bad:
             raise PlanError(f"parameters with no elements: {bad[:5]}")
         fixed = {i for i, n in enumerate(names) if n in plain}
-        assign, record = self.selector.select(numels, fixed)
+        assign, record = self.select(numels, fixed)
         members = [self._member(k, None if i in fixed else assign.get(k))
                    for i, k in enumerate(numels)]  # fmt: skip
         meta = self.meta()
@@ -173,7 +174,7 @@ class Planner:
             if exposed:  # row-sparse where that lowers the step's exposed time
                 members = rows_by_exposure(
                     self.exposure(names, numels), self.model, names, dense, members, rows,
-                    prices, (self.plain, gather), self._tolerance(),
+                    prices, (self.plain, gather), self.selector.tie,
                 )  # fmt: skip
         extra: dict[str, float] = {}
         if exposed:
@@ -248,13 +249,10 @@ class Planner:
             cands.append(cs)
         out, record = refine(
             exposure, names, members, cands, ready, preference(cfg.strategies, self.world_size),
-            self._tolerance(),
+            self.selector.tie,
         )  # fmt: skip
         record["unmeasured"] = sum(n not in ready.leads_ms for n in names)
         return out, record
-
-    def _tolerance(self) -> Tolerance:
-        return Tolerance(self.config.tie_rel, self.config.tie_abs_ms)
 
     def exposure(self, names: Sequence[str], numels: Sequence[int]) -> Exposure:
         """The step's :class:`~hipress.secopa.model.exposure.Exposure` over DDP's buckets as

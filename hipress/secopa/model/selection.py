@@ -43,12 +43,15 @@ import numpy as np
 from hipress.core.plan import PlanError, Strategy
 from hipress.secopa.model.costmodel import Choice, CostModel, Member
 from hipress.secopa.model.ddpbuckets import ddp_buckets
+from hipress.secopa.model.exposure import Tolerance
 
 __all__ = ["Decision", "Selector", "ddp_buckets", "size_grid"]
 
 GRID_TOP = 1 << 32
 
 log = logging.getLogger(__name__)
+
+NO_TIE = Tolerance(0.0, 0.0)  # close calls decided strictly
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class Selector:
 
     ``strategies`` are the compressed strategies it may choose, ``bucket_cap_mb`` and
     ``first_bucket_mb`` DDP's bucket caps, ``grid_per_octave`` the density of rule 3's size
-    grid, ``tie_rel`` and ``tie_abs_ms`` the guard's tie band (:meth:`alone_allowed`).
+    grid, ``tie`` the guard's tie band (:meth:`alone_allowed`; default: none).
     Deterministic: the same arguments and sizes give the same selection.
     """
 
@@ -87,15 +90,14 @@ class Selector:
         bucket_cap_mb: float,
         first_bucket_mb: float,
         grid_per_octave: int,
-        tie_rel: float = 0.0,
-        tie_abs_ms: float = 0.0,
+        tie: Tolerance = NO_TIE,
     ) -> None:
         self.model = model
         self.strategies = strategies
         self.bucket_cap_mb = bucket_cap_mb
         self.first_bucket_mb = first_bucket_mb
         self.grid_per_octave = grid_per_octave
-        self.tie_rel, self.tie_abs_ms = tie_rel, tie_abs_ms
+        self.tie = tie
         self._cache: dict[int, Decision] = {}
         self._alone_memo: dict[int, tuple[bool, bool]] = {}
 
@@ -190,12 +192,12 @@ class Selector:
     def _alone(self, numel: int) -> tuple[bool, bool]:
         """``(allowed, close)`` for a tensor of ``numel`` elements alone, latency included on
         both sides: its best compressed choice is not slower than its own allreduce by more
-        than the tie band ``max(tie_abs_ms, tie_rel * allreduce)``; ``close``: allowed, but
+        than the tie band of the allreduce's time (:meth:`Tolerance.band`); ``close``: allowed, but
         only by the band (not faster)."""
         if numel not in self._alone_memo:
             c = self.model.best(numel, True, strategies=self.strategies)
             u = self.model.time(self.decide(numel).uncompressed.name, numel)
-            band = max(self.tie_abs_ms, self.tie_rel * u)
+            band = self.tie.band(u)
             ok = c is not None and c.ms <= u + band
             self._alone_memo[numel] = (ok, c is not None and u <= c.ms <= u + band)
         return self._alone_memo[numel]
@@ -307,10 +309,11 @@ class Selector:
         """The guard of :meth:`select` over the sizes ``free`` may compress: every size from
         a threshold up with its best compressed choice (``every``, whose ``total`` is
         ``every_ms``), for each threshold rule 3 allows with latency (:meth:`_guard_allowed`:
-        a suffix of the sizes), when strictly faster than ``best_ms``. Thresholds within the tie band of the fastest total are tied
-        and the smallest (the fewest bytes) is taken, so that a hair's difference between the
-        totals measured in two launches does not change the plan. Returns ``((threshold,
-        total, assignment) or None, close-call sizes, tied thresholds)``."""
+        a suffix of the sizes), when strictly faster than ``best_ms``. Thresholds within the
+        tie band of the fastest total are tied and the smallest (the fewest bytes) is taken,
+        so that a hair's difference between the totals measured in two launches does not
+        change the plan. Returns ``((threshold, total, assignment) or None, close-call sizes,
+        tied thresholds)``."""
         guards = []
         for s in sorted(every):
             allowed, close = self._guard_allowed(free, s)
@@ -321,8 +324,7 @@ class Selector:
         if not guards:
             return None, [], []
         top = min(g[1] for g in guards)
-        band = max(self.tie_abs_ms, self.tie_rel * top)
-        near = [g for g in guards if g[1] <= top + band and g[1] < best_ms]
+        near = [g for g in guards if g[1] <= top + self.tie.band(top) and g[1] < best_ms]
         if not near:
             return None, [], []
         s, ms, trial, close = near[0]
