@@ -31,14 +31,14 @@ from hipress.cli.progress import phase
 from hipress.cli.waitpolicy import before_timing
 from hipress.codec.planning import DEFAULT_ALGORITHM
 from hipress.core.plan import PlanError
-from hipress.core.rule import SHAPE_WORDS
+from hipress.core.rule import SHAPE_WORDS, Selection
 from hipress.secopa.measure.localgroup import LocalGroupError, measure_local
 from hipress.secopa.measure.profiler import DEFAULT_COMPUTE_SIZES, build_profile, measure_compute
 from hipress.secopa.measure.timed_codec import TimedCodecError, load_timed_codec
 from hipress.secopa.model.coverage import cost_sources
 from hipress.secopa.model.planner import PlannerConfig
 from hipress.secopa.model.profile import Profile, ProfileError, link_network
-from hipress.secopa.model.specs import ModelSpecError, builtin_models, resolve_model
+from hipress.secopa.model.specs import ModelSpec, ModelSpecError, builtin_models, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,19 @@ def _add_selection_args(p: argparse.ArgumentParser) -> None:
                    help="all, or matrices: only tensors of exactly two dimensions may be "
                    "compressed (default all; embeddings and 1-D tensors stay plain unless "
                    "--include names them)")  # fmt: skip
+
+
+def selection_of(args: argparse.Namespace, spec: ModelSpec) -> Selection:
+    """The :class:`Selection` of ``--include``/``--exclude``/``--shapes`` for ``spec``'s
+    parameters; a bad argument, or a pattern naming no parameter, raises :class:`PlanError`
+    in the options' own spelling."""
+    try:
+        select = Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
+        select.check_names(n for n, _ in spec.params)
+        return select
+    except ValueError as exc:
+        raise PlanError(str(exc).replace("include=", "--include ").replace(
+            "exclude=", "--exclude ")) from None  # fmt: skip
 
 
 def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:

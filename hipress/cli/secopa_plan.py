@@ -24,18 +24,18 @@ from hipress.cli.secopa import (
     _add_selection_args,
     _origin,
     make_profile,
+    selection_of,
 )
 from hipress.cli.secopa_rounds import is_rounds, run_rounds_plan
 from hipress.codec.planning import keep_plain
 from hipress.core.plan import PlanError, Strategy
-from hipress.core.rule import Selection
 from hipress.secopa.model.bucketcap import CapAdvice, recommend_cap
 from hipress.secopa.model.coverage import cost_sources
 from hipress.secopa.model.ddpbuckets import BucketCaps, ddp_caps
 from hipress.secopa.model.planner import PlannerConfig, plan_named
 from hipress.secopa.model.profile import ProfileError, Readiness
 from hipress.secopa.model.rowcost import declared_rows
-from hipress.secopa.model.specs import ModelSpec, resolve_model
+from hipress.secopa.model.specs import resolve_model
 
 __all__ = ["add_plan_parser", "run_plan"]
 
@@ -112,7 +112,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
             max_partitions=args.max_partitions,
             strategies=args.strategies,
         )
-        select = _selection(args, spec)
+        select = selection_of(args, spec)
         rows = None if args.row_density is None else (
             declared_rows(spec.params, select, args.row_density))  # fmt: skip
         plain = select.reasons(spec.params)
@@ -146,16 +146,6 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
     budget = profile.meta.get("compute_budget_s", args.budget)
     warn_extrapolation(profile, sources, largest, budget, err, args.model)
     return 0
-
-
-def _selection(args: argparse.Namespace, spec: ModelSpec) -> Selection:
-    try:
-        select = Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
-        select.check_names(n for n, _ in spec.params)
-        return select
-    except ValueError as exc:
-        raise PlanError(str(exc).replace("include=", "--include ").replace(
-            "exclude=", "--exclude ")) from None  # fmt: skip
 
 
 

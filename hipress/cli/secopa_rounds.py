@@ -15,11 +15,10 @@ from hipress.casync.rounds_plan import resolve
 from hipress.cli.args import check_params
 from hipress.cli.charts import write_plan_png
 from hipress.cli.progress import phase
-from hipress.cli.secopa import USER_ERRORS, _link, _link_meta
+from hipress.cli.secopa import USER_ERRORS, _link, _link_meta, selection_of
 from hipress.codec.errors import CaSyncError
 from hipress.compll.rounds import RoundsAlgorithm, load_rounds, rounds_algorithms
 from hipress.core.plan import Plan, PlanError
-from hipress.core.rule import Selection
 from hipress.secopa.model.profile import Profile, ProfileError, link_network
 from hipress.secopa.model.rounds import measure_compute_ms, measure_merge
 from hipress.secopa.model.rounds_planner import RoundsProfile, plan_rounds
@@ -107,12 +106,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     alg = resolve(args.algorithm, dict(args.param), args.backend)
     assert alg is not None
     spec = resolve_model(args.model)
-    try:
-        select = Selection(tuple(args.include), tuple(args.exclude), args.shapes, spec.embeddings)
-        select.check_names(n for n, _ in spec.params)
-    except ValueError as exc:
-        raise PlanError(str(exc).replace("include=", "--include ").replace(
-            "exclude=", "--exclude ")) from None  # fmt: skip
+    select = selection_of(args, spec)
     named = [(n, tuple(s)) for n, s in spec.params]
     shapes = sorted({s for n, s in named
                      if len(s) >= 2 and select.reason(n, s, implicit=False) is None})  # fmt: skip

@@ -168,14 +168,17 @@ class Selection:
         ``names`` (the parameters that need a gradient): a misspelt name would otherwise leave
         a tensor compressed, or plain, without a word."""
         names = list(names)
-        for arg, p in self.unmatched(names)[:1]:
-            near = get_close_matches(p, names, n=3, cutoff=0.6)
-            hint = (f"did you mean {', '.join(map(repr, near))}?" if near
-                    else f"some: {', '.join(map(repr, names[:4]))}")  # fmt: skip
-            raise ValueError(
-                f"{arg}={p!r} matches no parameter that needs a gradient (patterns match "
-                f"named_parameters() names, '*' matching dots too; {len(names)} names, {hint})"
-            )
+        idle = self.unmatched(names)
+        if not idle:
+            return
+        arg, p = idle[0]
+        near = get_close_matches(p, names, n=3, cutoff=0.6)
+        hint = (f"did you mean {', '.join(map(repr, near))}?" if near
+                else f"some: {', '.join(map(repr, names[:4]))}")  # fmt: skip
+        raise ValueError(
+            f"{arg}={p!r} matches no parameter that needs a gradient (patterns match "
+            f"named_parameters() names, '*' matching dots too; {len(names)} names, {hint})"
+        )
 
     def reasons(
         self, named_shapes: Iterable[tuple[str, tuple[int, ...] | None]], implicit: bool = True
