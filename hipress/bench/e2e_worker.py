@@ -192,6 +192,7 @@ def _casync_figures(state: Any, model: torch.nn.Module) -> dict[str, Any]:
         "compressed_tensors": sum(e.compress for e in state.plan.entries),
         "tensors": len(state.plan.entries),
         "plan": {
+            "digest": state.plan.digest(),
             "entries": [
                 [e.name, e.numel, e.compress, e.strategy.value, e.partitions]
                 + ([e.rows, e.row_bound, union(e.name, e.rows)] if e.row_bound else [])
