@@ -633,6 +633,14 @@ def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
                           f"{prev}[{i}] + {prev}[{i} + {d}] : {prev}[{i} - {d}] - {prev}[{i}]);")  # fmt: skip
             prev = s
         last = [Arr(prev, t, length)]
+    # a packed map of the section (C: packed into a payload field block by block where that
+    # field is its only reader)
+    packed: list[Arr] = []
+    if gen.chance(0.5):
+        q, bits = gen.fresh("a"), gen.pick([1, 2, 4])
+        stages.append(f"    let {q}: uint<{bits}>[{length}] = map({length}, {i} => "
+                      f"u8({x}[{i}] < {x}[{i} ^ 1] ? {gen.expr('u32', sc.inner(i), 1)} : 3));")  # fmt: skip
+        packed = [Arr(q, "u8", length, bits)]
     enc.lines += [
         f"block({size}) {{",
         f"    let {x} = map({length}, {gen.lam(t, sc)});",
@@ -644,9 +652,10 @@ def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     ]
     nb = f"(({length}) + {size} - 1) / {size}"
     for arr in (Arr(x, t, length), Arr(y, t, length), Arr(r, rt, nb), Arr(z, "bool", length),
-                *last):  # fmt: skip
+                *last, *packed):  # fmt: skip
         sc.arrays.append(arr)
-        enc.values.append((arr.name, arr.dtype, arr.length))
+        enc.values.append((arr.name, arr.dtype if arr.bits is None else f"uint<{arr.bits}>",
+                           arr.length))  # fmt: skip
 
 
 def _field_type(t: str, length: str | None) -> str:

@@ -212,3 +212,51 @@ def test_butterfly_chains_in_registers_equal_the_reference(text: str, lb: int, p
         g[n // 2] = float("inf") if n > 9 else g[n // 2]
         p1, p2 = ref.encode(g, ref.init_state(n)), cpu.encode(g, cpu.init_state(n))
         assert torch.equal(p1, p2), (lb, n)
+
+
+# packed payload fields a section fills: on the C target the section packs each block's
+# values into the field itself (hipress.compll.backends.c.blockpack), unless later code reads
+# the array too (r: then the section stores it a byte per element and a loop packs it); each
+# field must hold the reference's bits on whole and partial blocks, for 1, 2 and 4 bits, for a
+# field longer than the gradient (blocks past n) and one shorter than the section's longest map
+# (blocks with none of its elements)
+PACKED = """algorithm t4;
+param lb: i32 in [1, 12] = 3;
+param k: u32 in {1, 2, 4} = 2;
+const b = 1 << lb;
+payload { q1: uint<1>[n]; qk: uint<k>[n + 40]; q4: uint<4>[n / 3]; r: uint<2>[n]; t: f32; }
+encode(g) {
+    block(b) {
+        let h = map(n + 40, i => g[i] * 7.0 + f32(i % 5));
+        let q1: uint<1>[n] = map(n, i => h[i] < 1.5 ? 1 : 0);
+        let qk: uint<k>[n + 40] = map(n + 40, i => u8(clamp(abs(h[i]), 0.0, 200.0)));
+        let q4: uint<4>[n / 3] = map(n / 3, i => u8(clamp(h[i] + 8.0, 0.0, 15.0)));
+        let r: uint<2>[n] = map(n, i => u8(clamp(h[i], 0.0, 3.0)));
+    }
+    let t = reduce(sum, n, i => f32(r[i]));
+    return concat(q1, qk, q4, r, t);
+}
+decode(p) { return map(n, i => f32(p.q1[i]) + f32(p.qk[i]) + f32(p.r[i]) + p.t); }
+"""
+
+
+@pytest.mark.parametrize(("lb", "k"), [(1, 1), (3, 2), (4, 4), (8, 1), (11, 2), (12, 4)])
+def test_packed_fields_filled_by_a_section_equal_the_reference(lb: int, k: int) -> None:
+    from hipress.compll.backends.c.program import render_c
+
+    src = SourceFile("t4.cll", PACKED)
+    ref = load_source(src, backend="reference", lb=lb, k=k)
+    cpu = load_source(src, backend="cpu", lb=lb, k=k)
+    text = render_c(ref.program)
+    # blocks of 8 to 2048 elements pack in the section; r, read again after it, never does
+    direct = 8 <= 1 << lb <= 2048
+    assert ("q1->payload:q1" in text) != direct and ("qk->payload:qk" in text) != direct
+    assert "r->payload:r" in text
+    for n in (0, 1, 9, 1000, 8197):
+        g = torch.randn(n, generator=torch.Generator().manual_seed(n + lb))
+        if n > 3:
+            g[n // 3] = float("nan")
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            p1, p2 = ref.encode(g, ref.init_state(n)), cpu.encode(g, cpu.init_state(n))
+            assert torch.equal(p1, p2), (lb, k, n, threads)

@@ -60,7 +60,7 @@ def _reader(f: CRenderer, buf: str, dt: ir.DType, size: int, per_block: bool):
     return read
 
 
-def _per_block(fn: ir.Lambda, size: int) -> ir.Lambda:
+def per_block(fn: ir.Lambda, size: int) -> ir.Lambda:
     """``fn`` with ``i / size`` (``i`` its element index) read as the block's index, which is
     the same for every element of the block (one load, not one division and gather each)."""
     i = fn.params[0]
@@ -122,12 +122,33 @@ def _body(
     return body.lines, v, body
 
 
-def _stores(f: CRenderer, x: ir.Map, buf: str, v: str) -> list[str]:
+def _stores(f: CRenderer, x: ir.Map, buf: str, v: str, home: bool = True) -> list[str]:
     st = [f"{buf}[hp_off + i] = {v};"] if buf else []
-    home = f.plan.homes.get(x.name)
-    if home is not None:
-        st.append(f.store(home, f.plan.arrays[x.name].dtype, v))
+    dest = f.plan.homes.get(x.name) if home else None
+    if dest is not None:
+        st.append(f.store(dest, f.plan.arrays[x.name].dtype, v))
     return st
+
+
+def _packed_home(f: CRenderer, x: ir.Map) -> tuple[str, int] | None:
+    """(pointer, bits) of the packed payload field ``x`` fills itself
+    (:mod:`.blockpack`), else None."""
+    home, bits = f.plan.homes.get(x.name), x.type.bits
+    if home is None or home.kind != "payload" or bits is None or bits >= 8:
+        return None
+    return f.target_ptr(home), bits
+
+
+def pack_lines(buf: str, ptr: str, bits: int, start: str) -> str:
+    """C packing the ``tl`` values of ``buf`` (``bits`` each) into ``ptr`` from element
+    ``start`` (a whole byte), the last byte's unused bits zero."""
+    per = 8 // bits
+    expr = " | ".join(f"({buf}[{per} * q + {j}] << {j * bits})" for j in range(per))
+    return (
+        f"for (int32_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0; "
+        f"for (int32_t q = 0; q < (tl + {per - 1}) / {per}; q++) "
+        f"{ptr}[{start} / {per} + q] = (uint8_t)({expr});"
+    )
 
 
 def _pairs(f: CRenderer, x: ir.Map, fn: ir.Lambda, buf: str, lv: int, safe: str | None) -> str:
@@ -152,7 +173,7 @@ def _pairs(f: CRenderer, x: ir.Map, fn: ir.Lambda, buf: str, lv: int, safe: str 
 def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None) -> str:
     """One map of the section over the block's elements, into its buffer (none, ``""``, where
     no op of the section reads it) and its home."""
-    fn = _per_block(x.fn, size)
+    fn = per_block(x.fn, size)
     tiled = size % 8 == 0 and size <= TILE
     bits, env = _local_bits(fn, size)
     tile = "t" if tiled else None
@@ -162,17 +183,24 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
     if env:
         lt = "(uint32_t)t" if tiled else "(uint32_t)(i - hp_b0)"
         lines = [f"const uint32_t hp_lt = {lt};", *lines]
-    st = _stores(f, x, buf, v)
+    packed = _packed_home(f, x)
+    st = _stores(f, x, buf, v, home=packed is None)
     ln, e = f.length(x.type.length), f.names.fresh("be")
     if tiled:
-        pre = f.tile_pre(body)
+        pre, post = f.tile_pre(body), []
+        if packed is not None:  # the field's bytes of this block, from a block of values
+            pk, (ptr, bits) = f.names.fresh("pk"), packed
+            pre, st = [*pre, f"uint8_t {pk}[{size}];"], [*st, f"{pk}[t] = {v};"]
+            post = [f"if (tl > 0) {{ {pack_lines(pk, ptr, bits, 'hp_b0')} }}"]
         loop = (
             f"      {{ const int64_t i0 = hp_b0; const int32_t tl = (int32_t)({e} - hp_b0);\n"
             + "".join(f"      {p}\n" for p in pre)
             + "      #pragma omp simd\n      for (int32_t t = 0; t < tl; t++) {\n"
             "        const int64_t i = i0 + t;\n"
             + "".join(f"        {ln_}\n" for ln_ in [*lines, *st])
-            + "      }\n      }\n"
+            + "      }\n"
+            + "".join(f"      {p}\n" for p in post)
+            + "      }\n"
         )
         if pre:
             loop = f"      if ({e} > hp_b0) {{\n{loop}      }}\n"
@@ -199,7 +227,7 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
 
 def _segreduce(f: CRenderer, x: ir.SegReduce, sv: str, size: int, lv: int, safe: str | None) -> str:
     """One per-block reduction of the section: scalar ``sv`` (0 past the reduction's end)."""
-    body, v, _ = _body(f, _per_block(x.fn, size), x.length, lv, safe)
+    body, v, _ = _body(f, per_block(x.fn, size), x.length, lv, safe)
     red = reduction(x.op, v, x.fn.result.dtype, x.dtype, "(hp_b1 - hp_b0)", f.names)
     ln, e = f.length(x.length), f.names.fresh("be")
     decl = "".join(f"      {a.ctype} {a.name} = {a.init};\n" for a in red.accs)

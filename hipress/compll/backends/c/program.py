@@ -12,6 +12,7 @@ order, and the output tile is written once instead of read and written once per 
 from __future__ import annotations
 
 from hipress.compll.backends.c.block import TILE
+from hipress.compll.backends.c.blockpack import pack_sections
 from hipress.compll.backends.c.lut import LUT_ROWS
 from hipress.compll.backends.c.render import MAXT, PAR_MIN, CFunction
 from hipress.compll.backends.cfamily.family import CFamily, tileable
@@ -28,7 +29,7 @@ def render_program(prog: ir.Program, plans: Lowered) -> str:
     env = environment()
     dec, acc = plans.decode, plans.decode_acc
     funcs = [
-        CFunction(env, prog, plans.encode, "hp_encode").render(),
+        CFunction(env, prog, pack_sections(prog, plans.encode), "hp_encode").render(),
         CFunction(env, prog, dec, "hp_decode").render(),
         CFunction(env, prog, acc, "hp_decode_acc").render(),
     ]
