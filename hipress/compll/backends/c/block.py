@@ -139,16 +139,17 @@ def _packed_home(f: CRenderer, x: ir.Map) -> tuple[str, int] | None:
     return f.target_ptr(home), bits
 
 
-def pack_lines(buf: str, ptr: str, bits: int, start: str) -> str:
+def pack_lines(buf: str, ptr: str, bits: int, start: str) -> list[str]:
     """C packing the ``tl`` values of ``buf`` (``bits`` each) into ``ptr`` from element
     ``start`` (a whole byte), the last byte's unused bits zero."""
     per = 8 // bits
     expr = " | ".join(f"({buf}[{per} * q + {j}] << {j * bits})" for j in range(per))
-    return (
-        f"for (int32_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0; "
+    return [
+        f"for (int32_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0;",
+        "#pragma omp simd",
         f"for (int32_t q = 0; q < (tl + {per - 1}) / {per}; q++) "
-        f"{ptr}[{start} / {per} + q] = (uint8_t)({expr});"
-    )
+        f"{ptr}[{start} / {per} + q] = (uint8_t)({expr});",
+    ]
 
 
 def _pairs(f: CRenderer, x: ir.Map, fn: ir.Lambda, buf: str, lv: int, safe: str | None) -> str:
@@ -191,7 +192,7 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
         if packed is not None:  # the field's bytes of this block, from a block of values
             pk, (ptr, bits) = f.names.fresh("pk"), packed
             pre, st = [*pre, f"uint8_t {pk}[{size}];"], [*st, f"{pk}[t] = {v};"]
-            post = [f"if (tl > 0) {{ {pack_lines(pk, ptr, bits, 'hp_b0')} }}"]
+            post = ["if (tl > 0) {", *pack_lines(pk, ptr, bits, "hp_b0"), "}"]
         loop = (
             f"      {{ const int64_t i0 = hp_b0; const int32_t tl = (int32_t)({e} - hp_b0);\n"
             + "".join(f"      {p}\n" for p in pre)
