@@ -185,6 +185,8 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
         lt = "(uint32_t)t" if tiled else "(uint32_t)(i - hp_b0)"
         lines = [f"const uint32_t hp_lt = {lt};", *lines]
     packed = _packed_home(f, x)
+    # (blockpack gives a section a packed home only where this is a tile loop, not pairs)
+    assert packed is None or (tiled and split(fn, size) is None), x.name
     st = _stores(f, x, buf, v, home=packed is None)
     ln, e = f.length(x.type.length), f.names.fresh("be")
     if tiled:

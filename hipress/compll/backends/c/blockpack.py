@@ -71,10 +71,10 @@ def _readers(plan: KernelPlan, prog: ir.Program, name: str, own: ir.Block) -> in
     return n
 
 
-def _candidates(plan: KernelPlan, prog: ir.Program) -> dict[str, tuple[str, Loop, Item]]:
-    """Array name -> (payload field, the copy's loop and item) for each packed field a section
-    may fill."""
-    out: dict[str, tuple[str, Loop, Item]] = {}
+def _candidates(plan: KernelPlan, prog: ir.Program) -> dict[str, tuple[str, Item]]:
+    """Array name -> (payload field, the copy item) for each packed field a section may fill
+    (the copy's loop run by no fusion)."""
+    out: dict[str, tuple[str, Item]] = {}
     sections = [sp.op for st in plan.steps for sp in st.specials if isinstance(sp.op, ir.Block)]
     fused = {id(lp) for f in plan.fusions for lp in (*f.seg_loops, *f.elem_loops)}
     fused |= {id(f.loop) for f in plan.filter_fusions}
@@ -92,7 +92,7 @@ def _candidates(plan: KernelPlan, prog: ir.Program) -> dict[str, tuple[str, Loop
             m = it.op
             same = m.type.bits == x.type.bits and m.type.length == x.type.length
             if same and id(lp) not in fused:
-                out[x.name] = (field, lp, it)
+                out[x.name] = (field, it)
     return out
 
 
@@ -105,7 +105,7 @@ def pack_sections(prog: ir.Program, plan: KernelPlan) -> KernelPlan:
     found = _candidates(plan, prog)
     if not found:
         return plan
-    drop = {id(it) for _, _, it in found.values()}  # (their loops are in no fusion)
+    drop = {id(it) for _, it in found.values()}  # (their loops are in no fusion)
     steps = []
     for st in plan.steps:
         loops = []
@@ -115,6 +115,6 @@ def pack_sections(prog: ir.Program, plan: KernelPlan) -> KernelPlan:
                 loops.append(lp if len(kept) == len(lp.items) else
                              Loop(lp.level, lp.length, kept))  # fmt: skip
         steps.append(dataclasses.replace(st, loops=tuple(loops)))
-    homes = {**plan.homes, **{n: Destination("payload", f) for n, (f, _, _) in found.items()}}
+    homes = {**plan.homes, **{n: Destination("payload", f) for n, (f, _) in found.items()}}
     ws = tuple(a for a in plan.ws if a.name not in found)
     return dataclasses.replace(plan, homes=frozen(homes), steps=tuple(steps), ws=ws)
