@@ -653,7 +653,8 @@ def _block(gen: _Gen, sc: Scope, enc: _Enc) -> None:
     nb = f"(({length}) + {size} - 1) / {size}"
     for arr in (Arr(x, t, length), Arr(y, t, length), Arr(r, rt, nb), Arr(z, "bool", length),
                 *last, *packed):  # fmt: skip
-        sc.arrays.append(arr)
+        if arr not in packed or gen.chance(0.5):  # (else only the payload may read it)
+            sc.arrays.append(arr)
         enc.values.append((arr.name, arr.dtype if arr.bits is None else f"uint<{arr.bits}>",
                            arr.length))  # fmt: skip
 
