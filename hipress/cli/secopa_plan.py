@@ -148,8 +148,6 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
     return 0
 
 
-
-
 def load_readiness(path: str, model: str) -> Readiness:
     """The ready times in ``path`` (see ``--readiness``); a results file of ``hipress bench
     e2e`` gives its compute-only row's of ``model``. Raises :class:`ProfileError`."""

@@ -139,17 +139,21 @@ def _packed_home(f: CRenderer, x: ir.Map) -> tuple[str, int] | None:
     return f.target_ptr(home), bits
 
 
-def pack_lines(buf: str, ptr: str, bits: int, start: str) -> list[str]:
-    """C packing the ``tl`` values of ``buf`` (``bits`` each) into ``ptr`` from element
-    ``start`` (a whole byte), the last byte's unused bits zero."""
+def pack_lines(buf: str, ptr: str, bits: int) -> list[str]:
+    """C packing a tile's ``tl`` values in ``buf`` (``bits`` each) into ``ptr`` from element
+    ``i0`` (a whole byte), the last byte's unused bits zero."""
     per = 8 // bits
     expr = " | ".join(f"({buf}[{per} * q + {j}] << {j * bits})" for j in range(per))
     return [
-        f"for (int32_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0;",
+        f"for (int64_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0;",
         "#pragma omp simd",
-        f"for (int32_t q = 0; q < (tl + {per - 1}) / {per}; q++) "
-        f"{ptr}[{start} / {per} + q] = (uint8_t)({expr});",
-    ]
+        f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++) {ptr}[i0 / {per} + q] = (uint8_t)({expr});",
+    ]  # fmt: skip
+
+
+def tiled(size: int) -> bool:
+    """Whether a section of blocks of ``size`` runs each map as a tile loop over a block."""
+    return size % 8 == 0 and size <= TILE
 
 
 def _pairs(f: CRenderer, x: ir.Map, fn: ir.Lambda, buf: str, lv: int, safe: str | None) -> str:
@@ -175,26 +179,26 @@ def _map(f: CRenderer, x: ir.Map, buf: str, size: int, lv: int, safe: str | None
     """One map of the section over the block's elements, into its buffer (none, ``""``, where
     no op of the section reads it) and its home."""
     fn = per_block(x.fn, size)
-    tiled = size % 8 == 0 and size <= TILE
+    whole = tiled(size)
     bits, env = _local_bits(fn, size)
-    tile = "t" if tiled else None
+    tile = "t" if whole else None
     # a tile is a block at hp_b0 = hp_blk * size: aligned where size is a power of two
-    aligned = tiled and not size & (size - 1)
+    aligned = whole and not size & (size - 1)
     lines, v, body = _body(f, bits, x.type.length, lv, safe, tile=tile, env=env, aligned=aligned)
     if env:
-        lt = "(uint32_t)t" if tiled else "(uint32_t)(i - hp_b0)"
+        lt = "(uint32_t)t" if whole else "(uint32_t)(i - hp_b0)"
         lines = [f"const uint32_t hp_lt = {lt};", *lines]
     packed = _packed_home(f, x)
     # (blockpack gives a section a packed home only where this is a tile loop, not pairs)
-    assert packed is None or (tiled and split(fn, size) is None), x.name
+    assert packed is None or (whole and split(fn, size) is None), x.name
     st = _stores(f, x, buf, v, home=packed is None)
     ln, e = f.length(x.type.length), f.names.fresh("be")
-    if tiled:
+    if whole:
         pre, post = f.tile_pre(body), []
         if packed is not None:  # the field's bytes of this block, from a block of values
             pk, (ptr, bits) = f.names.fresh("pk"), packed
             pre, st = [*pre, f"uint8_t {pk}[{size}];"], [*st, f"{pk}[t] = {v};"]
-            post = ["if (tl > 0) {", *pack_lines(pk, ptr, bits, "hp_b0"), "}"]
+            post = ["if (tl > 0) {", *pack_lines(pk, ptr, bits), "}"]
         loop = (
             f"      {{ const int64_t i0 = hp_b0; const int32_t tl = (int32_t)({e} - hp_b0);\n"
             + "".join(f"      {p}\n" for p in pre)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hipress.compll.backends.c.block import TILE, per_block
+from hipress.compll.backends.c.block import per_block, tiled
 from hipress.compll.backends.c.butterfly import split
 from hipress.compll.ir import nodes as ir
 from hipress.compll.ir.blocks import reads
@@ -39,7 +39,7 @@ def packs_in_section(x: ir.Map, size: int) -> bool:
     """Whether map ``x`` of a section of blocks of ``size`` can store a packed field itself:
     a ``uint<k>`` map (k < 8) run as a tile loop over whole bytes of the field."""
     bits = x.type.bits
-    if bits is None or bits >= 8 or size % 8 or size > TILE:
+    if bits is None or bits >= 8 or not tiled(size):
         return False
     return split(per_block(x.fn, size), size) is None
 

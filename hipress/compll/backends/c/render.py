@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from jinja2 import Environment
 
-from hipress.compll.backends.c.block import TILE, render_block
+from hipress.compll.backends.c.block import TILE, pack_lines, render_block
 from hipress.compll.backends.c.lut import lut_stage, run_stage
 from hipress.compll.backends.c.stages import STAGES
 from hipress.compll.backends.cfamily.body import Body, variants
@@ -343,16 +343,7 @@ class CFunction(CFamily):
         return pre
 
     def _tile_post(self, packs: list[tuple[str, str, int]]) -> list[str]:
-        post: list[str] = []
-        for buf, ptr, bits in packs:
-            per = 8 // bits
-            expr = " | ".join(f"({buf}[{per} * q + {j}] << {j * bits})" for j in range(per))
-            post += [
-                f"for (int64_t t = tl; t < (tl + {per - 1}) / {per} * {per}; t++) {buf}[t] = 0;",
-                "#pragma omp simd",
-                f"for (int64_t q = 0; q < (tl + {per - 1}) / {per}; q++) {ptr}[i0 / {per} + q] = (uint8_t)({expr});",
-            ]  # fmt: skip
-        return post
+        return [ln for buf, ptr, bits in packs for ln in pack_lines(buf, ptr, bits)]
 
 
 def _balanced(call: str) -> bool:
