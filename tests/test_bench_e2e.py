@@ -238,8 +238,22 @@ def test_local_step_rows_report_utilisation_and_bytes() -> None:
     assert onebit["steps"] == 4 and onebit["h"] == 2  # 3 steps rounded up to whole periods
     assert onebit["utilisation"] == onebit["scaling_efficiency"] > 0
     assert onebit["outer_sync_s"] > 0 and onebit["sync_exposed_ms"] >= 0
+    # the sync's parts add up to it, and the CPU work alone leaves the loop below full speed
+    parts = ("outer_wait_s", "outer_encode_s", "outer_decode_s", "outer_step_s")
+    assert sum(onebit[k] for k in parts) == pytest.approx(onebit["outer_sync_s"], rel=1e-6)
+    assert min(onebit[k] for k in parts[1:]) > 0 and 0 < onebit["cpu_bound"] < 1
     # one bit per element and a scale per chunk, where uncompressed sends four bytes each
     numel = sum(p.numel() for p in WORKLOADS["lstm-lm"].build(data).parameters())
     assert numel / 8 <= onebit["payload_bytes_per_sync"] < 4 * numel / 20
     table = "\n".join(local_markdown({"rows": cell_rows}))
     assert "| diloco-onebit-h2 | 2 |" in table and "compute-only" not in table
+
+
+def test_cpu_bound_is_the_period_over_the_period_and_the_sync_work() -> None:
+    """H steps of compute against each fragment's encode, decode and step (waits excluded)."""
+    from hipress.bench.diloco import cpu_bound
+
+    row = {"h": 16, "fragments": 1, "outer_wait_s": 9.0, "outer_encode_s": 0.05,
+           "outer_decode_s": 0.03, "outer_step_s": 0.12}  # fmt: skip
+    assert cpu_bound(row, 0.1) == pytest.approx(1.6 / (1.6 + 0.2))
+    assert cpu_bound({**row, "fragments": 4}, 0.1) == pytest.approx(1.6 / (1.6 + 0.8))

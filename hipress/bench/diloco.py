@@ -10,10 +10,12 @@ up for one period of H steps (so the timed steps hold whole periods), then time 
 steps. Figures per row: samples/s (all workers), ``utilisation`` (samples/s over compute-only:
 the same N processes exchanging nothing, so CPU sharing is not charged to the network), bytes
 each worker put on its wire per step (its NIC's transmit counter), seconds per outer sync (in
-all, and the part the inner loop stood waiting), the final training loss and each rank's peak
-resident memory. The bound is the link: at H inner steps per sync a row cannot use less than
-``bytes per sync / H`` of the link per step; every row prints its bytes so the bound can be
-checked against the rate.
+all, and its parts: the inner loop standing waiting, encoding, decoding, the outer step), the
+final training loss and each rank's peak resident memory. Two bounds: the link (at H inner
+steps per sync a row cannot use less than ``bytes per sync / H`` of the link per step; every
+row prints its bytes so the bound can be checked against the rate), and the loop's own sync
+work (``cpu_bound``: the utilisation left once each sync's encode, decode and outer step are
+paid and nothing is waited for, :func:`cpu_bound`).
 
 torchft's ``DiLoCo`` (where torchft imports; :mod:`~hipress.bench.diloco_torchft`) runs with
 Nesterov SGD (lr 0.7, momentum 0.9) as the outer optimizer, uncompressed (on CPU its
@@ -40,7 +42,7 @@ from hipress.bench.diloco_torchft import version
 from hipress.bench.netsim import LoopbackNetwork, open_network, run_in_network, tx_bytes
 from hipress.bench.workloads import WORKLOADS
 
-__all__ = ["Row", "parse_variants", "rows_for", "run", "summarise", "train", "wrap"]
+__all__ = ["Row", "cpu_bound", "parse_variants", "rows_for", "run", "summarise", "train", "wrap"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,9 @@ class Row:
 
 _VARIANT = re.compile(r"^(?:diloco-(?P<alg>.+?)|(?P<kind>postlocal|torchft))-h(?P<h>\d+)"
                       r"(?:-f(?P<f>\d+)-tau(?P<tau>\d+))?$")  # fmt: skip
+# DiLoCoStats' timers -> the per-sync seconds a row reports
+_OUTER = {"outer_s": "outer_sync_s", "wait_s": "outer_wait_s", "encode_s": "outer_encode_s",
+          "decode_s": "outer_decode_s", "step_s": "outer_step_s"}  # fmt: skip
 VARIANT_FORMS = ("diloco-ALGORITHM-hH (ALGORITHM none: uncompressed), diloco-ALGORITHM-hH-fF-tauT "
                  "(streaming), postlocal-hH, torchft-hH, or hH (all of them at H)")  # fmt: skip
 
@@ -198,7 +203,7 @@ def _timed(rank: int, w: Any, data: Any, module: Any, opt: Any, diloco: Any, row
     for i in range(warm):
         step(i)
     dist.barrier()
-    outer0 = (diloco.stats.outer_s, diloco.stats.wait_s, diloco.stats.syncs) if diloco else None
+    outer0 = {k: getattr(diloco.stats, k) for k in (*_OUTER, "syncs")} if diloco else None
     tx0, t0 = tx_bytes(iface), time.perf_counter()
     for i in range(warm, warm + steps):
         step(i)
@@ -212,9 +217,9 @@ def _timed(rank: int, w: Any, data: Any, module: Any, opt: Any, diloco: Any, row
     }  # fmt: skip
     if diloco is not None and outer0 is not None:
         s = diloco.stats
-        syncs = max(1, s.syncs - outer0[2])
-        out["outer_sync_s"] = (s.outer_s - outer0[0]) / syncs
-        out["outer_wait_s"] = (s.wait_s - outer0[1]) / syncs
+        syncs = max(1, s.syncs - outer0["syncs"])
+        for field, key in _OUTER.items():
+            out[key] = (getattr(s, field) - outer0[field]) / syncs
         out["payload_bytes_per_sync"] = s.sent_bytes / max(1, s.syncs)
     return out
 
@@ -233,10 +238,19 @@ def summarise(row: Row, per_rank: list[dict[str, Any]], batch: int, steps: int,
         "final_loss": sum(sum(r["losses"][-row.h:]) / row.h for r in per_rank) / len(per_rank),
         "max_rss_mb": max(r["max_rss_mb"] for r in per_rank),
     }  # fmt: skip
-    for k in ("outer_sync_s", "outer_wait_s", "payload_bytes_per_sync"):
+    for k in (*_OUTER.values(), "payload_bytes_per_sync"):
         if k in per_rank[0]:
             res[k] = sum(r[k] for r in per_rank) / len(per_rank)
     return res
+
+
+def cpu_bound(row: dict[str, Any], step_s: float) -> float:
+    """The utilisation a DiLoCo ``row`` could reach on an infinitely fast link: per period of H
+    inner steps of ``step_s`` seconds (compute-only), each of its fragments' syncs still takes
+    the loop's own time to encode, decode and step (its measured seconds, waits excluded)."""
+    cpu = row["outer_encode_s"] + row["outer_decode_s"] + row["outer_step_s"]
+    period = row["h"] * step_s
+    return period / (period + row["fragments"] * cpu)
 
 
 def run(workers: int, rate_mbit: float | None, model_name: str, rows: list[Row], steps: int,
@@ -270,6 +284,8 @@ def run(workers: int, rate_mbit: float | None, model_name: str, rows: list[Row],
     for r in results:
         if computes and "samples_per_s" in r:
             r["utilisation"] = r["samples_per_s"] / max(computes)
+            if "outer_step_s" in r:  # a DiLoCo row: what its own sync work allows
+                r["cpu_bound"] = cpu_bound(r, w.batch_size * workers / max(computes))
     meta = {"workers": workers, "rate_mbit": rate_mbit, "model": model_name, "steps": steps,
             "network": str(network), "torch": torch.__version__, "threads": 1,
             "torchft": version() or "not installed"}  # fmt: skip
@@ -277,21 +293,24 @@ def run(workers: int, rate_mbit: float | None, model_name: str, rows: list[Row],
 
 
 def _table(result: dict[str, Any]) -> str:
-    head = f"{'row':<22}{'samples/s':>10}{'util':>7}{'wire B/step':>13}{'sync s':>8}" \
-           f"{'wait s':>8}{'loss':>8}{'RSS MB':>8}"  # fmt: skip
+    head = f"{'row':<30}{'samples/s':>10}{'util':>7}{'wire B/step':>13}{'sync s':>8}" \
+           f"{'wait':>7}{'enc':>7}{'dec':>7}{'step':>7}{'cpu bnd':>8}{'loss':>8}{'RSS MB':>8}"  # fmt: skip
     lines = [head]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"{r['row']:<22} failed: {r['error'].splitlines()[-1][:60]}")
+            lines.append(f"{r['row']:<30} failed: {r['error'].splitlines()[-1][:60]}")
             continue
 
         def f(k: str, fmt: str, r: dict[str, Any] = r) -> str:
             v = r.get(k)
             return "-" if v is None else format(v, fmt)
 
-        lines.append(f"{r['row']:<22}{f('samples_per_s', '.1f'):>10}{f('utilisation', '.3f'):>7}"
+        lines.append(f"{r['row']:<30}{f('samples_per_s', '.1f'):>10}{f('utilisation', '.3f'):>7}"
                      f"{f('wire_bytes_per_step', '.3g'):>13}{f('outer_sync_s', '.3f'):>8}"
-                     f"{f('outer_wait_s', '.3f'):>8}{f('final_loss', '.3f'):>8}"
+                     f"{f('outer_wait_s', '.3f'):>7}{f('outer_encode_s', '.3f'):>7}"
+                     f"{f('outer_decode_s', '.3f'):>7}{f('outer_step_s', '.3f'):>7}"
+                     f"{f('cpu_bound', '.3f'):>8}"
+                     f"{f('final_loss', '.3f'):>8}"
                      f"{f('max_rss_mb', '.0f'):>8}")  # fmt: skip
     return "\n".join(lines)
 

@@ -8,7 +8,9 @@ A row is named as :func:`hipress.bench.diloco.parse_variants` reads it (``diloco
 steps and times the cell's ``steps`` rounded up to whole periods. Figures beside the cell's
 usual ones: ``utilisation`` (samples/s over compute-only, as ``scaling_efficiency``),
 ``wire_bytes_per_step``, ``outer_sync_s`` and ``outer_wait_s`` (hipress's DiLoCo: seconds per
-outer sync in all, and the part the inner loop stood waiting) and, for every row,
+outer sync in all, and the part the inner loop stood waiting; also ``outer_encode_s``,
+``outer_decode_s`` and ``outer_step_s``, and ``cpu_bound``, the utilisation those three leave
+on an infinitely fast link: :func:`hipress.bench.diloco.cpu_bound`) and, for every row,
 ``sync_exposed_ms`` (what a period of H steps took beyond H compute-only steps: the time each
 outer sync cost the training loop).
 """
@@ -86,6 +88,8 @@ def finish_local(rows: list[dict[str, Any]], compute_name: str) -> None:
         r["utilisation"] = r.get("scaling_efficiency")
         if compute is not None:
             r["sync_exposed_ms"] = max(0.0, r["step_ms"] - compute["step_ms"]) * r["h"]
+            if "outer_step_s" in r:
+                r["cpu_bound"] = diloco.cpu_bound(r, compute["step_ms"] / 1000)
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -98,9 +102,9 @@ def local_markdown(cell: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     out = [
-        "| local steps | H | samples/s | utilisation x | MB/step | s per outer sync | "
-        "waited s | ms exposed per sync | loss |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| local steps | H | samples/s | utilisation x | cpu bound x | MB/step | "
+        "s per outer sync | waited s | ms exposed per sync | loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if "samples_per_s" not in r:
@@ -108,7 +112,7 @@ def local_markdown(cell: dict[str, Any]) -> list[str]:
         wire = r.get("wire_bytes_per_step")
         out.append(
             f"| {r['config']} | {r['h']} | {r['samples_per_s']:.1f} | "
-            f"{_fmt(r.get('utilisation'), '.3f')} | "
+            f"{_fmt(r.get('utilisation'), '.3f')} | {_fmt(r.get('cpu_bound'), '.3f')} | "
             f"{_fmt(None if wire is None else wire / 1e6, '.3f')} | "
             f"{_fmt(r.get('outer_sync_s'), '.3f')} | {_fmt(r.get('outer_wait_s'), '.3f')} | "
             f"{_fmt(r.get('sync_exposed_ms'), '.0f')} | {_fmt(r.get('final_loss'), '.3f')} |"

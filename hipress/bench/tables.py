@@ -278,23 +278,27 @@ def robustness_table(results: dict[str, Any]) -> list[str]:
 def diloco_table(results: dict[str, Any]) -> list[str]:
     """``python -m hipress.bench.diloco`` runs (``results["runs"]``), a table each: every row's
     samples/s, utilisation against the run's better compute-only row, MB on the wire per step,
-    seconds per outer sync (fragment sync when streaming) and the part the loop waited."""
+    seconds per outer sync (fragment sync when streaming) and the part the loop waited, and the
+    utilisation the loop's own sync work allows (``cpu_bound``, where the run has it)."""
     out: list[str] = []
     for run in results["runs"]:
         m, rows = run["meta"], run["rows"]
         ref = max(r["samples_per_s"] for r in rows if r["row"] == "compute" and "error" not in r)
+        bound = any("cpu_bound" in r for r in rows)  # runs before it was measured lack it
         out += ["", f"{m['model']}, {m['workers']} workers, {m['rate_mbit']:g} Mbit/s, "
                     f"{m['steps']} timed steps per row:", "",
-                "| row | samples/s | utilisation | MB/step | s per outer sync | s waited |",
-                "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+                "| row | samples/s | utilisation | " + "cpu bound | " * bound
+                + "MB/step | s per outer sync | s waited |",
+                "|---|---:|---:|" + "---:|" * bound + "---:|---:|---:|"]  # fmt: skip
         for r in rows:
             if "error" in r:
                 out.append(f"| {r['row']} | failed |")
                 continue
             wire = r.get("wire_bytes_per_step")
+            cpu = f"{fmt(r.get('cpu_bound'), '.3f')} | " * bound
             out.append(
                 f"| {r['row']} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / ref:.3f} | "
-                f"{fmt(None if wire is None else wire / 1e6, '.3f')} | "
+                f"{cpu}{fmt(None if wire is None else wire / 1e6, '.3f')} | "
                 f"{fmt(r.get('outer_sync_s'), '.3f')} | {fmt(r.get('outer_wait_s'), '.3f')} |"
             )
     return out[1:]

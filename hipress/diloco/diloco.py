@@ -248,20 +248,30 @@ class DiLoCo:
         self.stats.sent_bytes += sync.wire_bytes()
         n = self.size
         self.stats.raw_bytes += 2 * (n - 1) * 4 * sum(sync.numels) // max(1, n)
-        self.stats.outer_s += time.perf_counter() - began
+        spent = time.perf_counter() - began
+        self.stats.encode_s += spent
+        self.stats.outer_s += spent
 
     def _apply(self, k: int, t: int) -> None:
         began = time.perf_counter()
         p_k = self.pending[k]
         if p_k is None:
             raise DiLoCoError(f"fragment {k}: nothing to apply at inner step {t}")
-        means = self.syncs[k].finish(p_k, f"the outer sync of fragment {k} at inner step {t}")
-        self.stats.wait_s += time.perf_counter() - began
+        what = f"the outer sync of fragment {k} at inner step {t}"
+        p_k.wait(what)
+        waited = time.perf_counter()
+        means = self.syncs[k].finish(p_k, what)
+        decoded = time.perf_counter()
         self.pending[k] = None
         self.outer_step(k, means)
         self.stats.syncs += 1
         self.stats.per_fragment[k] += 1
-        self.stats.outer_s += time.perf_counter() - began
+        done = time.perf_counter()
+        s = self.stats
+        s.wait_s += waited - began
+        s.decode_s += decoded - waited
+        s.step_s += done - decoded
+        s.outer_s += done - began
 
     def outer_step(self, k: int, means: list[torch.Tensor]) -> None:
         """Apply fragment ``k``'s mean outer gradients ``means`` (flat float32, one per
@@ -298,7 +308,9 @@ class DiLoCo:
             if p is not None and p.work is not None:
                 began = time.perf_counter()
                 p.wait(f"the outer sync of fragment {k}")
-                self.stats.wait_s += time.perf_counter() - began
+                waited = time.perf_counter() - began
+                self.stats.wait_s += waited
+                self.stats.outer_s += waited
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
