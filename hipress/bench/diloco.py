@@ -298,7 +298,8 @@ def _table(result: dict[str, Any]) -> str:
     lines = [head]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"{r['row']:<30} failed: {r['error'].splitlines()[-1][:60]}")
+            said = r["error"].strip().splitlines() or ["(no message)"]
+            lines.append(f"{r['row']:<30} failed: {said[-1][:60]}")
             continue
 
         def f(k: str, fmt: str, r: dict[str, Any] = r) -> str:

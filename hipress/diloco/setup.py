@@ -44,7 +44,10 @@ def default_outer(named: Named, feedback: Sequence[str]) -> torch.optim.Optimize
     kw = outer_defaults(feedback)  # less momentum where a codec keeps error feedback
     if kw != OUTER_PLAIN:
         log.info("outer optimizer: Nesterov SGD %s (a codec keeps error feedback)", kw)
-    return torch.optim.SGD([p for _, p in named], **kw)
+    # foreach: the same operations in the same order as the per-tensor loop (the same bits),
+    # but Nesterov's step adds the momentum into the gradient in place instead of into a fresh
+    # tensor the size of the parameters
+    return torch.optim.SGD([p for _, p in named], **kw, foreach=True)
 
 
 def check_outer(named: Named, outer: Any, inner: torch.optim.Optimizer) -> None:

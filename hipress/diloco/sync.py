@@ -130,7 +130,8 @@ class FragmentSync:
 
     def finish(self, p: Pending, what: str) -> list[torch.Tensor]:
         """Wait for ``p`` and return the mean outer gradient of each tensor (flat float32), the
-        same bits on every rank."""
+        same bits on every rank: views of this sync's buffer, valid until its next :meth:`start`
+        (which writes the next outer gradients there)."""
         p.wait(what)
         if not self.compressed:
             return list(p.buffer.div_(self.size).split(self.numels))
@@ -138,8 +139,10 @@ class FragmentSync:
         mode = FlagMode.for_tensor(rows)
         flags = mode.gathered(rows, self.trailer, len(self.coders))
         out = []
-        for c, off, n, bad in zip(self.coders, self.offsets, self.numels, flags, strict=True):
-            mean = torch.empty(n, dtype=torch.float32, device=self.device)
+        # the means go where the outer gradients were (encoded at start, no longer needed): a
+        # fresh buffer each sync would cost a page fault per 4 KiB, more than the decode itself
+        for c, off, n, bad, mean in zip(self.coders, self.offsets, self.numels, flags,
+                                        self.views, strict=True):  # fmt: skip
             decode_mean(c.alg, [rows[r, off : off + c.nbytes] for r in range(self.size)], n, mean)
             FlagMode.fill_nan(mean, bad)
             out.append(mean)
