@@ -10,6 +10,8 @@ import pytest
 import torch
 from dist_utils import run_workers
 
+from hipress.diloco.config import OUTER_FEEDBACK
+
 CASES = {
     "onebit": {"sync_every": 4, "algorithm": "onebit"},
     "terngrad": {"sync_every": 4, "algorithm": "terngrad"},  # random: the RNG counters resume
@@ -19,6 +21,10 @@ CASES = {
                   "fragments": 2, "fragment_sync_delay": 1, "fragment_update_alpha": 0.5},
 }  # fmt: skip
 
+
+# the default outer optimizer as torch's per-tensor loop: a checkpoint of it resumes under the
+# default (foreach), whose digest must not tell them apart
+PER_TENSOR = {"sync_every": 4, "algorithm": "onebit", "outer": {**OUTER_FEEDBACK, "foreach": False}}
 
 STOP, TOTAL = 6, 13
 WORLD = {case: 4 if case == "onebit" else 2 for case in CASES}
@@ -33,6 +39,7 @@ def runs() -> dict[str, list[Any]]:
     for case, kw in CASES.items():
         first[WORLD[case]][f"straight {case}"] = ("resume", (kw, STOP, TOTAL, None))
     first[2]["straight control"] = ("resume", (CASES["onebit"], STOP, TOTAL, None))
+    first[2]["straight per-tensor"] = ("resume", (PER_TENSOR, STOP, TOTAL, None))
     out = _launch(first)
     second: dict[int, dict[str, tuple[Any, ...]]] = {2: {}, 4: {}}
     for case, kw in CASES.items():
@@ -40,6 +47,9 @@ def runs() -> dict[str, list[Any]]:
         second[WORLD[case]][f"resumed {case}"] = ("resume", (kw, STOP, TOTAL, saved))
     saved = [s["saved"] for s in out["straight control"]]
     second[2]["blind control"] = ("resume", (CASES["onebit"], STOP, TOTAL, saved, False))
+    saved = [s["saved"] for s in out["straight per-tensor"]]
+    default = {k: v for k, v in PER_TENSOR.items() if k != "outer"}
+    second[2]["resumed per-tensor"] = ("resume", (default, STOP, TOTAL, saved))
     return {**out, **_launch(second)}
 
 
@@ -60,6 +70,16 @@ def test_resume_is_bit_exact(case: str, runs: dict[str, list[Any]]) -> None:
         assert a["syncs"] == b["syncs"] and a["inner_steps"] == b["inner_steps"] == TOTAL
         assert sum(a["syncs"]) >= 3
         assert b["saved"] == b""  # the resumed run saved nothing: it started after `stop`
+        for x, y in zip(a["params"], b["params"], strict=True):
+            assert torch.equal(x, y)
+
+
+def test_a_checkpoint_of_the_per_tensor_outer_step_resumes_under_the_default(
+    runs: dict[str, list[Any]],
+) -> None:
+    # foreach=True (the default since) computes the same bits and keeps the config digest
+    for a, b in zip(runs["straight per-tensor"], runs["resumed per-tensor"], strict=True):
+        assert a["syncs"] == b["syncs"] and sum(a["syncs"]) >= 3
         for x, y in zip(a["params"], b["params"], strict=True):
             assert torch.equal(x, y)
 

@@ -160,7 +160,10 @@ class DiLoCo:
     # ---- checks at construction ---------------------------------------------------------------
 
     def _options(self) -> dict[str, Any]:
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.outer.param_groups]
+        # foreach changes how the optimizer runs, not what it computes: described as torch's
+        # default, so a checkpoint of a run whose optimizer had another keeps its digest
+        groups = [{k: None if k == "foreach" else v for k, v in g.items() if k != "params"}
+                  for g in self.outer.param_groups]  # fmt: skip
         s = self.schedule
         return {
             "sync_every": s.sync_every, "fragment_sync_delay": s.delay, "alpha": self.alpha,
