@@ -251,9 +251,7 @@ class DiLoCo:
         self.stats.sent_bytes += sync.wire_bytes()
         n = self.size
         self.stats.raw_bytes += 2 * (n - 1) * 4 * sum(sync.numels) // max(1, n)
-        spent = time.perf_counter() - began
-        self.stats.encode_s += spent
-        self.stats.outer_s += spent
+        self.stats.encode_s += time.perf_counter() - began
 
     def _apply(self, k: int, t: int) -> None:
         began = time.perf_counter()
@@ -274,7 +272,6 @@ class DiLoCo:
         s.wait_s += waited - began
         s.decode_s += decoded - waited
         s.step_s += done - decoded
-        s.outer_s += done - began
 
     def outer_step(self, k: int, means: list[torch.Tensor]) -> None:
         """Apply fragment ``k``'s mean outer gradients ``means`` (flat float32, one per
@@ -311,9 +308,7 @@ class DiLoCo:
             if p is not None and p.work is not None:
                 began = time.perf_counter()
                 p.wait(f"the outer sync of fragment {k}")
-                waited = time.perf_counter() - began
-                self.stats.wait_s += waited
-                self.stats.outer_s += waited
+                self.stats.wait_s += time.perf_counter() - began
 
     # ---- checkpoints ----------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ class DiLoCoStats:
         sent_bytes: bytes this rank sent for them (on a ring; payloads and flags).
         raw_bytes: bytes an uncompressed all-reduce of the same outer gradients would send.
         wait_s: seconds the inner loop stood waiting for outer collectives.
-        outer_s: seconds spent in outer syncs in all: ``encode_s + wait_s + decode_s + step_s``.
         encode_s: seconds computing outer gradients, encoding them and issuing the collectives.
         decode_s: seconds decoding and averaging the received outer gradients.
         step_s: seconds in outer optimizer steps (with the anchor copies and alpha mixing).
@@ -28,8 +27,12 @@ class DiLoCoStats:
     sent_bytes: int = 0
     raw_bytes: int = 0
     wait_s: float = 0.0
-    outer_s: float = 0.0
     encode_s: float = 0.0
     decode_s: float = 0.0
     step_s: float = 0.0
     per_fragment: list[int] = field(default_factory=list)
+
+    @property
+    def outer_s(self) -> float:
+        """Seconds spent in outer syncs in all: ``encode_s + wait_s + decode_s + step_s``."""
+        return self.encode_s + self.wait_s + self.decode_s + self.step_s
