@@ -27,6 +27,7 @@ from hipress.bench.e2e_rows import derive, floors, fsdp_blocks
 from hipress.bench.netsim import LoopbackNetwork
 from hipress.bench.report import e2e_markdown
 from hipress.bench.workloads import WORKLOADS
+from hipress.core.plan import gather_own
 from hipress.timeline import BREAKDOWN
 
 
@@ -68,9 +69,12 @@ def test_configurations_run_and_keep_their_timelines(tmp_path: Path) -> None:
     _, numel, compress, _, _, n_rows, bound, union = embed
     assert not compress and 0 < union <= 2 * bound < n_rows
     floors(rows, numels, 2, 1000.0)
-    # its bound's indices and union's rows at 125 kB per ms, less its lead, at the least
-    width = numel // n_rows
-    least = (8 * (bound + 1) + 4 * union * width) / 125e3 - leads["embed.weight"]
+    # its bound's indices and its rows at 125 kB per ms, less its lead, at the least: the
+    # other rank's rows all-gathered (at the count the bound was set for), or the union's
+    # allreduced (a ring of two sends it once), whichever CaSync sends
+    width, most = numel // n_rows, (bound - 1) // 2
+    rows_sent = most if gather_own(2, most, union) else union
+    least = (8 * (bound + 1) + 4 * rows_sent * width) / 125e3 - leads["embed.weight"]
     assert onebit["network_floor_ms"] >= least - 1e-9
     assert 0 < onebit["efficiency_bound"] < 1
     assert "network_floor_ms" not in nocomm and "network_floor_ms" not in sync
@@ -86,10 +90,14 @@ def test_row_sparse_bytes_in_the_floor() -> None:
     def pay(k: int) -> int:
         return k // 8
 
-    # 1000 rows of 64: bound 21, 30 rows in the union (exact: an fp32 allreduce's share)
+    # 1000 rows of 64: bound 21 (set for 10 rows a rank), 30 rows in the union: exact rows go
+    # as each rank's own 10, all-gathered (a ring all-gather sends N-1 blocks: indices 3 x 22
+    # int64, rows 3 x 10)
     exact = row_bytes_sent(64_000, 1000, 21, 30, False, pay, 4)
-    # (a ring all-gather sends N-1 blocks: indices 3 x 22 int64; the allreduce 2(N-1)/N)
-    assert exact == pytest.approx(3 * 8 * 22 + 1.5 * 4 * 30 * 64)
+    assert exact == pytest.approx(3 * 8 * 22 + 3 * 4 * 10 * 64)
+    # ranks sharing most rows (a union of 15): the union allreduced, a ring's 2(N-1)/N share
+    shared = row_bytes_sent(64_000, 1000, 21, 15, False, pay, 4)
+    assert shared == pytest.approx(3 * 8 * 22 + 1.5 * 4 * 15 * 64)
     comp = row_bytes_sent(64_000, 1000, 21, 30, True, pay, 4)
     assert comp == pytest.approx(3 * 8 * 22 + 3 * 30 * 64 // 8)
     # no union measured: the most a sparse step sends, N x (bound - 1) / 2 rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hipress.casync.rowprobe import plan_rows
-from hipress.core.plan import Plan, PlanError, Strategy
+from hipress.core.plan import Plan, PlanError, Strategy, gather_own
 from hipress.secopa.model.costmodel import CostModel
 from hipress.secopa.model.planner import Planner, PlannerConfig, plan_named
 from hipress.secopa.model.profile import Profile, Readiness, affine_profile
@@ -41,8 +41,13 @@ def test_row_bytes_are_touched_rows_times_row_and_index_bytes_times_world(n: int
     cm = CostModel(_profile(), n)
     p = price_rows(cm, VOCAB * WIDTH, VOCAB, 110, compressed=False)
     assert (p.bound, p.union) == (221, n * 110)
-    # indices: a ring all-gather of (bound + 1) int64; values: a ring allreduce's share
-    assert p.bytes == pytest.approx((n - 1) * 8 * 222 + 2 * (n - 1) / n * 4 * n * 110 * WIDTH)
+    # indices: a ring all-gather of (bound + 1) int64; values: each rank's own rows all-gathered
+    # (half the bytes of the union's allreduce when no two ranks share a row)
+    assert p.bytes == pytest.approx((n - 1) * 8 * 222 + (n - 1) * 4 * 110 * WIDTH)
+    # a table the ranks' rows fill: the union is allreduced, as CaSync then sends it
+    small = price_rows(cm, 110 * WIDTH, 110, 110, compressed=False)
+    assert (small.bound, small.union) == (110, 110) and not gather_own(n, 110, 110)
+    assert small.bytes == pytest.approx((n - 1) * 8 * 111 + 2 * (n - 1) / n * 4 * 110 * WIDTH)
     dense = cm.time("allreduce", VOCAB * WIDTH)
     assert p.ms < dense / 50  # 0.9% of the rows at 4 workers: far below the dense allreduce
     c = price_rows(cm, VOCAB * WIDTH, VOCAB, 110, compressed=True)

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hipress.core.layout import layout_tensor
-from hipress.core.plan import Strategy, TensorPlan
+from hipress.core.plan import Strategy, TensorPlan, gather_own
 from hipress.secopa.measure.readiness import ReadyClock
 from hipress.secopa.model.ddpbuckets import ready_buckets
 from hipress.secopa.model.network import ALGORITHMS
@@ -102,8 +102,9 @@ def row_bytes_sent(
 ) -> float:
     """Bytes one rank sends per step for a row-sparse tensor (CaSync's
     :mod:`~hipress.casync.strategies.rowsparse`): the all-gather of ``bound + 1`` int64 (count
-    and indices), then the ``union`` rows every rank holds: an fp32 allreduce's share, or
-    (``compress``) the all-gather of their payload. ``union`` is the rows of a step's summed
+    and indices), then the ``union`` rows every rank holds: an fp32 allreduce's share or, where
+    CaSync sends fewer bytes so, each rank's own rows all-gathered (taken at the count the bound
+    was set for), or (``compress``) the all-gather of their payload. ``union`` is the rows of a step's summed
     gradient that are not zero (measured); None takes the most the bound allows a step that
     stays sparse, ``min(rows, N * (bound - 1) / 2)`` (the bound is twice the count plus one)."""
     if union is None:
@@ -112,6 +113,9 @@ def row_bytes_sent(
     sent = _sent("ring_allgather", 8.0 * (bound + 1), world_size)
     if compress:
         return sent + (_sent("ring_allgather", payload_nbytes(k), world_size) if k else 0.0)
+    most = min(rows, (bound - 1) // 2)  # the count the bound was set for
+    if gather_own(world_size, most, union):  # each rank's own rows, all-gathered
+        return sent + _sent("ring_allgather", 4.0 * most * (numel // rows), world_size)
     return sent + allreduce_bytes(4.0 * k, world_size)
 
 

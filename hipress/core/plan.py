@@ -75,6 +75,14 @@ class Strategy(str, Enum):
     ROUNDS = "rounds"
 
 
+def gather_own(n: int, most: int, union: int) -> bool:
+    """Whether an exact row-sparse step sends each rank's own rows, all-gathered (padded to
+    ``most``, the largest count of the ``n`` ranks), rather than the ``union`` of their rows,
+    allreduced: the all-gather puts ``(n - 1) * most`` rows on each rank's link, a ring
+    allreduce ``2 (n - 1) / n * union``. Every rank decides alike, from the same counts."""
+    return n * most < 2 * union
+
+
 @dataclass(frozen=True)
 class TensorPlan:
     """The decision for one parameter.

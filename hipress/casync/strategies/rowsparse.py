@@ -12,8 +12,11 @@ two collectives, both issued on the hook's thread in the same order on every ran
    - dense fallback (a rank touched more than ``row_bound`` rows): the tensor is allreduced
      whole, uncompressed (compressed mode: with its residual added, which is then zero);
    - nothing (no rank touched a row): the tensor stays zero;
-   - exact (``compress`` false): the ``|U|`` rows are allreduced; a row touched by several
-     ranks is summed once per rank, rows outside ``U`` are zero on every rank;
+   - exact (``compress`` false), whichever puts fewer bytes on each rank's link (every rank
+     decides alike, :func:`~hipress.core.plan.gather_own`): the ``|U|`` rows are allreduced, or each rank's own
+     rows are all-gathered (padded to the largest count) and summed into ``U`` in rank order;
+     either way a row touched by several ranks is summed once per rank, rows outside ``U`` are
+     zero on every rank, and every rank holds the same bits;
    - compressed (``compress`` true): each rank encodes its ``|U|`` rows plus their residual
      with the tensor's algorithm, the payloads (one size on every rank: ``|U|`` is agreed) are
      all-gathered and their decodes averaged.
@@ -36,7 +39,7 @@ from hipress.casync.strategies.context import all_gather
 from hipress.casync.strategies.surface import Group, Operation
 from hipress.codec.algorithm import decode_mean
 from hipress.codec.rowsparse import RowState, encode_rows, nonzero_rows, row_state_key
-from hipress.core.plan import TensorPlan
+from hipress.core.plan import TensorPlan, gather_own
 
 __all__ = ["start"]
 
@@ -65,13 +68,17 @@ def _values(op: Operation, grad: torch.Tensor, entry: TensorPlan, recv: torch.Te
     ctx, n, bound = op.ctx, op.ctx.world_size, entry.row_bound
     blocks = recv.view(n, bound + 1)
     state = ctx.worker_states.get(row_state_key(entry.name)) if entry.compress else None
-    if int(blocks[:, 0].max()) > bound:
+    most = int(blocks[:, 0].max())
+    if most > bound:
         _dense(op, grad, state, group)
         return
     idx = blocks[:, 1:]
     union = torch.unique(idx[idx >= 0])  # sorted
     if union.numel() == 0:
         op.part_done()
+        return
+    if state is None and gather_own(n, most, union.numel()):
+        _gather_own(op, grad, blocks, most, union, group)
         return
     with ctx.stats.timed("encode_ms"):
         rows = grad.index_select(0, union)
@@ -88,6 +95,46 @@ def _values(op: Operation, grad: torch.Tensor, entry: TensorPlan, recv: torch.Te
         lambda: all_gather(out, payload, group=group, async_op=True),
         payload.numel(), "rows: allgather", _decode, op, grad, union, out,
     )  # fmt: skip
+
+
+def _gather_own(op: Operation, grad: torch.Tensor, blocks: torch.Tensor, most: int,
+                union: torch.Tensor, group: Group) -> None:  # fmt: skip
+    """Exact rows as each rank's own: all-gather them (scaled by 1/N, padded to the largest
+    count), then sum them into the union's rows in rank order (:func:`_sum_own`)."""
+    n, rank = op.ctx.world_size, op.ctx.rank
+    mine = int(blocks[rank, 0])
+    with op.ctx.stats.timed("encode_ms"):
+        own = torch.zeros(most, grad.shape[1], dtype=grad.dtype, device=grad.device)
+        own[:mine] = grad.index_select(0, blocks[rank, 1 : 1 + mine])
+        own.div_(n)
+    out = torch.empty(n * own.numel(), dtype=grad.dtype, device=grad.device)
+    op.issue(
+        lambda: all_gather(out, own.view(-1), group=group, async_op=True),
+        own.numel() * own.element_size(), "rows: allgather own", _sum_own, op, grad,
+        blocks, union, out.view(n, most, -1),
+    )  # fmt: skip
+
+
+def _sum_own(op: Operation, grad: torch.Tensor, blocks: torch.Tensor, union: torch.Tensor,
+             got: torch.Tensor) -> None:  # fmt: skip
+    """Rank ``r``'s rows ``got[r]`` arrived: each union row is the sum of the ranks' rows in
+    rank order, from -0.0, and a row some rank did not touch adds that rank's +0.0 once, so
+    the bits are those of summing every rank's whole row (an allreduce of two ranks, DDP's)."""
+    n = op.ctx.world_size
+    with op.ctx.stats.timed("decode_ms"):
+        acc = torch.full((union.numel(), grad.shape[1]), -0.0, dtype=grad.dtype,
+                         device=grad.device)  # fmt: skip
+        seen = torch.zeros(union.numel(), dtype=torch.int64, device=grad.device)
+        for r in range(n):
+            count = int(blocks[r, 0])
+            pos = torch.searchsorted(union, blocks[r, 1 : 1 + count])
+            acc.index_add_(0, pos, got[r, :count])
+            seen[pos] += 1
+        short = (seen < n).nonzero().flatten()
+        if short.numel():
+            acc[short] += 0.0
+        grad.index_copy_(0, union, acc)
+    op.part_done()
 
 
 def _dense(op: Operation, grad: torch.Tensor, state: RowState | None, group: Group) -> None:

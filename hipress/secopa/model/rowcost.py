@@ -6,15 +6,18 @@ touched rows, then their indices), then the rows of the union ``U`` of all ranks
 allreduced as float32 (exact), or encoded with the algorithm and all-gathered (compressed).
 Priced with the profile's own costs (:class:`RowPrice`):
 
-- link: ``all_gather(8 * (row_bound + 1))`` plus ``allreduce(4 * |U| * width)`` (exact) or
-  ``all_gather(payload(|U| * width))`` (compressed), each with CaSync's cost per call;
+- link: ``all_gather(8 * (row_bound + 1))`` plus, exact, ``all_gather(4 * touched * width)``
+  (each rank's own rows) or ``allreduce(4 * |U| * width)``, whichever CaSync would send
+  (:func:`~hipress.core.plan.gather_own`), or, compressed, ``all_gather(payload(|U| *
+  width))``, each with CaSync's cost per call;
 - compute: one read pass over the whole gradient to find its touched rows, the gather of the
   ``|U|`` rows, and the scatter of the result into the gradient (each a ``merge``-like pass over
-  the elements it touches); compressed also the encode of the rows, the decode of the N
-  payloads (``decode_sum``) and one more decode for the rows' error feedback.
+  the elements it touches); exact rows all-gathered also the sum of the N ranks' rows;
+  compressed also the encode of the rows, the decode of the N payloads (``decode_sum``) and one
+  more decode for the rows' error feedback.
 
-``|U|`` is taken at its largest, ``min(rows, N * touched)`` (no two ranks touch the same row):
-the bytes are then ``touched x (row bytes + index bytes) x N``. ``row_bound`` is
+``|U|`` is taken at its largest, ``min(rows, N * touched)`` (no two ranks touch the same row),
+where exact rows travel all-gathered unless they fill most of the table. ``row_bound`` is
 ``ceil(slack * touched) + 1`` as :func:`hipress.casync.rowprobe.plan_rows` sets it.
 
 :func:`breakeven` is the most rows one rank may touch in a step for the rows to stay cheaper
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hipress.core.plan import PlanError
+from hipress.core.plan import PlanError, gather_own
 from hipress.core.rule import Selection
 from hipress.secopa.model.costmodel import CostModel, Member
 
@@ -125,6 +128,11 @@ def price_rows(
                 (n - 1) * p.compute_ms("decode_more", k) + p.compute_ms("average", k)
             )
             sent += (n - 1) * pay
+        elif gather_own(n, touched, union):  # each rank's own rows, all-gathered, summed
+            own = 4.0 * touched * width
+            comm += _scalar(p.comm_op("all_gather").time(own, n)) + call
+            compute += _scalar(p.compute_ms("merge", n * touched * width))
+            sent += (n - 1) * own
         else:
             comm += _scalar(p.comm_op("allreduce").time(4.0 * k, n)) + call
             sent += 2.0 * (n - 1) / n * 4.0 * k  # (a ring allreduce's share)
