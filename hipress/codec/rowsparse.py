@@ -30,7 +30,7 @@ from hipress.core.plan import Plan
 
 __all__ = [
     "RowState", "build_row_kernels", "encode_rows", "nonzero_rows", "row_flags", "row_state_key",
-    "row_states", "scan_block", "scan_kernel",
+    "row_states", "scan_block", "scan_kernel", "sum_rows",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -208,3 +208,23 @@ def encode_rows(
         left.zero_()
     res.index_copy_(0, union, left.view(-1, width))
     return payload
+
+
+def sum_rows(union: torch.Tensor, indices: Sequence[torch.Tensor],
+             rows: Sequence[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    """The ``union`` rows (sorted) of the sum of every rank's gradient, from each rank's own
+    rows: ``rows[r]`` holds rank ``r``'s rows ``indices[r]`` (each a subset of ``union``).
+    Summed in rank order from -0.0, then +0.0 added once to a row some rank did not touch (its
+    gradient is +0.0 there), so the bits are those of summing every rank's whole rows: on two
+    ranks an allreduce's, signed zeros included. The same bits on every rank."""
+    acc = torch.full((union.numel(), rows[0].shape[1]), -0.0, dtype=rows[0].dtype,
+                     device=rows[0].device)  # fmt: skip
+    seen = torch.zeros(union.numel(), dtype=torch.int64, device=rows[0].device)
+    for idx, got in zip(indices, rows, strict=True):
+        pos = torch.searchsorted(union, idx)
+        acc.index_add_(0, pos, got)
+        seen[pos] += 1
+    short = (seen < len(rows)).nonzero().flatten()
+    if short.numel():
+        acc[short] += 0.0
+    return acc

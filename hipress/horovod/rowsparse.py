@@ -5,22 +5,24 @@ non-zero.
 Phase 1 all-gathers ``[count, indices...]`` of every rank (Horovod's all-gather takes uneven
 sizes); every rank then knows every count and the sorted union of the touched rows. Phase 2 is
 a dense allreduce when a rank touched more than ``row_bound`` rows, nothing when no rank
-touched a row, an allreduce (Average) of the union's rows (exact), or an all-gather of their
-payloads encoded with the algorithm against a per-row residual (compressed,
-:func:`~hipress.codec.rowsparse.encode_rows`). Horovod matches operations by name, so each
+touched a row, exact: an allreduce (Average) of the union's rows or, where that sends fewer
+bytes (:func:`~hipress.core.plan.gather_own`), an all-gather of each rank's own rows (padded
+to the largest count) summed in rank order (:func:`~hipress.codec.rowsparse.sum_rows`), or,
+compressed, an all-gather of their payloads encoded with the algorithm against a per-row
+residual (:func:`~hipress.codec.rowsparse.encode_rows`). Horovod matches operations by name, so each
 phase has a name of its own per parameter.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from hipress.codec.algorithm import decode_mean
-from hipress.codec.rowsparse import encode_rows, nonzero_rows, row_state_key
-from hipress.core.plan import TensorPlan
+from hipress.codec.rowsparse import encode_rows, nonzero_rows, row_state_key, sum_rows
+from hipress.core.plan import TensorPlan, gather_own
 
 __all__ = ["RowOp", "advance", "finish", "start"]
 
@@ -31,9 +33,11 @@ class RowOp:
 
     handle: Any
     phase: int = 1
-    mode: str = "indices"  # then "dense", "none", "exact" or "compressed"
+    mode: str = "indices"  # then "dense", "none", "exact", "own" or "compressed"
     union: torch.Tensor | None = None
     nbytes: int = 0
+    counts: list[int] = field(default_factory=list)  # "own": each rank's count and rows
+    indices: list[torch.Tensor] = field(default_factory=list)
 
 
 def start(hvd: Any, name: str, grad: torch.Tensor) -> RowOp:
@@ -69,6 +73,12 @@ def advance(hvd: Any, sync: Any, name: str, entry: TensorPlan, grad: torch.Tenso
     if op.union.numel() == 0:
         op.mode = "none"
         return
+    if state is None and gather_own(len(counts), max(counts), op.union.numel()):
+        op.mode, op.counts, op.indices = "own", counts, idx
+        own = torch.zeros(max(counts), flat.shape[1], dtype=torch.float32, device=grad.device)
+        own[: counts[sync.rank]] = flat.index_select(0, idx[sync.rank])
+        op.handle = hvd.allgather_async(own, name=f"hipress.rs2.{name}")
+        return
     rows = flat.index_select(0, op.union).float()
     if state is None:
         op.mode = "exact"
@@ -89,6 +99,10 @@ def finish(hvd: Any, sync: Any, name: str, entry: TensorPlan, grad: torch.Tensor
                       device=grad.device)  # fmt: skip
     if op.mode == "exact":
         out.index_copy_(0, op.union, hvd.synchronize(op.handle))
+    elif op.mode == "own":
+        got, most = hvd.synchronize(op.handle), max(op.counts)
+        own = [got[r * most : r * most + c] for r, c in enumerate(op.counts)]
+        out.index_copy_(0, op.union, sum_rows(op.union, op.indices, own).div_(sync.world_size))
     elif op.mode == "compressed":
         got, n = hvd.synchronize(op.handle), sync.world_size
         k = op.union.numel() * out.shape[1]

@@ -38,7 +38,13 @@ import torch.distributed as dist
 from hipress.casync.strategies.context import all_gather
 from hipress.casync.strategies.surface import Group, Operation
 from hipress.codec.algorithm import decode_mean
-from hipress.codec.rowsparse import RowState, encode_rows, nonzero_rows, row_state_key
+from hipress.codec.rowsparse import (
+    RowState,
+    encode_rows,
+    nonzero_rows,
+    row_state_key,
+    sum_rows,
+)
 from hipress.core.plan import TensorPlan, gather_own
 
 __all__ = ["start"]
@@ -117,22 +123,12 @@ def _gather_own(op: Operation, grad: torch.Tensor, blocks: torch.Tensor, most: i
 
 def _sum_own(op: Operation, grad: torch.Tensor, blocks: torch.Tensor, union: torch.Tensor,
              got: torch.Tensor) -> None:  # fmt: skip
-    """Rank ``r``'s rows ``got[r]`` arrived: each union row is the sum of the ranks' rows in
-    rank order, from -0.0, and a row some rank did not touch adds that rank's +0.0 once, so
-    the bits are those of summing every rank's whole row (an allreduce of two ranks, DDP's)."""
-    n = op.ctx.world_size
+    """Rank ``r``'s rows ``got[r]`` arrived: the union's rows are their sum
+    (:func:`~hipress.codec.rowsparse.sum_rows`: on two ranks DDP's bits)."""
+    counts = blocks[:, 0].tolist()
     with op.ctx.stats.timed("decode_ms"):
-        acc = torch.full((union.numel(), grad.shape[1]), -0.0, dtype=grad.dtype,
-                         device=grad.device)  # fmt: skip
-        seen = torch.zeros(union.numel(), dtype=torch.int64, device=grad.device)
-        for r in range(n):
-            count = int(blocks[r, 0])
-            pos = torch.searchsorted(union, blocks[r, 1 : 1 + count])
-            acc.index_add_(0, pos, got[r, :count])
-            seen[pos] += 1
-        short = (seen < n).nonzero().flatten()
-        if short.numel():
-            acc[short] += 0.0
+        acc = sum_rows(union, [blocks[r, 1 : 1 + c] for r, c in enumerate(counts)],
+                       [got[r, :c] for r, c in enumerate(counts)])  # fmt: skip
         grad.index_copy_(0, union, acc)
     op.part_done()
 
