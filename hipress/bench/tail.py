@@ -103,10 +103,11 @@ def row_bytes_sent(
     """Bytes one rank sends per step for a row-sparse tensor (CaSync's
     :mod:`~hipress.casync.strategies.rowsparse`): the all-gather of ``bound + 1`` int64 (count
     and indices), then the ``union`` rows every rank holds: an fp32 allreduce's share or, where
-    CaSync sends fewer bytes so, each rank's own rows all-gathered (taken at the count the bound
-    was set for), or (``compress``) the all-gather of their payload. ``union`` is the rows of a step's summed
-    gradient that are not zero (measured); None takes the most the bound allows a step that
-    stays sparse, ``min(rows, N * (bound - 1) / 2)`` (the bound is twice the count plus one)."""
+    CaSync sends fewer bytes so, each rank's own rows all-gathered (taken at the count the
+    bound was set for), or (``compress``) the all-gather of their payload. ``union`` is the
+    rows of a step's summed gradient that are not zero (measured); None takes the most the
+    bound allows a step that stays sparse, ``min(rows, N * (bound - 1) / 2)`` (the bound is
+    twice the count plus one)."""
     if union is None:
         union = min(rows, world_size * ((bound - 1) // 2))
     k = union * (numel // rows)

@@ -9,8 +9,8 @@ touched a row, exact: an allreduce (Average) of the union's rows or, where that 
 bytes (:func:`~hipress.core.plan.gather_own`), an all-gather of each rank's own rows (padded
 to the largest count) summed in rank order (:func:`~hipress.codec.rowsparse.sum_rows`), or,
 compressed, an all-gather of their payloads encoded with the algorithm against a per-row
-residual (:func:`~hipress.codec.rowsparse.encode_rows`). Horovod matches operations by name, so each
-phase has a name of its own per parameter.
+residual (:func:`~hipress.codec.rowsparse.encode_rows`). Horovod matches operations by name,
+so each phase has a name of its own per parameter.
 """
 
 from __future__ import annotations

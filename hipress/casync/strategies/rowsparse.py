@@ -13,10 +13,10 @@ two collectives, both issued on the hook's thread in the same order on every ran
      whole, uncompressed (compressed mode: with its residual added, which is then zero);
    - nothing (no rank touched a row): the tensor stays zero;
    - exact (``compress`` false), whichever puts fewer bytes on each rank's link (every rank
-     decides alike, :func:`~hipress.core.plan.gather_own`): the ``|U|`` rows are allreduced, or each rank's own
-     rows are all-gathered (padded to the largest count) and summed into ``U`` in rank order;
-     either way a row touched by several ranks is summed once per rank, rows outside ``U`` are
-     zero on every rank, and every rank holds the same bits;
+     decides alike, :func:`~hipress.core.plan.gather_own`): the ``|U|`` rows are allreduced,
+     or each rank's own rows are all-gathered (padded to the largest count) and summed into
+     ``U`` in rank order; either way a row touched by several ranks is summed once per rank,
+     rows outside ``U`` are zero on every rank, and every rank holds the same bits;
    - compressed (``compress`` true): each rank encodes its ``|U|`` rows plus their residual
      with the tensor's algorithm, the payloads (one size on every rank: ``|U|`` is agreed) are
      all-gathered and their decodes averaged.
