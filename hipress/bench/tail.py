@@ -108,13 +108,13 @@ def row_bytes_sent(
     rows of a step's summed gradient that are not zero (measured); None takes the most the
     bound allows a step that stays sparse, ``min(rows, N * (bound - 1) / 2)`` (the bound is
     twice the count plus one)."""
+    most = min(rows, (bound - 1) // 2)  # the count the bound was set for
     if union is None:
-        union = min(rows, world_size * ((bound - 1) // 2))
+        union = min(rows, world_size * most)
     k = union * (numel // rows)
     sent = _sent("ring_allgather", 8.0 * (bound + 1), world_size)
     if compress:
         return sent + (_sent("ring_allgather", payload_nbytes(k), world_size) if k else 0.0)
-    most = min(rows, (bound - 1) // 2)  # the count the bound was set for
     if gather_own(world_size, most, union):  # each rank's own rows, all-gathered
         return sent + _sent("ring_allgather", 4.0 * most * (numel // rows), world_size)
     return sent + allreduce_bytes(4.0 * k, world_size)

@@ -29,8 +29,8 @@ from hipress.core.compression import CompressionAlgorithm
 from hipress.core.plan import Plan
 
 __all__ = [
-    "RowState", "build_row_kernels", "encode_rows", "nonzero_rows", "row_flags", "row_state_key",
-    "row_states", "scan_block", "scan_kernel", "sum_rows",
+    "RowState", "build_row_kernels", "encode_rows", "nonzero_rows", "own_rows", "row_flags",
+    "row_state_key", "row_states", "scan_block", "scan_kernel", "sum_rows",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -210,21 +210,31 @@ def encode_rows(
     return payload
 
 
+def own_rows(flat: torch.Tensor, idx: torch.Tensor, most: int,
+             dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """Rows ``idx`` of 2-D ``flat`` as ``dtype``, padded with zero rows to ``most``: what a rank
+    all-gathers when exact rows travel as each rank's own (one size on every rank)."""
+    own = torch.zeros(most, flat.shape[1], dtype=dtype, device=flat.device)
+    own[: idx.numel()] = flat.index_select(0, idx)
+    return own
+
+
 def sum_rows(union: torch.Tensor, indices: Sequence[torch.Tensor],
-             rows: Sequence[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+             gathered: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """The ``union`` rows (sorted) of the sum of every rank's gradient, from each rank's own
-    rows: ``rows[r]`` holds rank ``r``'s rows ``indices[r]`` (each a subset of ``union``).
-    Summed in rank order from -0.0, then +0.0 added once to a row some rank did not touch (its
-    gradient is +0.0 there), so the bits are those of summing every rank's whole rows: on two
-    ranks an allreduce's, signed zeros included. The same bits on every rank."""
-    acc = torch.full((union.numel(), rows[0].shape[1]), -0.0, dtype=rows[0].dtype,
-                     device=rows[0].device)  # fmt: skip
-    seen = torch.zeros(union.numel(), dtype=torch.int64, device=rows[0].device)
-    for idx, got in zip(indices, rows, strict=True):
+    rows as all-gathered: ``gathered[r]`` begins with rank ``r``'s rows ``indices[r]`` (each a
+    subset of ``union``; :func:`own_rows`). Summed in rank order from -0.0, then +0.0 added
+    once to a row some rank did not touch (its gradient is +0.0 there), so the bits are those
+    of summing every rank's whole rows: on two ranks an allreduce's, signed zeros included.
+    The same bits on every rank."""
+    acc = torch.full((union.numel(), gathered.shape[2]), -0.0, dtype=gathered.dtype,
+                     device=gathered.device)  # fmt: skip
+    seen = torch.zeros(union.numel(), dtype=torch.int64, device=gathered.device)
+    for idx, got in zip(indices, gathered, strict=True):
         pos = torch.searchsorted(union, idx)
-        acc.index_add_(0, pos, got)
+        acc.index_add_(0, pos, got[: idx.numel()])
         seen[pos] += 1
-    short = (seen < len(rows)).nonzero().flatten()
+    short = (seen < len(indices)).nonzero().flatten()
     if short.numel():
         acc[short] += 0.0
     return acc

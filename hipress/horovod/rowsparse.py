@@ -21,7 +21,13 @@ from typing import Any
 import torch
 
 from hipress.codec.algorithm import decode_mean
-from hipress.codec.rowsparse import encode_rows, nonzero_rows, row_state_key, sum_rows
+from hipress.codec.rowsparse import (
+    encode_rows,
+    nonzero_rows,
+    own_rows,
+    row_state_key,
+    sum_rows,
+)
 from hipress.core.plan import TensorPlan, gather_own
 
 __all__ = ["RowOp", "advance", "finish", "start"]
@@ -36,8 +42,7 @@ class RowOp:
     mode: str = "indices"  # then "dense", "none", "exact", "own" or "compressed"
     union: torch.Tensor | None = None
     nbytes: int = 0
-    counts: list[int] = field(default_factory=list)  # "own": each rank's count and rows
-    indices: list[torch.Tensor] = field(default_factory=list)
+    indices: list[torch.Tensor] = field(default_factory=list)  # "own": each rank's rows
 
 
 def start(hvd: Any, name: str, grad: torch.Tensor) -> RowOp:
@@ -74,9 +79,8 @@ def advance(hvd: Any, sync: Any, name: str, entry: TensorPlan, grad: torch.Tenso
         op.mode = "none"
         return
     if state is None and gather_own(len(counts), max(counts), op.union.numel()):
-        op.mode, op.counts, op.indices = "own", counts, idx
-        own = torch.zeros(max(counts), flat.shape[1], dtype=torch.float32, device=grad.device)
-        own[: counts[sync.rank]] = flat.index_select(0, idx[sync.rank])
+        op.mode, op.indices = "own", idx
+        own = own_rows(flat, idx[sync.rank], max(counts), torch.float32)
         op.handle = hvd.allgather_async(own, name=f"hipress.rs2.{name}")
         return
     rows = flat.index_select(0, op.union).float()
@@ -100,9 +104,8 @@ def finish(hvd: Any, sync: Any, name: str, entry: TensorPlan, grad: torch.Tensor
     if op.mode == "exact":
         out.index_copy_(0, op.union, hvd.synchronize(op.handle))
     elif op.mode == "own":
-        got, most = hvd.synchronize(op.handle), max(op.counts)
-        own = [got[r * most : r * most + c] for r, c in enumerate(op.counts)]
-        out.index_copy_(0, op.union, sum_rows(op.union, op.indices, own).div_(sync.world_size))
+        got = hvd.synchronize(op.handle).view(sync.world_size, -1, out.shape[1])
+        out.index_copy_(0, op.union, sum_rows(op.union, op.indices, got).div_(sync.world_size))
     elif op.mode == "compressed":
         got, n = hvd.synchronize(op.handle), sync.world_size
         k = op.union.numel() * out.shape[1]

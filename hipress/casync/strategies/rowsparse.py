@@ -42,6 +42,7 @@ from hipress.codec.rowsparse import (
     RowState,
     encode_rows,
     nonzero_rows,
+    own_rows,
     row_state_key,
     sum_rows,
 )
@@ -110,9 +111,7 @@ def _gather_own(op: Operation, grad: torch.Tensor, blocks: torch.Tensor, most: i
     n, rank = op.ctx.world_size, op.ctx.rank
     mine = int(blocks[rank, 0])
     with op.ctx.stats.timed("encode_ms"):
-        own = torch.zeros(most, grad.shape[1], dtype=grad.dtype, device=grad.device)
-        own[:mine] = grad.index_select(0, blocks[rank, 1 : 1 + mine])
-        own.div_(n)
+        own = own_rows(grad, blocks[rank, 1 : 1 + mine], most, grad.dtype).div_(n)
     out = torch.empty(n * own.numel(), dtype=grad.dtype, device=grad.device)
     op.issue(
         lambda: all_gather(out, own.view(-1), group=group, async_op=True),
@@ -127,8 +126,7 @@ def _sum_own(op: Operation, grad: torch.Tensor, blocks: torch.Tensor, union: tor
     (:func:`~hipress.codec.rowsparse.sum_rows`: on two ranks DDP's bits)."""
     counts = blocks[:, 0].tolist()
     with op.ctx.stats.timed("decode_ms"):
-        acc = sum_rows(union, [blocks[r, 1 : 1 + c] for r, c in enumerate(counts)],
-                       [got[r, :c] for r, c in enumerate(counts)])  # fmt: skip
+        acc = sum_rows(union, [blocks[r, 1 : 1 + c] for r, c in enumerate(counts)], got)
         grad.index_copy_(0, union, acc)
     op.part_done()
 
