@@ -307,6 +307,7 @@ def diloco_table(results: dict[str, Any]) -> list[str]:
 TABLES: Mapping[str, Table] = MappingProxyType(
     {
         "e2e": e2e_table,
+        "e2e-2w": e2e_table,
         "convergence": convergence_rows,
         "convergence-tabular": convergence_rows,
         "convergence-fsdp": convergence_rows,
