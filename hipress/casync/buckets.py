@@ -91,16 +91,17 @@ def check_buckets(ddp_model: Any, named: Sequence[tuple[str, torch.nn.Parameter]
     fix = _freeing_cap(sizes, first_is_cap()) if merges else None
     msgs = []
     for m in merges:
-        how = (f"build DistributedDataParallel with bucket_cap_mb={fix:g} to send them while "
-               "backward runs" if fix is not None else
+        how = (f"DistributedDataParallel with bucket_cap_mb={fix:g} would send them while "
+               "backward runs, at the cost of more buckets, which pays where their bytes after "
+               "compression are many" if fix is not None else
                "no bucket_cap_mb separates them")  # fmt: skip
         msgs.append(
             f"casync: DDP's bucket_cap_mb {cap_mb:g} puts {m['name']} ({m['mb']:.1f} MB, "
             f"likely ready last in backward) in one bucket with {m['waiting_mb']:.1f} MB of "
             f"gradients ready before it ({', '.join(m['waiting'][:3])}"
             f"{', ...' if len(m['waiting']) > 3 else ''}), which wait for it and leave only "
-            f"when backward ends: {how} (`hipress plan --readiness FILE` recommends a cap from "
-            "measured ready times)"
+            f"when backward ends: {how} (`hipress plan --readiness FILE` prices each cap from "
+            "measured ready times and recommends one)"
         )
     for msg in msgs:
         log.warning(msg)
