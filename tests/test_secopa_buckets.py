@@ -218,3 +218,59 @@ def test_hipress_plan_prints_and_stores_the_recommended_cap(
     (tmp_path / "other.json").write_text(json.dumps({"embed.weight": 0.0}))
     assert main([*argv, "--readiness", str(tmp_path / "other.json")]) == 2
     assert "names none of" in capsys.readouterr().err
+
+
+def test_the_waiting_gradients_count_as_the_plan_sends_them() -> None:
+    """In the LSTM LM's last bucket (DDP's default cap) 8.5 MB of fp32 gradients wait for the
+    embedding: worth a warning when they are sent as they are, not when onebit sends them in
+    about a 32nd of that (more buckets would cost more than their wait)."""
+    from hipress.casync.buckets import late_merges
+    from hipress.compll import load
+
+    caps = ddp_caps(None)
+    plain = late_merges(LSTM_LM, caps.cap_mb, caps.first_mb)
+    assert [m["name"] for m in plain] == [EMB] and plain[0]["waiting_mb"] > 8
+    assert plain[0]["waiting_wire_mb"] == plain[0]["waiting_mb"]
+    onebit = load("onebit")
+    wire = {n: onebit.payload_nbytes(k) if k >= 1 << 16 else 4 * k for n, k in LSTM_LM}
+    assert late_merges(LSTM_LM, caps.cap_mb, caps.first_mb, wire) == []
+    # sent as fp16 (half the bytes) they still wait 4 MB: warned, with both sizes
+    half = {n: 2 * k for n, k in LSTM_LM}
+    (m,) = late_merges(LSTM_LM, caps.cap_mb, caps.first_mb, half)
+    assert m["waiting_wire_mb"] == pytest.approx(m["waiting_mb"] / 2)
+
+
+def _register_warns(rank: int, world: int, algorithm: str | None) -> list[str]:
+    import hipress.casync
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(4096, 128), torch.nn.Linear(128, 2048),
+                                torch.nn.ReLU(), torch.nn.Linear(2048, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 2400))  # fmt: skip
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1.5)
+    got: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: got.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("hipress.casync.buckets")
+    logger.addHandler(handler)
+    try:
+        state = hipress.casync.register(ddp, algorithm, log_every=0)
+    finally:
+        logger.removeHandler(handler)
+    state.close()
+    return got
+
+
+@pytest.mark.parametrize("algorithm", [None, "onebit"])
+def test_register_warns_only_where_the_waiting_bytes_are_many_as_sent(
+    algorithm: str | None,
+) -> None:
+    """1 MB of fp32 gradients waits for the embedding (2 MB, ready last) in DDP's last bucket
+    at a 1.5 MB cap: sent uncompressed that is worth the warning (once, on rank 0); compressed
+    by onebit it is 32 KB, and register says nothing."""
+    first, second = run_workers(_register_warns, 2, algorithm, timeout=120)
+    if algorithm is None:
+        assert len(first) == 1 and "1.0 MB of gradients ready before it" in first[0], first
+    else:
+        assert first == []
+    assert second == []

@@ -137,6 +137,7 @@ def register(
                 "casync: this torch's DDP does not say which parameters went unused; with "
                 "find_unused_parameters=True, error feedback may lose what it had kept for them"
             )
-    check_buckets(ddp_model, named)  # a large gradient ready last holding back earlier ones
+    # a large gradient ready last holding back earlier ones that send many bytes
+    check_buckets(ddp_model, named, state.wire_nbytes())
     ddp_model.register_comm_hook(state, casync_hook)
     return state

@@ -35,7 +35,7 @@ from hipress.casync.verdict import PlanCheck, review
 from hipress.codec.algorithm import build_kernels, resolve_algorithm
 from hipress.codec.errors import CaSyncError, CommError
 from hipress.codec.logs import RANK_FILTER
-from hipress.codec.planning import DEFAULT_ALGORITHM, check_plan_arg, resolve_plan
+from hipress.codec.planning import DEFAULT_ALGORITHM, check_plan_arg, resolve_plan, rule_plan
 from hipress.codec.rowsparse import build_row_kernels
 from hipress.compll.rounds import RoundsAlgorithm
 from hipress.core.compression import CompressionAlgorithm
@@ -180,6 +180,19 @@ class CaSyncState(Checkpoints, SyncMetrics):
     @plan.setter
     def plan(self, plan: Plan) -> None:
         self._runtime().plan = plan
+
+    def wire_nbytes(self) -> dict[str, int] | None:
+        """Each tensor's bytes per step as this state sends them (its payload where compressed,
+        else its gradient's: for exact rows, the most they can be) under its plan; where
+        ``plan="auto"`` has not planned yet, under the default rule (an estimate). None for a
+        multi-round algorithm (PowerSGD), whose bytes depend on each tensor's shape and rank."""
+        if self._multi:
+            return None
+        plan = self._rt.plan if self._rt is not None else rule_plan(
+            self.algorithm, self._numels, self.world_size or 1, self._rule, self._select,
+            self._shapes)  # fmt: skip
+        return {e.name: self.algorithm.payload_nbytes(e.numel) if e.compress else 4 * e.numel
+                for e in plan.entries}  # fmt: skip
 
     @property
     def multi_round(self) -> bool:

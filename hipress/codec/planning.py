@@ -43,7 +43,7 @@ from hipress.secopa.model.rowcost import RowDensity
 
 __all__ = [
     "DEFAULT_ALGORITHM", "PLAN_WORDS", "check_plan_arg", "keep_plain", "resolve_plan",
-    "warn_lossy_embeddings",
+    "rule_plan", "warn_lossy_embeddings",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,25 @@ def keep_plain(plan: Plan, reasons: Mapping[str, str]) -> Plan:
     totals = {k: v for k, v in plan.totals.items() if not (changed and k in _STEP_TOTALS)}
     meta = {**plan.meta, "kept_plain": {**dict(plan.meta.get("kept_plain", {})), **kept}}
     return dataclasses.replace(plan, entries=tuple(entries), totals=totals, meta=meta)
+
+
+def rule_plan(
+    algorithm: CompressionAlgorithm,
+    named_numels: Sequence[tuple[str, int]],
+    world_size: int,
+    rule: DefaultRule | None = None,
+    selection: Selection | None = None,
+    shapes: Sequence[tuple[str, tuple[int, ...] | None]] = (),
+) -> Plan:
+    """The plan :func:`resolve_plan` makes for ``plan=None`` (the default ``rule`` with the
+    tensors ``selection`` keeps plain kept plain), without its checks or warnings; before
+    ``plan="auto"`` has planned, an estimate of what a state will compress."""
+    known = dict(shapes)
+    pairs = [(n, known.get(n)) for n, _ in named_numels]
+    plan = _default_plan(algorithm, named_numels, world_size, rule or DefaultRule())
+    if not compresses(algorithm):
+        return plan
+    return keep_plain(plan, (selection or Selection()).reasons(pairs, implicit=True))
 
 
 def warn_lossy_embeddings(
