@@ -9,11 +9,11 @@ one bucket: the gradients that joined the bucket before it wait for it, and when
 last in backward (an LM's input embedding) their bytes leave only once backward ends.
 :func:`check_buckets` predicts the layout from the parameters in reverse registration order
 (DDP's own assumption about the ready order, and the order backward usually follows) and DDP's
-caps, and logs, once, when the gradient ready last outweighs the others waiting for it in the
-last bucket and those send 1 MB or more (their bytes as the plan sends them: compressed, most
-leave in well under that, and more buckets would cost more than their wait), with the largest
-of SeCoPa's candidate caps that frees them; ``hipress plan --readiness FILE`` recommends one
-from measured ready times and costs.
+caps, and logs, once on rank 0, when the gradient ready last outweighs the others waiting for
+it in the last bucket and those send 1 MB or more as the plan sends them (compressed, they
+often send far less, and then their wait is short and extra buckets can cost more than it),
+with the largest of SeCoPa's candidate caps that frees them; ``hipress plan --readiness FILE``
+recommends one from measured ready times and costs.
 """
 
 from __future__ import annotations
