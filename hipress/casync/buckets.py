@@ -116,7 +116,8 @@ def check_buckets(
             f"when backward ends: {how} (`hipress plan --readiness FILE` prices each cap from "
             "measured ready times and recommends one)"
         )
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    group = getattr(ddp_model, "process_group", None)  # (the model's group: its rank 0)
+    if not dist.is_initialized() or dist.get_rank(group) == 0:
         for msg in msgs:
             log.warning(msg)
     return msgs
