@@ -66,14 +66,20 @@ def test_ready_buckets_are_torchs_rebuild(sizes: list[int], leads: list[int], ca
     assert [list(b) for b in got] == ready_buckets(sizes, lead, cap, first)
 
 
+def _bucket_model() -> torch.nn.Module:
+    """An embedding (2 MB, ready last) before 3.2 MB of layers: at a 1.5 MB cap DDP's last
+    bucket holds it with 1 MB of gradients ready before it."""
+    return torch.nn.Sequential(torch.nn.Embedding(4096, 128), torch.nn.Linear(128, 2048),
+                               torch.nn.ReLU(), torch.nn.Linear(2048, 128), torch.nn.ReLU(),
+                               torch.nn.Linear(128, 2400))  # fmt: skip
+
+
 def _record_buckets(rank: int, world: int, cap: float | None) -> dict[str, object]:
     from hipress.casync.buckets import check_buckets, ddp_first_bucket_mb, first_is_cap
     from hipress.secopa.measure.readiness import ReadyClock
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(4096, 128), torch.nn.Linear(128, 2048),
-                                torch.nn.ReLU(), torch.nn.Linear(2048, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 2400))  # fmt: skip
+    model = _bucket_model()
     names = {id(p): n for n, p in model.named_parameters()}
     x = torch.randint(0, 4096, (8,))
     clock = ReadyClock(model)  # the real ready order, without DDP
@@ -244,9 +250,7 @@ def _register_warns(rank: int, world: int, algorithm: str | None) -> list[str]:
     import hipress.casync
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(4096, 128), torch.nn.Linear(128, 2048),
-                                torch.nn.ReLU(), torch.nn.Linear(2048, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 2400))  # fmt: skip
+    model = _bucket_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1.5)
     got: list[str] = []
     handler = logging.Handler()
